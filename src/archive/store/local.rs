@@ -1,0 +1,293 @@
+//! Local filesystem store: temp file + fsync + rename + directory fsync; manifest CAS under an
+//! exclusive file lock, with the SHA-256 of the content as revision.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+
+use super::{
+    GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key, sha256_hex,
+};
+use crate::archive::error::{ArchiveError, Result};
+
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// A store rooted at `root` (created when missing; relative roots are made absolute).
+    pub fn new(root: impl AsRef<Path>) -> Result<LocalStore> {
+        let root = root.as_ref();
+        fs::create_dir_all(root)
+            .map_err(|e| ArchiveError::io(format!("creating store root {}", root.display()), e))?;
+        let root = fs::canonicalize(root)
+            .map_err(|e| ArchiveError::io(format!("resolving {}", root.display()), e))?;
+        Ok(LocalStore { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        check_key(key)?;
+        Ok(self.root.join(key))
+    }
+}
+
+fn temp_path(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let suffix: u64 = rand::random();
+    target.with_file_name(format!(".tmp-{name}-{suffix:016x}"))
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Writes `bytes` to `target` durably: temp file, fsync, rename, directory fsync.
+fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = target.parent().expect("object paths have a parent");
+    fs::create_dir_all(dir)?;
+    let tmp = temp_path(target);
+    let result = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, target)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+struct LocalWriter {
+    target: PathBuf,
+    tmp: PathBuf,
+    file: Option<std::io::BufWriter<File>>,
+    hasher: Sha256,
+    size: u64,
+    uri: String,
+}
+
+impl Drop for LocalWriter {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[async_trait]
+impl ObjectWriter for LocalWriter {
+    async fn write(&mut self, data: &[u8]) -> Result<()> {
+        let f = self.file.as_mut().expect("writer used after finish");
+        f.write_all(data)
+            .map_err(|e| ArchiveError::io(format!("writing {}", self.tmp.display()), e))?;
+        self.hasher.update(data);
+        self.size += data.len() as u64;
+        Ok(())
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<PutResult> {
+        let file = self.file.take().expect("finish called once");
+        let target = self.target.clone();
+        let tmp = self.tmp.clone();
+        let done = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let f = file.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            fs::rename(&tmp, &target)?;
+            sync_dir(target.parent().expect("parent"))
+        })
+        .await
+        .expect("blocking task");
+        if let Err(e) = done {
+            let _ = fs::remove_file(&self.tmp);
+            return Err(ArchiveError::io(
+                format!("committing {}", self.target.display()),
+                e,
+            ));
+        }
+        let hasher = std::mem::take(&mut self.hasher);
+        Ok(PutResult {
+            uri: self.uri.clone(),
+            size: self.size,
+            sha256: hex::encode(hasher.finalize()),
+        })
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        self.file.take();
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+#[async_trait]
+impl Store for LocalStore {
+    fn name(&self) -> String {
+        format!("local:{}", self.root.display())
+    }
+
+    fn uri(&self, key: &str) -> String {
+        format!("file://{}", self.root.join(key).display())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<GetResult>> {
+        let path = self.path(key)?;
+        match tokio::fs::read(&path).await {
+            Ok(bytes) => {
+                let revision = sha256_hex(&bytes);
+                Ok(Some(GetResult {
+                    bytes: Bytes::from(bytes),
+                    revision,
+                }))
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ArchiveError::storage(key, e)),
+        }
+    }
+
+    async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {
+        let path = self.path(key)?;
+        match tokio::fs::File::open(&path).await {
+            Ok(f) => Ok(Some(Box::pin(f))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ArchiveError::storage(key, e)),
+        }
+    }
+
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
+        let target = self.path(key)?;
+        let dir = target
+            .parent()
+            .expect("object paths have a parent")
+            .to_path_buf();
+        fs::create_dir_all(&dir)
+            .map_err(|e| ArchiveError::io(format!("creating {}", dir.display()), e))?;
+        let tmp = temp_path(&target);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| ArchiveError::io(format!("creating {}", tmp.display()), e))?;
+        Ok(Box::new(LocalWriter {
+            uri: self.uri(key),
+            target,
+            tmp,
+            file: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+            hasher: Sha256::new(),
+            size: 0,
+        }))
+    }
+
+    async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {
+        let target = self.path(key)?;
+        let key = key.to_string();
+        let expected = expected.to_string();
+        tokio::task::spawn_blocking(move || {
+            let dir = target.parent().expect("parent");
+            fs::create_dir_all(dir)
+                .map_err(|e| ArchiveError::io(format!("creating {}", dir.display()), e))?;
+            // One lock file per manifest serialises check-and-rename across processes.
+            let lock_path = target.with_file_name(format!(
+                ".{}.lock",
+                target.file_name().expect("file name").to_string_lossy()
+            ));
+            let lock = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|e| ArchiveError::io(format!("opening {}", lock_path.display()), e))?;
+            lock.lock()
+                .map_err(|e| ArchiveError::io(format!("locking {}", lock_path.display()), e))?;
+            let current = match fs::read(&target) {
+                Ok(b) => sha256_hex(&b),
+                Err(e) if e.kind() == ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(ArchiveError::storage(&key, e)),
+            };
+            if current != expected {
+                return Err(ArchiveError::CasConflict { key: key.clone() });
+            }
+            write_atomic(&target, &bytes).map_err(|e| ArchiveError::storage(&key, e))?;
+            Ok(sha256_hex(&bytes))
+        })
+        .await
+        .expect("blocking task")
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        match tokio::fs::remove_file(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ArchiveError::storage(key, e)),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let root = self.root.clone();
+        let prefix = prefix.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            let mut stack = vec![root.clone()];
+            while let Some(dir) = stack.pop() {
+                let entries = match fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(ArchiveError::io(format!("listing {}", dir.display()), e));
+                    }
+                };
+                for entry in entries {
+                    let entry = entry
+                        .map_err(|e| ArchiveError::io(format!("listing {}", dir.display()), e))?;
+                    let path = entry.path();
+                    let rel = path
+                        .strip_prefix(&root)
+                        .expect("under root")
+                        .to_string_lossy()
+                        .replace('\\', "/");
+                    let meta = entry
+                        .metadata()
+                        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), e))?;
+                    if meta.is_dir() {
+                        if prefix.starts_with(&format!("{rel}/"))
+                            || rel.starts_with(&prefix)
+                            || prefix.is_empty()
+                        {
+                            stack.push(path);
+                        }
+                    } else if rel.starts_with(&prefix) {
+                        let name = entry.file_name().to_string_lossy().to_string();
+                        if name.starts_with(".tmp-")
+                            || name.ends_with(".lock") && name.starts_with('.')
+                        {
+                            continue;
+                        }
+                        out.push(ObjectInfo {
+                            key: rel,
+                            size: meta.len(),
+                            modified: meta.modified().ok().map(DateTime::<Utc>::from),
+                        });
+                    }
+                }
+            }
+            out.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(out)
+        })
+        .await
+        .expect("blocking task")
+    }
+}

@@ -1,0 +1,130 @@
+//! Object stores: where archives live. Each store passes the conformance suite in
+//! `tests/it/store_conformance.rs` (local, S3 on SeaweedFS, in-memory alike).
+
+pub mod local;
+pub mod memory;
+pub mod s3;
+
+use std::fmt::Debug;
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use tokio::io::AsyncRead;
+
+use super::error::Result;
+
+/// What a completed write stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutResult {
+    pub uri: String,
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the bytes written.
+    pub sha256: String,
+}
+
+/// A small object read whole (manifests), with the revision used for compare-and-swap.
+#[derive(Clone, Debug)]
+pub struct GetResult {
+    pub bytes: Bytes,
+    pub revision: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub key: String,
+    pub size: u64,
+    pub modified: Option<DateTime<Utc>>,
+}
+
+pub type ObjectReader = Pin<Box<dyn AsyncRead + Send>>;
+
+/// A streaming upload. Nothing is visible under the key until `finish` succeeds; `abort`
+/// (or dropping without `finish`) leaves nothing behind.
+#[async_trait]
+pub trait ObjectWriter: Send {
+    async fn write(&mut self, data: &[u8]) -> Result<()>;
+    async fn finish(self: Box<Self>) -> Result<PutResult>;
+    async fn abort(self: Box<Self>);
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + Debug {
+    /// Identifier for logs (`local:/path`, `s3://bucket/prefix`).
+    fn name(&self) -> String;
+    /// The URI recorded in the manifest for `key` (informational, R1).
+    fn uri(&self, key: &str) -> String;
+    /// Reads a small object whole. `None` when absent.
+    async fn get(&self, key: &str) -> Result<Option<GetResult>>;
+    /// Opens an object for streaming reads. `None` when absent.
+    async fn open(&self, key: &str) -> Result<Option<ObjectReader>>;
+    /// Starts a streaming upload that replaces `key` when finished.
+    async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
+    /// Writes `bytes` under `key` only if its current revision is `expected` (`""`: must not
+    /// exist). Returns the new revision, or `ArchiveError::CasConflict`.
+    async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String>;
+    /// Deletes `key`; deleting a missing key is not an error.
+    async fn delete(&self, key: &str) -> Result<()>;
+    /// Lists objects whose key starts with `prefix`.
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+
+    /// Writes a whole object (convenience over `create`).
+    async fn put(&self, key: &str, bytes: &[u8]) -> Result<PutResult> {
+        let mut w = self.create(key).await?;
+        if let Err(e) = w.write(bytes).await {
+            w.abort().await;
+            return Err(e);
+        }
+        w.finish().await
+    }
+}
+
+/// Refuses keys that could leave the store root: absolute paths, `..` or `.` segments,
+/// empty segments or backslashes.
+pub fn check_key(key: &str) -> Result<()> {
+    let bad = key.is_empty()
+        || key.starts_with('/')
+        || key.contains('\\')
+        || key.contains('\0')
+        || key.split('/').any(|seg| seg == ".." || seg == ".");
+    if bad {
+        return Err(super::error::ArchiveError::KeyEscapesRoot {
+            key: key.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a key prefix the same way (an empty prefix is allowed: the archive root).
+pub fn check_key_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    check_key(prefix.trim_end_matches('/')).map_err(|_| {
+        super::error::ArchiveError::KeyEscapesRoot {
+            key: prefix.to_string(),
+        }
+    })
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_escape_are_refused() {
+        for k in ["../x", "a/../../x", "/etc/passwd", "a/./b", "a\\b", ""] {
+            assert!(check_key(k).is_err(), "{k}");
+        }
+        assert!(check_key("public.events/epoch=1/snapshot-0_1.jsonl").is_ok());
+        assert!(check_key_prefix("").is_ok());
+        assert!(check_key_prefix("a/").is_ok());
+        assert!(check_key_prefix("../").is_err());
+    }
+}

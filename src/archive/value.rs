@@ -1,0 +1,356 @@
+//! Rows and values. A value is kept as its exact JSON text, so every digit of every number
+//! survives a round trip (rule R6); a row is a JSON object stored compactly as one string.
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// One column value: exact JSON text.
+pub type Value = Box<RawValue>;
+
+/// A row as an ordered map (keys sorted, as laredo writes them).
+pub type RowMap = BTreeMap<String, Value>;
+
+/// A row: a JSON object kept as its compact text. Cheap to store, clone and emit.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Row(Box<RawValue>);
+
+impl Row {
+    /// Parses and validates a JSON object. The text is re-encoded compactly with sorted keys.
+    pub fn parse(text: &str) -> Result<Row, serde_json::Error> {
+        let map: BTreeMap<Cow<'_, str>, &RawValue> = serde_json::from_str(text)?;
+        Ok(Row::from_borrowed(&map))
+    }
+
+    /// Accepts text that is already a validated JSON object (from our own decoders).
+    pub fn from_raw(raw: Box<RawValue>) -> Row {
+        Row(raw)
+    }
+
+    pub fn from_map(map: &RowMap) -> Row {
+        Row(serde_json::value::to_raw_value(map).expect("a map of raw values always serializes"))
+    }
+
+    pub(crate) fn from_borrowed(map: &BTreeMap<Cow<'_, str>, &RawValue>) -> Row {
+        Row(serde_json::value::to_raw_value(map).expect("a map of raw values always serializes"))
+    }
+
+    pub fn empty() -> Row {
+        Row(RawValue::from_string("{}".to_string()).expect("valid"))
+    }
+
+    /// The compact JSON text of the row.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    pub fn as_raw(&self) -> &RawValue {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fields().map(|m| m.is_empty()).unwrap_or(true)
+    }
+
+    /// Borrowed view of the fields.
+    pub fn fields(&self) -> Result<BTreeMap<Cow<'_, str>, &RawValue>, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+
+    pub fn to_map(&self) -> RowMap {
+        serde_json::from_str(self.0.get()).expect("a row is always a JSON object")
+    }
+
+    /// The value of one field, if present.
+    pub fn get(&self, field: &str) -> Option<Value> {
+        let fields = self.fields().ok()?;
+        fields.get(field).map(|v| (*v).to_owned())
+    }
+
+    /// Field names in sorted order.
+    pub fn field_names(&self) -> Vec<String> {
+        self.fields()
+            .map(|m| m.keys().map(|k| k.to_string()).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq for Row {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+impl Eq for Row {}
+
+/// Builds a raw JSON value from text that is known to be valid JSON.
+pub fn raw(text: impl Into<String>) -> Value {
+    RawValue::from_string(text.into()).expect("valid JSON value")
+}
+
+/// A JSON string value.
+pub fn string_value(s: &str) -> Value {
+    serde_json::value::to_raw_value(s).expect("a string always serializes")
+}
+
+/// The canonical text of a value for identity (rule R4): a JSON number by its exact decimal
+/// value (integral values as plain integers, `1.234567e+06` = `1234567`), a string as itself,
+/// anything else as its compact JSON text.
+pub fn canonical_text(value: &RawValue) -> Cow<'_, str> {
+    let text = value.get().trim();
+    match text.as_bytes().first() {
+        Some(b'"') => match serde_json::from_str::<Cow<'_, str>>(text) {
+            Ok(s) => canonical_string(s),
+            Err(_) => Cow::Borrowed(text),
+        },
+        Some(b'-' | b'0'..=b'9') => Cow::Owned(canonical_number(text)),
+        _ => Cow::Borrowed(text),
+    }
+}
+
+fn canonical_string(s: Cow<'_, str>) -> Cow<'_, str> {
+    // A numeric string names the same key value as the number with the same text.
+    if looks_numeric(&s) {
+        Cow::Owned(canonical_number(&s))
+    } else {
+        s
+    }
+}
+
+fn looks_numeric(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && (b[0] == b'-' || b[0].is_ascii_digit())
+        && b.iter()
+            .all(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E'))
+        && parse_decimal(s).is_some()
+}
+
+/// Canonical decimal text of a JSON number literal: no exponent, no trailing fractional zeros,
+/// no leading zeros, `-0` as `0`. Returns the input unchanged if it is not a number.
+pub fn canonical_number(text: &str) -> String {
+    match parse_decimal(text) {
+        Some((neg, digits, exp)) => render_decimal(neg, &digits, exp),
+        None => text.to_string(),
+    }
+}
+
+/// Parses a decimal literal into (negative, significant digits without leading zeros, exponent)
+/// so that value = digits × 10^exp.
+fn parse_decimal(text: &str) -> Option<(bool, String, i64)> {
+    let mut s = text;
+    let mut neg = false;
+    if let Some(rest) = s.strip_prefix('-') {
+        neg = true;
+        s = rest;
+    } else if let Some(rest) = s.strip_prefix('+') {
+        s = rest;
+    }
+    let (mantissa, exp_part) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    };
+    let mut exp: i64 = match exp_part {
+        Some(e) => e.parse().ok()?,
+        None => 0,
+    };
+    let (int_part, frac_part) = match mantissa.find('.') {
+        Some(i) => (&mantissa[..i], &mantissa[i + 1..]),
+        None => (mantissa, ""),
+    };
+    if int_part.is_empty() && frac_part.is_empty() {
+        return None;
+    }
+    if !int_part.bytes().all(|c| c.is_ascii_digit())
+        || !frac_part.bytes().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    let mut digits = String::with_capacity(int_part.len() + frac_part.len());
+    digits.push_str(int_part);
+    digits.push_str(frac_part);
+    exp -= frac_part.len() as i64;
+    let trimmed = digits.trim_start_matches('0');
+    let mut digits = trimmed.to_string();
+    while digits.ends_with('0') {
+        digits.pop();
+        exp += 1;
+    }
+    if digits.is_empty() {
+        return Some((false, "0".to_string(), 0));
+    }
+    Some((neg, digits, exp))
+}
+
+fn render_decimal(neg: bool, digits: &str, exp: i64) -> String {
+    let mut out = String::new();
+    if neg {
+        out.push('-');
+    }
+    if exp >= 0 {
+        out.push_str(digits);
+        for _ in 0..exp {
+            out.push('0');
+        }
+    } else {
+        let frac_len = (-exp) as usize;
+        if digits.len() > frac_len {
+            let (i, f) = digits.split_at(digits.len() - frac_len);
+            out.push_str(i);
+            out.push('.');
+            out.push_str(f);
+        } else {
+            out.push_str("0.");
+            for _ in 0..(frac_len - digits.len()) {
+                out.push('0');
+            }
+            out.push_str(digits);
+        }
+    }
+    out
+}
+
+/// Compares two JSON values for equality the way fixtures and tests need: numbers by exact
+/// decimal value, everything else structurally.
+pub fn values_equal(a: &RawValue, b: &RawValue) -> bool {
+    let (a, b) = (a.get().trim(), b.get().trim());
+    let num = |s: &str| matches!(s.as_bytes().first(), Some(b'-' | b'0'..=b'9'));
+    if num(a) && num(b) {
+        return canonical_number(a) == canonical_number(b);
+    }
+    match (a.as_bytes().first(), b.as_bytes().first()) {
+        (Some(b'{'), Some(b'{')) => {
+            let (Ok(ma), Ok(mb)) = (
+                serde_json::from_str::<BTreeMap<Cow<'_, str>, &RawValue>>(a),
+                serde_json::from_str::<BTreeMap<Cow<'_, str>, &RawValue>>(b),
+            ) else {
+                return false;
+            };
+            ma.len() == mb.len()
+                && ma
+                    .iter()
+                    .all(|(k, va)| mb.get(k).is_some_and(|vb| values_equal(va, vb)))
+        }
+        (Some(b'['), Some(b'[')) => {
+            let (Ok(la), Ok(lb)) = (
+                serde_json::from_str::<Vec<&RawValue>>(a),
+                serde_json::from_str::<Vec<&RawValue>>(b),
+            ) else {
+                return false;
+            };
+            la.len() == lb.len() && la.iter().zip(lb.iter()).all(|(x, y)| values_equal(x, y))
+        }
+        (Some(b'"'), Some(b'"')) => {
+            serde_json::from_str::<Cow<'_, str>>(a).ok()
+                == serde_json::from_str::<Cow<'_, str>>(b).ok()
+        }
+        _ => a == b,
+    }
+}
+
+/// Orders canonical key texts: numbers numerically, otherwise by text.
+pub fn compare_canonical(a: &str, b: &str) -> Ordering {
+    match (parse_decimal(a), parse_decimal(b)) {
+        (Some(x), Some(y)) if looks_numeric(a) && looks_numeric(b) => compare_decimal(&x, &y),
+        _ => a.cmp(b),
+    }
+}
+
+fn compare_decimal(a: &(bool, String, i64), b: &(bool, String, i64)) -> Ordering {
+    let zero = |d: &(bool, String, i64)| d.1 == "0";
+    let sign = |d: &(bool, String, i64)| {
+        if zero(d) {
+            0
+        } else if d.0 {
+            -1
+        } else {
+            1
+        }
+    };
+    let (sa, sb) = (sign(a), sign(b));
+    if sa != sb {
+        return sa.cmp(&sb);
+    }
+    if sa == 0 {
+        return Ordering::Equal;
+    }
+    // Same sign: compare magnitudes by order of magnitude, then digit by digit.
+    let mag = |d: &(bool, String, i64)| d.1.len() as i64 + d.2;
+    let ord = mag(a).cmp(&mag(b)).then_with(|| {
+        let (da, db) = (a.1.as_bytes(), b.1.as_bytes());
+        for i in 0..da.len().max(db.len()) {
+            let x = da.get(i).copied().unwrap_or(b'0');
+            let y = db.get(i).copied().unwrap_or(b'0');
+            if x != y {
+                return x.cmp(&y);
+            }
+        }
+        Ordering::Equal
+    });
+    if sa < 0 { ord.reverse() } else { ord }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_numbers() {
+        assert_eq!(canonical_number("1.234567e+06"), "1234567");
+        assert_eq!(canonical_number("1234567"), "1234567");
+        assert_eq!(canonical_number("1.0"), "1");
+        assert_eq!(canonical_number("-0.0"), "0");
+        assert_eq!(canonical_number("0.00001"), "0.00001");
+        assert_eq!(canonical_number("1e-05"), "0.00001");
+        assert_eq!(canonical_number("123.450"), "123.45");
+        assert_eq!(canonical_number("9007199254740993"), "9007199254740993");
+        assert_eq!(
+            canonical_number("12345678901234567890.123"),
+            "12345678901234567890.123"
+        );
+        assert_eq!(canonical_number("1e21"), "1000000000000000000000");
+    }
+
+    #[test]
+    fn canonical_text_unifies_numbers_and_numeric_strings() {
+        assert_eq!(canonical_text(&raw("1.234567e+06")), "1234567");
+        assert_eq!(canonical_text(&raw("\"1234567\"")), "1234567");
+        assert_eq!(canonical_text(&raw("\"abc\"")), "abc");
+        assert_eq!(canonical_text(&raw("true")), "true");
+    }
+
+    #[test]
+    fn rows_keep_every_digit() {
+        let row = Row::parse(r#"{"b": 12345678901234567890.123, "a": 9007199254740993}"#).unwrap();
+        assert_eq!(
+            row.as_str(),
+            r#"{"a":9007199254740993,"b":12345678901234567890.123}"#
+        );
+        assert_eq!(row.get("a").unwrap().get(), "9007199254740993");
+    }
+
+    #[test]
+    fn values_compare_numbers_by_value() {
+        assert!(values_equal(&raw("1.0"), &raw("1")));
+        assert!(values_equal(&raw(r#"{"n":3.0}"#), &raw(r#"{"n": 3}"#)));
+        assert!(!values_equal(&raw("1"), &raw("\"1\"")));
+    }
+
+    #[test]
+    fn canonical_order_is_numeric() {
+        assert_eq!(compare_canonical("10", "9"), Ordering::Greater);
+        assert_eq!(compare_canonical("-10", "-9"), Ordering::Less);
+        assert_eq!(compare_canonical("1.5", "1.25"), Ordering::Greater);
+        assert_eq!(compare_canonical("a", "b"), Ordering::Less);
+    }
+}

@@ -1,0 +1,6 @@
+//! larch: PostgreSQL tables into laredo-compatible archives, archives into live engines, both
+//! on Kubernetes through an operator.
+
+pub mod archive;
+pub mod cli;
+pub mod source;

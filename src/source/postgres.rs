@@ -1,0 +1,1 @@
+//! The PostgreSQL source: schema discovery, consistent baseline, logical replication.
