@@ -2,10 +2,15 @@
 //! as laredo writes it (`shared/spec/laredo-archive.md`) under larch's rules (`larch-rules.md`).
 
 pub mod error;
+pub mod format;
+pub mod identity;
 pub mod manifest;
 pub mod model;
+pub mod plan;
 pub mod position;
+pub mod reader;
 pub mod store;
 pub mod value;
+pub mod verify;
 
 pub use error::{ArchiveError, Result};

@@ -15,10 +15,10 @@ pub type Value = Box<RawValue>;
 /// A row as an ordered map (keys sorted, as laredo writes them).
 pub type RowMap = BTreeMap<String, Value>;
 
-/// A row: a JSON object kept as its compact text. Cheap to store, clone and emit.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Row(Box<RawValue>);
+/// A row: a JSON object kept as its text (valid by construction). Cheap to store, clone and
+/// emit: the hot paths never re-encode it.
+#[derive(Clone)]
+pub struct Row(Box<str>);
 
 impl Row {
     /// Parses and validates a JSON object. The text is re-encoded compactly with sorted keys.
@@ -27,29 +27,30 @@ impl Row {
         Ok(Row::from_borrowed(&map))
     }
 
-    /// Accepts text that is already a validated JSON object (from our own decoders).
-    pub fn from_raw(raw: Box<RawValue>) -> Row {
-        Row(raw)
+    /// Wraps text that a decoder has already validated as one JSON object.
+    pub(crate) fn from_validated(text: &str) -> Row {
+        debug_assert!(text.trim_start().starts_with('{'));
+        Row(text.into())
     }
 
     pub fn from_map(map: &RowMap) -> Row {
-        Row(serde_json::value::to_raw_value(map).expect("a map of raw values always serializes"))
+        Row(serde_json::to_string(map)
+            .expect("a map of raw values always serializes")
+            .into_boxed_str())
     }
 
     pub(crate) fn from_borrowed(map: &BTreeMap<Cow<'_, str>, &RawValue>) -> Row {
-        Row(serde_json::value::to_raw_value(map).expect("a map of raw values always serializes"))
+        Row(serde_json::to_string(map)
+            .expect("a map of raw values always serializes")
+            .into_boxed_str())
     }
 
     pub fn empty() -> Row {
-        Row(RawValue::from_string("{}".to_string()).expect("valid"))
+        Row("{}".into())
     }
 
-    /// The compact JSON text of the row.
+    /// The JSON text of the row.
     pub fn as_str(&self) -> &str {
-        self.0.get()
-    }
-
-    pub fn as_raw(&self) -> &RawValue {
         &self.0
     }
 
@@ -59,11 +60,11 @@ impl Row {
 
     /// Borrowed view of the fields.
     pub fn fields(&self) -> Result<BTreeMap<Cow<'_, str>, &RawValue>, serde_json::Error> {
-        serde_json::from_str(self.0.get())
+        serde_json::from_str(&self.0)
     }
 
     pub fn to_map(&self) -> RowMap {
-        serde_json::from_str(self.0.get()).expect("a row is always a JSON object")
+        serde_json::from_str(&self.0).expect("a row is always a JSON object")
     }
 
     /// The value of one field, if present.
@@ -77,6 +78,34 @@ impl Row {
         self.fields()
             .map(|m| m.keys().map(|k| k.to_string()).collect())
             .unwrap_or_default()
+    }
+
+    /// Structural equality with numbers compared by value.
+    pub fn same_values(&self, other: &Row) -> bool {
+        match (
+            RawValue::from_string(self.0.to_string()),
+            RawValue::from_string(other.0.to_string()),
+        ) {
+            (Ok(a), Ok(b)) => values_equal(&a, &b),
+            _ => false,
+        }
+    }
+}
+
+impl Serialize for Row {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw = RawValue::from_string(self.0.to_string()).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Row {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Row, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        if !raw.get().trim_start().starts_with('{') {
+            return Err(serde::de::Error::custom("a row must be a JSON object"));
+        }
+        Ok(Row(raw.get().into()))
     }
 }
 

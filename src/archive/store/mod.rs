@@ -4,6 +4,7 @@
 pub mod local;
 pub mod memory;
 pub mod s3;
+pub mod spec;
 
 use std::fmt::Debug;
 use std::pin::Pin;

@@ -1,0 +1,246 @@
+//! Planning reads over a manifest (rules R3 and R7): chain walks that always terminate.
+
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
+
+use super::error::{ArchiveError, Result};
+use super::manifest::{Artifact, ArtifactKind, Manifest};
+use super::position::{self, canonical, compare};
+
+/// What to read: an optional base snapshot, then diffs in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub snapshot: Option<Artifact>,
+    pub diffs: Vec<Artifact>,
+    /// The position the plan reaches.
+    pub head_position: String,
+}
+
+/// Why a diff cannot be followed (reported by `archive verify`).
+pub fn broken_link_reason(diff: &Artifact) -> Option<String> {
+    let from = diff.from_position.as_deref().unwrap_or("");
+    if !position::is_valid(&diff.to_position) {
+        return Some(format!(
+            "to_position {:?} is not a valid position",
+            diff.to_position
+        ));
+    }
+    if compare(&diff.to_position, from) != Ordering::Greater {
+        return Some(format!(
+            "to_position {:?} does not advance past from_position {:?}",
+            diff.to_position, from
+        ));
+    }
+    None
+}
+
+/// Walks the diff chain from `start` (R3): the diff whose `from` is the current position
+/// (later in manifest order wins), accepted only if it advances to a valid, greater position.
+/// `limit` stops before the first diff whose `to` is past it.
+pub fn chain_from<'m>(
+    manifest: &'m Manifest,
+    start: &str,
+    limit: Option<&str>,
+) -> Vec<&'m Artifact> {
+    let mut by_from: HashMap<String, &Artifact> = HashMap::new();
+    for a in manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Diff)
+    {
+        if let Some(from) = &a.from_position {
+            by_from.insert(canonical(from), a);
+        }
+    }
+    let mut chain = Vec::new();
+    let mut seen = HashSet::new();
+    let mut current = canonical(start);
+    while let Some(d) = by_from.get(&current) {
+        if broken_link_reason(d).is_some() {
+            break;
+        }
+        if let Some(limit) = limit
+            && compare(&d.to_position, limit) == Ordering::Greater
+        {
+            break;
+        }
+        let next = canonical(&d.to_position);
+        if !seen.insert(next.clone()) {
+            break;
+        }
+        chain.push(*d);
+        current = next;
+    }
+    chain
+}
+
+/// The newest snapshot: highest epoch, ties to the first in manifest order.
+pub fn newest_snapshot(manifest: &Manifest) -> Option<&Artifact> {
+    let mut best: Option<&Artifact> = None;
+    for s in manifest.snapshots() {
+        if best.is_none_or(|b| s.epoch > b.epoch) {
+            best = Some(s);
+        }
+    }
+    best
+}
+
+/// `plan(from)` (R7): diff-only when a chain from `from` reaches the head, else the newest
+/// snapshot plus its chain. `None` when the archive has no snapshot to start from.
+pub fn plan(manifest: &Manifest, from: &str) -> Option<Plan> {
+    if !from.is_empty() {
+        let chain = chain_from(manifest, from, None);
+        if let Some(last) = chain.last()
+            && compare(&last.to_position, &manifest.head_position) != Ordering::Less
+        {
+            return Some(Plan {
+                snapshot: None,
+                head_position: last.to_position.clone(),
+                diffs: chain.into_iter().cloned().collect(),
+            });
+        }
+    }
+    let snapshot = newest_snapshot(manifest)?;
+    let chain = chain_from(manifest, &snapshot.to_position, None);
+    Some(Plan {
+        head_position: chain
+            .last()
+            .map(|d| d.to_position.clone())
+            .unwrap_or_else(|| snapshot.to_position.clone()),
+        snapshot: Some(snapshot.clone()),
+        diffs: chain.into_iter().cloned().collect(),
+    })
+}
+
+/// The plan for the head: the newest snapshot and its whole chain. An archive without any
+/// artifact yields an empty plan at the manifest's head.
+pub fn plan_head(manifest: &Manifest) -> Plan {
+    plan(manifest, "").unwrap_or(Plan {
+        snapshot: None,
+        diffs: Vec::new(),
+        head_position: manifest.head_position.clone(),
+    })
+}
+
+/// `plan_as_of(p)` (R7): the snapshot with the greatest position ≤ p plus the chain up to p
+/// (a straddling diff is excluded); past the head clamps to the head.
+pub fn plan_as_of(manifest: &Manifest, at: &str) -> Result<Plan> {
+    if !position::is_valid(at) {
+        return Err(ArchiveError::InvalidPosition(at.to_string()));
+    }
+    let mut base: Option<&Artifact> = None;
+    for s in manifest.snapshots() {
+        if compare(&s.to_position, at) != Ordering::Greater
+            && base.is_none_or(|b| compare(&s.to_position, &b.to_position) == Ordering::Greater)
+        {
+            base = Some(s);
+        }
+    }
+    let Some(base) = base else {
+        let oldest = manifest
+            .snapshots()
+            .map(|s| s.to_position.as_str())
+            .min_by(|a, b| compare(a, b))
+            .unwrap_or("")
+            .to_string();
+        return Err(ArchiveError::Predates {
+            position: at.to_string(),
+            oldest,
+        });
+    };
+    let chain = chain_from(manifest, &base.to_position, Some(at));
+    Ok(Plan {
+        head_position: chain
+            .last()
+            .map(|d| d.to_position.clone())
+            .unwrap_or_else(|| base.to_position.clone()),
+        snapshot: Some(base.clone()),
+        diffs: chain.into_iter().cloned().collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::manifest::now_utc;
+    use std::collections::BTreeMap;
+
+    fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Artifact {
+        Artifact {
+            kind,
+            epoch,
+            from_position: from.map(str::to_string),
+            to_position: to.to_string(),
+            created_at: now_utc(),
+            row_count: 0,
+            change_count: 0,
+            formats: BTreeMap::new(),
+        }
+    }
+
+    fn manifest(arts: Vec<Artifact>, head: &str) -> Manifest {
+        let mut m = Manifest::new("public.t");
+        m.artifacts = arts;
+        m.head_position = head.into();
+        m
+    }
+
+    #[test]
+    fn plans_follow_laredo() {
+        let m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
+                art(ArtifactKind::Diff, 1, Some("0/20"), "0/30"),
+            ],
+            "0/30",
+        );
+        let p = plan(&m, "0/5").unwrap();
+        assert!(p.snapshot.is_some());
+        assert_eq!(p.diffs.len(), 2);
+        let p = plan(&m, "0/10").unwrap();
+        assert!(p.snapshot.is_none());
+        assert_eq!(p.diffs.len(), 2);
+        let p = plan(&m, "0/020").unwrap(); // another spelling of 0/20 links (R2)
+        assert_eq!(p.diffs.len(), 1);
+        assert_eq!(plan_as_of(&m, "0/10").unwrap().diffs.len(), 0);
+        assert_eq!(plan_as_of(&m, "0/25").unwrap().head_position, "0/20");
+        assert_eq!(plan_as_of(&m, "0/99").unwrap().head_position, "0/30");
+        let e = plan_as_of(&m, "0/1").unwrap_err();
+        assert!(e.to_string().contains("predates"), "{e}");
+        assert!(matches!(
+            plan_as_of(&m, "bogus"),
+            Err(ArchiveError::InvalidPosition(_))
+        ));
+    }
+
+    #[test]
+    fn cycles_and_stuck_links_terminate() {
+        let m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "<nil>"),
+                art(ArtifactKind::Diff, 1, Some("<nil>"), "<nil>"),
+            ],
+            "<nil>",
+        );
+        let p = plan_head(&m);
+        assert!(p.diffs.is_empty());
+        let m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/20"), "0/10"),
+            ],
+            "0/20",
+        );
+        assert!(plan_head(&m).diffs.is_empty());
+    }
+
+    #[test]
+    fn empty_archive_plans_nothing() {
+        let m = manifest(vec![], "");
+        assert!(plan(&m, "").is_none());
+        assert_eq!(plan_head(&m).head_position, "");
+    }
+}

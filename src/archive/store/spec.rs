@@ -1,0 +1,97 @@
+//! Where an archive lives, as users write it (CLI flags, engine config): a store type and its
+//! options. Credentials are never part of it: S3 uses the ambient chain (environment, web
+//! identity) or key files.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::Store;
+use super::local::LocalStore;
+use crate::archive::error::{ArchiveError, Result};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSpec {
+    /// `local` or `s3`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Local root directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
+    /// S3 destination prefix, prepended verbatim to every key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub path_style: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token_file: Option<PathBuf>,
+}
+
+impl StoreSpec {
+    pub fn local(path: impl Into<PathBuf>) -> StoreSpec {
+        StoreSpec {
+            kind: "local".into(),
+            path: Some(path.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Checks the options without touching the store; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        match self.kind.as_str() {
+            "local" => {
+                if self.path.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+                    return Err(ArchiveError::Invalid(
+                        "store: type local requires `path`".into(),
+                    ));
+                }
+            }
+            "s3" => {
+                if self.bucket.as_ref().is_none_or(|b| b.is_empty()) {
+                    return Err(ArchiveError::Invalid(
+                        "store: type s3 requires `bucket`".into(),
+                    ));
+                }
+                if self.access_key_id_file.is_some() != self.secret_access_key_file.is_some() {
+                    return Err(ArchiveError::Invalid(
+                        "store: `access_key_id_file` and `secret_access_key_file` go together"
+                            .into(),
+                    ));
+                }
+            }
+            "" => {
+                return Err(ArchiveError::Invalid(
+                    "store: `type` is required (local or s3)".into(),
+                ));
+            }
+            other => {
+                return Err(ArchiveError::Invalid(format!(
+                    "store: unknown type {other:?} (expected local or s3)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn open(&self) -> Result<Arc<dyn Store>> {
+        self.validate()?;
+        match self.kind.as_str() {
+            "local" => Ok(Arc::new(LocalStore::new(
+                self.path.as_ref().expect("validated"),
+            )?)),
+            _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),
+        }
+    }
+}

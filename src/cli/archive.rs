@@ -1,0 +1,225 @@
+//! `larch archive inspect|verify|reconstruct`.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use super::{StoreArgs, parse_formats, parse_list};
+use crate::archive::format::Format;
+use crate::archive::manifest::{ArtifactKind, format_time};
+use crate::archive::model::effective_key_fields;
+use crate::archive::plan::{broken_link_reason, plan_head};
+use crate::archive::reader::ArchiveReader;
+use crate::archive::verify::verify;
+
+#[derive(Subcommand, Debug)]
+pub enum ArchiveCommand {
+    /// Print the table's rows at the head or as of a position.
+    Reconstruct(ReconstructArgs),
+    /// Describe an archive: table, epochs, head, artifacts, columns, chain health.
+    Inspect(ArchiveArgs),
+    /// Check every object, size, checksum, record count and chain link; exit 1 listing problems.
+    Verify(ArchiveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ArchiveArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The archive's key prefix (the manifest is at KEY_PREFIX + manifest.json).
+    #[arg(long, default_value = "")]
+    pub key_prefix: String,
+    /// Formats to read, in preference order.
+    #[arg(long, default_value = "jsonl,protobuf,jsonl+zstd")]
+    pub format: String,
+    /// Print JSON instead of text (inspect).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReconstructArgs {
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+    /// Key fields (default: the manifest's primary key, else `id`).
+    #[arg(long, value_delimiter = ',')]
+    pub key_fields: Vec<String>,
+    /// Position to reconstruct as of (default: the head).
+    #[arg(long)]
+    pub at: Option<String>,
+}
+
+impl ArchiveArgs {
+    async fn reader(&self) -> anyhow::Result<ArchiveReader> {
+        let store = self.store.spec().open().await?;
+        let formats: Vec<Format> =
+            parse_formats(&self.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
+        Ok(ArchiveReader::new(store, &self.key_prefix, formats)?)
+    }
+}
+
+pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
+    match cmd {
+        ArchiveCommand::Reconstruct(a) => reconstruct(a).await,
+        ArchiveCommand::Inspect(a) => inspect(a).await,
+        ArchiveCommand::Verify(a) => run_verify(a).await,
+    }
+}
+
+async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
+    let reader = args.archive.reader().await?;
+    let key_fields: Vec<String> = args.key_fields.iter().flat_map(|k| parse_list(k)).collect();
+    let (_, folded) = reader
+        .reconstruct_at(args.at.as_deref(), &key_fields)
+        .await?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    write!(
+        out,
+        "{{\n  \"position\": {},\n  \"row_count\": {},\n  \"rows\": [",
+        serde_json::to_string(&folded.position)?,
+        folded.rows.len()
+    )?;
+    for (i, row) in folded.rows.values().enumerate() {
+        out.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
+        out.write_all(row.as_str().as_bytes())?;
+    }
+    out.write_all(if folded.rows.is_empty() {
+        b"]\n}\n"
+    } else {
+        b"\n  ]\n}\n"
+    })?;
+    out.flush().context("writing to stdout")?;
+    Ok(0)
+}
+
+async fn inspect(args: ArchiveArgs) -> anyhow::Result<i32> {
+    let reader = args.reader().await?;
+    let manifest = reader.load_manifest().await?;
+    let plan = plan_head(&manifest);
+    let key_fields = effective_key_fields(&[], &manifest.columns);
+    let broken: Vec<String> = manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Diff)
+        .filter_map(|a| {
+            broken_link_reason(a).map(|r| {
+                format!(
+                    "diff {:?} -> {:?}: {r}",
+                    a.from_position.as_deref().unwrap_or(""),
+                    a.to_position
+                )
+            })
+        })
+        .collect();
+    let reaches_head = crate::archive::position::same(&plan.head_position, &manifest.head_position);
+    if args.json {
+        let doc = serde_json::json!({
+            "table": manifest.table,
+            "manifest_version": manifest.manifest_version,
+            "epoch": manifest.epoch,
+            "head_position": manifest.head_position,
+            "updated_at": format_time(&manifest.updated_at),
+            "key_fields": key_fields,
+            "columns": manifest.columns,
+            "artifacts": manifest.artifacts,
+            "chain": {"snapshot_epoch": plan.snapshot.as_ref().map(|s| s.epoch), "diffs": plan.diffs.len(), "reaches": plan.head_position, "reaches_head": reaches_head, "broken_links": broken},
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    println!("table:        {}", manifest.table);
+    println!(
+        "manifest:     {} (version {})",
+        reader.manifest_key(),
+        manifest.manifest_version
+    );
+    println!("epoch:        {}", manifest.epoch);
+    println!("head:         {}", manifest.head_position);
+    println!("updated at:   {}", format_time(&manifest.updated_at));
+    println!("key fields:   {}", key_fields.join(", "));
+    if !manifest.columns.is_empty() {
+        println!("columns:");
+        for c in &manifest.columns {
+            let pk = if c.primary_key {
+                format!(" primary key #{}", c.primary_key_ordinal)
+            } else {
+                String::new()
+            };
+            println!(
+                "  {:<24} {:<14} {}{pk}",
+                c.name,
+                c.type_name,
+                if c.nullable { "null" } else { "not null" }
+            );
+        }
+    }
+    println!("artifacts:    {}", manifest.artifacts.len());
+    for a in &manifest.artifacts {
+        let formats: Vec<String> = a
+            .formats
+            .iter()
+            .map(|(k, v)| format!("{k} {} B", v.size_bytes))
+            .collect();
+        match a.kind {
+            ArtifactKind::Snapshot => println!(
+                "  snapshot epoch={} at {} rows={} [{}]",
+                a.epoch,
+                a.to_position,
+                a.row_count,
+                formats.join(", ")
+            ),
+            ArtifactKind::Diff => println!(
+                "  diff     epoch={} {} -> {} changes={} [{}]",
+                a.epoch,
+                a.from_position.as_deref().unwrap_or(""),
+                a.to_position,
+                a.change_count,
+                formats.join(", ")
+            ),
+        }
+    }
+    match &plan.snapshot {
+        Some(s) => println!(
+            "chain:        snapshot epoch {} + {} diffs reaches {} ({})",
+            s.epoch,
+            plan.diffs.len(),
+            plan.head_position,
+            if reaches_head {
+                "the head"
+            } else {
+                "NOT the head"
+            }
+        ),
+        None => println!("chain:        no snapshot"),
+    }
+    for b in &broken {
+        println!("broken link:  {b}");
+    }
+    Ok(0)
+}
+
+async fn run_verify(args: ArchiveArgs) -> anyhow::Result<i32> {
+    let reader = args.reader().await?;
+    let (manifest, report) = verify(&reader).await?;
+    if report.problems.is_empty() {
+        println!(
+            "ok: {} ({} artifacts, {} objects checked, head {})",
+            reader.manifest_key(),
+            manifest.artifacts.len(),
+            report.checked_objects,
+            manifest.head_position
+        );
+        return Ok(0);
+    }
+    for p in &report.problems {
+        eprintln!("problem: {p}");
+    }
+    eprintln!(
+        "{} problem(s) in {}",
+        report.problems.len(),
+        reader.manifest_key()
+    );
+    Ok(1)
+}

@@ -1,0 +1,148 @@
+//! `larch archive …` as a user runs it: output shape, exit codes, error words.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::fixtures::{assert_rows_match, cases};
+
+pub fn larch() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_larch"))
+}
+
+#[test]
+fn reconstruct_every_fixture_through_the_cli() {
+    for (name, dir, case) in cases() {
+        let formats: Vec<&str> = case["formats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let mut base = vec![
+            "archive".to_string(),
+            "reconstruct".into(),
+            "--store".into(),
+            "local".into(),
+            "--path".into(),
+            dir.join("archive").display().to_string(),
+            "--key-prefix".into(),
+            case["key_prefix"].as_str().unwrap().into(),
+            "--format".into(),
+            formats.join(","),
+        ];
+        if let Some(k) = case["key_fields"].as_array() {
+            base.push("--key-fields".into());
+            base.push(
+                k.iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        let queries = case
+            .get("queries")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_else(|| vec![Value::Null]);
+        for q in queries {
+            let mut args = base.clone();
+            if let Some(at) = q.get("at").and_then(Value::as_str) {
+                args.push("--at".into());
+                args.push(at.into());
+            }
+            let out = larch().args(&args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let want_err = case
+                .get("expect_error")
+                .or_else(|| q.get("expect_error"))
+                .and_then(Value::as_str);
+            if let Some(err) = want_err {
+                assert!(!out.status.success(), "{name}: expected failure");
+                assert!(
+                    stderr.to_lowercase().contains(&err.to_lowercase()),
+                    "{name}: stderr {stderr:?} lacks {err:?}"
+                );
+                assert!(
+                    out.stdout.is_empty(),
+                    "{name}: nothing may be printed on failure"
+                );
+                continue;
+            }
+            assert!(out.status.success(), "{name}: {stderr}");
+            let doc: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{name}: output is not JSON: {e}"));
+            assert_eq!(doc["position"], q["position"], "{name}");
+            assert_eq!(
+                doc["row_count"].as_u64().unwrap() as usize,
+                q["rows"].as_array().unwrap().len(),
+                "{name}"
+            );
+            // Re-read the rows as exact texts from the raw output.
+            let rows: Vec<String> = String::from_utf8(out.stdout.clone())
+                .unwrap()
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with('{') && l.len() > 1)
+                .map(|l| l.trim_end_matches(',').to_string())
+                .collect();
+            assert_rows_match(&name, &rows, q["rows"].as_array().unwrap());
+        }
+    }
+}
+
+#[test]
+fn verify_and_inspect_fixtures() {
+    for (name, dir, case) in cases() {
+        let formats: Vec<&str> = case["formats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        let args = |cmd: &str| {
+            vec![
+                "archive".to_string(),
+                cmd.to_string(),
+                "--path".into(),
+                dir.join("archive").display().to_string(),
+                "--key-prefix".into(),
+                case["key_prefix"].as_str().unwrap().into(),
+                "--format".into(),
+                formats.join(","),
+            ]
+        };
+        let verify = larch().args(args("verify")).output().unwrap();
+        let broken = case.get("expect_error").is_some();
+        assert_eq!(
+            !verify.status.success(),
+            broken,
+            "{name}: verify status; stderr {}",
+            String::from_utf8_lossy(&verify.stderr)
+        );
+        if !broken {
+            let inspect = larch()
+                .args(args("inspect"))
+                .arg("--json")
+                .output()
+                .unwrap();
+            assert!(inspect.status.success(), "{name}");
+            let doc: Value = serde_json::from_slice(&inspect.stdout).unwrap();
+            assert_eq!(doc["head_position"], case["head"], "{name}");
+            assert_eq!(doc["chain"]["reaches_head"], Value::Bool(true), "{name}");
+        }
+    }
+}
+
+#[test]
+fn invalid_position_is_an_error_not_a_hang() {
+    let (_, dir, _) = cases().into_iter().find(|c| c.0 == "writer-jsonl").unwrap();
+    let out = larch()
+        .args(["archive", "reconstruct", "--path"])
+        .arg(dir.join("archive"))
+        .args(["--key-prefix", "public.events/", "--at", "not-a-position"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid position"));
+}
