@@ -7,10 +7,12 @@ pub mod identity;
 pub mod manifest;
 pub mod model;
 pub mod plan;
+pub mod policy;
 pub mod position;
 pub mod reader;
 pub mod store;
 pub mod value;
 pub mod verify;
+pub mod writer;
 
 pub use error::{ArchiveError, Result};

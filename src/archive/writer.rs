@@ -1,0 +1,558 @@
+//! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
+//! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::error::{ArchiveError, Result};
+use super::format::{Encoder, Format};
+use super::identity::{Identity, laredo_row_key, row_identity};
+use super::manifest::{
+    Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc,
+};
+use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
+use super::policy::{Policy, PolicyInputs};
+use super::position::{self, compare};
+use super::store::{ObjectWriter, Store, check_key_prefix};
+use super::value::Row;
+
+/// One format of a snapshot being uploaded: its encoder and one streaming upload per store.
+type Upload = (
+    Format,
+    Encoder,
+    Vec<(Arc<dyn Store>, String, Box<dyn ObjectWriter>)>,
+);
+
+/// Bytes buffered per format before they go to the upload.
+const UPLOAD_CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// `schema.table`, recorded in the manifest.
+    pub table: String,
+    pub key_prefix: String,
+    /// Configured key fields; empty means the columns' primary key, else `id`.
+    pub key_fields: Vec<String>,
+    pub snapshot_formats: Vec<Format>,
+    pub diff_formats: Vec<Format>,
+    pub policy: Policy,
+    /// Keep this many newest epochs (0: keep everything).
+    pub keep_epochs: u32,
+}
+
+impl WriterConfig {
+    pub fn new(table: impl Into<String>, key_prefix: impl Into<String>) -> WriterConfig {
+        WriterConfig {
+            table: table.into(),
+            key_prefix: key_prefix.into(),
+            key_fields: Vec::new(),
+            snapshot_formats: vec![Format::Jsonl],
+            diff_formats: vec![Format::Jsonl],
+            policy: Policy::default(),
+            keep_epochs: 0,
+        }
+    }
+}
+
+/// What a flush did.
+#[derive(Debug, PartialEq)]
+pub enum FlushOutcome {
+    /// Nothing buffered and no trigger due.
+    Idle,
+    /// A diff was committed.
+    Diff(Artifact),
+    /// The policy asks for a snapshot instead (its trigger name); the buffer is kept until
+    /// `write_snapshot` covers it.
+    SnapshotNeeded(&'static str),
+}
+
+/// Buffered changes, collapsed per identity (laredo §6.4), with a TRUNCATE kept apart so it is
+/// written first (W3).
+#[derive(Default, Debug)]
+struct DiffBuffer {
+    truncated: bool,
+    changes: BTreeMap<Identity, Change>,
+}
+
+pub struct ArchiveWriter {
+    stores: Vec<Arc<dyn Store>>,
+    config: WriterConfig,
+    manifest: Manifest,
+    revisions: Vec<String>,
+    key_fields: Vec<String>,
+    buffer: DiffBuffer,
+    churn: u64,
+    rows_estimate: u64,
+    last_snapshot_at: Option<Instant>,
+    last_snapshot_bytes: u64,
+}
+
+impl ArchiveWriter {
+    /// Opens the archive at the key prefix on every store: adopts the primary store's manifest
+    /// (refusing a newer version or another table's archive) and remembers each revision.
+    pub async fn open(stores: Vec<Arc<dyn Store>>, config: WriterConfig) -> Result<ArchiveWriter> {
+        if stores.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "a writer needs at least one store".into(),
+            ));
+        }
+        if config.snapshot_formats.is_empty() || config.diff_formats.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "a writer needs at least one snapshot and one diff format".into(),
+            ));
+        }
+        config.policy.validate().map_err(ArchiveError::Invalid)?;
+        check_key_prefix(&config.key_prefix)?;
+        let key = manifest_key(&config.key_prefix);
+        let mut revisions = Vec::with_capacity(stores.len());
+        let mut manifest = None;
+        for (i, store) in stores.iter().enumerate() {
+            match store.get(&key).await? {
+                Some(got) => {
+                    if i == 0 {
+                        let m = Manifest::from_slice(&key, &got.bytes)?;
+                        if !m.table.is_empty() && m.table != config.table {
+                            return Err(ArchiveError::Invalid(format!(
+                                "{} on {} holds table {:?}, not {:?}: choose another key prefix",
+                                key,
+                                store.name(),
+                                m.table,
+                                config.table
+                            )));
+                        }
+                        manifest = Some(m);
+                    }
+                    revisions.push(got.revision);
+                }
+                None => revisions.push(String::new()),
+            }
+        }
+        let manifest = manifest.unwrap_or_else(|| Manifest::new(config.table.clone()));
+        let key_fields = effective_key_fields(&config.key_fields, &manifest.columns);
+        let rows_estimate = super::plan::newest_snapshot(&manifest)
+            .map(|s| s.row_count.max(0) as u64)
+            .unwrap_or(0);
+        Ok(ArchiveWriter {
+            stores,
+            key_fields,
+            manifest,
+            revisions,
+            buffer: DiffBuffer::default(),
+            churn: 0,
+            rows_estimate,
+            last_snapshot_at: None,
+            last_snapshot_bytes: 0,
+            config,
+        })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The position the archive reaches (the next diff's `from`).
+    pub fn head(&self) -> &str {
+        &self.manifest.head_position
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.manifest.epoch
+    }
+
+    pub fn buffer_depth(&self) -> usize {
+        self.buffer.changes.len() + usize::from(self.buffer.truncated)
+    }
+
+    pub fn churn(&self) -> u64 {
+        self.churn
+    }
+
+    pub fn key_fields(&self) -> &[String] {
+        &self.key_fields
+    }
+
+    /// Sets the columns recorded in the manifest (and the key fields they imply).
+    pub fn set_columns(&mut self, columns: Vec<ColumnDefinition>) {
+        self.key_fields = effective_key_fields(&self.config.key_fields, &columns);
+        self.manifest.columns = columns;
+    }
+
+    /// Buffers one change, collapsing it with what is buffered for the same identity (last
+    /// write wins). A TRUNCATE resets the buffer; an UPDATE that changes the key becomes a
+    /// DELETE of the old identity and an INSERT of the new one (W4).
+    pub fn record(&mut self, action: Action, old: Option<Row>, new: Option<Row>) {
+        self.churn += 1;
+        match action {
+            Action::Truncate => {
+                self.buffer.changes.clear();
+                self.buffer.truncated = true;
+                self.rows_estimate = 0;
+            }
+            Action::Delete => {
+                let Some(old) = old else { return };
+                let id =
+                    row_identity(&old, &self.key_fields).unwrap_or_else(|| old.as_str().into());
+                self.rows_estimate = self.rows_estimate.saturating_sub(1);
+                self.buffer
+                    .changes
+                    .insert(id, self.change(Action::Delete, Some(old), None));
+            }
+            Action::Insert | Action::Update => {
+                let Some(new) = new else { return };
+                let id =
+                    row_identity(&new, &self.key_fields).unwrap_or_else(|| new.as_str().into());
+                if let Some(old_row) = &old
+                    && let Some(old_id) = row_identity(old_row, &self.key_fields)
+                    && old_id != id
+                {
+                    self.buffer
+                        .changes
+                        .insert(old_id, self.change(Action::Delete, old.clone(), None));
+                    self.buffer
+                        .changes
+                        .insert(id, self.change(Action::Insert, None, Some(new)));
+                    return;
+                }
+                if action == Action::Insert {
+                    self.rows_estimate += 1;
+                }
+                self.buffer
+                    .changes
+                    .insert(id, self.change(action, old, Some(new)));
+            }
+        }
+    }
+
+    fn change(&self, action: Action, old: Option<Row>, new: Option<Row>) -> Change {
+        let key = laredo_row_key(new.as_ref().or(old.as_ref()), &self.key_fields);
+        Change {
+            action,
+            key,
+            old,
+            new,
+        }
+    }
+
+    fn change_truncate(&self) -> Change {
+        Change {
+            action: Action::Truncate,
+            key: laredo_row_key(None, &self.key_fields),
+            old: None,
+            new: None,
+        }
+    }
+
+    /// Flushes buffered changes as a diff ending at `to` (the position of the last change
+    /// recorded), unless the policy asks for a snapshot.
+    pub async fn flush(&mut self, to: &str) -> Result<FlushOutcome> {
+        let since = self
+            .last_snapshot_at
+            .map(|t| t.elapsed())
+            .unwrap_or(Duration::MAX);
+        if self.buffer_depth() == 0 {
+            // laredo never fires max_interval on an idle table; larch does (its only trigger
+            // that makes sense without changes).
+            let p = &self.config.policy;
+            if !p.max_interval.is_zero()
+                && since >= p.max_interval
+                && (p.min_interval.is_zero() || since >= p.min_interval)
+                && self.manifest.epoch > 0
+            {
+                return Ok(FlushOutcome::SnapshotNeeded("max_interval"));
+            }
+            return Ok(FlushOutcome::Idle);
+        }
+        let from = self.manifest.head_position.clone();
+        if !position::is_valid(to) || compare(to, &from) != std::cmp::Ordering::Greater {
+            return Err(ArchiveError::Invalid(format!(
+                "a diff must end at a valid position after {from:?}; got {to:?} (W1)"
+            )));
+        }
+        // Encode the primary format in memory first: its size feeds the policy.
+        let mut encoded = Vec::with_capacity(self.config.diff_formats.len());
+        for format in &self.config.diff_formats {
+            let mut enc = Encoder::new(*format)?;
+            let truncate = self.buffer.truncated.then(|| self.change_truncate());
+            for c in truncate.iter().chain(self.buffer.changes.values()) {
+                enc.change(c)?;
+            }
+            encoded.push((*format, enc.finish()?));
+        }
+        let inputs = PolicyInputs {
+            since_snapshot: since,
+            diff_bytes: encoded[0].1.len() as u64,
+            last_snapshot_bytes: self.last_snapshot_bytes,
+            churn: self.churn,
+            row_count: self.rows_estimate,
+        };
+        if let Some(trigger) = self.config.policy.evaluate(&inputs) {
+            return Ok(FlushOutcome::SnapshotNeeded(trigger));
+        }
+        let mut artifact = Artifact {
+            kind: ArtifactKind::Diff,
+            epoch: self.manifest.epoch,
+            from_position: Some(from),
+            to_position: to.to_string(),
+            created_at: now_utc(),
+            row_count: 0,
+            change_count: self.buffer_depth() as i64,
+            formats: BTreeMap::new(),
+        };
+        let mut written = Vec::new();
+        for (format, bytes) in &encoded {
+            let key = artifact_key(&self.config.key_prefix, &artifact, format.extension());
+            let mut first = None;
+            for store in &self.stores {
+                let put = store.put(&key, bytes).await;
+                match put {
+                    Ok(r) => {
+                        written.push((store.clone(), key.clone()));
+                        first.get_or_insert(r);
+                    }
+                    Err(e) => {
+                        self.cleanup(&written).await;
+                        return Err(e);
+                    }
+                }
+            }
+            let r = first.expect("at least one store");
+            artifact.formats.insert(
+                format.id().to_string(),
+                FormatRef {
+                    uri: r.uri,
+                    size_bytes: r.size as i64,
+                    sha256: Some(r.sha256),
+                },
+            );
+        }
+        if let Err(e) = self.commit(artifact.clone(), None).await {
+            self.cleanup(&written).await;
+            return Err(e);
+        }
+        self.buffer = DiffBuffer::default();
+        Ok(FlushOutcome::Diff(artifact))
+    }
+
+    /// Writes a base snapshot at a new epoch from a stream of rows (every row of the table at
+    /// `position`), then commits it (W5, W6). Buffered changes are dropped: the snapshot covers
+    /// them. Memory stays bounded: rows go straight to streaming uploads.
+    pub async fn write_snapshot(
+        &mut self,
+        position: &str,
+        mut rows: mpsc::Receiver<Row>,
+    ) -> Result<Artifact> {
+        let epoch = self.manifest.epoch + 1;
+        let mut artifact = Artifact {
+            kind: ArtifactKind::Snapshot,
+            epoch,
+            from_position: None,
+            to_position: position.to_string(),
+            created_at: now_utc(),
+            row_count: 0,
+            change_count: 0,
+            formats: BTreeMap::new(),
+        };
+        let mut uploads: Vec<Upload> = Vec::new();
+        for format in &self.config.snapshot_formats {
+            let key = artifact_key(&self.config.key_prefix, &artifact, format.extension());
+            let mut writers = Vec::new();
+            for store in &self.stores {
+                match store.create(&key).await {
+                    Ok(w) => writers.push((store.clone(), key.clone(), w)),
+                    Err(e) => {
+                        abort_all(uploads).await;
+                        for (_, _, w) in writers {
+                            w.abort().await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            uploads.push((*format, Encoder::new(*format)?, writers));
+        }
+        let mut count: i64 = 0;
+        let streamed: Result<()> = async {
+            while let Some(row) = rows.recv().await {
+                count += 1;
+                for (_, enc, writers) in uploads.iter_mut() {
+                    enc.row(&row)?;
+                    if enc.pending() >= UPLOAD_CHUNK {
+                        let chunk = enc.take();
+                        for (_, _, w) in writers.iter_mut() {
+                            w.write(&chunk).await?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = streamed {
+            abort_all(uploads).await;
+            return Err(e);
+        }
+        let mut written = Vec::new();
+        let mut failure = None;
+        let mut first_bytes = None;
+        for (format, enc, writers) in uploads {
+            let tail = match enc.finish() {
+                Ok(t) => t,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    Vec::new()
+                }
+            };
+            let mut first = None;
+            for (store, key, mut w) in writers {
+                if failure.is_some() {
+                    w.abort().await;
+                    continue;
+                }
+                if let Err(e) = w.write(&tail).await {
+                    w.abort().await;
+                    failure = Some(e);
+                    continue;
+                }
+                match w.finish().await {
+                    Ok(r) => {
+                        written.push((store, key));
+                        first.get_or_insert(r);
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+            if let Some(r) = first {
+                first_bytes.get_or_insert(r.size);
+                artifact.formats.insert(
+                    format.id().to_string(),
+                    FormatRef {
+                        uri: r.uri,
+                        size_bytes: r.size as i64,
+                        sha256: Some(r.sha256),
+                    },
+                );
+            }
+        }
+        if let Some(e) = failure {
+            self.cleanup(&written).await;
+            return Err(e);
+        }
+        artifact.row_count = count;
+        if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
+            self.cleanup(&written).await;
+            return Err(e);
+        }
+        self.buffer = DiffBuffer::default();
+        self.churn = 0;
+        self.rows_estimate = count as u64;
+        self.last_snapshot_at = Some(Instant::now());
+        self.last_snapshot_bytes = first_bytes.unwrap_or(0);
+        Ok(artifact)
+    }
+
+    /// Appends the artifact to a copy of the manifest, prunes, and compare-and-swaps it onto
+    /// every store in order; adopts it only when every store took it. Then deletes the objects
+    /// of pruned artifacts (W7).
+    async fn commit(&mut self, artifact: Artifact, new_epoch: Option<i64>) -> Result<()> {
+        let mut next = self.manifest.clone();
+        next.manifest_version = super::manifest::MANIFEST_VERSION;
+        next.table = self.config.table.clone();
+        if let Some(e) = new_epoch {
+            next.epoch = e;
+        }
+        next.updated_at = now_utc();
+        next.head_position = artifact.to_position.clone();
+        next.artifacts.push(artifact);
+        let mut pruned = Vec::new();
+        if self.config.keep_epochs > 0 {
+            let keep_from = next.epoch - i64::from(self.config.keep_epochs) + 1;
+            let (keep, drop): (Vec<Artifact>, Vec<Artifact>) = next
+                .artifacts
+                .into_iter()
+                .partition(|a| a.epoch >= keep_from);
+            next.artifacts = keep;
+            pruned = drop;
+        }
+        let bytes = Bytes::from(next.to_json());
+        let key = manifest_key(&self.config.key_prefix);
+        for (i, store) in self.stores.iter().enumerate() {
+            match store.put_cas(&key, bytes.clone(), &self.revisions[i]).await {
+                Ok(rev) => self.revisions[i] = rev,
+                Err(ArchiveError::CasConflict { .. }) => {
+                    return Err(ArchiveError::CasConflict {
+                        key: format!("{key} on {}", store.name()),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.manifest = next;
+        self.delete_artifacts(&pruned).await;
+        Ok(())
+    }
+
+    async fn delete_artifacts(&self, artifacts: &[Artifact]) {
+        let live: BTreeSet<String> = self
+            .manifest
+            .artifacts
+            .iter()
+            .flat_map(|a| {
+                a.formats
+                    .keys()
+                    .filter_map(|f| Format::parse(f).ok())
+                    .map(move |f| artifact_key(&self.config.key_prefix, a, f.extension()))
+            })
+            .collect();
+        for a in artifacts {
+            for f in a.formats.keys().filter_map(|f| Format::parse(f).ok()) {
+                let key = artifact_key(&self.config.key_prefix, a, f.extension());
+                if live.contains(&key) {
+                    continue; // sanitised keys can collide (laredo §2.1): never delete a live object
+                }
+                for store in &self.stores {
+                    if let Err(e) = store.delete(&key).await {
+                        tracing::warn!(key = %key, store = %store.name(), error = %e, "retention could not delete a pruned object; it stays as an orphan");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes objects uploaded for an artifact that was not committed.
+    async fn cleanup(&self, written: &[(Arc<dyn Store>, String)]) {
+        for (store, key) in written {
+            if self.manifest.artifacts.iter().any(|a| {
+                a.formats
+                    .keys()
+                    .filter_map(|f| Format::parse(f).ok())
+                    .any(|f| &artifact_key(&self.config.key_prefix, a, f.extension()) == key)
+            }) {
+                continue; // the key of a committed artifact (a repeated position): leave it
+            }
+            let _ = store.delete(key).await;
+        }
+    }
+
+    /// Re-reads the primary manifest after a conflict: `true` when someone else changed it.
+    pub async fn manifest_changed_elsewhere(&self) -> Result<bool> {
+        let key = manifest_key(&self.config.key_prefix);
+        let now = self.stores[0]
+            .get(&key)
+            .await?
+            .map(|g| g.revision)
+            .unwrap_or_default();
+        Ok(now != self.revisions[0])
+    }
+}
+
+async fn abort_all(uploads: Vec<Upload>) {
+    for (_, _, writers) in uploads {
+        for (_, _, w) in writers {
+            w.abort().await;
+        }
+    }
+}
