@@ -1,6 +1,9 @@
-//! One integration-test binary (heavy dependencies link once); one module per area.
+//! One integration-test binary (heavy dependencies link once); one module per area. Tests that
+//! need real components (SeaweedFS, PostgreSQL) share one process and one server each
+//! (see `support`).
 
 mod bad_input;
 mod cli_archive;
 mod fixtures;
+mod support;
 mod writer;
