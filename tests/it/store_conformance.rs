@@ -572,20 +572,42 @@ async fn s3_large_objects_use_multipart_and_aborts_leave_no_uploads() {
         "multipart ETag {large}"
     );
 
+    let pending = || async {
+        client
+            .list_multipart_uploads()
+            .bucket(&bucket)
+            .send()
+            .await
+            .unwrap()
+            .uploads()
+            .iter()
+            .map(|u| u.key().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(pending().await.is_empty());
+
+    // One byte past a part: the upload is under way (and visible as such) before finish.
     let mut w = store.create("aborted").await.unwrap();
     w.write(&pattern(PART_SIZE + 1, 10)).await.unwrap();
+    assert_eq!(pending().await, vec!["x/aborted"]);
     w.abort().await;
-    let uploads = client
-        .list_multipart_uploads()
-        .bucket(&bucket)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        uploads.uploads().is_empty(),
-        "uploads left behind: {:?}",
-        uploads.uploads()
-    );
+    assert!(pending().await.is_empty(), "abort left an upload behind");
+
+    // Dropped without finish: the upload is aborted in the background.
+    let mut w = store.create("dropped").await.unwrap();
+    w.write(&pattern(PART_SIZE + 1, 11)).await.unwrap();
+    assert_eq!(pending().await, vec!["x/dropped"]);
+    drop(w);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !pending().await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a dropped writer left an upload behind"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(store.get("aborted").await.unwrap().is_none());
+    assert!(store.get("dropped").await.unwrap().is_none());
 }
 
 #[tokio::test]
