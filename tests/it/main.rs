@@ -5,7 +5,7 @@
 mod bad_input;
 mod cli_archive;
 mod fixtures;
-mod s3_error_mapping;
+mod s3_protocol;
 mod store_conformance;
 mod support;
 mod writer;

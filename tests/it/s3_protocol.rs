@@ -1,6 +1,6 @@
-//! How `S3Store` maps answers that SeaweedFS never gives but AWS does: 409
-//! `ConditionalRequestConflict` (retried), 404 `NoSuchKey` on `If-Match` (a conflict), and a
-//! 404 `NoSuchBucket` (an error, not an absent object). A tiny HTTP server replays canned
+//! How `S3Store` handles answers that SeaweedFS never gives (or only with thousands of objects)
+//! but AWS does: 409 `ConditionalRequestConflict` (retried), 404 `NoSuchKey` on `If-Match` (a
+//! conflict), a 404 `NoSuchBucket` (an error, not an absent object), paginated listings. A tiny HTTP server replays canned
 //! responses and records the requests; everything else is tested on the real SeaweedFS.
 
 use std::collections::VecDeque;
@@ -51,6 +51,35 @@ fn ok(etag: &'static str) -> Canned {
         body: String::new(),
         etag: Some(etag),
     }
+}
+
+fn xml(body: String) -> Canned {
+    Canned {
+        status: 200,
+        body,
+        etag: None,
+    }
+}
+
+fn list_page(keys: &[(&str, u64)], next: Option<&str>) -> Canned {
+    let contents: String = keys
+        .iter()
+        .map(|(k, size)| {
+            format!(
+                "<Contents><Key>{k}</Key><LastModified>2026-11-29T08:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag><Size>{size}</Size><StorageClass>STANDARD</StorageClass></Contents>"
+            )
+        })
+        .collect();
+    let tail = match next {
+        Some(t) => format!(
+            "<IsTruncated>true</IsTruncated><NextContinuationToken>{t}</NextContinuationToken>"
+        ),
+        None => "<IsTruncated>false</IsTruncated>".to_string(),
+    };
+    xml(format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>bkt</Name><Prefix>pre/t/</Prefix><KeyCount>{}</KeyCount><MaxKeys>1000</MaxKeys>{tail}{contents}</ListBucketResult>",
+        keys.len()
+    ))
 }
 
 /// Serves `responses` in order (then 500s) and records every request.
@@ -237,4 +266,41 @@ async fn put_cas_on_404_without_if_match_is_an_error() {
         .put_cas("t/manifest.json", Bytes::from_static(b"{}"), "")
         .await;
     assert!(matches!(r, Err(ArchiveError::Storage { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn list_follows_continuation_tokens_and_strips_the_prefix() {
+    let (ep, seen) = canned_server(vec![
+        list_page(&[("pre/t/a", 1), ("pre/t/b", 2)], Some("tok-1")),
+        list_page(&[("pre/t/c", 3)], Some("tok-2")),
+        list_page(&[("pre/t/d", 4)], None),
+    ])
+    .await;
+    let s = store(&ep).await;
+    let listed = s.list("t/").await.unwrap();
+    let got: Vec<(&str, u64)> = listed.iter().map(|o| (o.key.as_str(), o.size)).collect();
+    assert_eq!(got, vec![("t/a", 1), ("t/b", 2), ("t/c", 3), ("t/d", 4)]);
+    assert!(listed.iter().all(|o| o.modified.is_some()));
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(
+        seen[0].path.contains("prefix=pre%2Ft%2F"),
+        "{}",
+        seen[0].path
+    );
+    assert!(
+        !seen[0].path.contains("continuation-token"),
+        "{}",
+        seen[0].path
+    );
+    assert!(
+        seen[1].path.contains("continuation-token=tok-1"),
+        "{}",
+        seen[1].path
+    );
+    assert!(
+        seen[2].path.contains("continuation-token=tok-2"),
+        "{}",
+        seen[2].path
+    );
 }
