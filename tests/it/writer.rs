@@ -487,3 +487,41 @@ async fn a_writer_refuses_a_newer_manifest_and_another_tables_archive() {
         .unwrap();
     assert!(e.to_string().contains("public.items/manifest.json"), "{e}");
 }
+
+#[tokio::test]
+async fn on_seaweedfs_two_writers_one_wins_and_large_snapshots_stream_multipart() {
+    let s3 = crate::support::seaweedfs::seaweedfs();
+    let bucket = s3.new_bucket().await;
+    let store: Arc<dyn Store> = Arc::new(s3.s3_store(&bucket, "archives/").await);
+    two_writers_one_wins(store.clone()).await;
+
+    // A snapshot larger than one 8 MiB part goes up as a multipart upload and reads back exactly.
+    let bucket = s3.new_bucket().await;
+    let store: Arc<dyn Store> = Arc::new(s3.s3_store(&bucket, "").await);
+    let mut w = ArchiveWriter::open(vec![store.clone()], config(vec![Format::Jsonl]))
+        .await
+        .unwrap();
+    let padding = "p".repeat(1000);
+    let (tx, rx) = mpsc::channel(256);
+    let producer = tokio::spawn(async move {
+        for i in 0..20_000 {
+            tx.send(row(&format!(r#"{{"id":{i},"pad":"{padding}"}}"#)))
+                .await
+                .unwrap();
+        }
+    });
+    let snap = w.write_snapshot("0/100", rx).await.unwrap();
+    producer.await.unwrap();
+    assert!(
+        snap.formats["jsonl"].size_bytes > 16 << 20,
+        "{}",
+        snap.formats["jsonl"].size_bytes
+    );
+    w.record(Action::Delete, Some(row(r#"{"id":7}"#)), None);
+    w.flush("0/200").await.unwrap();
+    let reader = ArchiveReader::new(store.clone(), "public.items/", vec![Format::Jsonl]).unwrap();
+    let (_, f) = reader.reconstruct_at(None, &[]).await.unwrap();
+    assert_eq!(f.rows.len(), 19_999);
+    let (_, report) = verify(&reader).await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
