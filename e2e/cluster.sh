@@ -386,8 +386,8 @@ cmd_status() {
   local c rc=0
   for c in "${COMPONENTS[@]}"; do
     if alive "$c"; then
-      printf '%-24s pid %-8s rss %s\n' "$c" "$(pid_of "$c")" \
-        "$(awk '/^VmRSS/ { printf "%d MiB", $2 / 1024 }' "/proc/$(pid_of "$c")/status")"
+      printf '%-24s pid %-8s %s\n' "$c" "$(pid_of "$c")" \
+        "$(awk '/^VmRSS/ { r = $2 } /^VmHWM/ { h = $2 } END { printf "rss %d MiB (peak %d MiB)", r / 1024, h / 1024 }' "/proc/$(pid_of "$c")/status")"
     else
       printf '%-24s not running\n' "$c"; rc=1
     fi

@@ -67,7 +67,11 @@ if out="$(k -n smoke-restricted run bad --image=example.invalid/x:1 --restart=Ne
   echo "FAILED: privileged-by-default pod was admitted into a restricted namespace: $out" >&2
   exit 1
 fi
-grep -q 'violates PodSecurity "restricted' <<< "$out" && echo "ok: PodSecurity rejects: ${out:0:120}..."
+if ! grep -q 'violates PodSecurity "restricted' <<< "$out"; then
+  echo "FAILED: pod rejected for another reason than PodSecurity: $out" >&2
+  exit 1
+fi
+echo "ok: PodSecurity rejects: ${out:0:120}..."
 
 "$BIN/helm" version
 "$BIN/helm" list -A
