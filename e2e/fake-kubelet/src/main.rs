@@ -1,0 +1,177 @@
+//! larch-fake-kubelet: registers one Ready Node with a real kube-apiserver and runs the pods the
+//! scheduler binds to it as local processes ("real work" mode). See README.md.
+
+mod env;
+mod expand;
+mod image;
+mod node;
+mod pod;
+mod probe;
+mod process;
+mod pvc;
+mod status;
+mod volumes;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use base64::Engine;
+use clap::Parser;
+use kube::api::PatchParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+/// A fake kubelet for larch's end-to-end tests: one Node whose pods run as local processes.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Admin kubeconfig of the cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: PathBuf,
+    /// Name of the Node to register.
+    #[arg(long, default_value = "larch-node")]
+    node_name: String,
+    /// Logs (<ns>/<pod>/<container>.log), volumes and PersistentVolumes live here.
+    #[arg(long, default_value = "/tmp/larch-fake-kubelet")]
+    data_dir: PathBuf,
+    /// IMAGE=PATH: run containers whose image repository is IMAGE (or ends in /IMAGE) with the
+    /// local binary PATH. Repeatable.
+    #[arg(long = "binary", value_name = "IMAGE=PATH")]
+    binaries: Vec<String>,
+    /// Pass this variable of the kubelet's own environment to every container (repeatable),
+    /// e.g. RUST_BACKTRACE or LLVM_PROFILE_FILE.
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pass_env: Vec<String>,
+    /// Upper bound of terminationGracePeriodSeconds when a pod is deleted.
+    #[arg(long, default_value_t = 10)]
+    max_grace_seconds: u64,
+    /// First restart back-off (doubled on each restart).
+    #[arg(long, default_value_t = 1)]
+    restart_backoff_seconds: u64,
+    /// Largest restart back-off (the real kubelet: 300 s).
+    #[arg(long, default_value_t = 30)]
+    restart_backoff_max_seconds: u64,
+    /// Do not bind pending PersistentVolumeClaims.
+    #[arg(long)]
+    no_provisioner: bool,
+}
+
+/// What every part of the fake kubelet shares.
+pub struct Ctx {
+    pub client: Client,
+    pub node: String,
+    pub data_dir: PathBuf,
+    pub images: image::ImageMap,
+    pub api_host: String,
+    pub api_port: u16,
+    pub ca_pem: String,
+    pub max_grace: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub pass_env: Vec<(String, String)>,
+    pub ips: Mutex<pod::IpAlloc>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Ctx {
+    pub fn patch_params(&self) -> PatchParams {
+        node::patch_params()
+    }
+}
+
+fn pem(der: &[u8]) -> String {
+    let b = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("base64"));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn,hyper=warn,tower=warn,rustls=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let images = image::ImageMap::parse(&args.binaries)?;
+    for name in images.names() {
+        if let Some(m) = images.lookup(&name)
+            && !m.path.exists()
+        {
+            tracing::warn!(image = %name, path = %m.path.display(), "mapped binary does not exist (yet)");
+        }
+    }
+    let kc = Kubeconfig::read_from(&args.kubeconfig)
+        .with_context(|| format!("reading {}", args.kubeconfig.display()))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    let api_host = config
+        .cluster_url
+        .host()
+        .unwrap_or("127.0.0.1")
+        .trim_matches(['[', ']'])
+        .to_string();
+    let api_port = config.cluster_url.port_u16().unwrap_or(443);
+    let ca_pem = config
+        .root_cert
+        .iter()
+        .flatten()
+        .map(|c| pem(c))
+        .collect::<String>();
+    let client = Client::try_from(config)?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let pass_env = args
+        .pass_env
+        .iter()
+        .filter_map(|n| std::env::var(n).ok().map(|v| (n.clone(), v)))
+        .collect();
+    let ctx = Arc::new(Ctx {
+        client,
+        node: args.node_name.clone(),
+        data_dir,
+        images,
+        api_host,
+        api_port,
+        ca_pem,
+        max_grace: Duration::from_secs(args.max_grace_seconds),
+        backoff_initial: Duration::from_secs(args.restart_backoff_seconds.max(1)),
+        backoff_max: Duration::from_secs(args.restart_backoff_max_seconds.max(1)),
+        pass_env,
+        ips: Mutex::new(pod::IpAlloc::default()),
+        shutdown: shutdown_rx,
+    });
+
+    let node = node::register(&ctx).await?;
+    let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    tracing::info!(node = %ctx.node, data_dir = %ctx.data_dir.display(), apiserver = %format!("{}:{}", ctx.api_host, ctx.api_port), "ready");
+    let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), node_uid));
+    let provisioner = (!args.no_provisioner).then(|| tokio::spawn(pvc::run(ctx.clone())));
+    let pods = tokio::spawn(pod::run(ctx.clone()));
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    heartbeat.abort();
+    if let Some(p) = provisioner {
+        p.abort();
+    }
+    let _ = shutdown_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(20), pods).await;
+    tracing::info!("stopped");
+    Ok(())
+}
