@@ -102,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,kube=warn,hyper=warn,tower=warn,rustls=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
     let images = image::ImageMap::parse(&args.binaries)?;

@@ -183,6 +183,10 @@ impl PodShared {
     /// Patches the pod status if it changed since the last successful patch.
     async fn publish(&self) {
         let mut published = self.published.lock().await;
+        if *self.ctx.shutdown.borrow() {
+            // a kubelet going away leaves its pods' status as it is
+            return;
+        }
         let pod = self.pod_rx.borrow().clone();
         let rt = self.rt.lock().expect("pod state lock").clone();
         let Some(spec) = &pod.spec else { return };
