@@ -4,13 +4,17 @@
 #   Node Ready -> a Job whose container writes a termination message completes with it ->
 #   a Deployment served by `python3 -m http.server --bind $(POD_IP) 8080` behind an httpGet
 #   readinessProbe becomes Available -> deleting it removes its pods and kills their processes ->
-#   fake kubelet stopped (no process left) -> control plane down.
+#   a kube-rs in-cluster client (examples/in_cluster.rs, `Config::infer()`) authenticates as the
+#   pod's service account -> fake kubelet stopped -> control plane down.
 #
 # usage: e2e/fake-kubelet/smoke.sh [DIR]     (default: a temporary directory)
 # env:   LARCH_E2E_CLUSTER_SH  cluster.sh to use (default: ../cluster.sh next to this directory,
 #                              else /work/wt/e2e/e2e/cluster.sh)
 #        LARCH_FAKE_KUBELET    prebuilt binary (default: cargo build into $CARGO_TARGET_DIR,
 #                              default /work/target-kubelet)
+#        LARCH_FAKE_KUBELET_IN_CLUSTER  prebuilt examples/in_cluster (default: built with the
+#                              kubelet; the in-cluster check is skipped if a prebuilt kubelet
+#                              is given without it)
 #        LARCH_CACHE           binaries (kubectl) from $LARCH_CACHE/bin (default ~/.cache/larch)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,9 +32,11 @@ fi
 
 if [[ -z "${LARCH_FAKE_KUBELET:-}" ]]; then
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-kubelet}"
-  cargo build --quiet --manifest-path "$here/Cargo.toml"
+  cargo build --quiet --manifest-path "$here/Cargo.toml" --bin larch-fake-kubelet --example in_cluster
   LARCH_FAKE_KUBELET="$CARGO_TARGET_DIR/debug/larch-fake-kubelet"
+  LARCH_FAKE_KUBELET_IN_CLUSTER="$CARGO_TARGET_DIR/debug/examples/in_cluster"
 fi
+IN_CLUSTER="${LARCH_FAKE_KUBELET_IN_CLUSTER:-}"
 # a real interpreter, not a pyenv shim (the pod's environment has no pyenv)
 PYTHON=/usr/bin/python3
 [[ -x "$PYTHON" ]] || PYTHON="$(python3 -c 'import sys; print(sys.executable)')"
@@ -70,7 +76,8 @@ wait_until() {
 }
 
 "$LARCH_FAKE_KUBELET" --kubeconfig "$KUBECONFIG" --data-dir "$DIR/kubelet" \
-  --binary sh=/bin/sh --binary "python=$PYTHON" > "$DIR/fake-kubelet.log" 2>&1 &
+  --binary sh=/bin/sh --binary "python=$PYTHON" ${IN_CLUSTER:+--binary "in-cluster=$IN_CLUSTER"} \
+  > "$DIR/fake-kubelet.log" 2>&1 &
 KUBELET_PID=$!
 wait_until 30 "node larch-node Ready" k wait --for=condition=Ready node/larch-node --timeout=1s
 wait_until 30 "node lease renewed" k -n kube-node-lease get lease larch-node
@@ -140,6 +147,29 @@ none_left() { [[ -z "$(k get pods -l app=smoke-web -o name)" ]]; }
 wait_until 30 "pods of smoke-web deleted" none_left
 no_procs() { [[ -z "$(procs)" ]]; }
 wait_until 15 "http.server processes gone" no_procs
+
+# ---- an in-cluster kube-rs client authenticates with the mounted service-account token
+if [[ -n "$IN_CLUSTER" ]]; then
+  k apply -f - <<'YAML'
+apiVersion: batch/v1
+kind: Job
+metadata: {name: smoke-in-cluster, namespace: default}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      securityContext: {runAsUser: 65532, runAsGroup: 65532}
+      containers: [{name: main, image: ghcr.io/example/in-cluster:dev}]
+YAML
+  wait_until 60 "Job smoke-in-cluster Complete" k wait --for=condition=Complete job/smoke-in-cluster --timeout=1s
+  msg="$(k get pods -l batch.kubernetes.io/job-name=smoke-in-cluster \
+    -o jsonpath='{.items[0].status.containerStatuses[0].state.terminated.message}')"
+  [[ "$msg" == "in-cluster client is system:serviceaccount:default:default" ]] || fail "in-cluster: got '$msg'"
+  pass "kube-rs Config::infer() inside a pod: '$msg'"
+else
+  echo "skip: in-cluster client check (no LARCH_FAKE_KUBELET_IN_CLUSTER)"
+fi
 
 # ---- the kubelet stops cleanly
 kill -TERM "$KUBELET_PID"
