@@ -74,6 +74,7 @@ pub struct Ctx {
     pub backoff_max: Duration,
     pub pass_env: Vec<(String, String)>,
     pub ips: Mutex<pod::IpAlloc>,
+    pub groups: process::GroupRegistry,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -132,6 +133,14 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_from(config)?;
     std::fs::create_dir_all(&args.data_dir)?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    let groups = process::GroupRegistry::new(data_dir.join(".process-groups"))?;
+    let killed = groups.kill_leftovers();
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            "killed process groups left behind by a previous fake kubelet"
+        );
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let pass_env = args
         .pass_env
@@ -151,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
         backoff_max: Duration::from_secs(args.restart_backoff_max_seconds.max(1)),
         pass_env,
         ips: Mutex::new(pod::IpAlloc::default()),
+        groups,
         shutdown: shutdown_rx,
     });
 

@@ -52,10 +52,27 @@ impl IpAlloc {
         panic!("no free pod IP left");
     }
 
-    pub fn free(&mut self, ip: &str) {
+    /// `preferred` if it is a free pod address (a pod keeps its IP across kubelet restarts).
+    pub fn alloc_preferred(&mut self, preferred: Option<&str>) -> String {
+        if let Some(n) = preferred.and_then(Self::index)
+            && self.used.insert(n)
+        {
+            return preferred.expect("some").to_string();
+        }
+        self.alloc()
+    }
+
+    fn index(ip: &str) -> Option<u32> {
         let parts: Vec<u32> = ip.split('.').filter_map(|p| p.parse().ok()).collect();
-        if let [127, 1, x, y] = parts[..] {
-            self.used.remove(&(x * 254 + y - 1));
+        match parts[..] {
+            [127, 1, x, y] if x < 256 && (1..=254).contains(&y) => Some(x * 254 + y - 1),
+            _ => None,
+        }
+    }
+
+    pub fn free(&mut self, ip: &str) {
+        if let Some(n) = Self::index(ip) {
+            self.used.remove(&n);
         }
     }
 }
@@ -504,12 +521,22 @@ fn plan_container(
 
 /// The termination message: the file's content, or the end of the log (FallbackToLogsOnError).
 fn termination_message(plan: &Plan, log_offset: u64, exit_code: i32) -> Option<String> {
-    let mut msg = std::fs::read(&plan.term_path).unwrap_or_default();
-    msg.truncate(TERMINATION_MESSAGE_MAX);
+    use std::io::{Read, Seek, SeekFrom};
+    let mut msg = Vec::new();
+    if let Ok(f) = std::fs::File::open(&plan.term_path) {
+        let _ = f.take(TERMINATION_MESSAGE_MAX as u64).read_to_end(&mut msg);
+    }
     if msg.is_empty() && plan.fallback_to_logs && exit_code != 0 {
-        let log = std::fs::read(&plan.log_path).unwrap_or_default();
-        let log = &log[(log_offset as usize).min(log.len())..];
-        msg = tail_lines(log, 80, 2048);
+        // the answer lies within the last 2 KiB of this run's output
+        let mut log = Vec::new();
+        if let Ok(mut f) = std::fs::File::open(&plan.log_path) {
+            let len = f.metadata().map_or(0, |m| m.len());
+            let from = log_offset.max(len.saturating_sub(4096));
+            if f.seek(SeekFrom::Start(from)).is_ok() {
+                let _ = f.read_to_end(&mut log);
+            }
+        }
+        msg = tail_lines(&log, 80, 2048);
     }
     if msg.is_empty() {
         None
@@ -651,6 +678,7 @@ async fn supervise(
             }
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
+                ctx.groups.add(pid);
                 tracing::info!(pod = %sh.name, container = %c.name, pid, program = %plan.launch.program.display(), "started");
                 let has_startup = c.startup_probe.is_some();
                 let has_readiness = c.readiness_probe.is_some();
@@ -743,6 +771,7 @@ async fn supervise(
                 }
                 // nothing of the container outlives its main process
                 process::signal_group(pid, libc::SIGKILL);
+                ctx.groups.remove(pid);
                 let (code, signal) = match status {
                     Ok(st) => process::exit_code(st),
                     Err(_) => (255, None),
@@ -843,7 +872,13 @@ async fn run_pod(ctx: Arc<Ctx>, pod_rx: watch::Receiver<Arc<Pod>>, gone_rx: watc
         }
         return;
     }
-    let ip = ctx.ips.lock().expect("ip lock").alloc();
+    let host_network = spec.host_network == Some(true);
+    let ip = if host_network {
+        HOST_IP.to_string()
+    } else {
+        let previous = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        ctx.ips.lock().expect("ip lock").alloc_preferred(previous)
+    };
     tracing::info!(pod = %format!("{ns}/{name}"), %ip, "pod assigned");
     let mut rt = PodRt::new(&spec, HOST_IP, Timestamp::now());
     rt.pod_ip = Some(ip.clone());
@@ -1037,7 +1072,9 @@ async fn run_pod(ctx: Arc<Ctx>, pod_rx: watch::Receiver<Arc<Pod>>, gone_rx: watc
         sh.publish().await;
         delete(&api, &name, &uid).await;
     }
-    ctx.ips.lock().expect("ip lock").free(&ip);
+    if !host_network {
+        ctx.ips.lock().expect("ip lock").free(&ip);
+    }
     if stop.report || !ctx.shutdown.borrow().to_owned() {
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -1110,6 +1147,10 @@ mod tests {
         }
         assert_eq!(a.alloc(), "127.1.0.254");
         assert_eq!(a.alloc(), "127.1.1.1");
+        assert_eq!(a.alloc_preferred(Some("127.1.7.9")), "127.1.7.9");
+        assert_eq!(a.alloc_preferred(Some("127.1.7.9")), "127.1.1.2");
+        assert_eq!(a.alloc_preferred(Some("10.0.0.1")), "127.1.1.3");
+        assert_eq!(a.alloc_preferred(None), "127.1.1.4");
     }
 
     #[test]

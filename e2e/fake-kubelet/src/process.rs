@@ -203,6 +203,72 @@ pub fn signal_group(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// The start time of a process (field 22 of /proc/PID/stat), to recognise it after pid reuse.
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|(_, t)| t)
+}
+
+/// (process group, start time) of a process, from /proc/PID/stat.
+fn stat(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    Some((after.get(2)?.parse().ok()?, after.get(19)?.parse().ok()?))
+}
+
+/// Whether a process of group `pgid` started at or after `since` still exists (the leader may
+/// be gone while what it started lives on).
+fn group_alive(pgid: u32, since: u64) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .any(|pid| stat(pid).is_some_and(|(g, t)| g == pgid && t >= since))
+}
+
+/// Records running container process groups under `dir` (one file per group leader holding its
+/// start time), so that a later fake kubelet can kill what a crashed one left behind.
+#[derive(Clone, Debug)]
+pub struct GroupRegistry {
+    dir: PathBuf,
+}
+
+impl GroupRegistry {
+    pub fn new(dir: PathBuf) -> io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    pub fn add(&self, pid: u32) {
+        if let Some(t) = start_time(pid) {
+            let _ = std::fs::write(self.dir.join(pid.to_string()), t.to_string());
+        }
+    }
+
+    pub fn remove(&self, pid: u32) {
+        let _ = std::fs::remove_file(self.dir.join(pid.to_string()));
+    }
+
+    /// Kills the recorded groups whose leader is still the same process; returns how many.
+    pub fn kill_leftovers(&self) -> usize {
+        let mut n = 0;
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let recorded = std::fs::read_to_string(e.path())
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok());
+            if let (Ok(pid), Some(since)) = (name.parse::<u32>(), recorded)
+                && group_alive(pid, since)
+            {
+                signal_group(pid, libc::SIGKILL);
+                n += 1;
+            }
+            let _ = std::fs::remove_file(e.path());
+        }
+        n
+    }
+}
+
 /// Exit code as the container runtime reports it: the code, or 128+signal.
 pub fn exit_code(status: std::process::ExitStatus) -> (i32, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;
@@ -216,6 +282,17 @@ pub fn exit_code(status: std::process::ExitStatus) -> (i32, Option<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_time_of_self() {
+        let me = std::process::id();
+        let t = start_time(me).unwrap();
+        assert!(start_time(u32::MAX).is_none());
+        // SAFETY: plain syscall
+        let pgid = unsafe { libc::getpgrp() } as u32;
+        assert!(group_alive(pgid, t));
+        assert!(!group_alive(pgid, u64::MAX));
+    }
 
     #[test]
     fn ancestors_of_targets() {
