@@ -9,6 +9,7 @@ mod pod;
 mod probe;
 mod process;
 mod pvc;
+mod server;
 mod status;
 mod volumes;
 
@@ -75,6 +76,10 @@ pub struct Ctx {
     pub pass_env: Vec<(String, String)>,
     pub ips: Mutex<pod::IpAlloc>,
     pub groups: process::GroupRegistry,
+    /// Log files of running containers (`kubectl logs -f` stops when its file leaves the set).
+    pub live_logs: Mutex<std::collections::HashSet<PathBuf>>,
+    /// The HTTPS port for `kubectl logs` (0 = none).
+    pub kubelet_port: std::sync::atomic::AtomicU16,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -161,9 +166,17 @@ async fn main() -> anyhow::Result<()> {
         pass_env,
         ips: Mutex::new(pod::IpAlloc::default()),
         groups,
+        live_logs: Mutex::new(Default::default()),
+        kubelet_port: Default::default(),
         shutdown: shutdown_rx,
     });
 
+    match server::start(ctx.clone()).await {
+        Ok(port) => tracing::info!(port, "kubectl logs served on 127.0.0.1"),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "no kubelet port: kubectl logs will not work")
+        }
+    }
     let node = node::register(&ctx).await?;
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
     tracing::info!(node = %ctx.node, data_dir = %ctx.data_dir.display(), apiserver = %format!("{}:{}", ctx.api_host, ctx.api_port), "ready");

@@ -1,5 +1,6 @@
 //! The Node: registration, Ready heartbeats and the node Lease in `kube-node-lease`.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,7 +19,7 @@ pub const CAPACITY_MEMORY_BYTES: u64 = 256 * 1024 * 1024 * 1024;
 pub const LEASE_SECONDS: i32 = 40;
 pub const KUBELET_VERSION: &str = "v1.37.2-larch-fake";
 
-fn status_patch(name: &str, now: Timestamp, transition: Timestamp) -> serde_json::Value {
+fn status_patch(port: u16, now: Timestamp, transition: Timestamp) -> serde_json::Value {
     let cond = |type_: &str, status: &str, reason: &str, message: &str| {
         json!({
             "type": type_, "status": status, "reason": reason, "message": message,
@@ -35,11 +36,9 @@ fn status_patch(name: &str, now: Timestamp, transition: Timestamp) -> serde_json
                 cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
                 cond("Ready", "True", "KubeletReady", "larch-fake-kubelet is posting ready status"),
             ],
-            "addresses": [
-                {"type": "InternalIP", "address": "127.0.0.1"},
-                {"type": "Hostname", "address": name},
-            ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            // no Hostname address: the apiserver would dial the node name for `kubectl logs`
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
             "nodeInfo": {
                 "machineID": "larch-fake", "systemUUID": "larch-fake", "bootID": "larch-fake",
                 "kernelVersion": "fake", "osImage": "larch fake kubelet (local processes)",
@@ -93,7 +92,11 @@ pub async fn register(ctx: &Ctx) -> anyhow::Result<Node> {
         .patch_status(
             name,
             &ctx.patch_params(),
-            &Patch::Merge(status_patch(name, now, now)),
+            &Patch::Merge(status_patch(
+                ctx.kubelet_port.load(Ordering::Relaxed),
+                now,
+                now,
+            )),
         )
         .await
         .context("setting the node status")?;
@@ -137,7 +140,11 @@ pub async fn heartbeat(ctx: std::sync::Arc<Ctx>, node_uid: String) {
                 .patch_status(
                     &ctx.node,
                     &ctx.patch_params(),
-                    &Patch::Merge(status_patch(&ctx.node, now, ready_since)),
+                    &Patch::Merge(status_patch(
+                        ctx.kubelet_port.load(Ordering::Relaxed),
+                        now,
+                        ready_since,
+                    )),
                 )
                 .await
         {

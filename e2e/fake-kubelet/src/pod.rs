@@ -679,6 +679,10 @@ async fn supervise(
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
                 ctx.groups.add(pid);
+                ctx.live_logs
+                    .lock()
+                    .expect("live logs")
+                    .insert(plan.log_path.clone());
                 tracing::info!(pod = %sh.name, container = %c.name, pid, program = %plan.launch.program.display(), "started");
                 let has_startup = c.startup_probe.is_some();
                 let has_readiness = c.readiness_probe.is_some();
@@ -772,6 +776,10 @@ async fn supervise(
                 // nothing of the container outlives its main process
                 process::signal_group(pid, libc::SIGKILL);
                 ctx.groups.remove(pid);
+                ctx.live_logs
+                    .lock()
+                    .expect("live logs")
+                    .remove(&plan.log_path);
                 let (code, signal) = match status {
                     Ok(st) => process::exit_code(st),
                     Err(_) => (255, None),
