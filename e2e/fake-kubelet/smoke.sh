@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the fake kubelet against the real local control plane (e2e/cluster.sh):
 #   control plane up -> larch-fake-kubelet (images `sh` -> /bin/sh, `python` -> python3) ->
-#   Node Ready -> a Job whose container writes a termination message completes with it ->
+#   Node Ready -> a Job whose container writes a termination message completes with it (and
+#   `kubectl logs` shows its output) ->
 #   a Deployment served by `python3 -m http.server --bind $(POD_IP) 8080` behind an httpGet
 #   readinessProbe becomes Available -> deleting it removes its pods and kills their processes ->
 #   a kube-rs in-cluster client (examples/in_cluster.rs, `Config::infer()`) authenticates as the
@@ -96,7 +97,7 @@ spec:
       containers:
       - name: main
         image: registry.example/tools/sh:1
-        command: ["sh", "-c", "echo \"done by $(POD_NAME) on $(POD_IP) as $(id -u)\" > /dev/termination-log"]
+        command: ["sh", "-c", "echo log line from $(POD_NAME); echo \"done by $(POD_NAME) on $(POD_IP) as $(id -u)\" > /dev/termination-log"]
         env:
         - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
         - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
@@ -107,7 +108,10 @@ msg="$(k get pod "$pod" -o jsonpath='{.status.containerStatuses[0].state.termina
 ip="$(k get pod "$pod" -o jsonpath='{.status.podIP}')"
 [[ "$msg" == "done by $pod on $ip as 65532"* ]] || fail "termination message: got '$msg'"
 pass "termination message '${msg%$'\n'}'"
-[[ "$ip" == 127.1.* ]] || fail "pod IP $ip is not a 127.1.X.Y address"
+[[ "$ip" == 127.* && "$ip" != 127.0.0.1 ]] || fail "pod IP $ip is not a 127.N.X.Y address"
+logs="$(k logs "$pod")"
+[[ "$logs" == "log line from $pod" ]] || fail "kubectl logs: got '$logs'"
+pass "kubectl logs '$logs'"
 
 # ---- Deployment behind an httpGet readiness probe, bound to the pod IP
 k apply -f - <<'YAML'
@@ -139,7 +143,7 @@ for ip in $ips; do
   curl -fsS --max-time 5 "http://$ip:8080/" > /dev/null || fail "GET http://$ip:8080/"
 done
 pass "both replicas answer on their own pod IP ($ips)"
-procs() { pgrep -f "http.server --bind 127.1." || true; }
+procs() { for ip in $ips; do pgrep -f "http.server --bind $ip " || true; done; }
 [[ -n "$(procs)" ]] || fail "no http.server process found"
 
 k delete deploy smoke-web --wait=true

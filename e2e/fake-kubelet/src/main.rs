@@ -56,6 +56,10 @@ struct Args {
     /// Largest restart back-off (the real kubelet: 300 s).
     #[arg(long, default_value_t = 30)]
     restart_backoff_max_seconds: u64,
+    /// Second octet N of the pod addresses 127.N.X.Y (1-254). Default: the first N no other
+    /// fake kubelet on this machine holds (a lock under /tmp/larch-fake-kubelet-ranges).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=254))]
+    pod_ip_range: Option<u8>,
     /// Do not bind pending PersistentVolumeClaims.
     #[arg(long)]
     no_provisioner: bool,
@@ -87,6 +91,39 @@ impl Ctx {
     pub fn patch_params(&self) -> PatchParams {
         node::patch_params()
     }
+}
+
+/// Claims range N for this process with an exclusive flock on RANGES_DIR/N.lock (released when
+/// the process exits, however it exits). Returns N and the open lock file (keep it).
+fn claim_range(wanted: Option<u8>) -> anyhow::Result<(u8, std::fs::File)> {
+    const RANGES_DIR: &str = "/tmp/larch-fake-kubelet-ranges";
+    std::fs::create_dir_all(RANGES_DIR)?;
+    let candidates: Vec<u8> = match wanted {
+        Some(n) => vec![n],
+        None => (1..=254).collect(),
+    };
+    for n in candidates {
+        let path = format!("{RANGES_DIR}/{n}.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        // SAFETY: plain syscall on an open descriptor
+        let locked = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } == 0;
+        if locked {
+            return Ok((n, f));
+        }
+    }
+    anyhow::bail!(
+        "pod address range {} is held by another fake kubelet on this machine",
+        wanted.map_or("127.1-254.*.*".to_string(), |n| format!("127.{n}.*.*"))
+    )
 }
 
 fn pem(der: &[u8]) -> String {
@@ -146,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
             "killed process groups left behind by a previous fake kubelet"
         );
     }
+    let (range, _range_lock) = claim_range(args.pod_ip_range)?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let pass_env = args
         .pass_env
@@ -164,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
         backoff_initial: Duration::from_secs(args.restart_backoff_seconds.max(1)),
         backoff_max: Duration::from_secs(args.restart_backoff_max_seconds.max(1)),
         pass_env,
-        ips: Mutex::new(pod::IpAlloc::default()),
+        ips: Mutex::new(pod::IpAlloc::new(range)),
         groups,
         live_logs: Mutex::new(Default::default()),
         kubelet_port: Default::default(),
@@ -179,7 +217,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let node = node::register(&ctx).await?;
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
-    tracing::info!(node = %ctx.node, data_dir = %ctx.data_dir.display(), apiserver = %format!("{}:{}", ctx.api_host, ctx.api_port), "ready");
+    tracing::info!(node = %ctx.node, pod_ips = %format!("127.{range}.0.0/16"), data_dir = %ctx.data_dir.display(), apiserver = %format!("{}:{}", ctx.api_host, ctx.api_port), "ready");
     let heartbeat = tokio::spawn(node::heartbeat(ctx.clone(), node_uid));
     let provisioner = (!args.no_provisioner).then(|| tokio::spawn(pvc::run(ctx.clone())));
     let pods = tokio::spawn(pod::run(ctx.clone()));

@@ -31,9 +31,12 @@ pub const HOST_IP: &str = "127.0.0.1";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const TERMINATION_MESSAGE_MAX: usize = 4096;
 
-/// Loopback addresses 127.1.X.Y (the whole 127/8 routes to `lo`), one per running pod.
-#[derive(Debug, Default)]
+/// Loopback addresses 127.N.X.Y (the whole 127/8 routes to `lo`), one per running pod; N is
+/// this kubelet's own range (see `claim_range`), so kubelets of several clusters on one machine
+/// never hand out the same address.
+#[derive(Debug)]
 pub struct IpAlloc {
+    range: u8,
     next: u32,
     used: HashSet<u32>,
 }
@@ -41,12 +44,20 @@ pub struct IpAlloc {
 impl IpAlloc {
     const SIZE: u32 = 256 * 254;
 
+    pub fn new(range: u8) -> Self {
+        Self {
+            range,
+            next: 0,
+            used: HashSet::new(),
+        }
+    }
+
     pub fn alloc(&mut self) -> String {
         for _ in 0..Self::SIZE {
             let n = self.next % Self::SIZE;
             self.next = self.next.wrapping_add(1);
             if self.used.insert(n) {
-                return format!("127.1.{}.{}", n / 254, n % 254 + 1);
+                return format!("127.{}.{}.{}", self.range, n / 254, n % 254 + 1);
             }
         }
         panic!("no free pod IP left");
@@ -54,7 +65,7 @@ impl IpAlloc {
 
     /// `preferred` if it is a free pod address (a pod keeps its IP across kubelet restarts).
     pub fn alloc_preferred(&mut self, preferred: Option<&str>) -> String {
-        if let Some(n) = preferred.and_then(Self::index)
+        if let Some(n) = preferred.and_then(|p| self.index(p))
             && self.used.insert(n)
         {
             return preferred.expect("some").to_string();
@@ -62,16 +73,18 @@ impl IpAlloc {
         self.alloc()
     }
 
-    fn index(ip: &str) -> Option<u32> {
+    fn index(&self, ip: &str) -> Option<u32> {
         let parts: Vec<u32> = ip.split('.').filter_map(|p| p.parse().ok()).collect();
         match parts[..] {
-            [127, 1, x, y] if x < 256 && (1..=254).contains(&y) => Some(x * 254 + y - 1),
+            [127, r, x, y] if r == u32::from(self.range) && x < 256 && (1..=254).contains(&y) => {
+                Some(x * 254 + y - 1)
+            }
             _ => None,
         }
     }
 
     pub fn free(&mut self, ip: &str) {
-        if let Some(n) = Self::index(ip) {
+        if let Some(n) = self.index(ip) {
             self.used.remove(&n);
         }
     }
@@ -1146,7 +1159,7 @@ mod tests {
 
     #[test]
     fn ip_allocation() {
-        let mut a = IpAlloc::default();
+        let mut a = IpAlloc::new(1);
         assert_eq!(a.alloc(), "127.1.0.1");
         assert_eq!(a.alloc(), "127.1.0.2");
         a.free("127.1.0.1");
@@ -1159,6 +1172,10 @@ mod tests {
         assert_eq!(a.alloc_preferred(Some("127.1.7.9")), "127.1.1.2");
         assert_eq!(a.alloc_preferred(Some("10.0.0.1")), "127.1.1.3");
         assert_eq!(a.alloc_preferred(None), "127.1.1.4");
+        // another kubelet's range is not ours
+        assert_eq!(a.alloc_preferred(Some("127.2.0.9")), "127.1.1.5");
+        let mut b = IpAlloc::new(42);
+        assert_eq!(b.alloc(), "127.42.0.1");
     }
 
     #[test]
