@@ -93,6 +93,39 @@ impl Ctx {
     }
 }
 
+/// An exclusive, non-blocking flock on `path` (created), held while the file stays open.
+fn try_lock(path: &std::path::Path) -> anyhow::Result<Option<std::fs::File>> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    // SAFETY: plain syscall on an open descriptor
+    let locked = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    } == 0;
+    Ok(locked.then_some(f))
+}
+
+/// Whether a TCP/UDP socket of this machine is bound to an address in 127.N.0.0/16 (someone
+/// without our lock, e.g. an older fake kubelet, uses the range).
+fn range_has_sockets(n: u8) -> bool {
+    ["/proc/net/tcp", "/proc/net/udp"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let local = l.split_whitespace().nth(1).unwrap_or("");
+                let ip = local.split(':').next().unwrap_or("");
+                // little-endian hex: 127.N.X.Y is YYXXNN7F
+                u32::from_str_radix(ip, 16)
+                    .is_ok_and(|v| v & 0xff == 127 && (v >> 8) & 0xff == u32::from(n))
+            })
+        })
+    })
+}
+
 /// Claims range N for this process with an exclusive flock on RANGES_DIR/N.lock (released when
 /// the process exits, however it exits). Returns N and the open lock file (keep it).
 fn claim_range(wanted: Option<u8>) -> anyhow::Result<(u8, std::fs::File)> {
@@ -103,20 +136,10 @@ fn claim_range(wanted: Option<u8>) -> anyhow::Result<(u8, std::fs::File)> {
         None => (1..=254).collect(),
     };
     for n in candidates {
-        let path = format!("{RANGES_DIR}/{n}.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)?;
-        // SAFETY: plain syscall on an open descriptor
-        let locked = unsafe {
-            libc::flock(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                libc::LOCK_EX | libc::LOCK_NB,
-            )
-        } == 0;
-        if locked {
+        if wanted.is_none() && range_has_sockets(n) {
+            continue;
+        }
+        if let Some(f) = try_lock(std::path::Path::new(&format!("{RANGES_DIR}/{n}.lock")))? {
             return Ok((n, f));
         }
     }
@@ -175,6 +198,9 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_from(config)?;
     std::fs::create_dir_all(&args.data_dir)?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    // one kubelet per data dir: the other's process groups and volumes live there
+    let _data_lock = try_lock(&data_dir.join(".lock"))?
+        .with_context(|| format!("{} is in use by another fake kubelet", data_dir.display()))?;
     let groups = process::GroupRegistry::new(data_dir.join(".process-groups"))?;
     let killed = groups.kill_leftovers();
     if killed > 0 {
@@ -236,4 +262,30 @@ async fn main() -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(20), pods).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_in_a_range_are_seen() {
+        let l = std::net::TcpListener::bind("127.77.3.4:0").unwrap();
+        assert!(range_has_sockets(77));
+        drop(l);
+        let u = std::net::UdpSocket::bind("127.78.0.1:0").unwrap();
+        assert!(range_has_sockets(78));
+        drop(u);
+    }
+
+    #[test]
+    fn locks_are_exclusive() {
+        let p = std::env::temp_dir().join(format!("larch-fk-lock-{}", std::process::id()));
+        let a = try_lock(&p).unwrap();
+        assert!(a.is_some());
+        assert!(try_lock(&p).unwrap().is_none());
+        drop(a);
+        assert!(try_lock(&p).unwrap().is_some());
+        std::fs::remove_file(&p).unwrap();
+    }
 }
