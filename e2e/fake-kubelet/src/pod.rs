@@ -677,6 +677,7 @@ async fn supervise(
         let t0 = Instant::now();
         let spawned = log.and_then(|log| process::spawn(&plan.launch, &log));
         let mut stopping = false;
+        let start_failed = spawned.is_err();
         let (code, signal, mut message) = match spawned {
             Err(e) => {
                 tracing::warn!(pod = %sh.name, container = %c.name, error = %e, "start failed");
@@ -801,7 +802,7 @@ async fn supervise(
             }
         };
         let finished_at = Timestamp::now();
-        if let Some(m) = termination_message(&plan, log_offset, code) {
+        if let Some(m) = termination_message(&plan, log_offset, code).filter(|_| !start_failed) {
             message = Some(m);
         }
         tracing::info!(pod = %sh.name, container = %c.name, exit_code = code, "exited");
@@ -809,13 +810,7 @@ async fn supervise(
         let terminated = CState::Terminated {
             exit_code: code,
             signal,
-            reason: if code == 128
-                && t0.elapsed() < Duration::from_millis(50)
-                && signal.is_none()
-                && message
-                    .as_deref()
-                    .is_some_and(|m| m.starts_with("failed to start"))
-            {
+            reason: if start_failed {
                 "StartError".into()
             } else {
                 exit_reason(code).into()
