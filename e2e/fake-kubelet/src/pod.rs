@@ -220,13 +220,14 @@ impl PodShared {
         let pod = self.pod_rx.borrow().clone();
         let rt = self.rt.lock().expect("pod state lock").clone();
         let Some(spec) = &pod.spec else { return };
-        let st = pod_status(
+        let mut st = pod_status(
             spec,
             &rt,
             pod.status.as_ref(),
             &published.1,
             Timestamp::now(),
         );
+        st.observed_generation = pod.metadata.generation;
         if published.0.as_ref() == Some(&st) {
             return;
         }
