@@ -12,7 +12,9 @@ use larch::source::{ChangeEvent, SourceError, SourceEvent, SyncSource};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::support::postgres::{Database, cluster, new_database, replica_cluster};
+use crate::support::postgres::{
+    Database, cluster, lossy_cluster, new_database, new_database_on, replica_cluster,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -855,4 +857,123 @@ async fn temporary_slot_names_never_collide() {
     let err = b.init(&[]).await.unwrap_err();
     assert!(format!("{err:#}").contains("already exists"), "{err:#}");
     a.close().await;
+}
+
+#[tokio::test]
+async fn reconnects_after_the_walsender_dies_without_duplicates() {
+    let db = new_database().await;
+    db.client
+        .batch_execute("CREATE TABLE k (id int8 PRIMARY KEY)")
+        .await
+        .unwrap();
+    let cfg = config(&db, "k", SlotMode::Persistent);
+    let slot = cfg.slot_name.clone();
+    let src = Arc::new(PostgresSource::new(cfg));
+    src.init(&[]).await.unwrap();
+    let (base, _) = take_baseline(&src, "k").await;
+    let mut st = Streamer::start(src.clone(), &base);
+    db.client
+        .execute("INSERT INTO k VALUES (1)", &[])
+        .await
+        .unwrap();
+    let (c, _) = st.next_txn().await;
+    assert_eq!(field(c[0].new.as_ref().unwrap(), "id"), "1");
+    // Nothing acked: after the reconnect the server sends transaction 1 again; the source must
+    // not deliver it twice.
+    let killed: bool = db
+        .client
+        .query_one("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    db.client
+        .execute("INSERT INTO k VALUES (2)", &[])
+        .await
+        .unwrap();
+    db.client
+        .execute("INSERT INTO k VALUES (3)", &[])
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (c, _) = st.next_txn().await;
+        got.extend(c.iter().map(|c| field(c.new.as_ref().unwrap(), "id")));
+    }
+    assert_eq!(got, vec!["2", "3"]);
+    st.expect_quiet(Duration::from_millis(500)).await;
+
+    // Pause holds events back; resume delivers them.
+    src.pause();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    db.client
+        .execute("INSERT INTO k VALUES (4)", &[])
+        .await
+        .unwrap();
+    st.expect_quiet(Duration::from_millis(1000)).await;
+    src.resume();
+    let (c, _) = st.next_txn().await;
+    assert_eq!(field(c[0].new.as_ref().unwrap(), "id"), "4");
+    st.stop().await.unwrap();
+    drop_slot_when_idle(&db, &slot).await;
+}
+
+#[tokio::test]
+async fn an_invalidated_slot_requires_a_new_baseline() {
+    let lossy = lossy_cluster();
+    let db = new_database_on(lossy).await;
+    for sql in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+        "CREATE TABLE big (id int8 PRIMARY KEY, v text)",
+    ] {
+        db.client.batch_execute(sql).await.unwrap();
+    }
+    let cfg = config(&db, "big", SlotMode::Persistent);
+    let slot = cfg.slot_name.clone();
+    let src = PostgresSource::new(cfg.clone());
+    src.init(&[]).await.unwrap();
+    let (base, _) = take_baseline(&src, "big").await;
+    src.close().await;
+    // Write and recycle WAL until the idle slot loses what it needs.
+    let mut lost = false;
+    for round in 0..40 {
+        db.client
+            .batch_execute(&format!(
+                "INSERT INTO big SELECT g + {round} * 100000, repeat('x', 200) FROM generate_series(1, 20000) g"
+            ))
+            .await
+            .unwrap();
+        db.client
+            .batch_execute("SELECT pg_switch_wal()")
+            .await
+            .unwrap();
+        db.client.batch_execute("CHECKPOINT").await.unwrap();
+        let status: Option<String> = db
+            .client
+            .query_one(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if status.as_deref() == Some("lost") {
+            lost = true;
+            break;
+        }
+    }
+    assert!(lost, "the slot was never invalidated");
+    let src = PostgresSource::new(cfg);
+    src.init(&[]).await.unwrap();
+    assert_eq!(src.last_acked_position().await.unwrap(), None);
+    let (tx, _rx) = mpsc::channel(4);
+    let err = src.stream(&base, tx).await.unwrap_err();
+    assert!(err.is_rebaseline(), "{err}");
+    assert!(err.to_string().contains("invalidated"), "{err}");
+    // A new baseline replaces the lost slot.
+    let (_, rows) = take_baseline(&src, "big").await;
+    assert!(rows.len() >= 20000);
+    src.close().await;
+    drop_slot_when_idle(&db, &slot).await;
 }

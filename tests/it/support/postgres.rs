@@ -143,6 +143,13 @@ pub fn replica_cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| start_cluster("replica"))
 }
 
+/// A third cluster whose slots lose their WAL quickly (max_slot_wal_keep_size), for the
+/// invalidated-slot test; kept apart so it never invalidates another test's slot.
+pub fn lossy_cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| start_cluster("logical"))
+}
+
 pub struct Database {
     pub name: String,
     pub dsn: String,
@@ -151,8 +158,12 @@ pub struct Database {
 
 /// A fresh database on the process-wide cluster.
 pub async fn new_database() -> Database {
+    new_database_on(cluster()).await
+}
+
+/// A fresh database on `c`.
+pub async fn new_database_on(c: &Cluster) -> Database {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let c = cluster();
     let name = format!(
         "t{}_{}",
         std::process::id(),
