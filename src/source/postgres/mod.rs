@@ -386,7 +386,7 @@ async fn baseline(
     inner.pending.lock().await.take();
     let client = inner.client().await?;
     let slot = &inner.config.slot_name;
-    if let Some(info) = schema::slot_info(&client, slot).await? {
+    if let Some(info) = wait_slot_idle(&client, slot).await? {
         if inner.config.slot_mode == SlotMode::Temporary || info.temporary {
             return Err(anyhow!(
                 "replication slot {slot} already exists and belongs to another session"
@@ -434,6 +434,23 @@ async fn baseline(
     );
     *inner.pending.lock().await = Some(created);
     Ok(position)
+}
+
+/// The slot's state once no session holds it, waiting up to 10 s: a session that just ended
+/// (ours, after a failure or a close) releases its slot, or drops its temporary slot, a moment
+/// later. `None`: the slot does not exist (any more).
+async fn wait_slot_idle(client: &Client, slot: &str) -> anyhow::Result<Option<schema::SlotInfo>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let info = schema::slot_info(client, slot).await?;
+        let busy = info
+            .as_ref()
+            .is_some_and(|i| i.active_pid.is_some() || i.temporary);
+        if !busy || std::time::Instant::now() >= deadline {
+            return Ok(info);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 fn remember_end(inner: &Inner, commit: u64, end: u64) {

@@ -123,6 +123,14 @@ pub(super) async fn run(
                 stop_session(session).await;
                 return Ok(());
             }
+            Err(Failure::Fatal(SourceError::Stopped)) => {
+                stop_session(session).await;
+                return if inner.is_closed() {
+                    Ok(())
+                } else {
+                    Err(SourceError::Stopped)
+                };
+            }
             Err(Failure::Fatal(e)) => {
                 session.abort();
                 return Err(e);
@@ -230,6 +238,7 @@ async fn classify(inner: &Inner, e: &PgWireError) -> Failure {
         )));
     }
     if e.is_transient()
+        || matches!(e, PgWireError::Internal(_))
         || text.contains("is active for PID")
         || text.contains("terminating connection")
     {
@@ -307,7 +316,7 @@ async fn pump(
                 let msg = pgoutput::decode(&data)
                     .context("decoding a pgoutput message")
                     .map_err(|e| Failure::Fatal(e.into()))?;
-                handle(inner, msg, txn.as_ref(), rels, events).await?;
+                handle(inner, msg, txn.as_ref(), rels, events, closed).await?;
             }
             ReplicationEvent::Commit { lsn, end_lsn, .. } => {
                 let t = txn.take();
@@ -315,12 +324,14 @@ async fn pump(
                     continue;
                 }
                 remember_end(inner, lsn.0, end_lsn.0);
-                events
-                    .send(SourceEvent::Checkpoint {
+                deliver(
+                    events,
+                    SourceEvent::Checkpoint {
                         position: Lsn(lsn.0).to_string(),
-                    })
-                    .await
-                    .map_err(|_| Failure::Fatal(SourceError::Stopped))?;
+                    },
+                    closed,
+                )
+                .await?;
                 *next_wanted = lsn.0 + 1;
                 *attempt = 0;
             }
@@ -337,6 +348,7 @@ async fn handle(
     txn: Option<&Txn>,
     rels: &mut HashMap<u32, Rel>,
     events: &mpsc::Sender<SourceEvent>,
+    closed: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Failure> {
     if let Message::Relation(r) = msg {
         let table = TableId::new(r.namespace.clone(), r.name.clone());
@@ -435,12 +447,21 @@ async fn handle(
         }
     }
     for ev in out {
-        events
-            .send(SourceEvent::Change(ev))
-            .await
-            .map_err(|_| Failure::Fatal(SourceError::Stopped))?;
+        deliver(events, SourceEvent::Change(ev), closed).await?;
     }
     Ok(())
+}
+
+/// Sends one event, waiting for room (backpressure) but not past `close()`.
+async fn deliver(
+    events: &mpsc::Sender<SourceEvent>,
+    event: SourceEvent,
+    closed: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<(), Failure> {
+    tokio::select! {
+        sent = events.send(event) => sent.map_err(|_| Failure::Fatal(SourceError::Stopped)),
+        _ = closed.wait_for(|c| *c) => Err(Failure::Fatal(SourceError::Stopped)),
+    }
 }
 
 fn tracked(rels: &HashMap<u32, Rel>, id: u32) -> Result<Option<&Rel>, Failure> {
