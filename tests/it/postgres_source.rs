@@ -977,3 +977,99 @@ async fn an_invalidated_slot_requires_a_new_baseline() {
     src.close().await;
     drop_slot_when_idle(&db, &slot).await;
 }
+
+#[tokio::test]
+async fn several_tables_in_one_source() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE a (id int4 PRIMARY KEY, v text);
+             CREATE TABLE b (k text PRIMARY KEY, n numeric);
+             INSERT INTO a VALUES (1, 'one');
+             INSERT INTO b VALUES ('x', 1.10);",
+        )
+        .await
+        .unwrap();
+    let mut cfg = config(&db, "a", SlotMode::Temporary);
+    cfg.tables = vec![tid("a"), tid("b")];
+    let src = Arc::new(PostgresSource::new(cfg));
+    let schemas = src.init(&[]).await.unwrap();
+    assert_eq!(schemas.len(), 2);
+    let (tx, mut rx) = mpsc::channel::<(TableId, Row)>(4);
+    let collect = async move {
+        let mut rows = Vec::new();
+        while let Some((t, row)) = rx.recv().await {
+            rows.push(format!("{t} {}", row.as_str()));
+        }
+        rows.sort();
+        rows
+    };
+    let tables = [tid("a"), tid("b")];
+    let (pos, rows) = tokio::join!(src.baseline(&tables, tx), collect);
+    assert_eq!(
+        rows,
+        vec![
+            r#"public.a {"id":1,"v":"one"}"#,
+            r#"public.b {"k":"x","n":1.10}"#
+        ]
+    );
+    let mut st = Streamer::start(src.clone(), &pos.unwrap());
+    db.client
+        .batch_execute(
+            "BEGIN; INSERT INTO b VALUES ('y', 2); UPDATE a SET v = 'uno'; COMMIT; TRUNCATE a, b;",
+        )
+        .await
+        .unwrap();
+    let (changes, _) = st.next_txn().await;
+    let got: Vec<String> = changes
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {}",
+                c.table,
+                c.action,
+                c.new.as_ref().unwrap().as_str()
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            r#"public.b INSERT {"k":"y","n":2}"#,
+            r#"public.a UPDATE {"id":1,"v":"uno"}"#
+        ]
+    );
+    let (changes, _) = st.next_txn().await;
+    let got: BTreeSet<String> = changes
+        .iter()
+        .map(|c| format!("{} {}", c.table, c.action))
+        .collect();
+    assert_eq!(
+        got,
+        BTreeSet::from([
+            "public.a TRUNCATE".to_string(),
+            "public.b TRUNCATE".to_string()
+        ])
+    );
+    st.stop().await.unwrap();
+
+    // validate_tables names what is wrong with each table.
+    db.client
+        .batch_execute("CREATE TABLE nokey (x int4)")
+        .await
+        .unwrap();
+    let errors = src
+        .validate_tables(&[tid("a"), tid("nokey"), tid("missing")])
+        .await;
+    let got: Vec<(String, String)> = errors
+        .iter()
+        .map(|e| (e.table.to_string(), e.code.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("public.nokey".to_string(), "NO_KEY".to_string()),
+            ("public.missing".to_string(), "NOT_FOUND".to_string())
+        ]
+    );
+}
