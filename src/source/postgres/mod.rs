@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, anyhow, bail};
 use async_trait::async_trait;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, SlotMode};
@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     ends: Mutex<BTreeMap<u64, u64>>,
     last_acked: Mutex<Option<String>>,
     resume: AtomicBool,
+    /// `init` created the publication (it did not exist before).
+    created_publication: AtomicBool,
     state: Mutex<SourceState>,
     paused: watch::Sender<bool>,
     closed: watch::Sender<bool>,
@@ -88,6 +90,7 @@ impl PostgresSource {
                 ends: Mutex::new(BTreeMap::new()),
                 last_acked: Mutex::new(None),
                 resume: AtomicBool::new(false),
+                created_publication: AtomicBool::new(false),
                 state: Mutex::new(SourceState::Connecting),
                 paused,
                 closed,
@@ -103,6 +106,43 @@ impl PostgresSource {
     /// The discovered schema of a table (after `init`).
     pub fn table_schema(&self, table: &TableId) -> Option<TableSchema> {
         self.inner.schemas.lock().unwrap().get(table).cloned()
+    }
+
+    /// [`SyncSource::baseline`] that also reports the baseline's position as soon as the slot
+    /// exists, before the first row: a consumer that names its output after the position (an
+    /// archive snapshot) can start writing while rows stream.
+    pub async fn baseline_reporting(
+        &self,
+        tables: &[TableId],
+        rows: mpsc::Sender<(TableId, Row)>,
+        position: Option<oneshot::Sender<String>>,
+    ) -> Result<String, SourceError> {
+        let inner = &self.inner;
+        inner.set_state(SourceState::Baselining);
+        let result = baseline(inner, tables, rows, position).await;
+        inner.set_state(match &result {
+            Ok(_) => SourceState::Connected,
+            Err(SourceError::Stopped) => SourceState::Closed,
+            Err(_) => SourceState::Error,
+        });
+        result
+    }
+
+    /// Drops the publication if this source created it (in `init`): a one-shot export leaves
+    /// nothing behind.
+    pub async fn drop_created_publication(&self) -> anyhow::Result<()> {
+        if !self.inner.created_publication.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let name = &self.inner.config.publication_name;
+        let client = self.inner.client().await?;
+        client
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS {}",
+                config::ident(name)
+            ))
+            .await
+            .map_err(|e| anyhow!("dropping publication {name}: {}", schema::db_message(&e)))
     }
 
     /// Refreshes the lag from the server now.
@@ -189,7 +229,9 @@ impl SyncSource for PostgresSource {
             let client = inner.client().await?;
             schema::check_wal_level(&client, &inner.config).await?;
             let schemas = inner.discover_all(&tables).await?;
-            schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
+            if schema::ensure_publication(&client, &inner.config_for(&tables)).await? {
+                inner.created_publication.store(true, Ordering::SeqCst);
+            }
             let slot = &inner.config.slot_name;
             match schema::slot_info(&client, slot).await? {
                 Some(info) => {
@@ -282,15 +324,7 @@ impl SyncSource for PostgresSource {
         tables: &[TableId],
         rows: mpsc::Sender<(TableId, Row)>,
     ) -> Result<String, SourceError> {
-        let inner = &self.inner;
-        inner.set_state(SourceState::Baselining);
-        let result = baseline(inner, tables, rows).await;
-        inner.set_state(match &result {
-            Ok(_) => SourceState::Connected,
-            Err(SourceError::Stopped) => SourceState::Closed,
-            Err(_) => SourceState::Error,
-        });
-        result
+        self.baseline_reporting(tables, rows, None).await
     }
 
     async fn stream(
@@ -370,6 +404,7 @@ async fn baseline(
     inner: &Inner,
     tables: &[TableId],
     rows: mpsc::Sender<(TableId, Row)>,
+    report: Option<oneshot::Sender<String>>,
 ) -> Result<String, SourceError> {
     let tables: Vec<TableId> = if tables.is_empty() {
         inner.tables()
@@ -404,6 +439,9 @@ async fn baseline(
     }
     let created = snapshot::create_slot(&inner.config).await?;
     let position = Lsn(created.consistent_point).to_string();
+    if let Some(report) = report {
+        let _ = report.send(position.clone());
+    }
 
     let copy_client = schema::connect(&inner.config).await?;
     copy_client

@@ -249,8 +249,8 @@ const OWNER_COMMENT_PREFIX: &str = "larch: created for replication slot ";
 
 /// Makes sure the publication exists and publishes exactly the configured tables. An existing
 /// publication is only changed when larch created it for this slot; otherwise a mismatch is an
-/// error naming it.
-pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> anyhow::Result<()> {
+/// error naming it. Returns whether it created the publication.
+pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> anyhow::Result<bool> {
     let name = &config.publication_name;
     let wanted: BTreeSet<String> = config.tables.iter().map(|t| t.to_string()).collect();
     let wanted_sql: Vec<String> = config.tables.iter().map(qualified).collect();
@@ -277,7 +277,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
             ))
             .await
             .map_err(|e| anyhow!("creating publication {name}: {}", db_message(&e)))?;
-        return Ok(());
+        return Ok(true);
     };
     let all_tables: bool = existing.get(0);
     let comment: Option<String> = existing.get(1);
@@ -290,12 +290,12 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         .with_context(|| format!("listing the tables of publication {name}"))?;
     let have: BTreeSet<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
     if !all_tables && have == wanted {
-        return Ok(());
+        return Ok(false);
     }
     if !config.create_publication {
         // A publication given by the operator only has to cover the tables.
         if wanted.is_subset(&have) {
-            return Ok(());
+            return Ok(false);
         }
         let missing: Vec<&String> = wanted.difference(&have).collect();
         bail!("publication {name} does not publish {missing:?}");
@@ -309,7 +309,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
             ))
             .await
             .map_err(|e| anyhow!("updating publication {name}: {}", db_message(&e)))?;
-        return Ok(());
+        return Ok(false);
     }
     let have_list: Vec<&String> = have.iter().collect();
     bail!(
