@@ -394,7 +394,8 @@ async fn streams_changes_with_commit_positions() {
     let mut st = Streamer::start(src.clone(), &base);
     let mut last = Lsn::parse(&base).unwrap().0;
 
-    let steps: Vec<(&str, Vec<(Action, Option<&str>, Option<&str>)>)> = vec![
+    type Expected<'a> = Vec<(Action, Option<&'a str>, Option<&'a str>)>;
+    let steps: Vec<(&str, Expected)> = vec![
         (
             "INSERT INTO items VALUES (1, 'a', 1), (2, 'b', 2)",
             vec![

@@ -122,12 +122,13 @@ fn spawn_watchdog(dir: &Path) {
     let watchdog = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; bash '{s}' stop '{d}'; rm -rf '{d}'"
     );
+    // `setsid -f` forks the watchdog into its own session and returns at once.
     Command::new("setsid")
         .args(["-f", "sh", "-c", &watchdog])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
+        .status()
         .expect("starting the cluster watchdog");
 }
 
