@@ -204,6 +204,10 @@ async fn export_errors_are_clear() {
         stderr.contains("table public.nopk has no primary key"),
         "{stderr}"
     );
+    db.client
+        .batch_execute("ALTER TABLE nopk REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
     let (code, stdout, stderr) = run(larch()
         .args([
             "export",

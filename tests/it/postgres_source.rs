@@ -749,10 +749,26 @@ async fn bad_inputs_have_clear_errors() {
     );
     let mut with_keys = config(&db, "nopk", SlotMode::Temporary);
     with_keys.key_fields = vec!["a".into()];
+    // Without a replica identity, publishing the table would break its UPDATEs and DELETEs.
+    let err = PostgresSource::new(with_keys.clone())
+        .init(&[])
+        .await
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains(
+            "table public.nopk has no replica identity (no primary key, REPLICA IDENTITY DEFAULT)"
+        ) && text.contains("ALTER TABLE \"public\".\"nopk\" REPLICA IDENTITY FULL"),
+        "{text}"
+    );
+    db.client
+        .batch_execute("ALTER TABLE nopk REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
     PostgresSource::new(with_keys.clone())
         .init(&[])
         .await
-        .expect("key fields make it usable");
+        .expect("key fields + a replica identity make it usable");
     with_keys.key_fields = vec!["zz".into()];
     let err = PostgresSource::new(with_keys).init(&[]).await.unwrap_err();
     assert!(

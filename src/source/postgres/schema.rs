@@ -19,6 +19,9 @@ pub struct TableSchema {
     pub sql_types: Vec<String>,
     /// Key fields: the configured ones, else the primary key by ordinal (empty: none).
     pub key_fields: Vec<String>,
+    pub has_primary_key: bool,
+    /// `pg_class.relreplident`: `d` default (the primary key), `n` nothing, `f` full, `i` index.
+    pub replica_identity: char,
 }
 
 impl TableSchema {
@@ -94,16 +97,18 @@ pub async fn discover(
     configured_keys: &[String],
 ) -> anyhow::Result<TableSchema> {
     let exists = client
-        .query_one(
-            "SELECT to_regclass(format('%I.%I', $1::text, $2::text))::oid::int8",
+        .query_opt(
+            "SELECT c.oid::int8, c.relreplident::text FROM pg_class c
+              WHERE c.oid = to_regclass(format('%I.%I', $1::text, $2::text))",
             &[&table.schema, &table.table],
         )
         .await
         .with_context(|| format!("looking up table {table}"))?;
-    let oid: Option<i64> = exists.get(0);
-    let Some(oid) = oid else {
+    let Some(exists) = exists else {
         bail!("table {table} does not exist");
     };
+    let oid: i64 = exists.get(0);
+    let replica_identity: String = exists.get(1);
     let rows = client
         .query(
             "SELECT a.attname::text,
@@ -158,6 +163,7 @@ pub async fn discover(
         type_oids.push(type_oid as u32);
         sql_types.push(row.get(8));
     }
+    let has_primary_key = columns.iter().any(|c| c.primary_key);
     let key_fields = if configured_keys.is_empty() {
         if columns.iter().any(|c| c.primary_key) {
             effective_key_fields(&[], &columns)
@@ -169,6 +175,8 @@ pub async fn discover(
     };
     let schema = TableSchema {
         id: table.clone(),
+        has_primary_key,
+        replica_identity: replica_identity.chars().next().unwrap_or('d'),
         columns,
         type_oids,
         sql_types,
@@ -178,7 +186,8 @@ pub async fn discover(
 }
 
 /// Fails when the table has no usable key: no primary key and no key fields given, or a key
-/// field that is not a column.
+/// field that is not a column; or when it has no replica identity (publishing such a table
+/// makes PostgreSQL refuse its UPDATE and DELETE statements).
 pub fn check_key_fields(schema: &TableSchema) -> anyhow::Result<()> {
     if schema.key_fields.is_empty() {
         bail!(
@@ -190,6 +199,22 @@ pub fn check_key_fields(schema: &TableSchema) -> anyhow::Result<()> {
         if schema.column_index(k).is_none() {
             bail!("key field {k:?} is not a column of table {}", schema.id);
         }
+    }
+    let t = &schema.id;
+    let no_identity = schema.replica_identity == 'n'
+        || (schema.replica_identity == 'd' && !schema.has_primary_key);
+    if no_identity {
+        bail!(
+            "table {t} has no replica identity (no primary key, REPLICA IDENTITY {}): publishing it \
+             would make PostgreSQL reject its UPDATE and DELETE statements; run ALTER TABLE {} \
+             REPLICA IDENTITY FULL (or USING INDEX on a unique index) first",
+            if schema.replica_identity == 'n' {
+                "NOTHING"
+            } else {
+                "DEFAULT"
+            },
+            qualified(t)
+        );
     }
     Ok(())
 }
