@@ -547,6 +547,34 @@ async fn unchanged_toast_columns_are_filled() {
                 .expect("REPLICA IDENTITY FULL sends the old row");
             assert_eq!(field(old, "n"), "1");
         }
+        // The documented caveat of the read-back (identity DEFAULT): when the row is gone by
+        // the time the update is processed, the column is null, and the delete follows. With
+        // REPLICA IDENTITY FULL the old row still has the value.
+        src.pause();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        db.client
+            .batch_execute(&format!(
+                "UPDATE {table} SET n = 3 WHERE id = 1; DELETE FROM {table} WHERE id = 1"
+            ))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        src.resume();
+        // One implicit transaction: the update, then the delete.
+        let (changes, _) = st.next_txn().await;
+        let want = if table == "docs" {
+            "null".to_string()
+        } else {
+            big.clone()
+        };
+        assert_eq!(changes.len(), 2, "{table}");
+        assert_eq!(changes[0].action, Action::Update);
+        assert_eq!(
+            field(changes[0].new.as_ref().unwrap(), "big"),
+            want,
+            "{table}"
+        );
+        assert_eq!(changes[1].action, Action::Delete);
         st.stop().await.unwrap();
     }
 }

@@ -601,7 +601,7 @@ async fn fetch_columns(
     names: &[String],
 ) -> Result<Option<Vec<Option<String>>>, Failure> {
     let mut conds = Vec::new();
-    let mut params: Vec<Option<String>> = Vec::new();
+    let mut params: Vec<String> = Vec::new();
     for k in &s.key_fields {
         let Some(i) = r.columns.iter().position(|c| &c.name == k) else {
             return Ok(None);
@@ -616,12 +616,18 @@ async fn fetch_columns(
             .column_index(k)
             .map(|j| s.sql_types[j].clone())
             .unwrap_or_else(|| "text".into());
-        params.push(value);
-        conds.push(format!(
-            "{} IS NOT DISTINCT FROM CAST(${}::text AS {sql_type})",
-            ident(k),
-            params.len()
-        ));
+        // `=` (not IS NOT DISTINCT FROM) so the primary key's index serves the look-up.
+        match value {
+            Some(v) => {
+                params.push(v);
+                conds.push(format!(
+                    "{} = CAST(${}::text AS {sql_type})",
+                    ident(k),
+                    params.len()
+                ));
+            }
+            None => conds.push(format!("{} IS NULL", ident(k))),
+        }
     }
     let cols: Vec<String> = names
         .iter()
