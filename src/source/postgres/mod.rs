@@ -356,7 +356,8 @@ impl SyncSource for PostgresSource {
         };
         self.inner.acked_end.fetch_max(end, Ordering::SeqCst);
         *self.inner.last_acked.lock().unwrap() = Some(position.to_string());
-        self.inner.ack_notify.notify_waiters();
+        // notify_one keeps a permit when the stream is busy, so an idle stream still wakes up.
+        self.inner.ack_notify.notify_one();
         Ok(())
     }
 
