@@ -1118,3 +1118,31 @@ async fn several_tables_in_one_source() {
         ]
     );
 }
+
+#[tokio::test]
+async fn connects_over_a_unix_socket() {
+    let db = new_database().await;
+    db.client
+        .batch_execute("CREATE TABLE u (id int4 PRIMARY KEY); INSERT INTO u VALUES (1)")
+        .await
+        .unwrap();
+    let mut cfg = config(&db, "u", SlotMode::Temporary);
+    cfg.dsn = format!(
+        "host={} port={} user=postgres dbname={}",
+        cluster().dir.display(),
+        cluster().port,
+        db.name
+    );
+    let src = Arc::new(PostgresSource::new(cfg));
+    src.init(&[]).await.expect("init over the socket");
+    let (pos, rows) = take_baseline(&src, "u").await;
+    assert_eq!(rows.len(), 1);
+    let mut st = Streamer::start(src.clone(), &pos);
+    db.client
+        .execute("INSERT INTO u VALUES (2)", &[])
+        .await
+        .unwrap();
+    let (c, _) = st.next_txn().await;
+    assert_eq!(field(c[0].new.as_ref().unwrap(), "id"), "2");
+    st.stop().await.unwrap();
+}
