@@ -117,12 +117,13 @@ pub fn start_cluster(wal_level: &str) -> Cluster {
 fn spawn_watchdog(dir: &Path) {
     let pid = std::process::id();
     let d = dir.to_str().unwrap();
-    let s = script();
-    let s = s.to_str().unwrap();
+    // SIGQUIT to the postmaster is PostgreSQL's immediate shutdown; the watchdog needs nothing
+    // from the repository (which may be gone by then).
     let watchdog = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; bash '{s}' stop '{d}'; rm -rf '{d}'"
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+         pm=$(head -n 1 '{d}/data/postmaster.pid' 2>/dev/null) && kill -QUIT \"$pm\" 2>/dev/null; \
+         for i in $(seq 50); do [ -f '{d}/data/postmaster.pid' ] || break; sleep 0.1; done; rm -rf '{d}'"
     );
-    // `setsid -f` forks the watchdog into its own session and returns at once.
     Command::new("setsid")
         .args(["-f", "sh", "-c", &watchdog])
         .stdin(std::process::Stdio::null())
