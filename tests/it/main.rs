@@ -5,6 +5,8 @@
 mod bad_input;
 mod cli_archive;
 mod fixtures;
+mod postgres_export;
+mod postgres_source;
 mod s3_protocol;
 mod store_conformance;
 mod support;

@@ -4,6 +4,7 @@
 // Helpers are shared by several test modules; not every module uses every helper.
 #![allow(dead_code)]
 
+pub mod postgres;
 pub mod seaweedfs;
 
 pub use seaweedfs::seaweedfs;

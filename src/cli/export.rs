@@ -1,0 +1,192 @@
+//! `larch export`: a one-shot export of one PostgreSQL table into an archive (a base snapshot
+//! at the replication slot's consistent point), like `laredo archive export` without
+//! `--follow`, but streamed (bounded memory), committed by compare-and-swap as a new epoch
+//! (W6), with a slot and publication of its own that it removes afterwards.
+
+use std::path::PathBuf;
+use std::pin::pin;
+
+use anyhow::{Context, anyhow, bail};
+use clap::Args;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{StoreArgs, parse_formats, parse_list};
+use crate::archive::model::TableId;
+use crate::archive::value::Row;
+use crate::archive::writer::{ArchiveWriter, WriterConfig};
+use crate::source::SyncSource;
+use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// PostgreSQL connection string (key=value or postgres:// URL). Prefer --connection-file or
+    /// LARCH_PG_DSN: a command line is visible to other users of the machine.
+    #[arg(long, conflicts_with = "connection_file")]
+    pub connection: Option<String>,
+    /// File holding the connection string (surrounding whitespace ignored).
+    #[arg(long)]
+    pub connection_file: Option<PathBuf>,
+    #[arg(long, default_value = "public")]
+    pub schema: String,
+    #[arg(long)]
+    pub table: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Archive key prefix (default `<schema>.<table>/`, as laredo's export).
+    #[arg(long)]
+    pub key_prefix: Option<String>,
+    /// Artifact format(s): jsonl, protobuf, jsonl+zstd (comma-separated).
+    #[arg(long, default_value = "jsonl")]
+    pub format: String,
+    /// Key fields for a table without a primary key (comma-separated).
+    #[arg(long)]
+    pub key_fields: Option<String>,
+    /// Also write the summary JSON to this file.
+    #[arg(long)]
+    pub summary_file: Option<PathBuf>,
+    /// Replication slot name (default `larch_<schema>_<table>`); a temporary slot, dropped at
+    /// the end.
+    #[arg(long)]
+    pub slot: Option<String>,
+    /// Publication name (default: the slot name). Created when absent and then dropped; an
+    /// existing publication must publish exactly this table.
+    #[arg(long)]
+    pub publication: Option<String>,
+}
+
+/// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
+fn connection(args: &ExportArgs) -> anyhow::Result<String> {
+    if let Some(c) = &args.connection {
+        return Ok(c.clone());
+    }
+    if let Some(path) = &args.connection_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --connection-file {}", path.display()))?;
+        let text = text.trim();
+        if text.is_empty() {
+            bail!("--connection-file {} is empty", path.display());
+        }
+        return Ok(text.to_string());
+    }
+    match std::env::var("LARCH_PG_DSN") {
+        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
+        _ => bail!(
+            "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
+        ),
+    }
+}
+
+pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
+    let dsn = connection(&args)?;
+    let table = TableId::new(args.schema.clone(), args.table.clone());
+    let formats = parse_formats(&args.format).map_err(|e| anyhow!("--format: {e}"))?;
+    let key_fields = args
+        .key_fields
+        .as_deref()
+        .map(parse_list)
+        .unwrap_or_default();
+    let key_prefix = args
+        .key_prefix
+        .clone()
+        .unwrap_or_else(|| format!("{table}/"));
+    let slot = args
+        .slot
+        .clone()
+        .unwrap_or_else(|| PostgresConfig::default_name(&table));
+    let publication = args.publication.clone().unwrap_or_else(|| slot.clone());
+    let store = args.store.spec().open().await?;
+
+    let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
+    config.slot_mode = SlotMode::Temporary;
+    config.key_fields = key_fields.clone();
+    let source = PostgresSource::new(config);
+    let result = export(&source, &table, store, &key_prefix, formats, key_fields).await;
+    source.close().await;
+    if let Err(e) = source.drop_created_publication().await {
+        tracing::warn!(error = %format!("{e:#}"), "could not drop the export's publication");
+    }
+    let (position, rows, epoch) = result?;
+
+    let summary = serde_json::json!({
+        "epoch": epoch,
+        "key_prefix": key_prefix,
+        "position": position,
+        "row_count": rows,
+        "table": table.to_string(),
+    });
+    let text = serde_json::to_string_pretty(&summary)?;
+    if let Some(path) = &args.summary_file {
+        std::fs::write(path, format!("{text}\n"))
+            .with_context(|| format!("writing --summary-file {}", path.display()))?;
+    }
+    println!("{text}");
+    Ok(0)
+}
+
+async fn export(
+    source: &PostgresSource,
+    table: &TableId,
+    store: std::sync::Arc<dyn crate::archive::store::Store>,
+    key_prefix: &str,
+    formats: Vec<crate::archive::format::Format>,
+    key_fields: Vec<String>,
+) -> anyhow::Result<(String, i64, i64)> {
+    let schemas = source.init(std::slice::from_ref(table)).await?;
+    let mut wc = WriterConfig::new(table.to_string(), key_prefix);
+    wc.key_fields = key_fields;
+    wc.snapshot_formats = formats.clone();
+    wc.diff_formats = formats;
+    let mut writer = ArchiveWriter::open(vec![store], wc).await?;
+    writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
+
+    // Rows flow source -> forwarder -> writer through bounded channels. The writer commits
+    // when its channel closes, so the forwarder closes it only after the baseline succeeded;
+    // a failed baseline abandons the (uncommitted) snapshot upload.
+    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
+    let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
+    let (pos_tx, pos_rx) = oneshot::channel::<String>();
+    let (done_tx, done_rx) = oneshot::channel::<bool>();
+    let tables = [table.clone()];
+    let mut baseline = pin!(async {
+        let r = source
+            .baseline_reporting(&tables, src_tx, Some(pos_tx))
+            .await;
+        let _ = done_tx.send(r.is_ok());
+        r
+    });
+    let mut forward = pin!(async move {
+        while let Some((_, row)) = src_rx.recv().await {
+            if row_tx.send(row).await.is_err() {
+                return;
+            }
+        }
+        if done_rx.await != Ok(true) {
+            std::future::pending::<()>().await;
+        }
+    });
+    let mut write = pin!(async {
+        let position = pos_rx
+            .await
+            .map_err(|_| anyhow!("the baseline ended before it had a position"))?;
+        let artifact = writer.write_snapshot(&position, row_rx).await?;
+        Ok::<_, anyhow::Error>(artifact)
+    });
+    let mut baseline_done = false;
+    let mut forward_done = false;
+    let artifact = loop {
+        tokio::select! {
+            biased;
+            r = &mut baseline, if !baseline_done => {
+                r?;
+                baseline_done = true;
+            }
+            () = &mut forward, if !forward_done => forward_done = true,
+            w = &mut write => break w?,
+        }
+    };
+    Ok((
+        artifact.to_position.clone(),
+        artifact.row_count,
+        artifact.epoch,
+    ))
+}

@@ -1,1 +1,0 @@
-//! The PostgreSQL source: schema discovery, consistent baseline, logical replication.

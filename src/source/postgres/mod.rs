@@ -1,0 +1,501 @@
+//! The PostgreSQL source: schema discovery, a consistent baseline from a replication slot's
+//! exported snapshot, and logical replication (pgoutput v1) from the slot.
+//!
+//! Positions are WAL LSNs in laredo's spelling (`X/XXXXXXXX`): a baseline's position is the
+//! slot's consistent point; every change carries its transaction's commit LSN (W1) and each
+//! transaction ends with a [`SourceEvent::Checkpoint`] at that commit LSN. `ack(p)` confirms
+//! the transaction whose commit LSN is `p` (the slot advances to that transaction's end LSN);
+//! nothing is confirmed to PostgreSQL that the consumer did not ack.
+//!
+//! Connections: tokio-postgres for SQL (schema, COPY, slot inspection, TOAST look-ups) and
+//! pgwire-replication for the replication session; decoding is [`pgoutput`]. TLS is not
+//! supported yet (both connections are plain TCP or a Unix socket).
+
+mod config;
+mod pgoutput;
+mod schema;
+mod snapshot;
+mod stream;
+mod types;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, anyhow, bail};
+use async_trait::async_trait;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio_postgres::Client;
+
+pub use config::{PostgresConfig, Reconnect, SlotMode};
+pub use schema::TableSchema;
+pub use types::{Kind, to_json};
+
+use crate::archive::model::{ColumnDefinition, TableId};
+use crate::archive::position::Lsn;
+use crate::archive::value::Row;
+use crate::source::{Lag, SourceError, SourceEvent, SourceState, SyncSource, ValidationError};
+use snapshot::CreatedSlot;
+
+/// Checks that a table has a usable key: a primary key, or the given key fields (which must be
+/// columns). The error names the table and says what to pass.
+pub fn check_key_fields(schema: &TableSchema) -> anyhow::Result<()> {
+    schema::check_key_fields(schema)
+}
+
+pub struct PostgresSource {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    config: PostgresConfig,
+    tables: Mutex<Vec<TableId>>,
+    query: tokio::sync::Mutex<Option<Arc<Client>>>,
+    schemas: Mutex<BTreeMap<TableId, TableSchema>>,
+    kinds: tokio::sync::Mutex<HashMap<u32, Kind>>,
+    /// The session that created the slot in the last baseline, not yet streaming.
+    pending: tokio::sync::Mutex<Option<CreatedSlot>>,
+    /// The end LSN of the newest transaction the consumer acked (0: none).
+    acked_end: AtomicU64,
+    ack_notify: Notify,
+    /// Commit LSN → end LSN of delivered, not yet acked transactions (bounded).
+    ends: Mutex<BTreeMap<u64, u64>>,
+    last_acked: Mutex<Option<String>>,
+    resume: AtomicBool,
+    /// `init` created the publication (it did not exist before).
+    created_publication: AtomicBool,
+    state: Mutex<SourceState>,
+    paused: watch::Sender<bool>,
+    closed: watch::Sender<bool>,
+    /// Lag in bytes; `u64::MAX` = unknown.
+    lag_bytes: AtomicU64,
+}
+
+const MAX_PENDING_ENDS: usize = 100_000;
+
+impl PostgresSource {
+    pub fn new(config: PostgresConfig) -> PostgresSource {
+        let (paused, _) = watch::channel(false);
+        let (closed, _) = watch::channel(false);
+        PostgresSource {
+            inner: Arc::new(Inner {
+                tables: Mutex::new(config.tables.clone()),
+                config,
+                query: tokio::sync::Mutex::new(None),
+                schemas: Mutex::new(BTreeMap::new()),
+                kinds: tokio::sync::Mutex::new(HashMap::new()),
+                pending: tokio::sync::Mutex::new(None),
+                acked_end: AtomicU64::new(0),
+                ack_notify: Notify::new(),
+                ends: Mutex::new(BTreeMap::new()),
+                last_acked: Mutex::new(None),
+                resume: AtomicBool::new(false),
+                created_publication: AtomicBool::new(false),
+                state: Mutex::new(SourceState::Connecting),
+                paused,
+                closed,
+                lag_bytes: AtomicU64::new(u64::MAX),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &PostgresConfig {
+        &self.inner.config
+    }
+
+    /// The discovered schema of a table (after `init`).
+    pub fn table_schema(&self, table: &TableId) -> Option<TableSchema> {
+        self.inner.schemas.lock().unwrap().get(table).cloned()
+    }
+
+    /// [`SyncSource::baseline`] that also reports the baseline's position as soon as the slot
+    /// exists, before the first row: a consumer that names its output after the position (an
+    /// archive snapshot) can start writing while rows stream.
+    pub async fn baseline_reporting(
+        &self,
+        tables: &[TableId],
+        rows: mpsc::Sender<(TableId, Row)>,
+        position: Option<oneshot::Sender<String>>,
+    ) -> Result<String, SourceError> {
+        let inner = &self.inner;
+        inner.set_state(SourceState::Baselining);
+        let result = baseline(inner, tables, rows, position).await;
+        inner.set_state(match &result {
+            Ok(_) => SourceState::Connected,
+            Err(SourceError::Stopped) => SourceState::Closed,
+            Err(_) => SourceState::Error,
+        });
+        result
+    }
+
+    /// Drops the publication if this source created it (in `init`): a one-shot export leaves
+    /// nothing behind.
+    pub async fn drop_created_publication(&self) -> anyhow::Result<()> {
+        if !self.inner.created_publication.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let name = &self.inner.config.publication_name;
+        let client = self.inner.client().await?;
+        client
+            .batch_execute(&format!(
+                "DROP PUBLICATION IF EXISTS {}",
+                config::ident(name)
+            ))
+            .await
+            .map_err(|e| anyhow!("dropping publication {name}: {}", schema::db_message(&e)))
+    }
+
+    /// Refreshes the lag from the server now.
+    pub async fn refresh_lag(&self) -> anyhow::Result<Option<u64>> {
+        self.inner.refresh_lag().await
+    }
+}
+
+impl Inner {
+    fn set_state(&self, s: SourceState) {
+        *self.state.lock().unwrap() = s;
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    /// The shared query connection, reconnecting when it was lost.
+    async fn client(&self) -> anyhow::Result<Arc<Client>> {
+        let mut guard = self.query.lock().await;
+        if let Some(c) = guard.as_ref()
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(schema::connect(&self.config).await?);
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    fn config_for(&self, tables: &[TableId]) -> PostgresConfig {
+        let mut c = self.config.clone();
+        c.tables = tables.to_vec();
+        c
+    }
+
+    async fn refresh_lag(&self) -> anyhow::Result<Option<u64>> {
+        let client = self.client().await?;
+        let lag = schema::slot_lag(&client, &self.config.slot_name).await?;
+        self.lag_bytes
+            .store(lag.unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok(lag)
+    }
+
+    async fn discover_all(
+        &self,
+        tables: &[TableId],
+    ) -> anyhow::Result<BTreeMap<TableId, TableSchema>> {
+        let client = self.client().await?;
+        let mut out = BTreeMap::new();
+        for t in tables {
+            let s = schema::discover(&client, t, &self.config.key_fields).await?;
+            schema::check_key_fields(&s)?;
+            let mut kinds = self.kinds.lock().await;
+            schema::resolve_kinds(&client, &s.type_oids, &mut kinds).await?;
+            out.insert(t.clone(), s);
+        }
+        Ok(out)
+    }
+
+    fn tables(&self) -> Vec<TableId> {
+        self.tables.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl SyncSource for PostgresSource {
+    async fn init(
+        &self,
+        tables: &[TableId],
+    ) -> anyhow::Result<BTreeMap<TableId, Vec<ColumnDefinition>>> {
+        let inner = &self.inner;
+        inner.set_state(SourceState::Connecting);
+        let tables: Vec<TableId> = if tables.is_empty() {
+            inner.config.tables.clone()
+        } else {
+            tables.to_vec()
+        };
+        if tables.is_empty() {
+            bail!("no table configured for the PostgreSQL source");
+        }
+        *inner.tables.lock().unwrap() = tables.clone();
+        let result = async {
+            let client = inner.client().await?;
+            schema::check_wal_level(&client, &inner.config).await?;
+            let schemas = inner.discover_all(&tables).await?;
+            if schema::ensure_publication(&client, &inner.config_for(&tables)).await? {
+                inner.created_publication.store(true, Ordering::SeqCst);
+            }
+            let slot = &inner.config.slot_name;
+            match schema::slot_info(&client, slot).await? {
+                Some(info) => {
+                    let ours = info.plugin.as_deref() == Some("pgoutput") && !info.temporary;
+                    if inner.config.slot_mode == SlotMode::Temporary || !ours {
+                        bail!(
+                            "replication slot {slot} already exists ({}): another export uses this \
+                             name; choose another slot name",
+                            if info.temporary { "a temporary slot of another session" } else { "a persistent slot" }
+                        );
+                    }
+                    let db = client.query_one("SELECT current_database()::text", &[]).await?;
+                    let db: String = db.get(0);
+                    if info.database.as_deref() != Some(db.as_str()) {
+                        bail!(
+                            "replication slot {slot} belongs to database {:?}, not {db:?}: choose another slot name",
+                            info.database.as_deref().unwrap_or("")
+                        );
+                    }
+                    if info.wal_status.as_deref() == Some("lost") {
+                        tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
+                    } else if let Some(c) = info.confirmed_flush {
+                        *inner.last_acked.lock().unwrap() = Some(Lsn(c).to_string());
+                        inner.resume.store(true, Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    inner.resume.store(inner.config.slot_mode == SlotMode::Persistent, Ordering::Relaxed);
+                }
+            }
+            let _ = inner.refresh_lag().await;
+            Ok::<_, anyhow::Error>(schemas)
+        }
+        .await;
+        match result {
+            Ok(schemas) => {
+                let columns = schemas
+                    .iter()
+                    .map(|(t, s)| (t.clone(), s.columns.clone()))
+                    .collect();
+                *inner.schemas.lock().unwrap() = schemas;
+                inner.set_state(SourceState::Connected);
+                Ok(columns)
+            }
+            Err(e) => {
+                inner.set_state(SourceState::Error);
+                Err(e)
+            }
+        }
+    }
+
+    async fn validate_tables(&self, tables: &[TableId]) -> Vec<ValidationError> {
+        let mut errors = Vec::new();
+        let client = match self.inner.client().await {
+            Ok(c) => c,
+            Err(e) => {
+                return tables
+                    .iter()
+                    .map(|t| ValidationError {
+                        table: t.clone(),
+                        code: "CONNECTION".into(),
+                        message: e.to_string(),
+                    })
+                    .collect();
+            }
+        };
+        for t in tables {
+            match schema::discover(&client, t, &self.inner.config.key_fields).await {
+                Ok(s) => {
+                    if let Err(e) = schema::check_key_fields(&s) {
+                        errors.push(ValidationError {
+                            table: t.clone(),
+                            code: "NO_KEY".into(),
+                            message: e.to_string(),
+                        });
+                    }
+                }
+                Err(e) => errors.push(ValidationError {
+                    table: t.clone(),
+                    code: "NOT_FOUND".into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        errors
+    }
+
+    async fn baseline(
+        &self,
+        tables: &[TableId],
+        rows: mpsc::Sender<(TableId, Row)>,
+    ) -> Result<String, SourceError> {
+        self.baseline_reporting(tables, rows, None).await
+    }
+
+    async fn stream(
+        &self,
+        from: &str,
+        events: mpsc::Sender<SourceEvent>,
+    ) -> Result<(), SourceError> {
+        let result = stream::run(&self.inner, from, events).await;
+        let closed = self.inner.is_closed();
+        self.inner.set_state(match &result {
+            _ if closed => SourceState::Closed,
+            Ok(()) | Err(SourceError::Stopped) => SourceState::Connected,
+            Err(_) => SourceState::Error,
+        });
+        result
+    }
+
+    async fn ack(&self, position: &str) -> anyhow::Result<()> {
+        let lsn = Lsn::parse(position)
+            .with_context(|| format!("cannot ack {position:?}: not a PostgreSQL LSN"))?;
+        let end = {
+            let mut ends = self.inner.ends.lock().unwrap();
+            let end = ends.get(&lsn.0).copied();
+            // Everything up to this commit is acknowledged: forget it.
+            *ends = ends.split_off(&(lsn.0 + 1));
+            // An unknown position (another process delivered it) confirms just past the commit
+            // record's start, which the server treats the same: that transaction is done.
+            end.unwrap_or(lsn.0 + 1)
+        };
+        self.inner.acked_end.fetch_max(end, Ordering::SeqCst);
+        *self.inner.last_acked.lock().unwrap() = Some(position.to_string());
+        // notify_one keeps a permit when the stream is busy, so an idle stream still wakes up.
+        self.inner.ack_notify.notify_one();
+        Ok(())
+    }
+
+    async fn last_acked_position(&self) -> anyhow::Result<Option<String>> {
+        Ok(self.inner.last_acked.lock().unwrap().clone())
+    }
+
+    fn supports_resume(&self) -> bool {
+        self.inner.config.slot_mode == SlotMode::Persistent
+            && self.inner.resume.load(Ordering::Relaxed)
+    }
+
+    fn pause(&self) {
+        self.inner.paused.send_replace(true);
+        self.inner.set_state(SourceState::Paused);
+    }
+
+    fn resume(&self) {
+        self.inner.paused.send_replace(false);
+    }
+
+    fn lag(&self) -> Lag {
+        let b = self.inner.lag_bytes.load(Ordering::Relaxed);
+        Lag {
+            bytes: (b != u64::MAX).then_some(b),
+            time: None,
+        }
+    }
+
+    fn state(&self) -> SourceState {
+        *self.inner.state.lock().unwrap()
+    }
+
+    async fn close(&self) {
+        let inner = &self.inner;
+        inner.closed.send_replace(true);
+        // Dropping the slot's session ends it; PostgreSQL drops a temporary slot with it.
+        inner.pending.lock().await.take();
+        inner.query.lock().await.take();
+        inner.set_state(SourceState::Closed);
+    }
+}
+
+async fn baseline(
+    inner: &Inner,
+    tables: &[TableId],
+    rows: mpsc::Sender<(TableId, Row)>,
+    report: Option<oneshot::Sender<String>>,
+) -> Result<String, SourceError> {
+    let tables: Vec<TableId> = if tables.is_empty() {
+        inner.tables()
+    } else {
+        tables.to_vec()
+    };
+    let mut schemas: BTreeMap<TableId, TableSchema> = inner.schemas.lock().unwrap().clone();
+    if tables.iter().any(|t| !schemas.contains_key(t)) {
+        // Not initialised (or a new table): discover now.
+        schemas.extend(inner.discover_all(&tables).await?);
+        *inner.schemas.lock().unwrap() = schemas.clone();
+    }
+    // A previous baseline's session (and its temporary slot) is replaced.
+    inner.pending.lock().await.take();
+    let client = inner.client().await?;
+    let slot = &inner.config.slot_name;
+    if let Some(info) = wait_slot_idle(&client, slot).await? {
+        if inner.config.slot_mode == SlotMode::Temporary || info.temporary {
+            return Err(anyhow!(
+                "replication slot {slot} already exists and belongs to another session"
+            )
+            .into());
+        }
+        if let Some(pid) = info.active_pid {
+            return Err(anyhow!(
+                "replication slot {slot} is in use by another process (pid {pid})"
+            )
+            .into());
+        }
+        // A new baseline needs a new snapshot: the old slot's position is obsolete.
+        snapshot::drop_slot(&client, slot).await?;
+    }
+    let created = snapshot::create_slot(&inner.config).await?;
+    let position = Lsn(created.consistent_point).to_string();
+    if let Some(report) = report {
+        let _ = report.send(position.clone());
+    }
+
+    let copy_client = schema::connect(&inner.config).await?;
+    copy_client
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+            config::literal(&created.snapshot)
+        ))
+        .await
+        .map_err(|e| anyhow!("importing the slot's snapshot: {}", schema::db_message(&e)))?;
+    let kinds = inner.kinds.lock().await.clone();
+    for t in &tables {
+        let s = &schemas[t];
+        let n = snapshot::copy_table(&copy_client, s, &kinds, &rows).await?;
+        tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
+    }
+    copy_client.batch_execute("COMMIT").await.map_err(|e| {
+        anyhow!(
+            "finishing the baseline transaction: {}",
+            schema::db_message(&e)
+        )
+    })?;
+    inner.ends.lock().unwrap().clear();
+    inner.acked_end.store(0, Ordering::SeqCst);
+    *inner.last_acked.lock().unwrap() = None;
+    inner.resume.store(
+        inner.config.slot_mode == SlotMode::Persistent,
+        Ordering::Relaxed,
+    );
+    *inner.pending.lock().await = Some(created);
+    Ok(position)
+}
+
+/// The slot's state once no session holds it, waiting up to 10 s: a session that just ended
+/// (ours, after a failure or a close) releases its slot, or drops its temporary slot, a moment
+/// later. `None`: the slot does not exist (any more).
+async fn wait_slot_idle(client: &Client, slot: &str) -> anyhow::Result<Option<schema::SlotInfo>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let info = schema::slot_info(client, slot).await?;
+        let busy = info
+            .as_ref()
+            .is_some_and(|i| i.active_pid.is_some() || i.temporary);
+        if !busy || std::time::Instant::now() >= deadline {
+            return Ok(info);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+fn remember_end(inner: &Inner, commit: u64, end: u64) {
+    let mut ends = inner.ends.lock().unwrap();
+    ends.insert(commit, end);
+    while ends.len() > MAX_PENDING_ENDS {
+        ends.pop_first();
+    }
+}

@@ -1,0 +1,309 @@
+//! A decoder for the pgoutput logical replication protocol, version 1 (text tuples).
+//! Begin and Commit are framed by the transport (pgwire-replication); everything else in an
+//! XLogData payload is decoded here.
+
+use anyhow::{Context, bail};
+
+/// One column of a tuple.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cell {
+    Null,
+    /// An unchanged TOASTed value that the server did not send (`u`).
+    Unchanged,
+    Text(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelationColumn {
+    /// Part of the replica identity (flag bit 1).
+    pub key: bool,
+    pub name: String,
+    pub type_oid: u32,
+    pub type_mod: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Relation {
+    pub oid: u32,
+    pub namespace: String,
+    pub name: String,
+    pub replica_identity: u8,
+    pub columns: Vec<RelationColumn>,
+}
+
+/// The old tuple of an update or delete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OldTuple {
+    /// `K`: the replica identity key columns only (others are `Null`).
+    Key(Vec<Cell>),
+    /// `O`: the whole old row (REPLICA IDENTITY FULL).
+    Full(Vec<Cell>),
+}
+
+impl OldTuple {
+    pub fn cells(&self) -> &[Cell] {
+        match self {
+            OldTuple::Key(c) | OldTuple::Full(c) => c,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    Relation(Relation),
+    Insert {
+        rel: u32,
+        new: Vec<Cell>,
+    },
+    Update {
+        rel: u32,
+        old: Option<OldTuple>,
+        new: Vec<Cell>,
+    },
+    Delete {
+        rel: u32,
+        old: OldTuple,
+    },
+    Truncate {
+        rels: Vec<u32>,
+        cascade: bool,
+        restart_identity: bool,
+    },
+    /// Type, Origin, logical messages and anything else larch does not use.
+    Other(u8),
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> anyhow::Result<&'a [u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let Some(end) = end else {
+            bail!(
+                "pgoutput message truncated at byte {} (wanted {n} more)",
+                self.pos
+            )
+        };
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> anyhow::Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn i16(&mut self) -> anyhow::Result<i16> {
+        Ok(i16::from_be_bytes(self.take(2)?.try_into()?))
+    }
+    fn i32(&mut self) -> anyhow::Result<i32> {
+        Ok(i32::from_be_bytes(self.take(4)?.try_into()?))
+    }
+    fn u32(&mut self) -> anyhow::Result<u32> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into()?))
+    }
+    fn cstr(&mut self) -> anyhow::Result<String> {
+        let rest = &self.buf[self.pos..];
+        let nul = rest
+            .iter()
+            .position(|&c| c == 0)
+            .context("pgoutput string without terminator")?;
+        let s = std::str::from_utf8(&rest[..nul]).context("pgoutput string is not UTF-8")?;
+        self.pos += nul + 1;
+        Ok(s.to_string())
+    }
+    fn tuple(&mut self) -> anyhow::Result<Vec<Cell>> {
+        let n = self.i16()?;
+        let mut cells = Vec::with_capacity(n.max(0) as usize);
+        for _ in 0..n {
+            cells.push(match self.u8()? {
+                b'n' => Cell::Null,
+                b'u' => Cell::Unchanged,
+                b't' => {
+                    let len = self.i32()?;
+                    let len = usize::try_from(len).context("negative pgoutput value length")?;
+                    let bytes = self.take(len)?;
+                    Cell::Text(
+                        std::str::from_utf8(bytes)
+                            .context("pgoutput text value is not UTF-8")?
+                            .to_string(),
+                    )
+                }
+                b'b' => bail!("pgoutput sent a binary value; larch requests text tuples"),
+                other => bail!("unknown pgoutput tuple cell kind {:?}", other as char),
+            });
+        }
+        Ok(cells)
+    }
+}
+
+/// Decodes one pgoutput message (the payload of an XLogData frame).
+pub fn decode(buf: &[u8]) -> anyhow::Result<Message> {
+    let mut r = Reader { buf, pos: 0 };
+    let tag = r.u8()?;
+    Ok(match tag {
+        b'R' => {
+            let oid = r.u32()?;
+            let namespace = r.cstr()?;
+            let name = r.cstr()?;
+            let replica_identity = r.u8()?;
+            let n = r.i16()?;
+            let mut columns = Vec::with_capacity(n.max(0) as usize);
+            for _ in 0..n {
+                let flags = r.u8()?;
+                let name = r.cstr()?;
+                let type_oid = r.u32()?;
+                let type_mod = r.i32()?;
+                columns.push(RelationColumn {
+                    key: flags & 1 == 1,
+                    name,
+                    type_oid,
+                    type_mod,
+                });
+            }
+            Message::Relation(Relation {
+                oid,
+                // pgoutput sends an empty namespace for pg_catalog.
+                namespace: if namespace.is_empty() {
+                    "pg_catalog".to_string()
+                } else {
+                    namespace
+                },
+                name,
+                replica_identity,
+                columns,
+            })
+        }
+        b'I' => {
+            let rel = r.u32()?;
+            match r.u8()? {
+                b'N' => Message::Insert {
+                    rel,
+                    new: r.tuple()?,
+                },
+                other => bail!("pgoutput insert: expected N, got {:?}", other as char),
+            }
+        }
+        b'U' => {
+            let rel = r.u32()?;
+            let mut old = None;
+            let mut kind = r.u8()?;
+            if kind == b'K' || kind == b'O' {
+                let cells = r.tuple()?;
+                old = Some(if kind == b'K' {
+                    OldTuple::Key(cells)
+                } else {
+                    OldTuple::Full(cells)
+                });
+                kind = r.u8()?;
+            }
+            if kind != b'N' {
+                bail!("pgoutput update: expected N, got {:?}", kind as char);
+            }
+            Message::Update {
+                rel,
+                old,
+                new: r.tuple()?,
+            }
+        }
+        b'D' => {
+            let rel = r.u32()?;
+            let old = match r.u8()? {
+                b'K' => OldTuple::Key(r.tuple()?),
+                b'O' => OldTuple::Full(r.tuple()?),
+                other => bail!("pgoutput delete: expected K or O, got {:?}", other as char),
+            };
+            Message::Delete { rel, old }
+        }
+        b'T' => {
+            let n = r.u32()?;
+            let options = r.u8()?;
+            let mut rels = Vec::with_capacity(n.min(1 << 16) as usize);
+            for _ in 0..n {
+                rels.push(r.u32()?);
+            }
+            Message::Truncate {
+                rels,
+                cascade: options & 1 == 1,
+                restart_identity: options & 2 == 2,
+            }
+        }
+        other => Message::Other(other),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuple(cells: &[Option<Option<&str>>]) -> Vec<u8> {
+        // None = unchanged, Some(None) = null, Some(Some(t)) = text
+        let mut b = (cells.len() as i16).to_be_bytes().to_vec();
+        for c in cells {
+            match c {
+                None => b.push(b'u'),
+                Some(None) => b.push(b'n'),
+                Some(Some(t)) => {
+                    b.push(b't');
+                    b.extend((t.len() as i32).to_be_bytes());
+                    b.extend(t.as_bytes());
+                }
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn relation_and_changes() {
+        let mut m = vec![b'R'];
+        m.extend(16384u32.to_be_bytes());
+        m.extend(b"public\0t\0");
+        m.push(b'd');
+        m.extend(2i16.to_be_bytes());
+        m.push(1);
+        m.extend(b"id\0");
+        m.extend(20u32.to_be_bytes());
+        m.extend((-1i32).to_be_bytes());
+        m.push(0);
+        m.extend(b"body\0");
+        m.extend(25u32.to_be_bytes());
+        m.extend((-1i32).to_be_bytes());
+        let Message::Relation(rel) = decode(&m).unwrap() else {
+            panic!()
+        };
+        assert_eq!(rel.name, "t");
+        assert!(rel.columns[0].key && !rel.columns[1].key);
+        assert_eq!(rel.columns[1].type_oid, 25);
+
+        let mut u = vec![b'U'];
+        u.extend(16384u32.to_be_bytes());
+        u.push(b'K');
+        u.extend(tuple(&[Some(Some("1")), Some(None)]));
+        u.push(b'N');
+        u.extend(tuple(&[Some(Some("2")), None]));
+        assert_eq!(
+            decode(&u).unwrap(),
+            Message::Update {
+                rel: 16384,
+                old: Some(OldTuple::Key(vec![Cell::Text("1".into()), Cell::Null])),
+                new: vec![Cell::Text("2".into()), Cell::Unchanged],
+            }
+        );
+
+        let mut t = vec![b'T'];
+        t.extend(2u32.to_be_bytes());
+        t.push(1);
+        t.extend(1u32.to_be_bytes());
+        t.extend(2u32.to_be_bytes());
+        assert_eq!(
+            decode(&t).unwrap(),
+            Message::Truncate {
+                rels: vec![1, 2],
+                cascade: true,
+                restart_identity: false
+            }
+        );
+        assert!(decode(&[b'I', 0, 0]).is_err());
+    }
+}

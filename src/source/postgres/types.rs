@@ -1,0 +1,544 @@
+//! Value mapping: one converter from (PostgreSQL type, text output) to a JSON value, used by the
+//! baseline (COPY in text format) and the stream (pgoutput text tuples) alike, so a column has
+//! one JSON type everywhere. The mapping is documented in `docs/postgres-types.md`.
+//!
+//! Both connections pin the settings that shape text output (`DateStyle=ISO`, `TimeZone=UTC`,
+//! `IntervalStyle=iso_8601`, `extra_float_digits=1`, `bytea_output=hex`), see
+//! [`super::config::SESSION_OPTIONS`]; the converter still accepts any offset and the escape
+//! form of bytea.
+
+use base64::Engine as _;
+use chrono::{DateTime, FixedOffset, NaiveDate, NaiveDateTime, NaiveTime, Utc};
+use serde::de::IgnoredAny;
+
+use crate::archive::value::{Value, raw, string_value};
+
+/// How a column's text is mapped to JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// int2, int4, int8 (and oid-like integers): the integer literal.
+    Int,
+    /// numeric: the exact literal keeping its scale; NaN/±Infinity as strings.
+    Numeric,
+    /// float4, float8: PostgreSQL's shortest round-trip text; NaN/±Infinity as strings.
+    Float,
+    Bool,
+    /// json, jsonb: embedded JSON (compacted).
+    Json,
+    /// bytea: base64 (standard alphabet, padded).
+    Bytea,
+    /// timestamp without time zone: `YYYY-MM-DDTHH:MM:SS[.ffffff]Z` (read as UTC).
+    Timestamp,
+    /// timestamptz: converted to UTC, `YYYY-MM-DDTHH:MM:SS[.ffffff]Z`.
+    Timestamptz,
+    /// date: `YYYY-MM-DD`.
+    Date,
+    /// time: `HH:MM:SS[.ffffff]`.
+    Time,
+    /// timetz: `HH:MM:SS[.ffffff]±HH:MM`.
+    Timetz,
+    /// An array of `elem`, elements separated by `delim` in the text form.
+    Array {
+        elem: Box<Kind>,
+        delim: u8,
+    },
+    /// text, varchar, bpchar, name, uuid, enums, and every other type: the text as a string.
+    Text,
+}
+
+impl Kind {
+    /// The kind of a base (non-array, non-domain) type by its `pg_type.typname`; `typtype` is
+    /// `pg_type.typtype` (enums are `e`).
+    pub fn of_base(typname: &str) -> Kind {
+        match typname {
+            "int2" | "int4" | "int8" | "oid" | "xid" | "cid" => Kind::Int,
+            "numeric" => Kind::Numeric,
+            "float4" | "float8" => Kind::Float,
+            "bool" => Kind::Bool,
+            "json" | "jsonb" => Kind::Json,
+            "bytea" => Kind::Bytea,
+            "timestamp" => Kind::Timestamp,
+            "timestamptz" => Kind::Timestamptz,
+            "date" => Kind::Date,
+            "time" => Kind::Time,
+            "timetz" => Kind::Timetz,
+            _ => Kind::Text,
+        }
+    }
+}
+
+/// Maps one non-NULL value in PostgreSQL text output form to its JSON value.
+pub fn to_json(kind: &Kind, text: &str) -> Value {
+    match kind {
+        Kind::Int => {
+            if is_json_number(text) {
+                raw(text)
+            } else {
+                string_value(text)
+            }
+        }
+        Kind::Numeric | Kind::Float => {
+            // NaN, Infinity, -Infinity are not JSON numbers.
+            if is_json_number(text) {
+                raw(text)
+            } else {
+                string_value(text)
+            }
+        }
+        Kind::Bool => match text {
+            "t" | "true" => raw("true"),
+            "f" | "false" => raw("false"),
+            other => string_value(other),
+        },
+        Kind::Json => match compact_json(text) {
+            Some(compact) => raw(compact),
+            None => string_value(text),
+        },
+        Kind::Bytea => match decode_bytea(text) {
+            Some(bytes) => string_value(&base64::engine::general_purpose::STANDARD.encode(bytes)),
+            None => string_value(text),
+        },
+        Kind::Timestamp => match parse_timestamp(text) {
+            Some(ts) => string_value(&format_utc(&ts)),
+            None => string_value(text),
+        },
+        Kind::Timestamptz => match parse_timestamptz(text) {
+            Some(ts) => string_value(&format_utc(&ts.naive_utc())),
+            None => string_value(text),
+        },
+        Kind::Date => match NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+            Ok(d) if is_plain_year(text) => string_value(&d.format("%Y-%m-%d").to_string()),
+            _ => string_value(text),
+        },
+        Kind::Time => match NaiveTime::parse_from_str(text, "%H:%M:%S%.f") {
+            Ok(t) => string_value(&format_time(&t)),
+            Err(_) => string_value(text),
+        },
+        Kind::Timetz => match parse_timetz(text) {
+            Some(s) => string_value(&s),
+            None => string_value(text),
+        },
+        Kind::Array { elem, delim } => match parse_array(text, *delim) {
+            Some(tree) => raw(render_array(&tree, elem)),
+            None => string_value(text),
+        },
+        Kind::Text => string_value(text),
+    }
+}
+
+/// Does `text` match the JSON number grammar exactly?
+pub fn is_json_number(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(c) if c.is_ascii_digit() => {
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        _ => return false,
+    }
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    i == b.len()
+}
+
+/// Validates JSON text and removes the whitespace outside strings, keeping every number and
+/// string byte as written (no float round trip).
+pub fn compact_json(text: &str) -> Option<String> {
+    serde_json::from_str::<IgnoredAny>(text).ok()?;
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+            out.push(c);
+        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+/// Decodes bytea text output: hex (`\x0102`) or the legacy escape format.
+pub fn decode_bytea(text: &str) -> Option<Vec<u8>> {
+    if let Some(hex_digits) = text.strip_prefix("\\x") {
+        return hex::decode(hex_digits).ok();
+    }
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' {
+            if b.get(i + 1) == Some(&b'\\') {
+                out.push(b'\\');
+                i += 2;
+            } else {
+                let oct = b.get(i + 1..i + 4)?;
+                if !oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                    return None;
+                }
+                let v = (oct[0] - b'0') as u32 * 64
+                    + (oct[1] - b'0') as u32 * 8
+                    + (oct[2] - b'0') as u32;
+                out.push(u8::try_from(v).ok()?);
+                i += 4;
+            }
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+/// Years outside 0001–9999 (and BC dates) cannot be written as RFC 3339; such values keep
+/// PostgreSQL's text.
+fn is_plain_year(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && !text.ends_with(" BC")
+}
+
+fn parse_timestamp(text: &str) -> Option<NaiveDateTime> {
+    if !is_plain_year(text) {
+        return None;
+    }
+    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").ok()
+}
+
+/// Splits a trailing `±HH[:MM[:SS]]` offset off a time text; returns (rest, offset seconds).
+fn split_offset(text: &str) -> Option<(&str, i32)> {
+    // The offset starts at the last '+' or '-' after the time part.
+    let pos = text.rfind(['+', '-'])?;
+    let (rest, off) = text.split_at(pos);
+    if !rest.contains(':') {
+        return None;
+    }
+    let sign = if off.starts_with('-') { -1 } else { 1 };
+    let mut parts = off[1..].split(':');
+    let h: i32 = parts.next()?.parse().ok()?;
+    let m: i32 = parts.next().map(str::parse).transpose().ok()?.unwrap_or(0);
+    let s: i32 = parts.next().map(str::parse).transpose().ok()?.unwrap_or(0);
+    Some((rest, sign * (h * 3600 + m * 60 + s)))
+}
+
+fn parse_timestamptz(text: &str) -> Option<DateTime<Utc>> {
+    if !is_plain_year(text) {
+        return None;
+    }
+    let (rest, offset) = split_offset(text)?;
+    let naive = NaiveDateTime::parse_from_str(rest, "%Y-%m-%d %H:%M:%S%.f").ok()?;
+    let tz = FixedOffset::east_opt(offset)?;
+    let local = naive.and_local_timezone(tz).single()?;
+    let utc = local.with_timezone(&Utc);
+    // Refuse results that RFC 3339 cannot carry (year outside 1..=9999 after conversion).
+    let year = utc.naive_utc().date().format("%Y").to_string();
+    if year.len() != 4 || year.starts_with('-') || year == "0000" {
+        return None;
+    }
+    Some(utc)
+}
+
+fn parse_timetz(text: &str) -> Option<String> {
+    let (rest, offset) = split_offset(text)?;
+    let t = NaiveTime::parse_from_str(rest, "%H:%M:%S%.f").ok()?;
+    if offset % 60 != 0 {
+        return None; // seconds in the offset: keep PostgreSQL's text
+    }
+    let sign = if offset < 0 { '-' } else { '+' };
+    let a = offset.abs();
+    Some(format!(
+        "{}{}{:02}:{:02}",
+        format_time(&t),
+        sign,
+        a / 3600,
+        (a % 3600) / 60
+    ))
+}
+
+/// `HH:MM:SS` plus the fraction with trailing zeros trimmed (as PostgreSQL prints it).
+fn format_time(t: &NaiveTime) -> String {
+    let mut s = t.format("%H:%M:%S%.6f").to_string();
+    trim_fraction(&mut s);
+    s
+}
+
+fn format_utc(ts: &NaiveDateTime) -> String {
+    let mut s = ts.format("%Y-%m-%dT%H:%M:%S%.6f").to_string();
+    trim_fraction(&mut s);
+    s.push('Z');
+    s
+}
+
+fn trim_fraction(s: &mut String) {
+    if s.contains('.') {
+        while s.ends_with('0') {
+            s.pop();
+        }
+        if s.ends_with('.') {
+            s.pop();
+        }
+    }
+}
+
+/// A parsed array literal: nested lists of optional element texts (`None` = NULL).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ArrayNode {
+    List(Vec<ArrayNode>),
+    Elem(Option<String>),
+}
+
+/// Parses PostgreSQL array output (`{1,2}`, `{{"a b",NULL},{c,"\"d\""}}`, `[0:1]={1,2}`).
+pub fn parse_array(text: &str, delim: u8) -> Option<ArrayNode> {
+    let mut s = text.as_bytes();
+    if s.first() == Some(&b'[') {
+        // Explicit bounds: `[lo:hi][lo:hi]={...}`.
+        let eq = s.iter().position(|&c| c == b'=')?;
+        s = &s[eq + 1..];
+    }
+    let mut pos = 0;
+    let node = parse_list(s, &mut pos, delim)?;
+    skip_ws(s, &mut pos);
+    (pos == s.len()).then_some(node)
+}
+
+fn skip_ws(s: &[u8], pos: &mut usize) {
+    while s.get(*pos).is_some_and(|c| c.is_ascii_whitespace()) {
+        *pos += 1;
+    }
+}
+
+fn parse_list(s: &[u8], pos: &mut usize, delim: u8) -> Option<ArrayNode> {
+    skip_ws(s, pos);
+    if s.get(*pos) != Some(&b'{') {
+        return None;
+    }
+    *pos += 1;
+    let mut items = Vec::new();
+    skip_ws(s, pos);
+    if s.get(*pos) == Some(&b'}') {
+        *pos += 1;
+        return Some(ArrayNode::List(items));
+    }
+    loop {
+        skip_ws(s, pos);
+        match s.get(*pos)? {
+            b'{' => items.push(parse_list(s, pos, delim)?),
+            b'"' => {
+                *pos += 1;
+                let mut buf = Vec::new();
+                loop {
+                    match *s.get(*pos)? {
+                        b'\\' => {
+                            buf.push(*s.get(*pos + 1)?);
+                            *pos += 2;
+                        }
+                        b'"' => {
+                            *pos += 1;
+                            break;
+                        }
+                        c => {
+                            buf.push(c);
+                            *pos += 1;
+                        }
+                    }
+                }
+                items.push(ArrayNode::Elem(Some(String::from_utf8(buf).ok()?)));
+            }
+            _ => {
+                let start = *pos;
+                let mut buf = Vec::new();
+                while let Some(&c) = s.get(*pos) {
+                    if c == delim || c == b'}' {
+                        break;
+                    }
+                    if c == b'\\' {
+                        buf.push(*s.get(*pos + 1)?);
+                        *pos += 2;
+                        continue;
+                    }
+                    buf.push(c);
+                    *pos += 1;
+                }
+                if *pos == start {
+                    return None;
+                }
+                let text = String::from_utf8(buf).ok()?;
+                let text = text.trim_end().to_string();
+                if text.eq_ignore_ascii_case("NULL") {
+                    items.push(ArrayNode::Elem(None));
+                } else {
+                    items.push(ArrayNode::Elem(Some(text)));
+                }
+            }
+        }
+        skip_ws(s, pos);
+        match *s.get(*pos)? {
+            c if c == delim => *pos += 1,
+            b'}' => {
+                *pos += 1;
+                return Some(ArrayNode::List(items));
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn render_array(node: &ArrayNode, elem: &Kind) -> String {
+    match node {
+        ArrayNode::Elem(None) => "null".to_string(),
+        ArrayNode::Elem(Some(text)) => to_json(elem, text).get().to_string(),
+        ArrayNode::List(items) => {
+            let parts: Vec<String> = items.iter().map(|n| render_array(n, elem)).collect();
+            format!("[{}]", parts.join(","))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn j(kind: &Kind, text: &str) -> String {
+        to_json(kind, text).get().to_string()
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(j(&Kind::Int, "9007199254740993"), "9007199254740993");
+        assert_eq!(j(&Kind::Int, "-32768"), "-32768");
+        assert_eq!(j(&Kind::Numeric, "123.450"), "123.450");
+        assert_eq!(j(&Kind::Numeric, "-0.000001"), "-0.000001");
+        assert_eq!(j(&Kind::Numeric, "NaN"), "\"NaN\"");
+        assert_eq!(j(&Kind::Numeric, "-Infinity"), "\"-Infinity\"");
+        assert_eq!(j(&Kind::Float, "1e+21"), "1e+21");
+        assert_eq!(j(&Kind::Float, "1.5e-07"), "1.5e-07");
+        assert_eq!(j(&Kind::Float, "Infinity"), "\"Infinity\"");
+        assert_eq!(j(&Kind::Float, "-0"), "-0");
+        assert!(!is_json_number("01"));
+        assert!(!is_json_number("1."));
+        assert!(!is_json_number(".5"));
+    }
+
+    #[test]
+    fn scalars() {
+        assert_eq!(j(&Kind::Bool, "t"), "true");
+        assert_eq!(j(&Kind::Bool, "f"), "false");
+        assert_eq!(j(&Kind::Text, "a\"b\\c\n"), r#""a\"b\\c\n""#);
+        assert_eq!(j(&Kind::Bytea, "\\x0102ff"), "\"AQL/\"");
+        assert_eq!(j(&Kind::Bytea, "\\x"), "\"\"");
+        assert_eq!(j(&Kind::Bytea, "a\\\\b\\001"), "\"YVxiAQ==\"");
+        assert_eq!(
+            j(&Kind::Json, "{\"a\": [1, 2.50, \"x y\"],\n \"b\": null}"),
+            r#"{"a":[1,2.50,"x y"],"b":null}"#
+        );
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(
+            j(&Kind::Timestamptz, "2024-01-02 03:04:05.123+00"),
+            "\"2024-01-02T03:04:05.123Z\""
+        );
+        assert_eq!(
+            j(&Kind::Timestamptz, "2024-01-02 03:04:05+05:30"),
+            "\"2024-01-01T21:34:05Z\""
+        );
+        assert_eq!(
+            j(&Kind::Timestamptz, "1900-01-01 00:00:00+00:09:21"),
+            "\"1899-12-31T23:50:39Z\""
+        );
+        assert_eq!(
+            j(&Kind::Timestamp, "2024-01-02 03:04:05.000001"),
+            "\"2024-01-02T03:04:05.000001Z\""
+        );
+        assert_eq!(j(&Kind::Timestamp, "infinity"), "\"infinity\"");
+        assert_eq!(
+            j(&Kind::Timestamp, "0044-03-15 12:00:00 BC"),
+            "\"0044-03-15 12:00:00 BC\""
+        );
+        assert_eq!(j(&Kind::Date, "2024-02-29"), "\"2024-02-29\"");
+        assert_eq!(j(&Kind::Date, "-infinity"), "\"-infinity\"");
+        assert_eq!(j(&Kind::Time, "23:59:59.5"), "\"23:59:59.5\"");
+        assert_eq!(j(&Kind::Timetz, "03:04:05+02"), "\"03:04:05+02:00\"");
+        assert_eq!(
+            j(&Kind::Timetz, "03:04:05.25-03:30"),
+            "\"03:04:05.25-03:30\""
+        );
+    }
+
+    #[test]
+    fn arrays() {
+        let ints = Kind::Array {
+            elem: Box::new(Kind::Int),
+            delim: b',',
+        };
+        assert_eq!(j(&ints, "{1,2,NULL}"), "[1,2,null]");
+        assert_eq!(j(&ints, "{{1,2},{3,4}}"), "[[1,2],[3,4]]");
+        assert_eq!(j(&ints, "[0:1]={7,8}"), "[7,8]");
+        assert_eq!(j(&ints, "{}"), "[]");
+        let texts = Kind::Array {
+            elem: Box::new(Kind::Text),
+            delim: b',',
+        };
+        assert_eq!(
+            j(&texts, r#"{"a b","NULL",NULL,"x\"y","c\\d",plain,"{}"}"#),
+            r#"["a b","NULL",null,"x\"y","c\\d","plain","{}"]"#
+        );
+        let jsons = Kind::Array {
+            elem: Box::new(Kind::Json),
+            delim: b',',
+        };
+        assert_eq!(j(&jsons, r#"{"{\"a\": 1}",NULL}"#), r#"[{"a":1},null]"#);
+        let nums = Kind::Array {
+            elem: Box::new(Kind::Numeric),
+            delim: b',',
+        };
+        assert_eq!(j(&nums, "{1.50,NaN}"), r#"[1.50,"NaN"]"#);
+        let boxes = Kind::Array {
+            elem: Box::new(Kind::Text),
+            delim: b';',
+        };
+        assert_eq!(
+            j(&boxes, "{(1,1),(0,0);(2,2),(1,1)}"),
+            r#"["(1,1),(0,0)","(2,2),(1,1)"]"#
+        );
+        // Malformed input keeps its text.
+        assert_eq!(j(&ints, "{1,2"), "\"{1,2\"");
+    }
+}

@@ -1,0 +1,228 @@
+//! `larch export` against a real PostgreSQL 15, as a user runs it.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+
+use larch::archive::format::Format;
+use larch::archive::reader::ArchiveReader;
+use larch::archive::store::local::LocalStore;
+use serde_json::Value;
+
+use crate::support::postgres::{Database, new_database};
+
+fn larch() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_larch"));
+    c.env_remove("LARCH_PG_DSN");
+    c
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.output().expect("running larch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn rows_at_head(dir: &std::path::Path, key_prefix: &str) -> (String, BTreeMap<i64, String>) {
+    let store = Arc::new(LocalStore::new(dir).unwrap());
+    let reader =
+        ArchiveReader::new(store, key_prefix, vec![Format::Jsonl, Format::Protobuf]).unwrap();
+    let (manifest, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+    let rows = folded
+        .rows
+        .values()
+        .map(|r| {
+            (
+                r.get("id").unwrap().get().parse::<i64>().unwrap(),
+                r.as_str().to_string(),
+            )
+        })
+        .collect();
+    (manifest.head_position, rows)
+}
+
+async fn leftovers(db: &Database) -> (i64, i64) {
+    let slots: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let pubs: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM pg_publication", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (slots, pubs)
+}
+
+#[tokio::test]
+async fn export_writes_a_snapshot_and_leaves_nothing_behind() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE events (id int8 PRIMARY KEY, body jsonb, amount numeric(12,2), at timestamptz, raw bytea);
+             INSERT INTO events
+               SELECT g, jsonb_build_object('n', g), g / 100.0, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 second', '\\x00ff'
+               FROM generate_series(1000000, 1004999) g;",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let conn_file = dir.path().join("dsn");
+    std::fs::write(&conn_file, format!("{}\n", db.dsn)).unwrap();
+    let summary_file = dir.path().join("summary.json");
+    let archive = dir.path().join("archive");
+    let (code, stdout, stderr) = run(larch()
+        .args(["export", "--connection-file"])
+        .arg(&conn_file)
+        .args(["--table", "events", "--store", "local", "--path"])
+        .arg(&archive)
+        .arg("--summary-file")
+        .arg(&summary_file));
+    assert_eq!(code, 0, "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["table"], "public.events");
+    assert_eq!(summary["key_prefix"], "public.events/");
+    assert_eq!(summary["row_count"], 5000);
+    assert_eq!(summary["epoch"], 1);
+    let position = summary["position"].as_str().unwrap().to_string();
+    assert_eq!(
+        std::fs::read_to_string(&summary_file).unwrap().trim(),
+        stdout.trim()
+    );
+
+    let (head, rows) = rows_at_head(&archive, "public.events/").await;
+    assert_eq!(head, position);
+    assert_eq!(rows.len(), 5000);
+    assert_eq!(
+        rows[&1000123],
+        r#"{"amount":10001.23,"at":"2024-01-12T13:48:43Z","body":{"n":1000123},"id":1000123,"raw":"AP8="}"#
+    );
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(archive.join("public.events/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["columns"][0]["Name"], "id");
+    assert_eq!(manifest["columns"][0]["PrimaryKey"], true);
+    assert_eq!(manifest["columns"][1]["Type"], "jsonb");
+    // The temporary slot and the publication the export created are gone.
+    let mut left = (1, 1);
+    for _ in 0..50 {
+        left = leftovers(&db).await;
+        if left == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(left, (0, 0), "slots and publications left behind");
+
+    // A second export (connection from the environment, protobuf) is a new epoch on top.
+    db.client
+        .batch_execute("DELETE FROM events WHERE id >= 1004000")
+        .await
+        .unwrap();
+    let (code, stdout, stderr) = run(larch()
+        .env("LARCH_PG_DSN", &db.dsn)
+        .args([
+            "export", "--table", "events", "--format", "protobuf", "--store", "local", "--path",
+        ])
+        .arg(&archive));
+    assert_eq!(code, 0, "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["epoch"], 2);
+    assert_eq!(summary["row_count"], 4000);
+    let (head, rows) = rows_at_head(&archive, "public.events/").await;
+    assert_eq!(head, summary["position"].as_str().unwrap());
+    assert_eq!(rows.len(), 4000);
+}
+
+#[tokio::test]
+async fn export_errors_are_clear() {
+    let db = new_database().await;
+    db.client
+        .batch_execute("CREATE TABLE nopk (a int4, b text); INSERT INTO nopk VALUES (1, 'x')")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let (code, _, stderr) = run(larch()
+        .args(["export", "--table", "t", "--store", "local", "--path"])
+        .arg(dir.path()));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains(
+            "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
+        ),
+        "{stderr}"
+    );
+
+    let dsn = format!("{} password=not-shown-anywhere", db.dsn);
+    let (code, stdout, stderr) = run(larch()
+        .args([
+            "export",
+            "--connection",
+            &dsn,
+            "--table",
+            "missing",
+            "--store",
+            "local",
+            "--path",
+        ])
+        .arg(dir.path()));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("table public.missing does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("not-shown-anywhere") && !stdout.contains("not-shown-anywhere"),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = run(larch()
+        .args([
+            "export",
+            "--connection",
+            &db.dsn,
+            "--table",
+            "nopk",
+            "--store",
+            "local",
+            "--path",
+        ])
+        .arg(dir.path()));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("table public.nopk has no primary key"),
+        "{stderr}"
+    );
+    db.client
+        .batch_execute("ALTER TABLE nopk REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
+    let (code, stdout, stderr) = run(larch()
+        .args([
+            "export",
+            "--connection",
+            &db.dsn,
+            "--table",
+            "nopk",
+            "--key-fields",
+            "a",
+            "--store",
+            "local",
+            "--path",
+        ])
+        .arg(dir.path()));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("\"row_count\": 1"), "{stdout}");
+    assert_eq!(leftovers(&db).await.1, 0);
+}
