@@ -1,16 +1,16 @@
 //! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
 //! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ArchiveError, Result};
 use super::format::{Encoder, Format};
-use super::identity::{Identity, laredo_row_key, row_identity};
+use super::identity::{Identity, change_identity, laredo_row_key, row_identity};
 use super::manifest::{
     Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc,
 };
@@ -63,10 +63,14 @@ impl WriterConfig {
 pub enum FlushOutcome {
     /// Nothing buffered and no trigger due.
     Idle,
-    /// A diff was committed.
-    Diff(Artifact),
-    /// The policy asks for a snapshot instead (its trigger name); the buffer is kept until
-    /// `write_snapshot` covers it.
+    /// A diff was committed; `rebase` names the policy trigger that asks for a new snapshot
+    /// now (see [`ArchiveWriter::compact`]).
+    Diff {
+        artifact: Artifact,
+        rebase: Option<&'static str>,
+    },
+    /// Nothing buffered, but the policy asks for a new snapshot (`max_interval` on an idle
+    /// table).
     SnapshotNeeded(&'static str),
 }
 
@@ -289,9 +293,10 @@ impl ArchiveWriter {
             churn: self.churn,
             row_count: self.rows_estimate,
         };
-        if let Some(trigger) = self.config.policy.evaluate(&inputs) {
-            return Ok(FlushOutcome::SnapshotNeeded(trigger));
-        }
+        // laredo writes a snapshot *instead of* the diff, so every follower must re-baseline.
+        // larch commits the diff first and then compacts: followers walk the diff to the head
+        // and continue into the new epoch without a re-baseline.
+        let rebase = self.config.policy.evaluate(&inputs);
         let mut artifact = Artifact {
             kind: ArtifactKind::Diff,
             epoch: self.manifest.epoch,
@@ -334,7 +339,7 @@ impl ArchiveWriter {
             return Err(e);
         }
         self.buffer = DiffBuffer::default();
-        Ok(FlushOutcome::Diff(artifact))
+        Ok(FlushOutcome::Diff { artifact, rebase })
     }
 
     /// Writes a base snapshot at a new epoch from a stream of rows (every row of the table at
@@ -343,7 +348,19 @@ impl ArchiveWriter {
     pub async fn write_snapshot(
         &mut self,
         position: &str,
+        rows: mpsc::Receiver<Row>,
+    ) -> Result<Artifact> {
+        self.write_snapshot_verified(position, rows, None).await
+    }
+
+    /// `write_snapshot` for a row stream whose producer reports success or failure once it
+    /// ends: the snapshot commits only on success, so a producer that fails half-way never
+    /// leaves a partial snapshot in the manifest.
+    pub async fn write_snapshot_verified(
+        &mut self,
+        position: &str,
         mut rows: mpsc::Receiver<Row>,
+        verdict: Option<oneshot::Receiver<Result<()>>>,
     ) -> Result<Artifact> {
         let epoch = self.manifest.epoch + 1;
         let mut artifact = Artifact {
@@ -388,7 +405,14 @@ impl ArchiveWriter {
                     }
                 }
             }
-            Ok(())
+            match verdict {
+                None => Ok(()),
+                Some(v) => v.await.unwrap_or_else(|_| {
+                    Err(ArchiveError::Invalid(
+                        "the row producer vanished before finishing".into(),
+                    ))
+                }),
+            }
         }
         .await;
         if let Err(e) = streamed {
@@ -452,6 +476,95 @@ impl ArchiveWriter {
         self.last_snapshot_at = Some(Instant::now());
         self.last_snapshot_bytes = first_bytes.unwrap_or(0);
         Ok(artifact)
+    }
+
+    /// Writes a new base snapshot at the head from the archive itself (the newest snapshot
+    /// folded with its diff chain), without asking the source for a new baseline. Memory holds
+    /// the net changes since the last snapshot, not the table. Buffered changes must have been
+    /// flushed first.
+    pub async fn compact(&mut self) -> Result<Artifact> {
+        if self.buffer_depth() > 0 {
+            return Err(ArchiveError::Invalid(
+                "flush buffered changes before compacting".into(),
+            ));
+        }
+        let plan = super::plan::plan_head(&self.manifest);
+        if !position::same(&plan.head_position, &self.manifest.head_position) {
+            return Err(ArchiveError::Invalid(format!(
+                "cannot compact: the chain from the newest snapshot reaches {:?}, not the head {:?}",
+                plan.head_position, self.manifest.head_position
+            )));
+        }
+        let mut formats = self.config.snapshot_formats.clone();
+        formats.extend(self.config.diff_formats.iter().copied());
+        formats.extend(Format::ALL);
+        formats.dedup();
+        let reader = super::reader::ArchiveReader::new(
+            self.stores[0].clone(),
+            &self.config.key_prefix,
+            formats,
+        )?;
+        // The net effect of the chain: identity -> final row (None: deleted).
+        let mut overlay: HashMap<Identity, Option<Row>> = HashMap::new();
+        let mut truncated = false;
+        for diff in &plan.diffs {
+            for c in reader.read_diff(diff).await? {
+                match c.action {
+                    Action::Truncate => {
+                        overlay.clear();
+                        truncated = true;
+                    }
+                    Action::Delete => {
+                        overlay.insert(change_identity(&c, &self.key_fields), None);
+                    }
+                    Action::Insert | Action::Update => {
+                        let id = change_identity(&c, &self.key_fields);
+                        if let Some(old) = &c.old
+                            && let Some(old_id) = row_identity(old, &self.key_fields)
+                            && old_id != id
+                        {
+                            overlay.insert(old_id, None);
+                        }
+                        overlay.insert(id, c.new.clone());
+                    }
+                }
+            }
+        }
+        let (tx, rx) = mpsc::channel::<Row>(1024);
+        let base = plan.snapshot.clone().filter(|_| !truncated);
+        let key_fields = self.key_fields.clone();
+        let (verdict_tx, verdict_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let result = async {
+                let mut overlay = overlay;
+                if let Some(snapshot) = base {
+                    let state = (overlay, tx.clone());
+                    let (o, _) = reader
+                        .fold_rows(&snapshot, key_fields, state, |(overlay, tx), d| {
+                            let id = d.identity.unwrap_or_else(|| d.row.as_str().into());
+                            if overlay.contains_key(&id) {
+                                return Ok(());
+                            }
+                            tx.blocking_send(d.row).map_err(|_| {
+                                ArchiveError::Invalid("snapshot writer stopped".into())
+                            })
+                        })
+                        .await?;
+                    overlay = o;
+                }
+                for row in overlay.into_values().flatten() {
+                    if tx.send(row).await.is_err() {
+                        break;
+                    }
+                }
+                Ok::<(), ArchiveError>(())
+            }
+            .await;
+            let _ = verdict_tx.send(result);
+        });
+        let head = self.manifest.head_position.clone();
+        self.write_snapshot_verified(&head, rx, Some(verdict_rx))
+            .await
     }
 
     /// Appends the artifact to a copy of the manifest, prunes, and compare-and-swaps it onto

@@ -102,7 +102,11 @@ async fn round_trip_in_every_format() {
             None,
             Some(row(r#"{"id":1234567,"name":"bigger"}"#)),
         );
-        let FlushOutcome::Diff(d) = w.flush("0/20").await.unwrap() else {
+        let FlushOutcome::Diff {
+            artifact: d,
+            rebase: None,
+        } = w.flush("0/20").await.unwrap()
+        else {
             panic!("expected a diff")
         };
         assert_eq!(d.change_count, 4);
@@ -200,35 +204,65 @@ async fn truncate_is_written_first_and_key_changes_become_delete_insert() {
 }
 
 #[tokio::test]
-async fn policy_triggers_ask_for_a_snapshot() {
+async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut c = config(vec![Format::Jsonl]);
     c.policy.max_churn_records = 3;
     let mut w = ArchiveWriter::open(vec![store.clone()], c).await.unwrap();
-    w.write_snapshot("0/1", rows_channel(vec![row(r#"{"id":1}"#)]))
-        .await
-        .unwrap();
-    for i in 2..5 {
-        w.record(Action::Insert, None, Some(row(&format!(r#"{{"id":{i}}}"#))));
-    }
-    assert_eq!(
-        w.flush("0/2").await.unwrap(),
-        FlushOutcome::SnapshotNeeded("max_churn_records")
+    w.set_columns(pk_columns());
+    w.write_snapshot(
+        "0/1",
+        rows_channel(vec![
+            row(r#"{"id":1,"name":"a"}"#),
+            row(r#"{"id":2,"name":"b"}"#),
+        ]),
+    )
+    .await
+    .unwrap();
+    w.record(Action::Insert, None, Some(row(r#"{"id":3,"name":"c"}"#)));
+    w.record(Action::Delete, Some(row(r#"{"id":1,"name":"a"}"#)), None);
+    w.record(
+        Action::Update,
+        Some(row(r#"{"id":2,"name":"b"}"#)),
+        Some(row(r#"{"id":22,"name":"b moved"}"#)),
     );
+    let FlushOutcome::Diff { artifact, rebase } = w.flush("0/2").await.unwrap() else {
+        panic!("a diff")
+    };
+    assert_eq!(rebase, Some("max_churn_records"));
+    assert_eq!(artifact.epoch, 1);
+    let snap = w.compact().await.unwrap();
     assert_eq!(
-        w.buffer_depth(),
-        3,
-        "the buffer is kept until the snapshot covers it"
+        (snap.epoch, snap.to_position.as_str(), snap.row_count),
+        (2, "0/2", 2)
     );
-    let s = w
-        .write_snapshot(
-            "0/2",
-            rows_channel((1..5).map(|i| row(&format!(r#"{{"id":{i}}}"#))).collect()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s.epoch, 2);
-    assert_eq!(w.buffer_depth(), 0);
+    let (pos, rows) = folded(store.clone(), vec![Format::Jsonl]).await;
+    assert_eq!(pos, "0/2");
+    assert_eq!(
+        rows,
+        vec![r#"{"id":22,"name":"b moved"}"#, r#"{"id":3,"name":"c"}"#]
+    );
+    // A follower at the old head walks the diff into the new epoch: no re-baseline.
+    let plan = larch::archive::plan::plan(w.manifest(), "0/1").unwrap();
+    assert!(plan.snapshot.is_none() && plan.diffs.len() == 1);
+    w.record(Action::Insert, None, Some(row(r#"{"id":4,"name":"d"}"#)));
+    let FlushOutcome::Diff {
+        artifact,
+        rebase: None,
+    } = w.flush("0/3").await.unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (artifact.epoch, artifact.from_position.as_deref()),
+        (2, Some("0/2"))
+    );
+    let plan = larch::archive::plan::plan(w.manifest(), "0/1").unwrap();
+    assert_eq!(
+        plan.diffs.len(),
+        2,
+        "the old chain continues into the new epoch"
+    );
 
     let mut c = config(vec![Format::Jsonl]);
     c.policy.max_diff_bytes = 10;
@@ -237,23 +271,51 @@ async fn policy_triggers_ask_for_a_snapshot() {
         .unwrap();
     w.write_snapshot("0/1", rows_channel(vec![])).await.unwrap();
     w.record(Action::Insert, None, Some(row(r#"{"id":1}"#)));
-    assert_eq!(
+    assert!(matches!(
         w.flush("0/2").await.unwrap(),
-        FlushOutcome::SnapshotNeeded("max_diff_bytes")
-    );
+        FlushOutcome::Diff {
+            rebase: Some("max_diff_bytes"),
+            ..
+        }
+    ));
 
     let mut c = config(vec![Format::Jsonl]);
     c.policy.max_interval = Duration::from_millis(1);
     let mut w = ArchiveWriter::open(vec![Arc::new(MemoryStore::new())], c)
         .await
         .unwrap();
-    w.write_snapshot("0/1", rows_channel(vec![])).await.unwrap();
+    w.write_snapshot("0/1", rows_channel(vec![row(r#"{"id":1}"#)]))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
         w.flush("0/1").await.unwrap(),
         FlushOutcome::SnapshotNeeded("max_interval"),
         "fires on an idle table too"
     );
+    let s = w.compact().await.unwrap();
+    assert_eq!((s.epoch, s.row_count), (2, 1));
+}
+
+#[tokio::test]
+async fn compaction_after_a_truncate_keeps_only_later_rows() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut w = ArchiveWriter::open(vec![store.clone()], config(vec![Format::Protobuf]))
+        .await
+        .unwrap();
+    w.write_snapshot(
+        "0/1",
+        rows_channel(vec![row(r#"{"id":1}"#), row(r#"{"id":2}"#)]),
+    )
+    .await
+    .unwrap();
+    w.record(Action::Truncate, None, None);
+    w.record(Action::Insert, None, Some(row(r#"{"id":5}"#)));
+    w.flush("0/2").await.unwrap();
+    let s = w.compact().await.unwrap();
+    assert_eq!(s.row_count, 1);
+    let (_, rows) = folded(store, vec![Format::Protobuf]).await;
+    assert_eq!(rows, vec![r#"{"id":5}"#]);
 }
 
 #[tokio::test]
@@ -270,7 +332,7 @@ async fn diffs_need_an_advancing_valid_position() {
     assert!(w.flush("<nil>").await.is_err());
     assert!(matches!(
         w.flush("0/6").await.unwrap(),
-        FlushOutcome::Diff(_)
+        FlushOutcome::Diff { .. }
     ));
 }
 
@@ -336,7 +398,7 @@ async fn restart_continues_the_chain_from_the_manifest() {
         "key fields come back from the manifest's columns"
     );
     w.record(Action::Update, None, Some(row(r#"{"id":1,"name":"a2"}"#)));
-    let FlushOutcome::Diff(d) = w.flush("0/30").await.unwrap() else {
+    let FlushOutcome::Diff { artifact: d, .. } = w.flush("0/30").await.unwrap() else {
         panic!()
     };
     assert_eq!(d.epoch, 1);
