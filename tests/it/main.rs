@@ -2,6 +2,8 @@
 //! need real components (SeaweedFS, PostgreSQL) share one process and one server each
 //! (see `support`).
 
+mod archive_build;
+mod archive_source;
 mod bad_input;
 mod cli_archive;
 mod fixtures;
