@@ -1,6 +1,7 @@
 //! The `larch` command line: argument parsing, wiring, exit codes.
 
 pub mod archive;
+pub mod engine;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -23,6 +24,8 @@ pub enum Command {
     /// Inspect, verify and reconstruct archives.
     #[command(subcommand)]
     Archive(archive::ArchiveCommand),
+    /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
+    Engine(engine::EngineArgs),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -100,6 +103,7 @@ pub fn main() -> i32 {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Archive(c) => archive::run(c).await,
+            Command::Engine(a) => engine::run(a).await,
         }
     });
     match result {

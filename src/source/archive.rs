@@ -447,10 +447,9 @@ impl SyncSource for ArchiveSource {
                 self.opts.table
             );
         }
-        let columns = match self.manifest().await? {
+        // Following, an archive that does not exist yet is waited for (not an error).
+        let columns = match self.manifest_or_wait().await? {
             Some(m) => self.columns(&m).await?,
-            // Not there yet: columns are discovered once it exists (init is re-run).
-            None if self.opts.follow => Vec::new(),
             None => {
                 return Err(ArchiveError::ManifestNotFound {
                     key: self.reader.manifest_key(),

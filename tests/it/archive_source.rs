@@ -281,12 +281,18 @@ async fn a_missing_manifest_is_waited_for_while_following() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
     let src = Arc::new(source(store.clone(), "public.t/", true));
-    let cols = src.init(&[table()]).await.unwrap();
-    assert!(cols[&table()].is_empty());
     let s2 = src.clone();
-    let b = tokio::spawn(async move { baseline(&s2).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!b.is_finished(), "baseline waits for the archive");
+    let b = tokio::spawn(async move {
+        let cols = s2.init(&[table()]).await.unwrap();
+        assert_eq!(
+            cols[&table()].len(),
+            2,
+            "columns of the archive once it exists"
+        );
+        baseline(&s2).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_finished(), "init and baseline wait for the archive");
     let mut a = TestArchive::new(store.clone(), "public.t/", "public.t");
     a.snapshot("0/1", &refs(&rows(1..=2, "s"))).await;
     let (got, pos) = tokio::time::timeout(Duration::from_secs(10), b)
