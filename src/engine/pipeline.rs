@@ -391,12 +391,12 @@ impl SourceRunner {
         }
         tracing::info!(source = %self.id, rows, position = %position, seconds = elapsed.as_secs_f64(), "baseline complete");
         self.set_position(&position);
-        self.set_state(PipelineState::Streaming);
-        self.ready.store(true, Ordering::SeqCst);
         // The baseline position is confirmed for every pipeline.
         if let Err(e) = self.source.ack(&position).await {
             tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
         }
+        self.set_state(PipelineState::Streaming);
+        self.ready.store(true, Ordering::SeqCst);
         Ok(position)
     }
 
