@@ -56,15 +56,13 @@ impl Ord for SortKey {
                 if is_plain_int(a) && is_plain_int(b) {
                     // Canonical integers have no leading zeros: sign, then length, then text.
                     let (na, nb) = (a.starts_with('-'), b.starts_with('-'));
-                    let mag = |s: &str| {
-                        let m = s.trim_start_matches('-');
-                        (m.len(), m.to_string())
-                    };
+                    let (ma, mb) = (a.trim_start_matches('-'), b.trim_start_matches('-'));
+                    let magnitude = ma.len().cmp(&mb.len()).then_with(|| ma.cmp(mb));
                     return match (na, nb) {
                         (false, true) => Ordering::Greater,
                         (true, false) => Ordering::Less,
-                        (false, false) => mag(a).cmp(&mag(b)),
-                        (true, true) => mag(b).cmp(&mag(a)),
+                        (false, false) => magnitude,
+                        (true, true) => magnitude.reverse(),
                     };
                 }
                 compare_canonical(a, b).then_with(|| a.cmp(b))
