@@ -229,6 +229,23 @@ tables:
     wait_ready(addr).await;
     assert_eq!(all_rows(addr, "public.a", 10).await.len(), 3);
     assert_eq!(all_rows(addr, "sales.b", 10).await.len(), 4);
+    // No recorded columns: inferred from the first row (sorted names, no key marked).
+    let t = get_json(addr, "/tables/public.a").await;
+    let names: Vec<&str> = t["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["Name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["id", "v"]);
+    assert!(
+        t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["PrimaryKey"] == false)
+    );
+    assert_eq!(t["primary_key"], serde_json::json!(["id"]));
     let status = get_json(addr, "/status").await;
     assert_eq!(status["sources"]["g/public.a"]["position"], "0/1");
     assert_eq!(status["sources"]["g/sales.b"]["position"], "0/2");
