@@ -3,4 +3,5 @@
 
 pub mod archive;
 pub mod cli;
+pub mod engine;
 pub mod source;

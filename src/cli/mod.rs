@@ -2,6 +2,7 @@
 
 pub mod archive;
 pub mod export;
+pub mod engine;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -26,6 +27,8 @@ pub enum Command {
     Archive(archive::ArchiveCommand),
     /// Export a PostgreSQL table into an archive (one base snapshot, a new epoch).
     Export(export::ExportArgs),
+    /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
+    Engine(engine::EngineArgs),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -104,6 +107,7 @@ pub fn main() -> i32 {
         match cli.command {
             Command::Archive(c) => archive::run(c).await,
             Command::Export(a) => export::run(a).await,
+            Command::Engine(a) => engine::run(a).await,
         }
     });
     match result {

@@ -1,1 +1,795 @@
 //! The archive source: replays an archive (laredo spec §8, rules C1–C5).
+//!
+//! * `baseline` streams the folded state at the head: the newest snapshot plus its diff chain.
+//!   Memory stays bounded by the diffs, not the snapshot: the chain's diffs are folded first
+//!   into an *overlay* (identity → new row, or a tombstone; plus "a TRUNCATE happened"), then
+//!   the snapshot is streamed row by row, skipping every row the overlay shadows, and finally
+//!   the overlay's live rows are sent. The rows sent are exactly the rows of
+//!   `ArchiveReader::reconstruct(plan_head)`; no snapshot-sized map is ever built.
+//! * `stream(from)` delivers the diffs after `from` as change events (position = each diff's
+//!   `to_position`), each diff followed by a [`SourceEvent::Checkpoint`]. When the newest
+//!   snapshot no longer continues `from` (`plan(manifest, from)` is not diff-only, whatever
+//!   the order of the positions, including a head *lower* than ours; or a new epoch at our
+//!   very position that does not contain it) it returns [`SourceError::ReBaselineRequired`]
+//!   (C1).
+//! * Following polls the manifest every `poll_interval`; a manifest that does not exist yet is
+//!   waited for; transient storage errors are retried with backoff (C5).
+//! * `ack` writes the state file atomically (C3): temp file, fsync, rename, directory fsync;
+//!   the directory is created when missing; the contents are the raw position string.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use async_trait::async_trait;
+use chrono::{DateTime, FixedOffset, Utc};
+use tokio::sync::{mpsc, watch};
+
+use super::{ChangeEvent, Lag, SourceError, SourceEvent, SourceState, SyncSource, ValidationError};
+use crate::archive::error::ArchiveError;
+use crate::archive::identity::{Identity, change_identity, row_identity};
+use crate::archive::manifest::{Artifact, Manifest};
+use crate::archive::model::{Action, ColumnDefinition, TableId, effective_key_fields};
+use crate::archive::plan::{chain_from, newest_snapshot, plan};
+use crate::archive::position::same;
+use crate::archive::reader::ArchiveReader;
+use crate::archive::value::Row;
+
+/// Options of one archive source (one table).
+#[derive(Clone, Debug)]
+pub struct ArchiveSourceOptions {
+    /// Source id (for logs and metrics).
+    pub id: String,
+    /// The table this source serves.
+    pub table: TableId,
+    /// Explicitly configured key fields (empty: the manifest's primary key, else `id`).
+    pub key_fields: Vec<String>,
+    pub follow: bool,
+    pub poll_interval: Duration,
+    /// State file enabling resume.
+    pub state_path: Option<PathBuf>,
+}
+
+impl ArchiveSourceOptions {
+    pub fn new(id: impl Into<String>, table: TableId) -> Self {
+        ArchiveSourceOptions {
+            id: id.into(),
+            table,
+            key_fields: Vec::new(),
+            follow: false,
+            poll_interval: Duration::from_secs(5),
+            state_path: None,
+        }
+    }
+}
+
+/// What `/status` shows about an archive source.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ArchiveSourceInfo {
+    /// The position delivered so far (baseline or last diff).
+    pub position: Option<String>,
+    /// The head of the last manifest read.
+    pub head: Option<String>,
+    /// The epoch of the newest snapshot we are on.
+    pub epoch: Option<i64>,
+    pub lag_seconds: Option<f64>,
+    pub acked: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    position: Option<String>,
+    head: Option<String>,
+    epoch: Option<i64>,
+    updated_at: Option<DateTime<FixedOffset>>,
+    acked: Option<String>,
+}
+
+pub struct ArchiveSource {
+    reader: ArchiveReader,
+    opts: ArchiveSourceOptions,
+    state: watch::Sender<SourceState>,
+    inner: Mutex<Inner>,
+}
+
+/// What the manifest says about a consumer at `from`.
+#[derive(Debug)]
+enum Step {
+    UpToDate,
+    Diffs(Vec<Artifact>),
+    Replaced(String),
+}
+
+/// Decides how a consumer at `from` (on `epoch`, when known) continues on `manifest` (C1).
+fn next_step(manifest: &Manifest, from: &str, epoch: Option<i64>) -> Step {
+    let newest = newest_snapshot(manifest);
+    if same(from, &manifest.head_position) || (from.is_empty() && newest.is_none()) {
+        let Some(snap) = newest else {
+            return Step::UpToDate;
+        };
+        if epoch == Some(snap.epoch) {
+            return Step::UpToDate;
+        }
+        // A new epoch whose head is our position: fine only if its lineage contains us.
+        let on_lineage = same(&snap.to_position, from)
+            || chain_from(manifest, &snap.to_position, None)
+                .iter()
+                .any(|d| same(&d.to_position, from));
+        return if on_lineage {
+            Step::UpToDate
+        } else {
+            Step::Replaced(format!(
+                "epoch {} (snapshot at {:?}) replaced the archive at our position {from:?}",
+                snap.epoch, snap.to_position
+            ))
+        };
+    }
+    match plan(manifest, from) {
+        Some(p) if p.snapshot.is_none() => Step::Diffs(p.diffs),
+        Some(p) => Step::Replaced(format!(
+            "head {:?} (epoch {}) does not continue our position {from:?}: the newest snapshot is at {:?}",
+            manifest.head_position,
+            manifest.epoch,
+            p.snapshot.map(|s| s.to_position).unwrap_or_default()
+        )),
+        None => Step::Replaced(format!(
+            "the archive at head {:?} has no snapshot and no chain from our position {from:?}",
+            manifest.head_position
+        )),
+    }
+}
+
+/// Writes `contents` to `path` durably: directory created when missing, temp file, fsync,
+/// rename, directory fsync.
+pub fn write_state_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(contents.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The net effect of a chain of diffs on the rows of a snapshot.
+#[derive(Default)]
+struct Overlay {
+    rows: HashMap<Identity, Option<Row>>,
+    truncated: bool,
+}
+
+impl Overlay {
+    /// Applies one diff's changes (already in R5 order: a TRUNCATE first).
+    fn apply(&mut self, changes: &[crate::archive::model::Change], key_fields: &[String]) {
+        for c in changes {
+            match c.action {
+                Action::Truncate => {
+                    self.rows.clear();
+                    self.truncated = true;
+                }
+                Action::Delete => {
+                    self.rows.insert(change_identity(c, key_fields), None);
+                }
+                Action::Insert | Action::Update => {
+                    let Some(new) = &c.new else { continue };
+                    let id = change_identity(c, key_fields);
+                    if c.action == Action::Update
+                        && let Some(old) = &c.old
+                        && let Some(old_id) = row_identity(old, key_fields)
+                        && old_id != id
+                    {
+                        self.rows.insert(old_id, None);
+                    }
+                    self.rows.insert(id, Some(new.clone()));
+                }
+            }
+        }
+    }
+}
+
+impl ArchiveSource {
+    pub fn new(reader: ArchiveReader, opts: ArchiveSourceOptions) -> ArchiveSource {
+        let (state, _) = watch::channel(SourceState::Connecting);
+        ArchiveSource {
+            reader,
+            opts,
+            state,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.opts.id
+    }
+
+    pub fn table(&self) -> &TableId {
+        &self.opts.table
+    }
+
+    pub fn options(&self) -> &ArchiveSourceOptions {
+        &self.opts
+    }
+
+    pub fn info(&self) -> ArchiveSourceInfo {
+        let inner = self.inner.lock().expect("lock");
+        ArchiveSourceInfo {
+            position: inner.position.clone(),
+            head: inner.head.clone(),
+            epoch: inner.epoch,
+            lag_seconds: inner.updated_at.map(lag_of).map(|d| d.as_secs_f64()),
+            acked: inner.acked.clone(),
+        }
+    }
+
+    fn set_state(&self, s: SourceState) {
+        self.state.send_if_modified(|cur| {
+            // Closed is final; Paused survives until resumed.
+            if *cur == SourceState::Closed || *cur == s {
+                return false;
+            }
+            if *cur == SourceState::Paused && s != SourceState::Closed && s != SourceState::Paused {
+                return false;
+            }
+            *cur = s;
+            true
+        });
+    }
+
+    fn remember(&self, m: &Manifest) {
+        let mut inner = self.inner.lock().expect("lock");
+        inner.head = Some(m.head_position.clone());
+        inner.updated_at = Some(m.updated_at);
+    }
+
+    fn closed(&self) -> bool {
+        *self.state.borrow() == SourceState::Closed
+    }
+
+    /// Runs `op`, retrying transient storage errors with backoff (C5): forever while following
+    /// (until closed), five attempts otherwise.
+    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, SourceError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = crate::archive::Result<T>>,
+    {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0u32;
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_transient() && (self.opts.follow || attempt < 4) => {
+                    attempt += 1;
+                    tracing::warn!(source = %self.opts.id, error = %e, attempt, "{what}: transient storage error, retrying in {delay:?}");
+                    let mut rx = self.state.subscribe();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = async { while rx.changed().await.is_ok() && *rx.borrow() != SourceState::Closed {} } => {}
+                    }
+                    if self.closed() {
+                        return Err(SourceError::Stopped);
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+                Err(e) => {
+                    return Err(SourceError::Other(
+                        anyhow::Error::new(e).context(format!("source {}: {what}", self.opts.id)),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Loads the manifest; `None` when it does not exist.
+    async fn manifest(&self) -> Result<Option<Manifest>, SourceError> {
+        let got = self
+            .retry("reading the manifest", || self.reader.try_load_manifest())
+            .await?;
+        let m = got.map(|(m, _)| m);
+        if let Some(m) = &m {
+            self.remember(m);
+        }
+        Ok(m)
+    }
+
+    /// Waits for a poll interval, a state change (pause, resume, close) or the channel closing.
+    async fn wait_poll(&self, events: Option<&mpsc::Sender<SourceEvent>>) {
+        let mut rx = self.state.subscribe();
+        rx.borrow_and_update();
+        let closed = async {
+            match events {
+                Some(tx) => tx.closed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(self.opts.poll_interval) => {}
+            _ = rx.changed() => {}
+            _ = closed => {}
+        }
+    }
+
+    /// Blocks while paused; returns false once closed.
+    async fn wait_unpaused(&self) -> bool {
+        let mut rx = self.state.subscribe();
+        loop {
+            let s = *rx.borrow_and_update();
+            match s {
+                SourceState::Closed => return false,
+                SourceState::Paused => {
+                    if rx.changed().await.is_err() {
+                        return false;
+                    }
+                }
+                _ => return true,
+            }
+        }
+    }
+
+    /// The manifest, waiting for it to exist when following.
+    async fn manifest_or_wait(&self) -> Result<Option<Manifest>, SourceError> {
+        loop {
+            if self.closed() {
+                return Err(SourceError::Stopped);
+            }
+            match self.manifest().await? {
+                Some(m) => return Ok(Some(m)),
+                None if self.opts.follow => {
+                    tracing::info!(source = %self.opts.id, key = %self.reader.manifest_key(), "waiting for the archive to exist");
+                    self.wait_poll(None).await;
+                }
+                None => return Ok(None),
+            }
+        }
+    }
+
+    fn key_fields(&self, m: &Manifest) -> Vec<String> {
+        effective_key_fields(&self.opts.key_fields, &m.columns)
+    }
+
+    /// Columns: the manifest's, else inferred from the first row of the newest snapshot.
+    async fn columns(&self, m: &Manifest) -> Result<Vec<ColumnDefinition>, SourceError> {
+        if !m.columns.is_empty() {
+            return Ok(m.columns.clone());
+        }
+        let Some(snap) = newest_snapshot(m) else {
+            return Ok(Vec::new());
+        };
+        let mut rx = self.reader.stream_rows(snap, self.key_fields(m));
+        let first = match rx.recv().await {
+            None => return Ok(Vec::new()),
+            Some(Err(e)) => {
+                return Err(SourceError::Other(
+                    anyhow::Error::new(e).context("inferring columns from the newest snapshot"),
+                ));
+            }
+            Some(Ok(d)) => d.row,
+        };
+        drop(rx);
+        Ok(infer_columns(&first, &self.opts.key_fields))
+    }
+}
+
+/// laredo's inferred schema: the first row's field names sorted, nullable, ordinal 1..n, no
+/// type; primary-key flags from the *explicitly* configured key fields only.
+pub fn infer_columns(first: &Row, explicit_key_fields: &[String]) -> Vec<ColumnDefinition> {
+    first
+        .field_names()
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let pk = explicit_key_fields.iter().position(|k| *k == name);
+            ColumnDefinition {
+                nullable: true,
+                ordinal_position: i as i64 + 1,
+                primary_key: pk.is_some(),
+                primary_key_ordinal: pk.map(|p| p as i64 + 1).unwrap_or(0),
+                name,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn lag_of(updated_at: DateTime<FixedOffset>) -> Duration {
+    (Utc::now() - updated_at.with_timezone(&Utc))
+        .to_std()
+        .unwrap_or_default()
+}
+
+fn change_event(table: &TableId, position: &str, c: crate::archive::model::Change) -> ChangeEvent {
+    let (old, new) = match c.action {
+        Action::Insert => (None, c.new),
+        Action::Update => (c.old, c.new),
+        Action::Delete => (c.old.or(c.new), None),
+        Action::Truncate => (None, None),
+    };
+    ChangeEvent {
+        table: table.clone(),
+        action: c.action,
+        position: position.to_string(),
+        old,
+        new,
+        commit_time: None,
+    }
+}
+
+#[async_trait]
+impl SyncSource for ArchiveSource {
+    async fn init(
+        &self,
+        tables: &[TableId],
+    ) -> anyhow::Result<BTreeMap<TableId, Vec<ColumnDefinition>>> {
+        if let Some(t) = tables.iter().find(|t| **t != self.opts.table) {
+            anyhow::bail!(
+                "source {}: serves {} only, not {t}",
+                self.opts.id,
+                self.opts.table
+            );
+        }
+        // Following, an archive that does not exist yet is waited for (not an error).
+        let columns = match self.manifest_or_wait().await? {
+            Some(m) => self.columns(&m).await?,
+            None => {
+                return Err(ArchiveError::ManifestNotFound {
+                    key: self.reader.manifest_key(),
+                })
+                .with_context(|| format!("source {}", self.opts.id));
+            }
+        };
+        self.set_state(SourceState::Connected);
+        Ok(BTreeMap::from([(self.opts.table.clone(), columns)]))
+    }
+
+    async fn validate_tables(&self, tables: &[TableId]) -> Vec<ValidationError> {
+        tables
+            .iter()
+            .filter(|t| **t != self.opts.table)
+            .map(|t| ValidationError {
+                table: t.clone(),
+                code: "TABLE_NOT_SERVED".into(),
+                message: format!("source {} serves {} only", self.opts.id, self.opts.table),
+            })
+            .collect()
+    }
+
+    async fn baseline(
+        &self,
+        _tables: &[TableId],
+        rows: mpsc::Sender<(TableId, Row)>,
+    ) -> Result<String, SourceError> {
+        self.set_state(SourceState::Baselining);
+        let Some(m) = self.manifest_or_wait().await? else {
+            return Err(SourceError::Other(
+                anyhow::Error::new(ArchiveError::ManifestNotFound {
+                    key: self.reader.manifest_key(),
+                })
+                .context(format!("source {}", self.opts.id)),
+            ));
+        };
+        let key_fields = self.key_fields(&m);
+        let head_plan = plan(&m, "");
+        let (position, epoch) = match &head_plan {
+            None => (m.head_position.clone(), None),
+            Some(p) => (
+                p.head_position.clone(),
+                p.snapshot.as_ref().map(|s| s.epoch),
+            ),
+        };
+        if let Some(p) = head_plan {
+            // 1. The chain's net effect (bounded by the diffs).
+            let mut overlay = Overlay::default();
+            for d in &p.diffs {
+                let changes = self
+                    .retry("reading a diff", || self.reader.read_diff(d))
+                    .await?;
+                overlay.apply(&changes, &key_fields);
+            }
+            // 2. Snapshot rows the overlay does not shadow, streamed.
+            let snapshot = p.snapshot.expect("a head plan has a snapshot");
+            let overlay = std::sync::Arc::new(overlay);
+            let table = self.opts.table.clone();
+            let (ov, tx) = (overlay.clone(), rows.clone());
+            self.reader
+                .fold_rows(&snapshot, key_fields.clone(), (), move |_, d| {
+                    if ov.truncated {
+                        return Ok(());
+                    }
+                    let id = d.identity.unwrap_or_else(|| d.row.as_str().into());
+                    if ov.rows.contains_key(&id) {
+                        return Ok(());
+                    }
+                    tx.blocking_send((table.clone(), d.row))
+                        .map_err(|_| ArchiveError::Invalid("the engine stopped".into()))
+                })
+                .await
+                .map_err(|e| match e {
+                    ArchiveError::Invalid(m) if m == "the engine stopped" => SourceError::Stopped,
+                    e => SourceError::Other(
+                        anyhow::Error::new(e).context(format!("source {}: baseline", self.opts.id)),
+                    ),
+                })?;
+            // 3. Rows the diffs inserted or updated.
+            for row in overlay.rows.values().flatten() {
+                rows.send((self.opts.table.clone(), row.clone()))
+                    .await
+                    .map_err(|_| SourceError::Stopped)?;
+            }
+        }
+        let mut inner = self.inner.lock().expect("lock");
+        inner.position = Some(position.clone());
+        inner.epoch = epoch;
+        Ok(position)
+    }
+
+    async fn stream(
+        &self,
+        from: &str,
+        events: mpsc::Sender<SourceEvent>,
+    ) -> Result<(), SourceError> {
+        let mut from = from.to_string();
+        {
+            let mut inner = self.inner.lock().expect("lock");
+            if inner.position.as_deref() != Some(from.as_str()) {
+                // Resuming from a stored position: the epoch is unknown.
+                inner.position = Some(from.clone());
+                inner.epoch = None;
+            }
+        }
+        self.set_state(SourceState::Streaming);
+        loop {
+            if !self.wait_unpaused().await {
+                return Ok(());
+            }
+            if events.is_closed() {
+                return Err(SourceError::Stopped);
+            }
+            let Some(m) = self.manifest().await? else {
+                if self.opts.follow {
+                    self.wait_poll(Some(&events)).await;
+                    continue;
+                }
+                return Err(SourceError::Other(
+                    anyhow::Error::new(ArchiveError::ManifestNotFound {
+                        key: self.reader.manifest_key(),
+                    })
+                    .context(format!("source {}", self.opts.id)),
+                ));
+            };
+            let epoch = self.inner.lock().expect("lock").epoch;
+            match next_step(&m, &from, epoch) {
+                Step::Replaced(why) => {
+                    tracing::warn!(source = %self.opts.id, "re-baseline required: {why}");
+                    return Err(SourceError::ReBaselineRequired(why));
+                }
+                Step::UpToDate => {
+                    self.inner.lock().expect("lock").epoch = newest_snapshot(&m).map(|s| s.epoch);
+                    if !self.opts.follow {
+                        return Ok(());
+                    }
+                    self.wait_poll(Some(&events)).await;
+                }
+                Step::Diffs(diffs) => {
+                    for d in &diffs {
+                        if self.closed() {
+                            return Ok(());
+                        }
+                        let changes = self
+                            .retry("reading a diff", || self.reader.read_diff(d))
+                            .await?;
+                        for c in changes {
+                            let ev = change_event(&self.opts.table, &d.to_position, c);
+                            events
+                                .send(SourceEvent::Change(ev))
+                                .await
+                                .map_err(|_| SourceError::Stopped)?;
+                        }
+                        events
+                            .send(SourceEvent::Checkpoint {
+                                position: d.to_position.clone(),
+                            })
+                            .await
+                            .map_err(|_| SourceError::Stopped)?;
+                        from = d.to_position.clone();
+                        self.inner.lock().expect("lock").position = Some(from.clone());
+                    }
+                    if diffs.is_empty() {
+                        // A diff-only plan with nothing in it cannot happen; never spin.
+                        self.wait_poll(Some(&events)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ack(&self, position: &str) -> anyhow::Result<()> {
+        if let Some(path) = &self.opts.state_path {
+            let (path, pos) = (path.clone(), position.to_string());
+            tokio::task::spawn_blocking(move || write_state_file(&path, &pos))
+                .await
+                .expect("state file writer")
+                .with_context(|| {
+                    format!(
+                        "source {}: writing state file {}",
+                        self.opts.id,
+                        self.opts.state_path.as_ref().unwrap().display()
+                    )
+                })?;
+        }
+        self.inner.lock().expect("lock").acked = Some(position.to_string());
+        Ok(())
+    }
+
+    async fn last_acked_position(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.opts.state_path else {
+            return Ok(None);
+        };
+        match tokio::fs::read(path).await {
+            Ok(b) if b.is_empty() => Ok(None),
+            Ok(b) => Ok(Some(String::from_utf8(b).with_context(|| {
+                format!("state file {}: not UTF-8", path.display())
+            })?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading state file {}", path.display())),
+        }
+    }
+
+    fn supports_resume(&self) -> bool {
+        self.opts.state_path.is_some()
+    }
+
+    fn pause(&self) {
+        self.set_state(SourceState::Paused);
+    }
+
+    fn resume(&self) {
+        self.state.send_if_modified(|cur| {
+            if *cur == SourceState::Paused {
+                *cur = SourceState::Streaming;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    fn lag(&self) -> Lag {
+        Lag {
+            bytes: Some(0),
+            time: self.inner.lock().expect("lock").updated_at.map(lag_of),
+        }
+    }
+
+    fn state(&self) -> SourceState {
+        *self.state.borrow()
+    }
+
+    async fn close(&self) {
+        self.set_state(SourceState::Closed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::manifest::{ArtifactKind, now_utc};
+
+    fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Artifact {
+        Artifact {
+            kind,
+            epoch,
+            from_position: from.map(str::to_string),
+            to_position: to.into(),
+            created_at: now_utc(),
+            row_count: 0,
+            change_count: 0,
+            formats: Default::default(),
+        }
+    }
+
+    fn manifest(arts: Vec<Artifact>, head: &str) -> Manifest {
+        let mut m = Manifest::new("public.t");
+        m.epoch = arts.iter().map(|a| a.epoch).max().unwrap_or(0);
+        m.artifacts = arts;
+        m.head_position = head.into();
+        m
+    }
+
+    #[test]
+    fn steps_detect_replacement_whatever_the_order() {
+        let m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
+            ],
+            "0/20",
+        );
+        assert!(matches!(next_step(&m, "0/10", Some(1)), Step::Diffs(d) if d.len() == 1));
+        assert!(matches!(next_step(&m, "0/20", Some(1)), Step::UpToDate));
+        // Head lower than ours.
+        assert!(matches!(next_step(&m, "0/30", Some(1)), Step::Replaced(_)));
+        // A new epoch at a higher position that does not continue us.
+        let m2 = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
+                art(ArtifactKind::Snapshot, 2, None, "0/15"),
+                art(ArtifactKind::Diff, 2, Some("0/15"), "0/40"),
+            ],
+            "0/40",
+        );
+        assert!(matches!(next_step(&m2, "0/20", Some(1)), Step::Replaced(_)));
+        // A new epoch at exactly our position but another lineage.
+        let m3 = manifest(vec![art(ArtifactKind::Snapshot, 2, None, "0/020")], "0/20");
+        assert!(matches!(next_step(&m3, "0/20", Some(2)), Step::UpToDate));
+        assert!(matches!(
+            next_step(&m3, "0/20", Some(1)),
+            Step::UpToDate // the new snapshot sits on our position: same lineage
+        ));
+        let m4 = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 2, None, "0/5"),
+                art(ArtifactKind::Diff, 2, Some("0/5"), "0/18"),
+            ],
+            "0/20",
+        );
+        assert!(matches!(next_step(&m4, "0/20", Some(1)), Step::Replaced(_)));
+        // Nothing yet.
+        assert!(matches!(
+            next_step(&manifest(vec![], ""), "", None),
+            Step::UpToDate
+        ));
+        assert!(matches!(next_step(&m, "", None), Step::Replaced(_)));
+    }
+
+    #[test]
+    fn inferred_columns_mark_only_explicit_keys() {
+        let row = Row::parse(r#"{"b":1,"a":2,"id":3}"#).unwrap();
+        let cols = infer_columns(&row, &[]);
+        assert_eq!(
+            cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "id"]
+        );
+        assert!(cols.iter().all(|c| !c.primary_key && c.nullable));
+        assert_eq!(cols[2].ordinal_position, 3);
+        let cols = infer_columns(&row, &["b".into(), "a".into()]);
+        assert!(cols[1].primary_key && cols[1].primary_key_ordinal == 1);
+        assert!(cols[0].primary_key && cols[0].primary_key_ordinal == 2);
+        assert!(!cols[2].primary_key);
+    }
+
+    #[test]
+    fn state_file_is_written_atomically_into_a_new_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/seed.pos");
+        write_state_file(&path, "0/16B3748").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0/16B3748");
+        write_state_file(&path, "0/2").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0/2");
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    }
+}

@@ -2,8 +2,14 @@
 //! need real components (SeaweedFS, PostgreSQL) share one process and one server each
 //! (see `support`).
 
+mod archive_build;
+mod archive_source;
 mod bad_input;
 mod cli_archive;
+mod engine_config;
+mod engine_follow;
+mod engine_memory;
+mod engine_support;
 mod fixtures;
 mod postgres_export;
 mod postgres_source;

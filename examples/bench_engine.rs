@@ -1,0 +1,306 @@
+//! Benchmark: the engine's baseline of a 1M-row archive shaped like `shared/bench/events.sql`
+//! into a memory target (time, peak RSS), next to `ArchiveReader::reconstruct` on the same
+//! archive in the same run; then the follow latency from a diff's commit to the row being
+//! visible through the HTTP API (p50/p99) at `poll_interval: 1s`.
+//!
+//! `cargo run --release --example bench_engine -- [ROWS] [SAMPLES]` (defaults 1,000,000 and 40).
+//! Each phase runs in its own child process so its peak RSS (VmHWM) is its own.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use larch::archive::format::Format;
+use larch::archive::model::{Action, ColumnDefinition};
+use larch::archive::reader::ArchiveReader;
+use larch::archive::store::Store;
+use larch::archive::store::local::LocalStore;
+use larch::archive::value::Row;
+use larch::archive::writer::{ArchiveWriter, FlushOutcome, WriterConfig};
+use larch::engine::config::EngineConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One row of `public.events` (same shape as `bench_reconstruct`).
+fn event_row(g: u64) -> String {
+    let kind = match g % 3 {
+        0 => "\"click\"",
+        1 => "\"view\"",
+        _ => "null",
+    };
+    let md5 = format!(
+        "{:032x}",
+        (g as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)
+    );
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &md5[0..8],
+        &md5[8..12],
+        &md5[12..16],
+        &md5[16..20],
+        &md5[20..32]
+    );
+    let ts = format!(
+        "2026-01-{:02}T{:02}:{:02}:{:02}Z",
+        1 + (g / 86400) % 28,
+        (g / 3600) % 24,
+        (g / 60) % 60,
+        g % 60
+    );
+    format!(
+        r#"{{"amount":{}.{:02},"blob":"{}","created_at":"{}","flag":{},"id":{},"kind":{},"payload":{{"n":{},"nested":{{"ok":{}}},"s":"{}"}},"ref":"{}","tags":["a{}","b{}"],"tenant":"tenant-{}"}}"#,
+        (g % 10000) / 100,
+        (g % 10000) % 100,
+        &md5[0..12],
+        ts,
+        g.is_multiple_of(2),
+        g,
+        kind,
+        g,
+        g.is_multiple_of(2),
+        md5,
+        uuid,
+        g % 7,
+        g % 11,
+        g % 100
+    )
+}
+
+fn writer_config() -> WriterConfig {
+    let mut c = WriterConfig::new("public.events", "public.events/");
+    c.snapshot_formats = vec![Format::Jsonl];
+    c.diff_formats = vec![Format::Jsonl];
+    c
+}
+
+async fn generate(dir: &Path, rows: u64) {
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir).unwrap());
+    let mut w = ArchiveWriter::open(vec![store], writer_config())
+        .await
+        .unwrap();
+    w.set_columns(vec![ColumnDefinition {
+        name: "id".into(),
+        type_name: "int8".into(),
+        primary_key: true,
+        primary_key_ordinal: 1,
+        ordinal_position: 1,
+        ..Default::default()
+    }]);
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let producer = tokio::spawn(async move {
+        for g in 1..=rows {
+            tx.send(Row::parse(&event_row(g)).unwrap()).await.unwrap();
+        }
+    });
+    w.write_snapshot("0/10000000", rx).await.unwrap();
+    producer.await.unwrap();
+    // Three diffs touching 1% of the rows each.
+    for d in 0..3u64 {
+        for g in (1..=rows).step_by(100) {
+            w.record(
+                Action::Update,
+                None,
+                Some(Row::parse(&event_row(g + d).replace("tenant-", "tenant-u")).unwrap()),
+            );
+        }
+        w.flush(&format!("0/{:08X}", 0x1000_0000 + d + 1))
+            .await
+            .unwrap();
+    }
+}
+
+async fn phase_reconstruct(dir: &Path) -> String {
+    let store = Arc::new(LocalStore::new(dir).unwrap());
+    let reader = ArchiveReader::new(store, "public.events/", vec![Format::Jsonl]).unwrap();
+    let started = Instant::now();
+    let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    format!(
+        "{{\"phase\":\"reconstruct\",\"rows\":{},\"seconds\":{secs},\"peak_rss_kib\":{}}}",
+        folded.rows.len(),
+        peak_rss_kib()
+    )
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8(buf).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body.to_string(),
+    )
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn phase_engine(dir: &Path, samples: usize) -> String {
+    let yaml = format!(
+        r#"
+sources:
+  seed:
+    type: archive
+    store: {{type: local, path: "{}"}}
+    key_prefix: public.events/
+    follow: true
+    poll_interval: 1s
+tables:
+  - source: seed
+    schema: public
+    table: events
+    targets:
+      - type: memory
+        index_fields: [tenant]
+"#,
+        dir.display()
+    );
+    let config = EngineConfig::parse("bench.yaml", &yaml).unwrap();
+    let started = Instant::now();
+    let engine = larch::engine::start(&config, "127.0.0.1:0").await.unwrap();
+    while !engine.shared.ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let baseline_secs = started.elapsed().as_secs_f64();
+    let baseline_rss = peak_rss_kib();
+    let addr = engine.addr;
+    let (_, tables) = http_get(addr, "/tables").await;
+    let v: serde_json::Value = serde_json::from_str(&tables).unwrap();
+    let rows = v["tables"][0]["row_count"].as_u64().unwrap();
+
+    // Follow latency: commit a one-row diff at a random phase of the poll cycle, then poll the
+    // row through the HTTP API until the new value is visible.
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir).unwrap());
+    let mut w = ArchiveWriter::open(vec![store], writer_config())
+        .await
+        .unwrap();
+    let mut lat = Vec::with_capacity(samples);
+    for i in 0..samples {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..1000))).await;
+        let id = (i as u64 * 7919) % rows.max(1) + 1;
+        let marker = format!("bench-{i}");
+        let row = event_row(id).replace("\"tenant-", &format!("\"{marker}-"));
+        w.record(Action::Update, None, Some(Row::parse(&row).unwrap()));
+        let out = w
+            .flush(&format!("0/{:08X}", 0x2000_0000 + i as u64))
+            .await
+            .unwrap();
+        assert!(matches!(out, FlushOutcome::Diff(_)), "{out:?}");
+        let committed = Instant::now();
+        let path = format!("/tables/public.events/row?id={id}");
+        loop {
+            let (status, body) = http_get(addr, &path).await;
+            if status == 200 && body.contains(&marker) {
+                break;
+            }
+            assert!(
+                committed.elapsed() < Duration::from_secs(30),
+                "row {id} never showed {marker}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        lat.push(committed.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    engine.stop().await.unwrap();
+    format!(
+        "{{\"phase\":\"engine\",\"rows\":{rows},\"baseline_seconds\":{baseline_secs},\"peak_rss_kib\":{baseline_rss},\"follow_p50_ms\":{},\"follow_p99_ms\":{},\"follow_max_ms\":{},\"samples\":{}}}",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or(0.0),
+        lat.len()
+    )
+}
+
+fn run_child(args: &[&str], dir: &Path) -> serde_json::Value {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--phase") {
+        let line = match args[2].as_str() {
+            "reconstruct" => phase_reconstruct(&PathBuf::from(&args[3])).await,
+            _ => phase_engine(&PathBuf::from(&args[4]), args[3].parse().unwrap()).await,
+        };
+        println!("{line}");
+        return;
+    }
+    let rows: u64 = args
+        .get(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let samples: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(40);
+    let tmp = tempfile::tempdir().unwrap();
+    eprint!("generating {rows} rows ... ");
+    let started = Instant::now();
+    generate(tmp.path(), rows).await;
+    eprintln!("{:.1}s", started.elapsed().as_secs_f64());
+    let rec = run_child(&["--phase", "reconstruct"], tmp.path());
+    let s = samples.to_string();
+    let eng = run_child(&["--phase", "engine", &s], tmp.path());
+    let mib = |kib: &serde_json::Value| kib.as_f64().unwrap() / 1024.0;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "archive: {rows} rows (events.sql shape), snapshot + 3 diffs"
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "ArchiveReader::reconstruct  : {:>7.3} s  peak RSS {:>7.1} MiB  ({} rows)",
+        rec["seconds"].as_f64().unwrap(),
+        mib(&rec["peak_rss_kib"]),
+        rec["rows"]
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "engine baseline → memory    : {:>7.3} s  peak RSS {:>7.1} MiB  ({} rows, index on tenant, start to ready)",
+        eng["baseline_seconds"].as_f64().unwrap(),
+        mib(&eng["peak_rss_kib"]),
+        eng["rows"]
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "follow latency, commit → visible over HTTP (poll_interval 1s, {} samples): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",
+        eng["samples"],
+        eng["follow_p50_ms"].as_f64().unwrap(),
+        eng["follow_p99_ms"].as_f64().unwrap(),
+        eng["follow_max_ms"].as_f64().unwrap()
+    )
+    .unwrap();
+}

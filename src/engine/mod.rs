@@ -1,0 +1,233 @@
+//! The engine: archive sources feeding targets (memory tables served over HTTP, PostgreSQL
+//! tables), with health, status and Prometheus metrics on one listener (laredo §9).
+
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod pipeline;
+pub mod targets;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use self::config::{EngineConfig, SourceConfig, TargetConfig};
+use self::metrics::Metrics;
+use self::pipeline::{Pipeline, SourceRunner};
+use self::targets::Target;
+use self::targets::memory::MemoryTarget;
+use self::targets::postgres::PostgresTarget;
+use crate::archive::reader::ArchiveReader;
+use crate::source::SyncSource;
+use crate::source::archive::{ArchiveSource, ArchiveSourceOptions};
+
+/// What the HTTP layer and the runners share.
+pub struct Shared {
+    pub metrics: Metrics,
+    /// Memory tables by `schema.table`.
+    pub tables: BTreeMap<String, Arc<MemoryTarget>>,
+    pub runners: Vec<Arc<SourceRunner>>,
+    ready: AtomicBool,
+}
+
+impl Shared {
+    /// Readiness latch: once every pipeline had its first baseline, ready for good.
+    pub fn ready(&self) -> bool {
+        if self.ready.load(Ordering::SeqCst) {
+            return true;
+        }
+        let now = self.runners.iter().all(|r| r.ready());
+        if now {
+            self.ready.store(true, Ordering::SeqCst);
+        }
+        now
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let mut sources = serde_json::Map::new();
+        let mut pipelines = serde_json::Map::new();
+        for r in &self.runners {
+            let (s, ps) = r.status();
+            sources.insert(r.id.clone(), s);
+            for (id, p) in ps {
+                pipelines.insert(id, p);
+            }
+        }
+        serde_json::json!({
+            "ready": self.ready(),
+            "sources": sources,
+            "pipelines": pipelines,
+        })
+    }
+
+    pub fn runner(&self, id: &str) -> Option<&Arc<SourceRunner>> {
+        self.runners.iter().find(|r| r.id == id)
+    }
+}
+
+/// Builds sources, targets and runners (stores are opened here; nothing runs yet).
+pub async fn build(config: &EngineConfig) -> anyhow::Result<Arc<Shared>> {
+    let metrics = Metrics::new();
+    let mut tables = BTreeMap::new();
+    let mut runners = Vec::new();
+    for sc in &config.sources {
+        let (runner, memory) = build_source(sc, &metrics)
+            .await
+            .with_context(|| format!("{}: sources.{}", config.file, sc.id))?;
+        if let Some(m) = memory {
+            tables.insert(sc.table.to_string(), m);
+        }
+        runners.push(Arc::new(runner));
+    }
+    Ok(Arc::new(Shared {
+        metrics,
+        tables,
+        runners,
+        ready: AtomicBool::new(false),
+    }))
+}
+
+async fn build_source(
+    sc: &SourceConfig,
+    metrics: &Metrics,
+) -> anyhow::Result<(SourceRunner, Option<Arc<MemoryTarget>>)> {
+    let store = sc.store.open().await.context("store")?;
+    let reader = ArchiveReader::new(store, &sc.key_prefix, sc.formats.clone())?;
+    let mut opts = ArchiveSourceOptions::new(&sc.id, sc.table.clone());
+    opts.key_fields = sc.key_fields.clone();
+    opts.follow = sc.follow;
+    opts.poll_interval = sc.poll_interval;
+    opts.state_path = sc.state_path.clone();
+    let archive = Arc::new(ArchiveSource::new(reader, opts));
+    let mut memory = None;
+    let mut pipelines = Vec::new();
+    for (i, tc) in sc.targets.iter().enumerate() {
+        let target: Arc<dyn Target> = match tc {
+            TargetConfig::Memory { index_fields } => {
+                let m = Arc::new(MemoryTarget::new(sc.table.clone(), index_fields.clone()));
+                memory = Some(m.clone());
+                m
+            }
+            TargetConfig::Postgres { connection, table } => Arc::new(PostgresTarget::new(
+                connection.clone(),
+                table.clone(),
+                sc.id.clone(),
+            )),
+        };
+        // laredo: <source>:<schema>.<table>:<target type>; a second target of one type gets #n.
+        let mut id = format!("{}:{}:{}", sc.id, sc.table, tc.kind());
+        if sc.targets[..i].iter().any(|t| t.kind() == tc.kind()) {
+            id = format!("{id}#{}", i + 1);
+        }
+        pipelines.push(Arc::new(Pipeline::new(id, target)));
+    }
+    let runner = SourceRunner::new(
+        sc.id.clone(),
+        sc.table.clone(),
+        sc.key_fields.clone(),
+        archive.clone() as Arc<dyn SyncSource>,
+        Some(archive),
+        pipelines,
+        metrics.clone(),
+    );
+    Ok((runner, memory))
+}
+
+/// A started engine: its listener address and a way to stop it.
+pub struct RunningEngine {
+    pub addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    runners: Vec<JoinHandle<()>>,
+    server: JoinHandle<std::io::Result<()>>,
+    ticker: JoinHandle<()>,
+}
+
+/// Builds the engine, binds `listen` and starts every pipeline.
+pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<RunningEngine> {
+    let shared = build(config).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    let app = http::router(shared.clone());
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    let runners = shared
+        .runners
+        .iter()
+        .map(|r| tokio::spawn(r.clone().run(shutdown.clone())))
+        .collect();
+    let (s, stop) = (shared.clone(), shutdown.clone());
+    let ticker = tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = every.tick() => s.runners.iter().for_each(|r| r.refresh()),
+                _ = stop.cancelled() => return,
+            }
+        }
+    });
+    tracing::info!(%addr, sources = shared.runners.len(), "engine started");
+    Ok(RunningEngine {
+        addr,
+        shared,
+        shutdown,
+        runners,
+        server,
+        ticker,
+    })
+}
+
+impl RunningEngine {
+    /// Stops sources, waits for the runners, sends final acks, closes the listener.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        for r in self.runners {
+            let _ = r.await;
+        }
+        for r in &self.shared.runners {
+            r.final_ack().await;
+        }
+        let _ = self.ticker.await;
+        self.server.await.context("http server task")??;
+        Ok(())
+    }
+}
+
+/// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly.
+pub async fn run(config: &EngineConfig, listen: &str) -> anyhow::Result<()> {
+    let engine = start(config, listen).await?;
+    eprintln!("larch engine listening on {}", engine.addr);
+    wait_for_signal().await;
+    tracing::info!("signal received: stopping");
+    engine.stop().await
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

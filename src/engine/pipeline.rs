@@ -1,0 +1,526 @@
+//! Pipelines: one runner per source drives that source's pipelines (one per target) through
+//! init → baseline (or resume) → stream, re-baselining when the source asks (laredo §9.1–9.4).
+//!
+//! * Acks (§9.3): the baseline position is confirmed for every pipeline; change positions
+//!   only when every pipeline of the source is durable (a memory target loses its state on
+//!   restart, so the state file keeps the baseline position).
+//! * Resume: only when every target is durable; a target's own checkpoint wins over the state
+//!   file (C3). Memory targets always start from a baseline.
+//! * Errors never end a runner: a failed baseline or stream marks the pipelines ERROR and is
+//!   retried with backoff (C5); only shutdown stops it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, SecondsFormat, Utc};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{Metrics, PipelineState};
+use super::targets::Target;
+use crate::archive::model::{TableId, effective_key_fields};
+use crate::archive::value::Row;
+use crate::source::archive::ArchiveSource;
+use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
+
+const BATCH: usize = 1024;
+
+/// One source → one target.
+pub struct Pipeline {
+    pub id: String,
+    pub target: Arc<dyn Target>,
+    state: Mutex<PipelineState>,
+    position: Mutex<Option<String>>,
+    baseline_rows: AtomicU64,
+    last_rebaseline: Mutex<Option<DateTime<Utc>>>,
+}
+
+impl Pipeline {
+    pub fn new(id: String, target: Arc<dyn Target>) -> Pipeline {
+        Pipeline {
+            id,
+            target,
+            state: Mutex::new(PipelineState::Initializing),
+            position: Mutex::new(None),
+            baseline_rows: AtomicU64::new(0),
+            last_rebaseline: Mutex::new(None),
+        }
+    }
+
+    pub fn state(&self) -> PipelineState {
+        *self.state.lock().expect("lock")
+    }
+
+    pub fn position(&self) -> Option<String> {
+        self.position.lock().expect("lock").clone()
+    }
+}
+
+enum StreamEnd {
+    /// A one-shot replay reached the head.
+    Done,
+    Stopped,
+    Rebaseline(String),
+    Failed(anyhow::Error),
+}
+
+pub struct SourceRunner {
+    pub id: String,
+    pub table: TableId,
+    /// Explicitly configured key fields.
+    pub key_fields: Vec<String>,
+    pub source: Arc<dyn SyncSource>,
+    /// The same source, for archive-specific status (head, epoch).
+    pub archive: Option<Arc<ArchiveSource>>,
+    pub pipelines: Vec<Arc<Pipeline>>,
+    metrics: Metrics,
+    rebaselines: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl SourceRunner {
+    pub fn new(
+        id: String,
+        table: TableId,
+        key_fields: Vec<String>,
+        source: Arc<dyn SyncSource>,
+        archive: Option<Arc<ArchiveSource>>,
+        pipelines: Vec<Arc<Pipeline>>,
+        metrics: Metrics,
+    ) -> SourceRunner {
+        for p in &pipelines {
+            metrics.set_state(&p.id, PipelineState::Initializing);
+        }
+        metrics.source_rebaseline_total.with_label_values(&[&id]);
+        SourceRunner {
+            id,
+            table,
+            key_fields,
+            source,
+            archive,
+            pipelines,
+            metrics,
+            rebaselines: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Ready latch: every pipeline has had its first baseline (or resumed).
+    pub fn ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    pub fn rebaselines(&self) -> u64 {
+        self.rebaselines.load(Ordering::SeqCst)
+    }
+
+    fn set_state(&self, state: PipelineState) {
+        for p in &self.pipelines {
+            *p.state.lock().expect("lock") = state;
+            self.metrics.set_state(&p.id, state);
+        }
+    }
+
+    fn set_position(&self, position: &str) {
+        for p in &self.pipelines {
+            *p.position.lock().expect("lock") = Some(position.to_string());
+        }
+    }
+
+    /// Refreshes `laredo_source_lag_seconds` and the PAUSED state.
+    pub fn refresh(&self) {
+        if let Some(lag) = self.source.lag().time {
+            self.metrics
+                .source_lag_seconds
+                .with_label_values(&[&self.id])
+                .set(lag.as_secs_f64());
+            self.metrics
+                .source_lag_bytes
+                .with_label_values(&[&self.id])
+                .set(0);
+        }
+        let paused = self.source.state() == SourceState::Paused;
+        for p in &self.pipelines {
+            let mut s = p.state.lock().expect("lock");
+            let next = match (*s, paused) {
+                (PipelineState::Streaming, true) => PipelineState::Paused,
+                (PipelineState::Paused, false) => PipelineState::Streaming,
+                (s, _) => s,
+            };
+            if next != *s {
+                *s = next;
+                self.metrics.set_state(&p.id, next);
+            }
+        }
+    }
+
+    /// `/status` entries: (source JSON, [(pipeline id, pipeline JSON)]).
+    pub fn status(&self) -> (serde_json::Value, Vec<(String, serde_json::Value)>) {
+        let info = self.archive.as_ref().map(|a| a.info()).unwrap_or_default();
+        let lag = self.source.lag().time.map(|d| d.as_secs_f64());
+        let source = serde_json::json!({
+            "state": self.source.state().as_str(),
+            "table": self.table.to_string(),
+            "position": info.position,
+            "head": info.head,
+            "epoch": info.epoch,
+            "lag_seconds": lag,
+            "rebaselines": self.rebaselines(),
+            "acked": info.acked,
+        });
+        let pipelines = self
+            .pipelines
+            .iter()
+            .map(|p| {
+                (
+                    p.id.clone(),
+                    serde_json::json!({
+                        "source": self.id,
+                        "table": self.table.to_string(),
+                        "target": p.target.kind(),
+                        "state": p.state().as_str(),
+                        "position": p.position(),
+                        "row_count": p.target.row_count(),
+                        "baseline_rows": p.baseline_rows.load(Ordering::SeqCst),
+                        "last_rebaseline": p.last_rebaseline.lock().expect("lock")
+                            .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                    }),
+                )
+            })
+            .collect();
+        (source, pipelines)
+    }
+
+    /// Runs until `shutdown`; never returns early on errors.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut position: Option<String> = None;
+        let mut need_baseline = true;
+        let mut first = true;
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            if need_baseline {
+                let step = async {
+                    self.init_targets().await?;
+                    if first && let Some(pos) = self.resume_position().await? {
+                        tracing::info!(source = %self.id, position = %pos, "resuming from the stored position");
+                        self.set_position(&pos);
+                        self.set_state(PipelineState::Streaming);
+                        self.ready.store(true, Ordering::SeqCst);
+                        return Ok(pos);
+                    }
+                    self.baseline().await
+                };
+                let result = tokio::select! {
+                    r = step => r,
+                    _ = shutdown.cancelled() => break,
+                };
+                match result {
+                    Ok(pos) => {
+                        position = Some(pos);
+                        need_baseline = false;
+                        first = false;
+                        backoff = Duration::from_millis(200);
+                    }
+                    Err(e) => {
+                        tracing::error!(source = %self.id, error = format!("{e:#}"), "baseline failed; retrying in {backoff:?}");
+                        self.set_state(PipelineState::Error);
+                        if sleep_or_shutdown(backoff, &shutdown).await {
+                            break;
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                        continue;
+                    }
+                }
+            }
+            let from = position.clone().unwrap_or_default();
+            match self.stream(from, &shutdown, &mut position).await {
+                StreamEnd::Done => {
+                    tracing::info!(source = %self.id, "replay reached the head (not following)");
+                    shutdown.cancelled().await;
+                    break;
+                }
+                StreamEnd::Stopped => break,
+                StreamEnd::Rebaseline(why) => {
+                    tracing::warn!(source = %self.id, reason = %why, "re-baseline");
+                    self.rebaselines.fetch_add(1, Ordering::SeqCst);
+                    self.metrics
+                        .source_rebaseline_total
+                        .with_label_values(&[&self.id])
+                        .inc();
+                    need_baseline = true;
+                }
+                StreamEnd::Failed(e) => {
+                    tracing::error!(source = %self.id, error = format!("{e:#}"), "stream failed; retrying in {backoff:?}");
+                    self.set_state(PipelineState::Error);
+                    for p in &self.pipelines {
+                        p.target.discard_pending().await;
+                    }
+                    if sleep_or_shutdown(backoff, &shutdown).await {
+                        break;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    self.set_state(PipelineState::Streaming);
+                }
+            }
+        }
+        self.source.close().await;
+        self.set_state(PipelineState::Stopped);
+    }
+
+    async fn init_targets(&self) -> anyhow::Result<()> {
+        let mut all = self
+            .source
+            .init(std::slice::from_ref(&self.table))
+            .await
+            .with_context(|| format!("source {}: init", self.id))?;
+        let columns = all.remove(&self.table).unwrap_or_default();
+        let key_fields = effective_key_fields(&self.key_fields, &columns);
+        for p in &self.pipelines {
+            p.target
+                .init(&columns, &key_fields)
+                .await
+                .with_context(|| format!("pipeline {}: init", p.id))?;
+        }
+        Ok(())
+    }
+
+    async fn resume_position(&self) -> anyhow::Result<Option<String>> {
+        if !self.source.supports_resume() {
+            return Ok(None);
+        }
+        if let Some(p) = self.pipelines.iter().find(|p| !p.target.is_durable()) {
+            tracing::info!(source = %self.id, pipeline = %p.id, "a non-durable target holds nothing after a restart: taking a baseline");
+            return Ok(None);
+        }
+        let mut stored = Vec::new();
+        for p in &self.pipelines {
+            stored.push(p.target.resume_position().await?);
+        }
+        if stored.iter().any(Option::is_some) {
+            // C3: the targets' own checkpoints win over the state file.
+            let first = stored[0].clone();
+            if stored.iter().all(|s| s.is_some() && *s == first) {
+                return Ok(first);
+            }
+            tracing::warn!(source = %self.id, ?stored, "targets hold different positions: taking a baseline");
+            return Ok(None);
+        }
+        self.source.last_acked_position().await
+    }
+
+    async fn baseline(&self) -> anyhow::Result<String> {
+        self.set_state(PipelineState::Baselining);
+        let started = Instant::now();
+        for p in &self.pipelines {
+            p.target.begin_baseline().await?;
+        }
+        let (tx, mut rx) = mpsc::channel::<(TableId, Row)>(4 * BATCH);
+        let source = self.source.clone();
+        let table = self.table.clone();
+        let task = tokio::spawn(async move { source.baseline(&[table], tx).await });
+        let mut rows = 0u64;
+        let loaded: anyhow::Result<()> = async {
+            let mut batch = Vec::with_capacity(BATCH);
+            loop {
+                let done = match rx.recv().await {
+                    Some((_, row)) => {
+                        batch.push(row);
+                        false
+                    }
+                    None => true,
+                };
+                if batch.len() >= BATCH || (done && !batch.is_empty()) {
+                    for p in &self.pipelines {
+                        p.target
+                            .baseline_rows(&batch)
+                            .await
+                            .with_context(|| format!("pipeline {}: baseline", p.id))?;
+                    }
+                    rows += batch.len() as u64;
+                    batch.clear();
+                }
+                if done {
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        drop(rx);
+        let produced = task.await;
+        let position = match (loaded, produced) {
+            (Ok(()), Ok(Ok(pos))) => pos,
+            (Err(e), _) => {
+                self.abort_baseline().await;
+                return Err(e);
+            }
+            (_, Ok(Err(e))) => {
+                self.abort_baseline().await;
+                return Err(anyhow::Error::from(e).context(format!("source {}: baseline", self.id)));
+            }
+            (_, Err(e)) => {
+                self.abort_baseline().await;
+                return Err(anyhow::anyhow!("source {}: baseline task: {e}", self.id));
+            }
+        };
+        for p in &self.pipelines {
+            p.target
+                .commit_baseline(&position)
+                .await
+                .with_context(|| format!("pipeline {}: committing the baseline", p.id))?;
+        }
+        let elapsed = started.elapsed();
+        let rebaseline = self.ready();
+        for p in &self.pipelines {
+            p.baseline_rows.store(rows, Ordering::SeqCst);
+            if rebaseline {
+                *p.last_rebaseline.lock().expect("lock") = Some(Utc::now());
+            }
+            self.metrics
+                .baseline_duration_seconds
+                .with_label_values(&[&p.id])
+                .observe(elapsed.as_secs_f64());
+            self.metrics
+                .baseline_rows_total
+                .with_label_values(&[&p.id])
+                .set(rows as i64);
+        }
+        tracing::info!(source = %self.id, rows, position = %position, seconds = elapsed.as_secs_f64(), "baseline complete");
+        self.set_position(&position);
+        // The baseline position is confirmed for every pipeline.
+        if let Err(e) = self.source.ack(&position).await {
+            tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
+        }
+        self.set_state(PipelineState::Streaming);
+        self.ready.store(true, Ordering::SeqCst);
+        Ok(position)
+    }
+
+    async fn abort_baseline(&self) {
+        for p in &self.pipelines {
+            p.target.abort_baseline().await;
+        }
+    }
+
+    async fn stream(
+        &self,
+        from: String,
+        shutdown: &CancellationToken,
+        position: &mut Option<String>,
+    ) -> StreamEnd {
+        let (tx, mut rx) = mpsc::channel(BATCH);
+        let source = self.source.clone();
+        let task = tokio::spawn(async move { source.stream(&from, tx).await });
+        let durable = self.pipelines.iter().all(|p| p.target.is_durable());
+        let mut failed: Option<anyhow::Error> = None;
+        loop {
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = shutdown.cancelled() => {
+                    self.source.close().await;
+                    drop(rx);
+                    let _ = task.await;
+                    return StreamEnd::Stopped;
+                }
+            };
+            match ev {
+                None => break,
+                Some(SourceEvent::Change(c)) => {
+                    for p in &self.pipelines {
+                        let labels = [p.id.as_str(), c.action.as_str()];
+                        self.metrics
+                            .changes_received_total
+                            .with_label_values(&labels)
+                            .inc();
+                        let t = Instant::now();
+                        match p.target.apply(&c).await {
+                            Ok(()) => {
+                                self.metrics
+                                    .changes_applied_total
+                                    .with_label_values(&labels)
+                                    .inc();
+                                self.metrics
+                                    .change_apply_duration_seconds
+                                    .with_label_values(&labels)
+                                    .observe(t.elapsed().as_secs_f64());
+                            }
+                            Err(e) => {
+                                self.metrics
+                                    .change_errors_total
+                                    .with_label_values(&[&p.id])
+                                    .inc();
+                                failed = Some(e.context(format!("pipeline {}: apply", p.id)));
+                            }
+                        }
+                    }
+                }
+                Some(SourceEvent::Checkpoint { position: pos }) => {
+                    for p in &self.pipelines {
+                        let mut delay = Duration::from_millis(200);
+                        loop {
+                            match p.target.checkpoint(&pos).await {
+                                Ok(()) => break,
+                                Err(e) => {
+                                    tracing::error!(pipeline = %p.id, error = format!("{e:#}"), "checkpoint failed; retrying in {delay:?}");
+                                    self.metrics
+                                        .change_errors_total
+                                        .with_label_values(&[&p.id])
+                                        .inc();
+                                    if sleep_or_shutdown(delay, shutdown).await {
+                                        self.source.close().await;
+                                        drop(rx);
+                                        let _ = task.await;
+                                        return StreamEnd::Stopped;
+                                    }
+                                    delay = (delay * 2).min(Duration::from_secs(30));
+                                }
+                            }
+                        }
+                    }
+                    *position = Some(pos.clone());
+                    self.set_position(&pos);
+                    if durable && let Err(e) = self.source.ack(&pos).await {
+                        tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
+                    }
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        drop(rx);
+        let result = task.await;
+        if let Some(e) = failed {
+            return StreamEnd::Failed(e);
+        }
+        match result {
+            Ok(Ok(())) => StreamEnd::Done,
+            Ok(Err(SourceError::ReBaselineRequired(why))) => StreamEnd::Rebaseline(why),
+            Ok(Err(SourceError::Stopped)) if shutdown.is_cancelled() => StreamEnd::Stopped,
+            Ok(Err(e)) => StreamEnd::Failed(anyhow::Error::from(e)),
+            Err(e) => StreamEnd::Failed(anyhow::anyhow!("stream task: {e}")),
+        }
+    }
+
+    /// Final ack of what durable targets hold (on shutdown).
+    pub async fn final_ack(&self) {
+        if self.pipelines.iter().all(|p| p.target.is_durable())
+            && let Some(pos) = self.pipelines.first().and_then(|p| p.position())
+            && let Err(e) = self.source.ack(&pos).await
+        {
+            tracing::warn!(source = %self.id, error = format!("{e:#}"), "final ack failed");
+        }
+    }
+}
+
+/// Sleeps; true when shutdown came first.
+async fn sleep_or_shutdown(d: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown.cancelled() => true,
+    }
+}

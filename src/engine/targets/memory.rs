@@ -1,0 +1,640 @@
+//! The memory target: an indexed in-memory table served over HTTP.
+//!
+//! * Primary index: a `BTreeMap` keyed by row identity (rule R4) in a stable total order
+//!   (numbers numerically first, then other identities by text), so pagination by cursor is
+//!   stable while rows change.
+//! * Secondary equality indexes on the configured `index_fields` (canonical value text → the
+//!   identities holding it).
+//! * A re-baseline builds a whole new table aside and swaps it in under the write lock: a query
+//!   sees the old table or the new one, never a partial or empty one (C2).
+//! * Rows are kept and emitted as their exact JSON text (every digit of every number).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::value::RawValue;
+
+use super::Target;
+use crate::archive::identity::{Identity, KeyCapture, change_identity, identity_of, row_identity};
+use crate::archive::model::{Action, ColumnDefinition, TableId};
+use crate::archive::value::{Row, canonical_text, compare_canonical, string_value};
+use crate::source::ChangeEvent;
+
+/// An identity in the table's order: canonical numbers first (numerically), then the rest by
+/// text. A total order (mixing numbers and text by `compare_canonical` alone would not be).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SortKey(pub Identity);
+
+fn is_canonical_number(s: &str) -> bool {
+    let b = s.strip_prefix('-').unwrap_or(s).as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_digit()
+        && b.iter().filter(|c| **c == b'.').count() <= 1
+        && b.iter().all(|c| c.is_ascii_digit() || *c == b'.')
+        && *b.last().unwrap() != b'.'
+}
+
+fn is_plain_int(s: &str) -> bool {
+    let b = s.strip_prefix('-').unwrap_or(s).as_bytes();
+    !b.is_empty() && b.iter().all(u8::is_ascii_digit)
+}
+
+impl Ord for SortKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let (a, b) = (&*self.0, &*other.0);
+        if a == b {
+            return Ordering::Equal;
+        }
+        match (is_canonical_number(a), is_canonical_number(b)) {
+            (true, true) => {
+                if is_plain_int(a) && is_plain_int(b) {
+                    // Canonical integers have no leading zeros: sign, then length, then text.
+                    let (na, nb) = (a.starts_with('-'), b.starts_with('-'));
+                    let (ma, mb) = (a.trim_start_matches('-'), b.trim_start_matches('-'));
+                    let magnitude = ma.len().cmp(&mb.len()).then_with(|| ma.cmp(mb));
+                    return match (na, nb) {
+                        (false, true) => Ordering::Greater,
+                        (true, false) => Ordering::Less,
+                        (false, false) => magnitude,
+                        (true, true) => magnitude.reverse(),
+                    };
+                }
+                compare_canonical(a, b).then_with(|| a.cmp(b))
+            }
+            (true, false) => Ordering::Less,
+            (false, true) => Ordering::Greater,
+            (false, false) => a.cmp(b),
+        }
+    }
+}
+
+impl PartialOrd for SortKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One table's rows and indexes.
+pub struct TableData {
+    rows: BTreeMap<SortKey, Row>,
+    key_fields: Arc<[String]>,
+    index_fields: Arc<[String]>,
+    /// Key fields then index fields: what one scan of a row captures.
+    scan_fields: Vec<String>,
+    /// One per index field: canonical value → identities.
+    indexes: Vec<HashMap<Box<str>, BTreeSet<SortKey>>>,
+}
+
+impl TableData {
+    fn new(key_fields: Arc<[String]>, index_fields: Arc<[String]>) -> TableData {
+        TableData {
+            rows: BTreeMap::new(),
+            indexes: index_fields.iter().map(|_| HashMap::new()).collect(),
+            scan_fields: key_fields
+                .iter()
+                .chain(index_fields.iter())
+                .cloned()
+                .collect(),
+            key_fields,
+            index_fields,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Identity and index values of a row, in one scan.
+    fn scan(&self, row: &Row) -> (SortKey, Vec<Option<Box<str>>>) {
+        let k = self.key_fields.len();
+        match KeyCapture::scan(&self.scan_fields, row.as_str()) {
+            Ok(values) => {
+                let id = identity_of(&values[..k]).unwrap_or_else(|| row.as_str().into());
+                let idx = values[k..]
+                    .iter()
+                    .map(|v| v.map(|v| canonical_text(v).into_owned().into_boxed_str()))
+                    .collect();
+                (SortKey(id), idx)
+            }
+            Err(_) => (
+                SortKey(row.as_str().into()),
+                vec![None; self.index_fields.len()],
+            ),
+        }
+    }
+
+    fn index_values(&self, row: &Row) -> Vec<Option<Box<str>>> {
+        self.scan(row).1
+    }
+
+    fn unindex(&mut self, id: &SortKey, values: Vec<Option<Box<str>>>) {
+        for (i, v) in values.into_iter().enumerate() {
+            if let Some(v) = v
+                && let Some(set) = self.indexes[i].get_mut(&v)
+            {
+                set.remove(id);
+                if set.is_empty() {
+                    self.indexes[i].remove(&v);
+                }
+            }
+        }
+    }
+
+    fn upsert_scanned(&mut self, id: SortKey, values: Vec<Option<Box<str>>>, row: Row) {
+        if !self.index_fields.is_empty() {
+            if let Some(old) = self.rows.get(&id) {
+                let old_values = self.index_values(old);
+                self.unindex(&id, old_values);
+            }
+            for (i, v) in values.into_iter().enumerate() {
+                if let Some(v) = v {
+                    self.indexes[i].entry(v).or_default().insert(id.clone());
+                }
+            }
+        }
+        self.rows.insert(id, row);
+    }
+
+    pub fn upsert(&mut self, row: Row) {
+        let (id, values) = self.scan(&row);
+        self.upsert_scanned(id, values, row);
+    }
+
+    fn remove(&mut self, id: &SortKey) {
+        if let Some(old) = self.rows.remove(id)
+            && !self.index_fields.is_empty()
+        {
+            let values = self.index_values(&old);
+            self.unindex(id, values);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.rows.clear();
+        for i in &mut self.indexes {
+            i.clear();
+        }
+    }
+
+    /// Applies a change as the fold does (R5): upsert `new`; an UPDATE whose old identity
+    /// differs also removes the old one; DELETE of an unknown identity is a no-op.
+    fn apply(&mut self, c: &ChangeEvent) {
+        let key_fields = &self.key_fields;
+        let change = crate::archive::model::Change {
+            action: c.action,
+            key: String::new(),
+            old: c.old.clone(),
+            new: c.new.clone(),
+        };
+        match c.action {
+            Action::Truncate => self.clear(),
+            Action::Delete => {
+                let Some(old) = c.old.as_ref().or(c.new.as_ref()) else {
+                    return;
+                };
+                let (id, _) = self.scan(old);
+                self.remove(&id);
+            }
+            Action::Insert | Action::Update => {
+                let Some(new) = &c.new else { return };
+                let id = SortKey(change_identity(&change, key_fields));
+                if c.action == Action::Update
+                    && let Some(old) = &c.old
+                    && let Some(old_id) = row_identity(old, key_fields)
+                    && old_id != id.0
+                {
+                    self.remove(&SortKey(old_id));
+                }
+                let (_, values) = self.scan(new);
+                self.upsert_scanned(id, values, new.clone());
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Meta {
+    columns: Vec<ColumnDefinition>,
+    position: Option<String>,
+    last_rebaseline: Option<DateTime<Utc>>,
+    baselines: u64,
+}
+
+/// A query the HTTP layer could not run (HTTP 400).
+#[derive(Debug, PartialEq, Eq)]
+pub struct QueryError(pub String);
+
+pub const DEFAULT_PAGE: usize = 100;
+pub const MAX_PAGE: usize = 10_000;
+
+pub struct MemoryTarget {
+    table: TableId,
+    index_fields: Arc<[String]>,
+    key_fields: Mutex<Arc<[String]>>,
+    live: RwLock<TableData>,
+    aside: Mutex<Option<TableData>>,
+    meta: Mutex<Meta>,
+}
+
+impl MemoryTarget {
+    pub fn new(table: TableId, index_fields: Vec<String>) -> MemoryTarget {
+        let index_fields: Arc<[String]> = index_fields.into();
+        let key_fields: Arc<[String]> = vec!["id".to_string()].into();
+        MemoryTarget {
+            table,
+            live: RwLock::new(TableData::new(key_fields.clone(), index_fields.clone())),
+            index_fields,
+            key_fields: Mutex::new(key_fields),
+            aside: Mutex::new(None),
+            meta: Mutex::new(Meta::default()),
+        }
+    }
+
+    pub fn table(&self) -> &TableId {
+        &self.table
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.read().expect("lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn position(&self) -> Option<String> {
+        self.meta.lock().expect("lock").position.clone()
+    }
+
+    /// All rows as JSON texts, in table order (tests, benchmarks).
+    pub fn rows(&self) -> Vec<String> {
+        self.live
+            .read()
+            .expect("lock")
+            .rows
+            .values()
+            .map(|r| r.as_str().to_string())
+            .collect()
+    }
+
+    /// `GET /tables/{t}`.
+    pub fn describe(&self) -> serde_json::Value {
+        let meta = self.meta.lock().expect("lock");
+        serde_json::json!({
+            "table": self.table.to_string(),
+            "columns": meta.columns,
+            "primary_key": &*self.key_fields.lock().expect("lock").clone(),
+            "index_fields": &*self.index_fields,
+            "row_count": self.len(),
+            "position": meta.position,
+            "last_rebaseline": meta.last_rebaseline.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            "baselines": meta.baselines,
+        })
+    }
+
+    /// `GET /tables/{t}/rows?limit=N&after=CURSOR&<index field>=<value>...` as a JSON body.
+    pub fn page(&self, params: &[(String, String)]) -> Result<String, QueryError> {
+        let mut limit = DEFAULT_PAGE;
+        let mut after: Option<SortKey> = None;
+        let mut filters: Vec<(usize, Box<str>)> = Vec::new();
+        for (k, v) in params {
+            match k.as_str() {
+                "limit" => {
+                    limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_PAGE).contains(n))
+                        .ok_or_else(|| {
+                            QueryError(format!(
+                                "limit: expected an integer from 1 to {MAX_PAGE}, got {v:?}"
+                            ))
+                        })?;
+                }
+                "after" => after = Some(decode_cursor(v)?),
+                field => {
+                    let Some(i) = self.index_fields.iter().position(|f| f == field) else {
+                        return Err(QueryError(format!(
+                            "field {field:?} is not indexed (indexed fields: {})",
+                            if self.index_fields.is_empty() {
+                                "none".to_string()
+                            } else {
+                                self.index_fields.join(", ")
+                            }
+                        )));
+                    };
+                    filters.push((i, query_value(v)));
+                }
+            }
+        }
+        let data = self.live.read().expect("lock");
+        let lower = match &after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        let mut out: Vec<(&SortKey, &Row)> = Vec::with_capacity(limit + 1);
+        match filters.split_first() {
+            None => {
+                out.extend(data.rows.range((lower, Bound::Unbounded)).take(limit + 1));
+            }
+            Some(((first, value), rest)) => {
+                if let Some(set) = data.indexes[*first].get(value) {
+                    let rest_sets: Option<Vec<&BTreeSet<SortKey>>> =
+                        rest.iter().map(|(i, v)| data.indexes[*i].get(v)).collect();
+                    if let Some(rest_sets) = rest_sets {
+                        for id in set.range((lower, Bound::Unbounded)) {
+                            if rest_sets.iter().all(|s| s.contains(id))
+                                && let Some((k, r)) = data.rows.get_key_value(id)
+                            {
+                                out.push((k, r));
+                                if out.len() > limit {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let next = if out.len() > limit {
+            out.truncate(limit);
+            out.last().map(|(k, _)| encode_cursor(k))
+        } else {
+            None
+        };
+        let mut body = String::with_capacity(
+            64 + out.iter().map(|(_, r)| r.as_str().len() + 1).sum::<usize>(),
+        );
+        let _ = write!(
+            body,
+            "{{\"table\":{},\"rows\":[",
+            serde_json::to_string(&self.table.to_string()).expect("string")
+        );
+        for (i, (_, r)) in out.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(r.as_str());
+        }
+        let _ = write!(
+            body,
+            "],\"next\":{}}}",
+            serde_json::to_string(&next).expect("string")
+        );
+        Ok(body)
+    }
+
+    /// `GET /tables/{t}/row?<pk>=<value>...`: the row's exact text, `None` when absent.
+    pub fn get(&self, params: &[(String, String)]) -> Result<Option<String>, QueryError> {
+        let key_fields = self.key_fields.lock().expect("lock").clone();
+        for (k, _) in params {
+            if !key_fields.contains(k) {
+                return Err(QueryError(format!(
+                    "{k:?} is not a primary-key field (primary key: {})",
+                    key_fields.join(", ")
+                )));
+            }
+        }
+        let mut values: Vec<Box<RawValue>> = Vec::with_capacity(key_fields.len());
+        for f in key_fields.iter() {
+            let Some((_, v)) = params.iter().find(|(k, _)| k == f) else {
+                return Err(QueryError(format!(
+                    "missing primary-key field {f:?} (primary key: {})",
+                    key_fields.join(", ")
+                )));
+            };
+            values.push(string_value(v));
+        }
+        let refs: Vec<Option<&RawValue>> = values.iter().map(|v| Some(&**v)).collect();
+        let id = SortKey(identity_of(&refs).expect("every key value present"));
+        Ok(self
+            .live
+            .read()
+            .expect("lock")
+            .rows
+            .get(&id)
+            .map(|r| r.as_str().to_string()))
+    }
+}
+
+fn query_value(v: &str) -> Box<str> {
+    canonical_text(&string_value(v))
+        .into_owned()
+        .into_boxed_str()
+}
+
+fn encode_cursor(k: &SortKey) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k.0.as_bytes())
+}
+
+fn decode_cursor(c: &str) -> Result<SortKey, QueryError> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(c)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(|s| SortKey(s.into_boxed_str()))
+        .ok_or_else(|| QueryError(format!("after: {c:?} is not a cursor from a `next` field")))
+}
+
+#[async_trait]
+impl Target for MemoryTarget {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn is_durable(&self) -> bool {
+        false
+    }
+
+    async fn init(
+        &self,
+        columns: &[ColumnDefinition],
+        key_fields: &[String],
+    ) -> anyhow::Result<()> {
+        *self.key_fields.lock().expect("lock") = key_fields.to_vec().into();
+        self.meta.lock().expect("lock").columns = columns.to_vec();
+        Ok(())
+    }
+
+    async fn begin_baseline(&self) -> anyhow::Result<()> {
+        let key_fields = self.key_fields.lock().expect("lock").clone();
+        *self.aside.lock().expect("lock") =
+            Some(TableData::new(key_fields, self.index_fields.clone()));
+        Ok(())
+    }
+
+    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+        let mut aside = self.aside.lock().expect("lock");
+        let data = aside
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
+        for r in rows {
+            data.upsert(r.clone());
+        }
+        Ok(())
+    }
+
+    async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
+        let new = self
+            .aside
+            .lock()
+            .expect("lock")
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("commit without a baseline in progress"))?;
+        let old = {
+            let mut live = self.live.write().expect("lock");
+            let mut meta = self.meta.lock().expect("lock");
+            meta.position = Some(position.to_string());
+            meta.baselines += 1;
+            if meta.baselines > 1 {
+                meta.last_rebaseline = Some(Utc::now());
+            }
+            std::mem::replace(&mut *live, new)
+        };
+        // Freeing a large table takes a while: not on the runtime's threads.
+        tokio::task::spawn_blocking(move || drop(old));
+        Ok(())
+    }
+
+    async fn abort_baseline(&self) {
+        self.aside.lock().expect("lock").take();
+    }
+
+    async fn apply(&self, change: &ChangeEvent) -> anyhow::Result<()> {
+        self.live.write().expect("lock").apply(change);
+        Ok(())
+    }
+
+    async fn checkpoint(&self, position: &str) -> anyhow::Result<()> {
+        self.meta.lock().expect("lock").position = Some(position.to_string());
+        Ok(())
+    }
+
+    fn row_count(&self) -> Option<u64> {
+        Some(self.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sk(s: &str) -> SortKey {
+        SortKey(s.into())
+    }
+
+    #[test]
+    fn sort_keys_are_a_total_order() {
+        let mut v = vec![
+            sk("10"),
+            sk("9"),
+            sk("-3"),
+            sk("-20"),
+            sk("1.5"),
+            sk("abc"),
+            sk("5a"),
+            sk("[\"a\",\"1\"]"),
+            sk("0"),
+        ];
+        v.sort();
+        let got: Vec<&str> = v.iter().map(|k| &*k.0).collect();
+        assert_eq!(
+            got,
+            [
+                "-20",
+                "-3",
+                "0",
+                "1.5",
+                "9",
+                "10",
+                "5a",
+                "[\"a\",\"1\"]",
+                "abc"
+            ]
+        );
+    }
+
+    fn ev(action: Action, old: Option<&str>, new: Option<&str>) -> ChangeEvent {
+        ChangeEvent {
+            table: TableId::new("public", "t"),
+            action,
+            position: "0/1".into(),
+            old: old.map(|r| Row::parse(r).unwrap()),
+            new: new.map(|r| Row::parse(r).unwrap()),
+            commit_time: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn indexes_follow_changes_and_pages_are_stable() {
+        let t = MemoryTarget::new(TableId::new("public", "t"), vec!["tenant".into()]);
+        t.init(&[], &["id".into()]).await.unwrap();
+        t.begin_baseline().await.unwrap();
+        let rows: Vec<Row> = (1..=25)
+            .map(|i| Row::parse(&format!(r#"{{"id":{i},"tenant":"t{}"}}"#, i % 3)).unwrap())
+            .collect();
+        t.baseline_rows(&rows).await.unwrap();
+        assert_eq!(t.len(), 0, "aside until committed");
+        t.commit_baseline("0/1").await.unwrap();
+        assert_eq!(t.len(), 25);
+        // Paginate everything in pages of 10.
+        let mut after: Option<String> = None;
+        let mut ids = Vec::new();
+        loop {
+            let mut p = vec![("limit".to_string(), "10".to_string())];
+            if let Some(a) = &after {
+                p.push(("after".into(), a.clone()));
+            }
+            let body: serde_json::Value = serde_json::from_str(&t.page(&p).unwrap()).unwrap();
+            for r in body["rows"].as_array().unwrap() {
+                ids.push(r["id"].as_i64().unwrap());
+            }
+            match body["next"].as_str() {
+                Some(n) => after = Some(n.to_string()),
+                None => break,
+            }
+        }
+        assert_eq!(ids, (1..=25).collect::<Vec<_>>());
+        // Filter; index follows an update that moves a row to another tenant.
+        t.apply(&ev(
+            Action::Update,
+            Some(r#"{"id":3,"tenant":"t0"}"#),
+            Some(r#"{"id":3,"tenant":"t1"}"#),
+        ))
+        .await
+        .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_str(&t.page(&[("tenant".into(), "t0".into())]).unwrap()).unwrap();
+        let ids: Vec<i64> = body["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(ids, [6, 9, 12, 15, 18, 21, 24]);
+        let e = t.page(&[("kind".into(), "x".into())]).unwrap_err();
+        assert!(e.0.contains("\"kind\" is not indexed"), "{e:?}");
+        // Delete, get by key.
+        t.apply(&ev(Action::Delete, Some(r#"{"id":6}"#), None))
+            .await
+            .unwrap();
+        assert_eq!(t.get(&[("id".into(), "6".into())]).unwrap(), None);
+        assert_eq!(
+            t.get(&[("id".into(), "3".into())]).unwrap().unwrap(),
+            r#"{"id":3,"tenant":"t1"}"#
+        );
+        assert!(t.get(&[]).is_err());
+        t.apply(&ev(Action::Truncate, None, None)).await.unwrap();
+        assert_eq!(t.len(), 0);
+        assert!(t.live.read().unwrap().indexes[0].is_empty());
+    }
+}

@@ -1,0 +1,45 @@
+//! Targets: where a pipeline puts the table. `memory` (indexed, served over HTTP) and
+//! `postgres` (a database table, durable).
+
+pub mod memory;
+pub mod postgres;
+
+use async_trait::async_trait;
+
+use crate::archive::model::ColumnDefinition;
+use crate::archive::value::Row;
+use crate::source::ChangeEvent;
+
+/// A pipeline's destination. A baseline is built *aside* (`begin_baseline`, `baseline_rows`)
+/// and replaces the live state atomically in `commit_baseline` (rule C2): readers see the
+/// old state or the new one, never a partial or empty table.
+#[async_trait]
+pub trait Target: Send + Sync {
+    /// `memory` or `postgres` (the last part of pipeline ids).
+    fn kind(&self) -> &'static str;
+    /// Whether applied changes survive a restart (only durable targets confirm positions).
+    fn is_durable(&self) -> bool;
+    /// The table's columns and effective key fields (called before every baseline).
+    async fn init(&self, columns: &[ColumnDefinition], key_fields: &[String])
+    -> anyhow::Result<()>;
+    /// The position this target durably holds, if it records one (C3: wins over the state file).
+    async fn resume_position(&self) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
+    async fn begin_baseline(&self) -> anyhow::Result<()>;
+    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()>;
+    async fn commit_baseline(&self, position: &str) -> anyhow::Result<()>;
+    /// Drops a baseline in progress (the live state is untouched).
+    async fn abort_baseline(&self);
+    /// Applies one change (a durable target may hold it until the next checkpoint).
+    async fn apply(&self, change: &ChangeEvent) -> anyhow::Result<()>;
+    /// Drops changes applied since the last checkpoint that are not visible yet (the stream
+    /// is restarted from that checkpoint).
+    async fn discard_pending(&self) {}
+    /// Everything up to `position` has been delivered: make it visible (and durable).
+    async fn checkpoint(&self, position: &str) -> anyhow::Result<()>;
+    /// Rows currently served, when cheap to know.
+    fn row_count(&self) -> Option<u64> {
+        None
+    }
+}

@@ -1,0 +1,633 @@
+//! The PostgreSQL target: restores the archive into a database table and keeps it following.
+//!
+//! * The table is created from the archive's columns when missing (laredo udt names mapped
+//!   back to SQL types; unknown names → `text`, empty (inferred) → `jsonb`), primary key = the
+//!   effective key fields.
+//! * A baseline is one transaction: `TRUNCATE` + batched upserts + checkpoint row, so readers see
+//!   the old table or the new one (C2). Changes are folded per diff into their net effect and
+//!   applied at each checkpoint in one transaction (upserts `INSERT … ON CONFLICT (pk) DO
+//!   UPDATE`, deletes, truncates) together with the checkpoint row (C3): the data and its
+//!   position never part.
+//! * JSON values are converted by `jsonb_populate_record(NULL::tbl, row)`; bytea values arrive
+//!   as base64 text and go through `decode(x, 'base64')`.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, bail};
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, NoTls};
+
+use super::Target;
+use crate::archive::identity::{Identity, change_identity, row_identity};
+use crate::archive::model::{Action, Change, ColumnDefinition, TableId};
+use crate::archive::value::Row;
+use crate::engine::config::Connection;
+use crate::source::ChangeEvent;
+
+/// Name of the checkpoint table created in the destination schema.
+pub const CHECKPOINT_TABLE: &str = "larch_checkpoint";
+const BATCH_ROWS: usize = 1000;
+
+/// SQL type for a laredo `Type` (PostgreSQL udt name): arrays are `_name`.
+pub fn sql_type(udt: &str) -> String {
+    let udt = udt.trim();
+    if udt.is_empty() {
+        return "jsonb".into();
+    }
+    if let Some(elem) = udt.strip_prefix('_') {
+        let inner = sql_type(elem);
+        return if inner == "jsonb" && elem.is_empty() {
+            "jsonb".into()
+        } else {
+            format!("{inner}[]")
+        };
+    }
+    const KNOWN: &[&str] = &[
+        "bool",
+        "int2",
+        "int4",
+        "int8",
+        "float4",
+        "float8",
+        "numeric",
+        "text",
+        "varchar",
+        "bpchar",
+        "name",
+        "char",
+        "json",
+        "jsonb",
+        "uuid",
+        "bytea",
+        "date",
+        "time",
+        "timetz",
+        "timestamp",
+        "timestamptz",
+        "interval",
+        "inet",
+        "cidr",
+        "macaddr",
+        "money",
+        "oid",
+        "xml",
+        "bit",
+        "varbit",
+        "tsvector",
+        "point",
+    ];
+    if KNOWN.contains(&udt) {
+        udt.to_string()
+    } else {
+        "text".into()
+    }
+}
+
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn qualified(t: &TableId) -> String {
+    format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.table))
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the archive's columns.
+pub fn create_table_sql(
+    table: &TableId,
+    columns: &[ColumnDefinition],
+    key_fields: &[String],
+) -> String {
+    let mut cols: Vec<&ColumnDefinition> = columns.iter().collect();
+    cols.sort_by_key(|c| c.ordinal_position);
+    let mut defs: Vec<String> = cols
+        .iter()
+        .map(|c| {
+            let not_null = if !c.nullable || key_fields.contains(&c.name) {
+                " NOT NULL"
+            } else {
+                ""
+            };
+            format!(
+                "{} {}{not_null}",
+                quote_ident(&c.name),
+                sql_type(&c.type_name)
+            )
+        })
+        .collect();
+    defs.push(format!(
+        "PRIMARY KEY ({})",
+        key_fields
+            .iter()
+            .map(|k| quote_ident(k))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({})",
+        qualified(table),
+        defs.join(", ")
+    )
+}
+
+#[derive(Clone, Debug)]
+struct Statements {
+    upsert: String,
+    delete: String,
+    truncate: String,
+    checkpoint: String,
+}
+
+/// The net effect of the changes since the last checkpoint.
+#[derive(Default)]
+struct Pending {
+    truncated: bool,
+    /// identity → Some(row to upsert) | None (delete; the row carries the key values).
+    ops: HashMap<Identity, (bool, Row)>,
+}
+
+struct Conn {
+    client: Client,
+    in_tx: bool,
+}
+
+pub struct PostgresTarget {
+    connection: Connection,
+    table: TableId,
+    source_id: String,
+    conn: Mutex<Option<Conn>>,
+    key_fields: std::sync::Mutex<Vec<String>>,
+    statements: std::sync::Mutex<Option<Statements>>,
+    pending: std::sync::Mutex<Pending>,
+    rows: std::sync::atomic::AtomicI64,
+}
+
+impl PostgresTarget {
+    pub fn new(connection: Connection, table: TableId, source_id: String) -> PostgresTarget {
+        PostgresTarget {
+            connection,
+            table,
+            source_id,
+            conn: Mutex::new(None),
+            key_fields: std::sync::Mutex::new(vec!["id".into()]),
+            statements: std::sync::Mutex::new(None),
+            pending: std::sync::Mutex::new(Pending::default()),
+            rows: std::sync::atomic::AtomicI64::new(-1),
+        }
+    }
+
+    async fn connect(&self) -> anyhow::Result<Client> {
+        let dsn = self.connection.resolve()?;
+        let (client, connection) = tokio_postgres::connect(&dsn, NoTls)
+            .await
+            .with_context(|| format!("postgres target {}: connecting", self.table))?;
+        let table = self.table.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(target_table = %table, error = %e, "postgres connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// The connection, (re)connected when needed.
+    async fn conn(&self) -> anyhow::Result<tokio::sync::MutexGuard<'_, Option<Conn>>> {
+        let mut guard = self.conn.lock().await;
+        if guard.as_ref().is_none_or(|c| c.client.is_closed()) {
+            *guard = Some(Conn {
+                client: self.connect().await?,
+                in_tx: false,
+            });
+        }
+        Ok(guard)
+    }
+
+    fn statements(&self) -> anyhow::Result<Statements> {
+        self.statements
+            .lock()
+            .expect("lock")
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("postgres target {}: not initialised", self.table))
+    }
+
+    fn checkpoint_table(&self) -> TableId {
+        TableId::new(&self.table.schema, CHECKPOINT_TABLE)
+    }
+
+    /// Builds the statements from the table's actual columns.
+    async fn prepare(&self, client: &Client, key_fields: &[String]) -> anyhow::Result<Statements> {
+        let rows = client
+            .query(
+                "SELECT a.attname::text, t.typname::text FROM pg_attribute a \
+                 JOIN pg_type t ON t.oid = a.atttypid \
+                 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+                 ORDER BY a.attnum",
+                &[&qualified(&self.table)],
+            )
+            .await
+            .with_context(|| format!("postgres target: reading the columns of {}", self.table))?;
+        let cols: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        for k in key_fields {
+            if !cols.iter().any(|(n, _)| n == k) {
+                bail!(
+                    "postgres target: table {} has no column {k:?} (a key field)",
+                    self.table
+                );
+            }
+        }
+        let bytea: Vec<&str> = cols
+            .iter()
+            .filter(|(_, t)| t == "bytea")
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let strip = if bytea.is_empty() {
+            "e.j".to_string()
+        } else {
+            format!(
+                "e.j - ARRAY[{}]::text[]",
+                bytea
+                    .iter()
+                    .map(|n| format!("'{}'", n.replace('\'', "''")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let select: Vec<String> = cols
+            .iter()
+            .map(|(n, t)| {
+                if t == "bytea" {
+                    format!("decode(e.j ->> '{}', 'base64')", n.replace('\'', "''"))
+                } else {
+                    format!("r.{}", quote_ident(n))
+                }
+            })
+            .collect();
+        let names: Vec<String> = cols.iter().map(|(n, _)| quote_ident(n)).collect();
+        let tbl = qualified(&self.table);
+        let from = format!(
+            "FROM jsonb_array_elements($1::text::jsonb) AS e(j), \
+             LATERAL jsonb_populate_record(NULL::{tbl}, {strip}) AS r"
+        );
+        let pk: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
+        let updates: Vec<String> = cols
+            .iter()
+            .filter(|(n, _)| !key_fields.contains(n))
+            .map(|(n, _)| format!("{0} = EXCLUDED.{0}", quote_ident(n)))
+            .collect();
+        let conflict = if updates.is_empty() {
+            "DO NOTHING".to_string()
+        } else {
+            format!("DO UPDATE SET {}", updates.join(", "))
+        };
+        let upsert = format!(
+            "INSERT INTO {tbl} ({}) SELECT {} {from} ON CONFLICT ({}) {conflict}",
+            names.join(", "),
+            select.join(", "),
+            pk.join(", ")
+        );
+        let pk_select: Vec<String> = key_fields
+            .iter()
+            .map(|k| format!("r.{}", quote_ident(k)))
+            .collect();
+        let delete = format!(
+            "DELETE FROM {tbl} WHERE ({}) IN (SELECT {} {from})",
+            pk.join(", "),
+            pk_select.join(", ")
+        );
+        let checkpoint = format!(
+            "INSERT INTO {} (target_table, source, position, updated_at) VALUES ($1, $2, $3, now()) \
+             ON CONFLICT (target_table) DO UPDATE SET source = EXCLUDED.source, \
+             position = EXCLUDED.position, updated_at = EXCLUDED.updated_at",
+            qualified(&self.checkpoint_table())
+        );
+        Ok(Statements {
+            upsert,
+            delete,
+            truncate: format!("TRUNCATE {tbl}"),
+            checkpoint,
+        })
+    }
+
+    /// Executes batched upserts of `rows` (deduplicated by identity within a batch: a
+    /// statement cannot touch one row twice).
+    async fn upsert_rows(
+        &self,
+        client: &Client,
+        st: &Statements,
+        rows: &[&Row],
+        stmt: &str,
+    ) -> anyhow::Result<()> {
+        let _ = st;
+        let key_fields = self.key_fields.lock().expect("lock").clone();
+        for chunk in rows.chunks(BATCH_ROWS) {
+            let mut seen: HashMap<Identity, usize> = HashMap::new();
+            let mut keep: Vec<&Row> = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                let id = row_identity(r, &key_fields).unwrap_or_else(|| r.as_str().into());
+                match seen.get(&id) {
+                    Some(&i) => keep[i] = r,
+                    None => {
+                        seen.insert(id, keep.len());
+                        keep.push(r);
+                    }
+                }
+            }
+            let mut body =
+                String::with_capacity(keep.iter().map(|r| r.as_str().len() + 1).sum::<usize>() + 2);
+            body.push('[');
+            for (i, r) in keep.iter().enumerate() {
+                if i > 0 {
+                    body.push(',');
+                }
+                body.push_str(r.as_str());
+            }
+            body.push(']');
+            client
+                .execute(stmt, &[&body])
+                .await
+                .with_context(|| format!("postgres target: writing {}", self.table))?;
+        }
+        Ok(())
+    }
+
+    async fn write_checkpoint(
+        &self,
+        client: &Client,
+        st: &Statements,
+        position: &str,
+    ) -> anyhow::Result<()> {
+        client
+            .execute(
+                &st.checkpoint,
+                &[&self.table.to_string(), &self.source_id, &position],
+            )
+            .await
+            .with_context(|| {
+                format!("postgres target: recording the position of {}", self.table)
+            })?;
+        Ok(())
+    }
+
+    async fn count(&self, client: &Client) {
+        if let Ok(r) = client
+            .query_one(
+                &format!("SELECT count(*) FROM {}", qualified(&self.table)),
+                &[],
+            )
+            .await
+        {
+            self.rows
+                .store(r.get::<_, i64>(0), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait]
+impl Target for PostgresTarget {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn is_durable(&self) -> bool {
+        true
+    }
+
+    async fn init(
+        &self,
+        columns: &[ColumnDefinition],
+        key_fields: &[String],
+    ) -> anyhow::Result<()> {
+        let guard = self.conn().await?;
+        let client = &guard.as_ref().expect("connected").client;
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {0}; \
+                 CREATE TABLE IF NOT EXISTS {1} (target_table text PRIMARY KEY, source text NOT NULL, \
+                 position text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
+                quote_ident(&self.table.schema),
+                qualified(&self.checkpoint_table())
+            ))
+            .await
+            .with_context(|| format!("postgres target {}: creating the checkpoint table", self.table))?;
+        let exists: bool = client
+            .query_one(
+                "SELECT to_regclass($1::text) IS NOT NULL",
+                &[&qualified(&self.table)],
+            )
+            .await?
+            .get(0);
+        if !exists {
+            if columns.is_empty() {
+                bail!(
+                    "postgres target: table {} does not exist and the archive records no columns to create it from",
+                    self.table
+                );
+            }
+            let sql = create_table_sql(&self.table, columns, key_fields);
+            client
+                .batch_execute(&sql)
+                .await
+                .with_context(|| format!("postgres target: {sql}"))?;
+            tracing::info!(table = %self.table, "created the destination table");
+        }
+        *self.key_fields.lock().expect("lock") = key_fields.to_vec();
+        let st = self.prepare(client, key_fields).await?;
+        *self.statements.lock().expect("lock") = Some(st);
+        self.count(client).await;
+        Ok(())
+    }
+
+    async fn resume_position(&self) -> anyhow::Result<Option<String>> {
+        let guard = self.conn().await?;
+        let client = &guard.as_ref().expect("connected").client;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT position FROM {} WHERE target_table = $1",
+                    qualified(&self.checkpoint_table())
+                ),
+                &[&self.table.to_string()],
+            )
+            .await
+            .with_context(|| format!("postgres target {}: reading the checkpoint", self.table))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn begin_baseline(&self) -> anyhow::Result<()> {
+        let st = self.statements()?;
+        let mut guard = self.conn().await?;
+        let conn = guard.as_mut().expect("connected");
+        conn.client
+            .batch_execute(&format!("BEGIN; {}", st.truncate))
+            .await
+            .with_context(|| format!("postgres target {}: starting the baseline", self.table))?;
+        conn.in_tx = true;
+        Ok(())
+    }
+
+    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+        let st = self.statements()?;
+        let guard = self.conn.lock().await;
+        let conn = guard.as_ref().filter(|c| c.in_tx).ok_or_else(|| {
+            anyhow::anyhow!(
+                "postgres target {}: the baseline transaction was lost",
+                self.table
+            )
+        })?;
+        let refs: Vec<&Row> = rows.iter().collect();
+        self.upsert_rows(&conn.client, &st, &refs, &st.upsert).await
+    }
+
+    async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
+        let st = self.statements()?;
+        let mut guard = self.conn.lock().await;
+        let conn = guard.as_mut().filter(|c| c.in_tx).ok_or_else(|| {
+            anyhow::anyhow!(
+                "postgres target {}: the baseline transaction was lost",
+                self.table
+            )
+        })?;
+        self.write_checkpoint(&conn.client, &st, position).await?;
+        conn.client
+            .batch_execute("COMMIT")
+            .await
+            .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
+        conn.in_tx = false;
+        *self.pending.lock().expect("lock") = Pending::default();
+        self.count(&conn.client).await;
+        Ok(())
+    }
+
+    async fn abort_baseline(&self) {
+        let mut guard = self.conn.lock().await;
+        if let Some(conn) = guard.as_mut()
+            && conn.in_tx
+        {
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            conn.in_tx = false;
+        }
+    }
+
+    async fn apply(&self, c: &ChangeEvent) -> anyhow::Result<()> {
+        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let change = Change {
+            action: c.action,
+            key: String::new(),
+            old: c.old.clone(),
+            new: c.new.clone(),
+        };
+        let mut p = self.pending.lock().expect("lock");
+        match c.action {
+            Action::Truncate => {
+                p.ops.clear();
+                p.truncated = true;
+            }
+            Action::Delete => {
+                if let Some(old) = c.old.as_ref().or(c.new.as_ref()) {
+                    p.ops
+                        .insert(change_identity(&change, &key_fields), (false, old.clone()));
+                }
+            }
+            Action::Insert | Action::Update => {
+                let Some(new) = &c.new else { return Ok(()) };
+                let id = change_identity(&change, &key_fields);
+                if c.action == Action::Update
+                    && let Some(old) = &c.old
+                    && let Some(old_id) = row_identity(old, &key_fields)
+                    && old_id != id
+                {
+                    p.ops.insert(old_id, (false, old.clone()));
+                }
+                p.ops.insert(id, (true, new.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn discard_pending(&self) {
+        *self.pending.lock().expect("lock") = Pending::default();
+    }
+
+    async fn checkpoint(&self, position: &str) -> anyhow::Result<()> {
+        let st = self.statements()?;
+        let (truncated, upserts, deletes) = {
+            let p = self.pending.lock().expect("lock");
+            let ups: Vec<Row> = p
+                .ops
+                .values()
+                .filter(|(u, _)| *u)
+                .map(|(_, r)| r.clone())
+                .collect();
+            let dels: Vec<Row> = p
+                .ops
+                .values()
+                .filter(|(u, _)| !*u)
+                .map(|(_, r)| r.clone())
+                .collect();
+            (p.truncated, ups, dels)
+        };
+        let guard = self.conn().await?;
+        let client = &guard.as_ref().expect("connected").client;
+        client.batch_execute("BEGIN").await?;
+        let result = async {
+            if truncated {
+                client.batch_execute(&st.truncate).await?;
+            }
+            let dels: Vec<&Row> = deletes.iter().collect();
+            self.upsert_rows(client, &st, &dels, &st.delete).await?;
+            let ups: Vec<&Row> = upserts.iter().collect();
+            self.upsert_rows(client, &st, &ups, &st.upsert).await?;
+            self.write_checkpoint(client, &st, position).await?;
+            client.batch_execute("COMMIT").await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e.context(format!(
+                "postgres target {}: applying changes up to {position}",
+                self.table
+            )));
+        }
+        *self.pending.lock().expect("lock") = Pending::default();
+        self.count(client).await;
+        Ok(())
+    }
+
+    fn row_count(&self) -> Option<u64> {
+        u64::try_from(self.rows.load(std::sync::atomic::Ordering::SeqCst)).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_map_back_to_sql() {
+        assert_eq!(sql_type("int8"), "int8");
+        assert_eq!(sql_type("_text"), "text[]");
+        assert_eq!(sql_type(""), "jsonb");
+        assert_eq!(sql_type("my_enum"), "text");
+        assert_eq!(sql_type("timestamptz"), "timestamptz");
+        let cols = vec![
+            ColumnDefinition {
+                name: "id".into(),
+                type_name: "int8".into(),
+                ordinal_position: 1,
+                ..Default::default()
+            },
+            ColumnDefinition {
+                name: "tags".into(),
+                type_name: "_text".into(),
+                nullable: true,
+                ordinal_position: 2,
+                ..Default::default()
+            },
+        ];
+        assert_eq!(
+            create_table_sql(&TableId::new("public", "e\"v"), &cols, &["id".into()]),
+            r#"CREATE TABLE IF NOT EXISTS "public"."e""v" ("id" int8 NOT NULL, "tags" text[], PRIMARY KEY ("id"))"#
+        );
+    }
+}
