@@ -206,7 +206,7 @@ tables:
             .flush(&format!("0/{:08X}", 0x2000_0000 + i as u64))
             .await
             .unwrap();
-        assert!(matches!(out, FlushOutcome::Diff(_)), "{out:?}");
+        assert!(matches!(out, FlushOutcome::Diff { .. }), "{out:?}");
         let committed = Instant::now();
         let path = format!("/tables/public.events/row?id={id}");
         loop {
