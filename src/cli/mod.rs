@@ -1,8 +1,8 @@
 //! The `larch` command line: argument parsing, wiring, exit codes.
 
 pub mod archive;
-pub mod export;
 pub mod engine;
+pub mod export;
 
 use clap::{Args, Parser, Subcommand};
 
