@@ -4,4 +4,5 @@
 pub mod archive;
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod source;

@@ -52,6 +52,44 @@ pub struct ExportArgs {
     /// existing publication must publish exactly this table.
     #[arg(long)]
     pub publication: Option<String>,
+    /// Slot mode: `persistent` (survives restarts; the default with --follow) or `temporary`
+    /// (dropped with the connection; the default for a one-shot export).
+    #[arg(long, value_parser = ["persistent", "temporary"])]
+    pub slot_mode: Option<String>,
+    /// Keep exporting: a snapshot, then diffs every --diff-interval until SIGTERM/SIGINT.
+    #[arg(long)]
+    pub follow: bool,
+    /// How often buffered changes are written as a diff (--follow).
+    #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
+    pub diff_interval: std::time::Duration,
+    /// Never re-base sooner than this after the last snapshot.
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub min_interval: Option<std::time::Duration>,
+    /// Re-base when the last snapshot is older than this (also on an idle table).
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub max_interval: Option<std::time::Duration>,
+    /// Re-base when a diff reaches this many bytes.
+    #[arg(long)]
+    pub max_diff_bytes: Option<u64>,
+    /// Re-base when a diff reaches this fraction of the last snapshot's size.
+    #[arg(long)]
+    pub max_diff_fraction: Option<f64>,
+    /// Re-base after this many changes since the last snapshot.
+    #[arg(long)]
+    pub max_churn_records: Option<u64>,
+    /// Re-base after changes amounting to this fraction of the table's rows.
+    #[arg(long)]
+    pub max_churn_fraction: Option<f64>,
+    /// Keep this many newest epochs; objects of older ones are deleted (0: keep all).
+    #[arg(long, default_value_t = 0)]
+    pub keep_epochs: u32,
+    /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: String,
+}
+
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    crate::engine::config::parse_duration(s)
 }
 
 /// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
@@ -97,8 +135,25 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let store = args.store.spec().open().await?;
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
-    config.slot_mode = SlotMode::Temporary;
+    config.slot_mode = match args.slot_mode.as_deref() {
+        Some("persistent") => SlotMode::Persistent,
+        Some(_) => SlotMode::Temporary,
+        None if args.follow => SlotMode::Persistent,
+        None => SlotMode::Temporary,
+    };
     config.key_fields = key_fields.clone();
+    if args.follow {
+        return follow(
+            &args,
+            config,
+            table,
+            store,
+            &key_prefix,
+            formats,
+            key_fields,
+        )
+        .await;
+    }
     let source = PostgresSource::new(config);
     let result = export(&source, &table, store, &key_prefix, formats, key_fields).await;
     source.close().await;
@@ -189,4 +244,64 @@ async fn export(
         artifact.row_count,
         artifact.epoch,
     ))
+}
+
+/// `--follow`: a continuous export until SIGTERM/SIGINT, then a final diff and exit 0.
+async fn follow(
+    args: &ExportArgs,
+    config: PostgresConfig,
+    table: TableId,
+    store: std::sync::Arc<dyn crate::archive::store::Store>,
+    key_prefix: &str,
+    formats: Vec<crate::archive::format::Format>,
+    key_fields: Vec<String>,
+) -> anyhow::Result<i32> {
+    use crate::archive::policy::Policy;
+    use crate::export::continuous::{ContinuousExport, Shared, serve};
+    super::init_tracing();
+    let policy = Policy {
+        diff_interval: args.diff_interval,
+        min_interval: args.min_interval.unwrap_or_default(),
+        max_interval: args.max_interval.unwrap_or_default(),
+        max_diff_bytes: args.max_diff_bytes.unwrap_or(0),
+        max_diff_fraction: args.max_diff_fraction.unwrap_or(0.0),
+        max_churn_records: args.max_churn_records.unwrap_or(0),
+        max_churn_fraction: args.max_churn_fraction.unwrap_or(0.0),
+    };
+    policy.validate().map_err(|e| anyhow!("policy: {e}"))?;
+    let mut wc = WriterConfig::new(table.to_string(), key_prefix);
+    wc.key_fields = key_fields;
+    wc.snapshot_formats = formats.clone();
+    wc.diff_formats = formats;
+    wc.policy = policy;
+    wc.keep_epochs = args.keep_epochs;
+    let writer = ArchiveWriter::open(vec![store], wc).await?;
+    let shared = Shared::new(&table);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let addr = serve(&args.listen, shared.clone(), stop_rx.clone()).await?;
+    eprintln!(
+        "larch export: following {table} into {key_prefix} every {:?} (status on http://{addr}); SIGTERM or Ctrl-C stops after a final diff",
+        args.diff_interval
+    );
+    let source = std::sync::Arc::new(PostgresSource::new(config));
+    let export = ContinuousExport {
+        source: source.clone(),
+        table,
+        writer,
+        diff_interval: args.diff_interval,
+        shared,
+    };
+    let mut run = tokio::spawn(export.run(stop_rx));
+    tokio::select! {
+        r = &mut run => {
+            stop_tx.send_replace(true);
+            r.map_err(|e| anyhow!("export task: {e}"))??;
+            return Err(anyhow!("the continuous export stopped by itself"));
+        }
+        () = crate::engine::wait_for_signal() => {}
+    }
+    // Stop: the export flushes a final diff and acknowledges it before we exit.
+    stop_tx.send_replace(true);
+    run.await.map_err(|e| anyhow!("export task: {e}"))??;
+    Ok(0)
 }

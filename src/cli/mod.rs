@@ -26,7 +26,7 @@ pub enum Command {
     #[command(subcommand)]
     Archive(archive::ArchiveCommand),
     /// Export a PostgreSQL table into an archive (one base snapshot, a new epoch).
-    Export(export::ExportArgs),
+    Export(Box<export::ExportArgs>),
     /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
     Engine(engine::EngineArgs),
 }
@@ -106,7 +106,7 @@ pub fn main() -> i32 {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Archive(c) => archive::run(c).await,
-            Command::Export(a) => export::run(a).await,
+            Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
         }
     });

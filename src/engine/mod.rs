@@ -215,7 +215,8 @@ pub async fn run(config: &EngineConfig, listen: &str) -> anyhow::Result<()> {
     engine.stop().await
 }
 
-async fn wait_for_signal() {
+/// Resolves on SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

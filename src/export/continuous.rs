@@ -1,0 +1,514 @@
+//! Continuous export (laredo's `archive export --follow` and `laredo-snapshotter`): a base
+//! snapshot, then the source's changes collapsed into diffs every `diff_interval`, re-based by
+//! the policy, acknowledged to PostgreSQL only once the diff holding them is committed.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use chrono::{DateTime, Utc};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::archive::error::ArchiveError;
+use crate::archive::manifest::format_time;
+use crate::archive::model::TableId;
+use crate::archive::plan::plan_head;
+use crate::archive::position::{compare, same};
+use crate::archive::value::Row;
+use crate::archive::writer::{ArchiveWriter, FlushOutcome};
+use crate::source::postgres::PostgresSource;
+use crate::source::{SourceError, SourceEvent, SyncSource};
+
+/// What `/status` shows.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExportStatus {
+    pub table: String,
+    pub state: String,
+    pub epoch: i64,
+    pub head_position: String,
+    pub buffer_depth: usize,
+    pub churn_records: u64,
+    pub last_snapshot_at: Option<String>,
+    pub last_diff_at: Option<String>,
+    pub snapshots: u64,
+    pub diffs: u64,
+    pub last_error: Option<String>,
+}
+
+/// Metrics with laredo-snapshotter's names where it has them.
+pub struct ExportMetrics {
+    pub registry: Registry,
+    epoch: IntGaugeVec,
+    buffer_depth: IntGaugeVec,
+    churn: IntGaugeVec,
+    snapshot_age: prometheus::GaugeVec,
+    artifacts: IntCounterVec,
+    errors: IntCounterVec,
+    commit_lag: HistogramVec,
+}
+
+impl ExportMetrics {
+    fn new() -> ExportMetrics {
+        let registry = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["table"]).expect("metric");
+            registry.register(Box::new(g.clone())).expect("register");
+            g
+        };
+        let epoch = gauge("snapshotter_epoch", "Current archive epoch.");
+        let buffer_depth = gauge(
+            "snapshotter_buffer_depth",
+            "Collapsed changes waiting for the next diff.",
+        );
+        let churn = gauge(
+            "snapshotter_churn_records",
+            "Changes received since the last snapshot.",
+        );
+        let snapshot_age = prometheus::GaugeVec::new(
+            Opts::new(
+                "snapshotter_snapshot_age_seconds",
+                "Seconds since the last snapshot.",
+            ),
+            &["table"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(snapshot_age.clone()))
+            .expect("register");
+        let artifacts = IntCounterVec::new(
+            Opts::new(
+                "larch_export_artifacts_total",
+                "Artifacts committed, by kind and reason.",
+            ),
+            &["table", "kind", "reason"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(artifacts.clone()))
+            .expect("register");
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "larch_export_errors_total",
+                "Failed flushes and snapshots, by stage.",
+            ),
+            &["table", "stage"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(errors.clone()))
+            .expect("register");
+        let commit_lag = HistogramVec::new(
+            HistogramOpts::new("larch_export_commit_lag_seconds", "From a transaction's commit in PostgreSQL to the archive commit of the diff holding it.")
+                .buckets(vec![0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0]),
+            &["table"],
+        )
+        .expect("metric");
+        registry
+            .register(Box::new(commit_lag.clone()))
+            .expect("register");
+        ExportMetrics {
+            registry,
+            epoch,
+            buffer_depth,
+            churn,
+            snapshot_age,
+            artifacts,
+            errors,
+            commit_lag,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding");
+        String::from_utf8(out).expect("utf-8")
+    }
+}
+
+/// State shared with the HTTP listener.
+pub struct Shared {
+    pub status: Mutex<ExportStatus>,
+    pub ready: watch::Sender<bool>,
+    pub metrics: ExportMetrics,
+    last_snapshot: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    pub fn new(table: &TableId) -> Arc<Shared> {
+        let (ready, _) = watch::channel(false);
+        Arc::new(Shared {
+            status: Mutex::new(ExportStatus {
+                table: table.to_string(),
+                state: "STARTING".into(),
+                ..Default::default()
+            }),
+            ready,
+            metrics: ExportMetrics::new(),
+            last_snapshot: Mutex::new(None),
+        })
+    }
+
+    pub fn status(&self) -> ExportStatus {
+        let mut s = self.status.lock().expect("lock").clone();
+        let _ = &mut s;
+        s
+    }
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/health/live",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/health/ready", get(ready))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+}
+
+async fn ready(State(s): State<Arc<Shared>>) -> Response {
+    if *s.ready.borrow() {
+        axum::Json(serde_json::json!({"ready": true})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"ready": false})),
+        )
+            .into_response()
+    }
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(s.status()).into_response()
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    if let Some(t) = *s.last_snapshot.lock().expect("lock") {
+        let table = s.status.lock().expect("lock").table.clone();
+        s.metrics
+            .snapshot_age
+            .with_label_values(&[&table])
+            .set(t.elapsed().as_secs_f64());
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Serves the HTTP endpoints on `listen` until `shutdown` flips.
+pub async fn serve(
+    listen: &str,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("--listen {listen}"))?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router(shared))
+            .with_graceful_shutdown(async move { stopped(&mut shutdown).await })
+            .await;
+    });
+    Ok(addr)
+}
+
+/// A continuous export of one table.
+pub struct ContinuousExport {
+    pub source: Arc<PostgresSource>,
+    pub table: TableId,
+    pub writer: ArchiveWriter,
+    pub diff_interval: Duration,
+    pub shared: Arc<Shared>,
+}
+
+impl ContinuousExport {
+    fn publish(&self, state: &str) {
+        let table = self.table.to_string();
+        let m = &self.shared.metrics;
+        m.epoch
+            .with_label_values(&[&table])
+            .set(self.writer.epoch());
+        m.buffer_depth
+            .with_label_values(&[&table])
+            .set(self.writer.buffer_depth() as i64);
+        m.churn
+            .with_label_values(&[&table])
+            .set(self.writer.churn() as i64);
+        let mut s = self.shared.status.lock().expect("lock");
+        s.state = state.to_string();
+        s.epoch = self.writer.epoch();
+        s.head_position = self.writer.head().to_string();
+        s.buffer_depth = self.writer.buffer_depth();
+        s.churn_records = self.writer.churn();
+    }
+
+    fn note_snapshot(&self, reason: &str) {
+        let table = self.table.to_string();
+        self.shared
+            .metrics
+            .artifacts
+            .with_label_values(&[&table, "snapshot", reason])
+            .inc();
+        *self.shared.last_snapshot.lock().expect("lock") = Some(Instant::now());
+        let mut s = self.shared.status.lock().expect("lock");
+        s.snapshots += 1;
+        s.last_snapshot_at = Some(format_time(&Utc::now().fixed_offset()));
+    }
+
+    /// A new baseline from PostgreSQL written as a snapshot at a new epoch; returns its position.
+    async fn baseline(&mut self) -> anyhow::Result<String> {
+        let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
+        let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
+        let (pos_tx, pos_rx) = oneshot::channel::<String>();
+        let (verdict_tx, verdict_rx) = oneshot::channel();
+        let source = self.source.clone();
+        let tables = [self.table.clone()];
+        tokio::spawn(async move {
+            let forward = async {
+                while let Some((_, row)) = src_rx.recv().await {
+                    if row_tx.send(row).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let (result, ()) = tokio::join!(
+                source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
+                forward
+            );
+            let _ = verdict_tx.send(
+                result
+                    .map(|_| ())
+                    .map_err(|e| ArchiveError::Invalid(format!("baseline failed: {e}"))),
+            );
+        });
+        let position = pos_rx
+            .await
+            .map_err(|_| anyhow!("the baseline ended before it had a position"))?;
+        let artifact = self
+            .writer
+            .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
+            .await?;
+        tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, "baseline snapshot committed");
+        self.note_snapshot("baseline");
+        Ok(position)
+    }
+
+    /// Runs until `shutdown` flips; then flushes a final diff and returns.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
+        self.writer
+            .set_columns(schemas.get(&self.table).cloned().unwrap_or_default());
+        let acked = self.source.last_acked_position().await?;
+        let manifest = self.writer.manifest();
+        let chain_ok =
+            manifest.epoch > 0 && same(&plan_head(manifest).head_position, &manifest.head_position);
+        // Resume only when the slot survived and the archive's chain reaches its head; the
+        // stream may then re-deliver changes the archive already holds (committed, not yet
+        // acknowledged): they are skipped by position.
+        let (mut from, mut skip_through) = match acked {
+            Some(a) if self.source.supports_resume() && chain_ok => {
+                tracing::info!(slot_position = %a, head = %self.writer.head(), "resuming from the persistent slot");
+                (a, Some(self.writer.head().to_string()))
+            }
+            _ => (self.baseline().await?, None),
+        };
+        self.shared.ready.send_replace(true);
+        self.publish("STREAMING");
+        let mut tick = tokio::time::interval(self.diff_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_position = String::new();
+        let mut commit_times: Vec<DateTime<Utc>> = Vec::new();
+        loop {
+            let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+            let source = self.source.clone();
+            let start = from.clone();
+            let mut stream = tokio::spawn(async move { source.stream(&start, tx).await });
+            // Changes of the transaction being received: they reach the writer only with its
+            // commit (the checkpoint), so a diff never holds part of a transaction.
+            let mut open_txn: Vec<crate::source::ChangeEvent> = Vec::new();
+            let mut stream_result = None;
+            let stop = loop {
+                tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Some(ev) => self.accept(ev, &mut open_txn, &mut last_position, &mut commit_times, skip_through.as_deref()),
+                        None => {
+                            stream_result = Some((&mut stream).await.unwrap_or_else(|e| Err(SourceError::Other(anyhow!("stream task: {e}")))));
+                            break false;
+                        }
+                    },
+                    _ = tick.tick() => {
+                        self.flush(&last_position, &mut commit_times).await?;
+                        self.publish("STREAMING");
+                    }
+                    () = stopped(&mut shutdown) => break true,
+                }
+            };
+            if stop {
+                tracing::info!("stopping: final flush");
+                while let Ok(ev) = rx.try_recv() {
+                    self.accept(
+                        ev,
+                        &mut open_txn,
+                        &mut last_position,
+                        &mut commit_times,
+                        skip_through.as_deref(),
+                    );
+                }
+                let result = self.flush(&last_position, &mut commit_times).await;
+                stream.abort();
+                self.source.close().await;
+                self.publish("STOPPED");
+                return result;
+            }
+            // The stream ended by itself.
+            match stream_result.unwrap_or(Ok(())) {
+                Err(SourceError::ReBaselineRequired(why)) => {
+                    tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
+                    self.flush(&last_position, &mut commit_times).await?;
+                    from = self.baseline().await?;
+                    skip_through = None;
+                    self.publish("STREAMING");
+                }
+                Err(e) => return Err(anyhow!(e).context("replication stream failed")),
+                Ok(()) => return Err(anyhow!("the replication stream ended unexpectedly")),
+            }
+        }
+    }
+
+    /// Takes one event: changes wait in `open_txn` until their transaction's checkpoint.
+    fn accept(
+        &mut self,
+        ev: SourceEvent,
+        open_txn: &mut Vec<crate::source::ChangeEvent>,
+        last_position: &mut String,
+        commit_times: &mut Vec<DateTime<Utc>>,
+        skip_through: Option<&str>,
+    ) {
+        match ev {
+            SourceEvent::Change(c) => open_txn.push(c),
+            SourceEvent::Checkpoint { position } => {
+                let already = skip_through
+                    .is_some_and(|s| compare(&position, s) != std::cmp::Ordering::Greater);
+                for c in open_txn.drain(..) {
+                    if already {
+                        continue;
+                    }
+                    if let Some(t) = c.commit_time {
+                        commit_times.push(t);
+                    }
+                    self.writer.record(c.action, c.old, c.new);
+                }
+                if !already && crate::archive::position::is_valid(&position) {
+                    *last_position = position;
+                }
+            }
+        }
+    }
+
+    /// Flushes buffered changes into a diff (acknowledging them to PostgreSQL once committed),
+    /// then compacts when the policy asks. A storage error keeps the buffer for the next tick;
+    /// losing the manifest compare-and-swap is fatal (another writer owns the prefix).
+    async fn flush(
+        &mut self,
+        last_position: &str,
+        commit_times: &mut Vec<DateTime<Utc>>,
+    ) -> anyhow::Result<()> {
+        let table = self.table.to_string();
+        let to = if last_position.is_empty() {
+            self.writer.head().to_string()
+        } else {
+            last_position.to_string()
+        };
+        let outcome = match self.writer.flush(&to).await {
+            Ok(o) => o,
+            Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
+            Err(e) => {
+                self.shared
+                    .metrics
+                    .errors
+                    .with_label_values(&[&table, "diff"])
+                    .inc();
+                self.shared.status.lock().expect("lock").last_error = Some(e.to_string());
+                tracing::warn!(error = %e, "flush failed; the changes stay buffered for the next interval");
+                return Ok(());
+            }
+        };
+        let rebase = match outcome {
+            FlushOutcome::Idle => {
+                // Transactions without changes to this table still move the slot along.
+                if !last_position.is_empty()
+                    && let Err(e) = self.source.ack(last_position).await
+                {
+                    tracing::warn!(error = %e, "could not acknowledge an idle position");
+                }
+                None
+            }
+            FlushOutcome::SnapshotNeeded(trigger) => Some(trigger),
+            FlushOutcome::Diff { artifact, rebase } => {
+                let now = Utc::now();
+                for t in commit_times.drain(..) {
+                    let lag = (now - t).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+                    self.shared
+                        .metrics
+                        .commit_lag
+                        .with_label_values(&[&table])
+                        .observe(lag);
+                }
+                self.shared
+                    .metrics
+                    .artifacts
+                    .with_label_values(&[&table, "diff", "interval"])
+                    .inc();
+                {
+                    let mut s = self.shared.status.lock().expect("lock");
+                    s.diffs += 1;
+                    s.last_diff_at = Some(format_time(&now.fixed_offset()));
+                    s.last_error = None;
+                }
+                if let Err(e) = self.source.ack(&artifact.to_position).await {
+                    tracing::warn!(error = %e, "could not acknowledge the committed diff");
+                }
+                rebase
+            }
+        };
+        if let Some(trigger) = rebase {
+            tracing::info!(trigger, "re-base policy fired: compacting a new snapshot");
+            match self.writer.compact().await {
+                Ok(_) => self.note_snapshot(trigger),
+                Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
+                Err(e) => {
+                    self.shared
+                        .metrics
+                        .errors
+                        .with_label_values(&[&table, "snapshot"])
+                        .inc();
+                    tracing::warn!(error = %e, "compaction failed; retrying at a later interval");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resolves once the shutdown flag is set (no guard is held across awaits).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
