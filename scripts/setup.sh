@@ -9,6 +9,11 @@ apt_packages=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || apt_packages+=(postgresql-15)
 command -v pkg-config >/dev/null || apt_packages+=(pkg-config)
 command -v cc >/dev/null || apt_packages+=(build-essential)
+command -v openssl >/dev/null || apt_packages+=(openssl)
+command -v unshare >/dev/null || apt_packages+=(util-linux)
+[ -x /usr/bin/time ] || apt_packages+=(time)
+command -v bc >/dev/null || apt_packages+=(bc)
+command -v curl >/dev/null || apt_packages+=(curl)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   echo "setup: installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
