@@ -9,7 +9,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rows=${1:-1000000}
 load_seconds=${2:-30}
-work=$(mktemp -d)
+work=$(mktemp -d); chmod 755 "$work"
 port=${LARCH_BENCH_PG_PORT:-55433}
 larch=${LARCH_BIN:-$here/target/release/larch}
 [ -x "$larch" ] || { echo "build it first: cargo build --release" >&2; exit 1; }
@@ -51,7 +51,7 @@ cat > "$work/update.sql" <<'SQL'
 \set id random(1, :rows)
 UPDATE public.events SET amount = amount + 1 WHERE id = :id;
 SQL
-pgbench -n -q -c 2 -T "$load_seconds" -R 200 -D rows="$rows" -f "$work/update.sql" postgres 2>&1 | grep -E "tps|latency average" || true
+pgbench -n -c 2 -T "$load_seconds" -R 200 -D rows="$rows" -f "$work/update.sql" postgres 2>&1 | grep -E "tps|latency average|error" || true
 sleep 3
 curl -s "http://$addr/metrics" > "$work/metrics"
 python3 - "$work/metrics" <<'PY'
