@@ -5,4 +5,5 @@ pub mod archive;
 pub mod cli;
 pub mod engine;
 pub mod export;
+pub mod operator;
 pub mod source;

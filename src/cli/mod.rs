@@ -29,6 +29,8 @@ pub enum Command {
     Export(Box<export::ExportArgs>),
     /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
     Engine(engine::EngineArgs),
+    /// Print the operator's CustomResourceDefinitions (multi-document YAML).
+    Crd,
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -108,6 +110,7 @@ pub fn main() -> i32 {
             Command::Archive(c) => archive::run(c).await,
             Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
+            Command::Crd => Ok(crate::operator::cli::crd()),
         }
     });
     match result {

@@ -1,0 +1,325 @@
+//! `ArchiveExport`: PostgreSQL table(s) → an archive, as a Job (OneShot), a CronJob (OneShot with
+//! a schedule) or a Deployment (Continuous).
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema};
+
+/// Annotation requesting a new OneShot run: set it to a new value (any token, e.g. a timestamp).
+pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
+
+/// Desired state of an ArchiveExport.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "larch.dev",
+    version = "v1alpha1",
+    kind = "ArchiveExport",
+    namespaced,
+    status = "ArchiveExportStatus",
+    shortname = "aexp",
+    category = "archives",
+    doc = "Exports PostgreSQL tables into a laredo-compatible archive (S3 or a volume).",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Last Export", type_ = "date", json_path = ".status.lastExport.time"),
+    printcolumn(name = "Position", type_ = "string", json_path = ".status.lastExport.position"),
+    printcolumn(name = "Rows", type_ = "integer", json_path = ".status.lastExport.rowCount", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 40").message("name must be at most 40 characters (child names append a suffix)"),
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.schedule) || self.mode == 'OneShot'").message("schedule applies only to mode OneShot"),
+    validation = Rule::new("!has(self.continuous) || self.mode == 'Continuous'").message("continuous applies only to mode Continuous"),
+)]
+pub struct ArchiveExportSpec {
+    /// The PostgreSQL table(s) to export.
+    pub source: ExportSource,
+    /// Where the archive is written.
+    pub destination: Location,
+    /// Key prefix of the archive inside the store (default: `<schema>.<table>/`). With `tables`,
+    /// each table is written under `<keyPrefix><schema>.<table>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub key_prefix: Option<String>,
+    /// Archive format written (default: the exporter's, jsonl).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<Format>,
+    /// `OneShot` (a Job, or a CronJob with `schedule`) or `Continuous` (a Deployment).
+    pub mode: ExportMode,
+    /// Run OneShot exports on a schedule (a CronJob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+    /// Policy of the Continuous writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuous: Option<ContinuousPolicy>,
+    /// Stop creating runs (OneShot), suspend the CronJob, or scale the writer to zero (Continuous).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    /// Service account of the export pods (for workload identity to S3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// Resources of the export container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<super::common_pod::Resources>,
+    /// Pod placement and metadata overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<super::common_pod::PodOverrides>,
+    /// Seconds a finished OneShot Job is kept before Kubernetes removes it (default 86400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 31536000))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// Retries of a failed export pod (Job backoffLimit, default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 20))]
+    pub backoff_limit: Option<i32>,
+}
+
+/// How the export runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ExportMode {
+    OneShot,
+    Continuous,
+}
+
+/// Replication slot lifetime.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SlotMode {
+    Persistent,
+    Temporary,
+}
+
+impl SlotMode {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            SlotMode::Persistent => "persistent",
+            SlotMode::Temporary => "temporary",
+        }
+    }
+}
+
+/// The PostgreSQL side of an export.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.table) != has(self.tables)").message("set exactly one of table or tables"),
+    validation = Rule::new("!has(self.tables) || (!has(self.slotName) && !has(self.publicationName))").message("slotName and publicationName apply to a single table; with tables each export derives its own"),
+    validation = Rule::new("has(self.table) == has(oldSelf.table) && (!has(self.table) || self.table == oldSelf.table) && has(self.tables) == has(oldSelf.tables) && (!has(self.tables) || self.tables == oldSelf.tables)").message("the exported table(s) are immutable: create a new ArchiveExport"),
+)]
+pub struct ExportSource {
+    /// Secret key holding the PostgreSQL connection string (DSN). Mounted as a file, never logged.
+    pub connection_secret_ref: SecretKeyRef,
+    /// The table to export.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<TableRef>,
+    /// Several tables: one Job (or CronJob, or Deployment) per table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u == t))").message("tables must be distinct"))]
+    pub tables: Option<Vec<TableRef>>,
+    /// Key fields identifying a row (default: the primary key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub key_fields: Option<Vec<String>>,
+    /// Name of the logical replication slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9_]+$"))]
+    pub slot_name: Option<String>,
+    /// Slot lifetime (`Persistent` or `Temporary`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_mode: Option<SlotMode>,
+    /// Name of the publication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub publication_name: Option<String>,
+}
+
+impl ExportSource {
+    /// The exported tables, in spec order.
+    pub fn all_tables(&self) -> Vec<TableRef> {
+        match (&self.table, &self.tables) {
+            (Some(t), _) => vec![t.clone()],
+            (None, Some(ts)) => ts.clone(),
+            (None, None) => vec![],
+        }
+    }
+}
+
+/// Concurrency of scheduled runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConcurrencyPolicy {
+    Forbid,
+    Replace,
+}
+
+/// A schedule of OneShot exports (a CronJob).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Schedule {
+    /// Standard 5-field cron expression (`0 2 * * *`) or a macro (`@daily`).
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^ ]+( +[^ ]+){4})$')").message("cron must have 5 fields (minute hour day-of-month month day-of-week) or be a macro such as @daily"),
+        validation = Rule::new("!self.contains('TZ=')").message("set the time zone with timeZone, not in cron"),
+    )]
+    pub cron: String,
+    /// IANA time zone of the schedule (e.g. `Europe/Berlin`; default: the controller manager's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+    /// Suspend the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    /// `Forbid` (default) skips a run while the previous one is still going; `Replace` stops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_policy: Option<ConcurrencyPolicy>,
+    /// Finished Jobs kept (default 3 successful, 3 failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub successful_jobs_history_limit: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub failed_jobs_history_limit: Option<i32>,
+}
+
+const DURATION: &str = r"^[0-9]+(ms|s|m|h)$";
+const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
+
+/// Policy knobs of a Continuous export (passed to `larch export --follow`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContinuousPolicy {
+    /// How often buffered changes are written as a diff (default `30s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), pattern(DURATION))]
+    pub diff_interval: Option<String>,
+    /// Never write diffs more often than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), pattern(DURATION))]
+    pub min_interval: Option<String>,
+    /// Write a diff at least this often, even if small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), pattern(DURATION))]
+    pub max_interval: Option<String>,
+    /// Write a diff once the buffer reaches this many bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_diff_bytes: Option<i64>,
+    /// Start a new epoch (a fresh snapshot) once diffs reach this fraction of the snapshot (0..1, as a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8), pattern(FRACTION))]
+    pub max_diff_fraction: Option<String>,
+    /// Start a new epoch after this many changed records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_churn_records: Option<i64>,
+    /// Start a new epoch once changed records reach this fraction of the table (0..1, as a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8), pattern(FRACTION))]
+    pub max_churn_fraction: Option<String>,
+    /// Epochs kept in the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep_epochs: Option<i32>,
+}
+
+/// Observed state of an ArchiveExport.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveExportStatus {
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Reconciling`, `Stalled`, `LastExportSucceeded`.
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The current (or last) OneShot run; recorded when its Jobs are created, so a Job removed by
+    /// its TTL is never run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunStatus>,
+    /// The most recent successful export (any table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_export: Option<ExportSummary>,
+    /// The last successful export of each table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub tables: Vec<ExportSummary>,
+    /// Continuous writers as reported by their `/status` endpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub writers: Vec<WriterStatus>,
+}
+
+/// A OneShot run.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStatus {
+    /// Identity of the run: a hash of the spec and the run-requested token.
+    #[schemars(length(max = 16))]
+    pub id: String,
+    /// The `larch.dev/run-requested` token that requested it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub token: Option<String>,
+    /// When the run's Jobs were created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub start_time: Option<String>,
+    /// When every Job of the run finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub completion_time: Option<String>,
+    /// Whether every Job succeeded (set once finished).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeded: Option<bool>,
+}
+
+/// The summary a OneShot export writes to its termination message.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportSummary {
+    /// `schema.table`
+    #[schemars(length(max = 128))]
+    pub table: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub key_prefix: Option<String>,
+    /// Source position (LSN) the export is consistent at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub position: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_count: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    /// When the export finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub time: Option<String>,
+    /// The pod that reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub pod: Option<String>,
+}
+
+/// A Continuous writer's `/status`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WriterStatus {
+    #[schemars(length(max = 128))]
+    pub table: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub head_position: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_depth: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub last_snapshot_at: Option<String>,
+}

@@ -1,0 +1,244 @@
+//! `ArchiveSource`: an archive replayed into a live engine (`larch engine`) running as a
+//! StatefulSet, with a ConfigMap (the engine config) and a Service.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema};
+use super::common_pod::{PodOverrides, Resources};
+
+/// Desired state of an ArchiveSource.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "larch.dev",
+    version = "v1alpha1",
+    kind = "ArchiveSource",
+    namespaced,
+    status = "ArchiveSourceStatus",
+    shortname = "asrc",
+    category = "archives",
+    doc = "Replays a laredo-compatible archive into a live engine (in-memory tables or PostgreSQL).",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Position", type_ = "string", json_path = ".status.position"),
+    printcolumn(name = "Lag", type_ = "string", json_path = ".status.lag"),
+    printcolumn(name = "Rebaselines", type_ = "integer", json_path = ".status.rebaselines.total"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.readyReplicas", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    selectable = ".spec.archive.exportRef.name",
+    validation = Rule::new("size(self.metadata.name) <= 40").message("name must be at most 40 characters (child names append a suffix)"),
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.table) || !has(self.tables)").message("set at most one of table or tables"),
+    validation = Rule::new("has(self.archive.exportRef) || has(self.table) || has(self.tables)").message("with an explicit location, set table or tables"),
+    validation = Rule::new("has(self.state) == has(oldSelf.state) && (!has(self.state) || self.state == oldSelf.state)").message("state is immutable (StatefulSet volumeClaimTemplates)"),
+)]
+pub struct ArchiveSourceSpec {
+    /// The archive to replay.
+    pub archive: ArchiveRef,
+    /// The table (default with exportRef: the export's table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<TableRef>,
+    /// Several tables read as one group from the archive's key prefix (default with exportRef: the
+    /// export's tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub tables: Option<Vec<TableRef>>,
+    /// Key fields identifying a row (default with exportRef: the export's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub key_fields: Option<Vec<String>>,
+    /// Keep polling the archive for new diffs (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<bool>,
+    /// How often the archive is polled when following (e.g. `5s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), pattern(r"^[0-9]+(ms|s|m|h)$"))]
+    pub poll_interval: Option<String>,
+    /// Where rows go.
+    pub target: Target,
+    /// Resume state on a PersistentVolumeClaim per replica; without it, replicas start from the
+    /// latest snapshot after every restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateVolume>,
+    /// Engine replicas (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub replicas: Option<i32>,
+    /// Re-baseline alerting thresholds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebaseline: Option<RebaselinePolicy>,
+    /// Scale the engine to zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend: Option<bool>,
+    /// Service account of the engine pods (for workload identity to S3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// Resources of the engine container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    /// Pod placement and metadata overrides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodOverrides>,
+}
+
+/// The archive: an ArchiveExport of this namespace, or an explicit location.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.exportRef) != (has(self.s3) || has(self.volume))").message("set exactly one of exportRef or a location (s3 or volume)"),
+    validation = Rule::new("!(has(self.s3) && has(self.volume))").message("set at most one of s3 or volume"),
+    validation = Rule::new("!has(self.volume) || has(self.volume.claimName)").message("an archive volume must name an existing claim (claimName)"),
+    validation = Rule::new("!has(self.exportRef) || (!has(self.keyPrefix) && !has(self.formats))").message("with exportRef, keyPrefix and formats come from the ArchiveExport"),
+)]
+pub struct ArchiveRef {
+    /// An ArchiveExport in the same namespace: location, key prefix and format are taken from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export_ref: Option<ExportRef>,
+    /// An S3 bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<super::common::S3Location>,
+    /// An existing PersistentVolumeClaim (local store), mounted read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<super::common::VolumeLocation>,
+    /// Key prefix of the archive (with `tables`: the prefix holding `<schema>.<table>/` archives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub key_prefix: Option<String>,
+    /// Formats to read, tried in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2))]
+    pub formats: Option<Vec<Format>>,
+}
+
+impl ArchiveRef {
+    /// The explicit location, if any.
+    pub fn location(&self) -> Option<Location> {
+        if self.s3.is_none() && self.volume.is_none() {
+            return None;
+        }
+        Some(Location {
+            s3: self.s3.clone(),
+            volume: self.volume.clone(),
+        })
+    }
+}
+
+/// A reference to an ArchiveExport in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Where the engine writes rows: exactly one of memory or postgres.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.memory) != has(self.postgres)").message("set exactly one of memory or postgres"))]
+pub struct Target {
+    /// In-memory tables served over HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryTarget>,
+    /// A PostgreSQL database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres: Option<PostgresTarget>,
+}
+
+/// In-memory target.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryTarget {
+    /// Secondary index fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub index_fields: Option<Vec<String>>,
+}
+
+/// PostgreSQL target.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresTarget {
+    /// Secret key holding the target's connection string (DSN), mounted as a file.
+    pub connection_secret_ref: SecretKeyRef,
+    /// Destination schema (default: the source table's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub schema: Option<String>,
+    /// Destination table (default: the source table's; single table only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub table: Option<String>,
+}
+
+/// Per-replica state volume (StatefulSet volumeClaimTemplates).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StateVolume {
+    /// Size of each replica's claim (e.g. `1Gi`).
+    #[schemars(
+        length(min = 1, max = 32),
+        pattern(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+    )]
+    pub size: String,
+    /// Storage class (cluster default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// Re-baseline thresholds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RebaselinePolicy {
+    /// More re-baselines than this within an hour sets `Degraded=True` (reason FrequentRebaselines). Default 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_per_hour: Option<i32>,
+}
+
+/// Observed state of an ArchiveSource.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveSourceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Reconciling`, `Stalled`, `CaughtUp`, `Rebaselining`, `Degraded`.
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Position applied by the engine (lowest across replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub position: Option<String>,
+    /// Head of the archive as seen by the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub head: Option<String>,
+    /// Replay lag (highest across replicas), e.g. `12s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub lag: Option<String>,
+    /// Rows held by the engine, where reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<i64>,
+    /// Re-baselines observed from `laredo_source_rebaseline_total`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebaselines: Option<RebaselineStatus>,
+}
+
+/// Re-baseline counters.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RebaselineStatus {
+    /// Re-baselines seen since the source was created (sum of increases over all pods).
+    pub total: i64,
+    /// When the last one was observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub last_time: Option<String>,
+}

@@ -1,0 +1,423 @@
+//! CRD tests: the YAML in `crds/` matches the types (regenerate with `LARCH_UPDATE_GOLDEN=1`),
+//! every string, list and map in the schemas is bounded, and the CEL rules accept and reject
+//! what they should (evaluated offline with kube's `cel` feature).
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use super::*;
+
+fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Compares `actual` with the file at `rel`, or rewrites it when `LARCH_UPDATE_GOLDEN` is set.
+pub(crate) fn assert_golden(rel: &str, actual: &str) {
+    let path = repo_path(rel);
+    if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with LARCH_UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} drifted from the code; run `LARCH_UPDATE_GOLDEN=1 cargo test` and review the diff.\n--- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
+}
+
+#[test]
+fn crds_directory_matches_the_types() {
+    for (file, crd) in all() {
+        assert_golden(&format!("crds/{file}"), &to_yaml(&crd));
+    }
+}
+
+#[test]
+fn larch_crd_output_is_every_crd_as_multi_doc_yaml() {
+    let out = all_yaml();
+    let docs: Vec<Value> = out
+        .split("\n---\n")
+        .map(|d| serde_yaml_ng::from_str(d.trim_start_matches("---\n")).unwrap())
+        .collect();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["archiveexports.larch.dev", "archivesources.larch.dev"]
+    );
+    for d in &docs {
+        assert_eq!(d["spec"]["names"]["categories"], json!(["archives"]));
+        assert_eq!(d["spec"]["scope"], "Namespaced");
+        assert_eq!(d["spec"]["versions"][0]["name"], "v1alpha1");
+        assert!(d["spec"]["versions"][0]["subresources"]["status"].is_object());
+    }
+    assert_eq!(docs[0]["spec"]["names"]["shortNames"], json!(["aexp"]));
+    assert_eq!(docs[1]["spec"]["names"]["shortNames"], json!(["asrc"]));
+}
+
+/// Walks a schema and reports every unbounded string, list or map.
+fn unbounded(schema: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(obj) = schema.as_object() else {
+        return;
+    };
+    if obj.contains_key("x-kubernetes-preserve-unknown-fields") && !obj.contains_key("properties") {
+        return; // opaque pass-through objects (affinity) carry no strings the rules can see
+    }
+    match obj.get("type").and_then(Value::as_str) {
+        Some("string") if !obj.contains_key("enum") && !obj.contains_key("maxLength") => {
+            out.push(format!("{path}: string without maxLength"))
+        }
+        Some("array") if !obj.contains_key("maxItems") => {
+            out.push(format!("{path}: array without maxItems"))
+        }
+        Some("object")
+            if obj.contains_key("additionalProperties") && !obj.contains_key("maxProperties") =>
+        {
+            out.push(format!("{path}: map without maxProperties"))
+        }
+        _ => {}
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            unbounded(v, &format!("{path}.{k}"), out);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(v) = obj.get(key) {
+            unbounded(v, &format!("{path}[{key}]"), out);
+        }
+    }
+}
+
+fn schema_of(crd: &CustomResourceDefinition) -> Value {
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_string_list_and_map_in_spec_and_status_is_bounded() {
+    for (file, crd) in all() {
+        let schema = schema_of(&crd);
+        let mut out = vec![];
+        unbounded(&schema["properties"]["spec"], "spec", &mut out);
+        unbounded(&schema["properties"]["status"], "status", &mut out);
+        assert!(out.is_empty(), "{file}: {out:#?}");
+    }
+    // The walker itself finds unbounded fields.
+    let mut out = vec![];
+    unbounded(
+        &json!({"properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 1}}}}),
+        "x",
+        &mut out,
+    );
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn conditions_are_a_map_list_keyed_by_type() {
+    for (_, crd) in all() {
+        let c = &schema_of(&crd)["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(c["x-kubernetes-list-type"], "map");
+        assert_eq!(c["x-kubernetes-list-map-keys"], json!(["type"]));
+    }
+}
+
+// ---- CEL rules, evaluated offline ----
+
+fn cel(crd: &CustomResourceDefinition, obj: &Value, old: Option<&Value>) -> Vec<String> {
+    match kube::core::cel::Validator::new().validate(&schema_of(crd), obj, old) {
+        Ok(()) => vec![],
+        Err(errs) => errs.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+fn export(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveExport",
+           "metadata": {"name": "orders", "namespace": "ns"}, "spec": spec})
+}
+
+fn export_spec() -> Value {
+    json!({
+        "source": {"connectionSecretRef": {"name": "pg", "key": "dsn"}, "table": {"name": "orders"}},
+        "destination": {"s3": {"bucket": "seeds", "credentials": {"secretRef": {"name": "s3"}}}},
+        "mode": "OneShot"
+    })
+}
+
+fn with(mut v: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    v.pointer_mut(parent).unwrap()[key] = value;
+    v
+}
+
+fn without(mut v: Value, pointer: &str) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    v.pointer_mut(parent)
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .remove(key);
+    v
+}
+
+fn assert_rejects(errors: Vec<String>, needle: &str) {
+    assert!(
+        errors.iter().any(|e| e.contains(needle)),
+        "expected an error containing {needle:?}, got {errors:?}"
+    );
+}
+
+#[test]
+fn cel_accepts_a_valid_export_and_its_typed_form() {
+    let crd = ArchiveExport::crd();
+    let obj = export(export_spec());
+    assert_eq!(cel(&crd, &obj, None), Vec::<String>::new());
+    // The typed object round-trips and validates the same way.
+    let typed: ArchiveExport = serde_json::from_value(obj.clone()).unwrap();
+    assert!(kube::core::cel::validate_cel(&typed).is_ok());
+    assert!(kube::core::cel::validate_cel_update(&typed, &typed).is_ok());
+}
+
+#[test]
+fn cel_export_one_of_rules() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    let both_dest = with(s.clone(), "/destination/volume", json!({"claimName": "x"}));
+    assert_rejects(
+        cel(&crd, &export(both_dest), None),
+        "exactly one of s3 or volume",
+    );
+    let no_dest = with(s.clone(), "/destination", json!({}));
+    assert_rejects(
+        cel(&crd, &export(no_dest), None),
+        "exactly one of s3 or volume",
+    );
+    let both_tables = with(s.clone(), "/source/tables", json!([{"name": "a"}]));
+    assert_rejects(
+        cel(&crd, &export(both_tables), None),
+        "exactly one of table or tables",
+    );
+    let vol_both = with(
+        s.clone(),
+        "/destination",
+        json!({"volume": {"claimName": "a", "size": "1Gi"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(vol_both), None),
+        "exactly one of claimName",
+    );
+    let class_without_size = with(
+        s.clone(),
+        "/destination",
+        json!({"volume": {"claimName": "a", "storageClassName": "fast"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(class_without_size), None),
+        "apply only with size",
+    );
+    let ca_both = with(
+        s.clone(),
+        "/destination/s3/caBundle",
+        json!({"configMap": {"name": "a", "key": "k"}, "secret": {"name": "a", "key": "k"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(ca_both), None),
+        "exactly one of configMap or secret",
+    );
+    let ok_vol = with(
+        s,
+        "/destination",
+        json!({"volume": {"size": "5Gi", "storageClassName": "fast"}}),
+    );
+    assert_eq!(cel(&crd, &export(ok_vol), None), Vec::<String>::new());
+}
+
+#[test]
+fn cel_export_mode_rules_and_sane_values() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    let cont_sched = with(
+        with(s.clone(), "/mode", json!("Continuous")),
+        "/schedule",
+        json!({"cron": "0 2 * * *"}),
+    );
+    assert_rejects(
+        cel(&crd, &export(cont_sched), None),
+        "schedule applies only to mode OneShot",
+    );
+    let oneshot_policy = with(s.clone(), "/continuous", json!({"diffInterval": "30s"}));
+    assert_rejects(
+        cel(&crd, &export(oneshot_policy), None),
+        "continuous applies only to mode Continuous",
+    );
+    let bad_cron = with(s.clone(), "/schedule", json!({"cron": "0 0 2 * * *"}));
+    assert_rejects(
+        cel(&crd, &export(bad_cron), None),
+        "cron must have 5 fields",
+    );
+    let tz_cron = with(
+        s.clone(),
+        "/schedule",
+        json!({"cron": "CRON_TZ=UTC 0 2 * * *"}),
+    );
+    assert_rejects(cel(&crd, &export(tz_cron), None), "timeZone");
+    for good in ["0 2 * * *", "*/15 * * * 1-5", "@daily"] {
+        let ok = with(
+            s.clone(),
+            "/schedule",
+            json!({"cron": good, "timeZone": "Europe/Berlin"}),
+        );
+        assert_eq!(cel(&crd, &export(ok), None), Vec::<String>::new(), "{good}");
+    }
+    let bad_endpoint = with(s.clone(), "/destination/s3/endpoint", json!("minio:9000"));
+    assert_rejects(
+        cel(&crd, &export(bad_endpoint), None),
+        "http:// or https://",
+    );
+    let slot_with_tables = with(
+        with(
+            without(s.clone(), "/source/table"),
+            "/source/tables",
+            json!([{"name": "a"}, {"name": "b"}]),
+        ),
+        "/source/slotName",
+        json!("s"),
+    );
+    assert_rejects(
+        cel(&crd, &export(slot_with_tables), None),
+        "slotName and publicationName apply to a single table",
+    );
+    let dup_tables = with(
+        without(s.clone(), "/source/table"),
+        "/source/tables",
+        json!([{"name": "a"}, {"name": "a"}]),
+    );
+    assert_rejects(
+        cel(&crd, &export(dup_tables), None),
+        "tables must be distinct",
+    );
+    let mut long = export(s);
+    long["metadata"]["name"] = json!("x".repeat(41));
+    assert_rejects(cel(&crd, &long, None), "at most 40 characters");
+}
+
+#[test]
+fn cel_export_immutable_fields() {
+    let crd = ArchiveExport::crd();
+    let old = export(export_spec());
+    let new_bucket = export(with(
+        export_spec(),
+        "/destination/s3/bucket",
+        json!("other"),
+    ));
+    assert_rejects(cel(&crd, &new_bucket, Some(&old)), "bucket is immutable");
+    let new_table = export(with(export_spec(), "/source/table/name", json!("other")));
+    assert_rejects(cel(&crd, &new_table, Some(&old)), "table(s) are immutable");
+    let to_volume = export(with(
+        export_spec(),
+        "/destination",
+        json!({"volume": {"claimName": "a"}}),
+    ));
+    assert_rejects(cel(&crd, &to_volume, Some(&old)), "kind of location");
+    // Mutable things stay mutable: credentials, prefix, mode.
+    let changed = export(with(
+        with(
+            export_spec(),
+            "/destination/s3/credentials/secretRef/name",
+            json!("rotated"),
+        ),
+        "/mode",
+        json!("Continuous"),
+    ));
+    assert_eq!(cel(&crd, &changed, Some(&old)), Vec::<String>::new());
+}
+
+fn source(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+           "metadata": {"name": "orders", "namespace": "ns"}, "spec": spec})
+}
+
+fn source_spec() -> Value {
+    json!({"archive": {"exportRef": {"name": "orders"}}, "target": {"memory": {"indexFields": ["tenant"]}}})
+}
+
+#[test]
+fn cel_source_rules() {
+    let crd = ArchiveSource::crd();
+    let s = source_spec();
+    assert_eq!(cel(&crd, &source(s.clone()), None), Vec::<String>::new());
+    let both = with(s.clone(), "/archive/s3", json!({"bucket": "seeds"}));
+    assert_rejects(
+        cel(&crd, &source(both), None),
+        "exactly one of exportRef or a location",
+    );
+    let none = with(s.clone(), "/archive", json!({}));
+    assert_rejects(
+        cel(&crd, &source(none), None),
+        "exactly one of exportRef or a location",
+    );
+    let explicit_without_table = with(s.clone(), "/archive", json!({"s3": {"bucket": "seeds"}}));
+    assert_rejects(
+        cel(&crd, &source(explicit_without_table), None),
+        "set table or tables",
+    );
+    let explicit = with(
+        with(
+            s.clone(),
+            "/archive",
+            json!({"s3": {"bucket": "seeds"}, "formats": ["jsonl"]}),
+        ),
+        "/table",
+        json!({"name": "t"}),
+    );
+    assert_eq!(cel(&crd, &source(explicit), None), Vec::<String>::new());
+    let prefix_with_ref = with(s.clone(), "/archive/keyPrefix", json!("x/"));
+    assert_rejects(
+        cel(&crd, &source(prefix_with_ref), None),
+        "come from the ArchiveExport",
+    );
+    let sized_volume = with(
+        with(s.clone(), "/archive", json!({"volume": {"size": "1Gi"}})),
+        "/table",
+        json!({"name": "t"}),
+    );
+    assert_rejects(cel(&crd, &source(sized_volume), None), "existing claim");
+    let two_targets = with(
+        s.clone(),
+        "/target/postgres",
+        json!({"connectionSecretRef": {"name": "a", "key": "b"}}),
+    );
+    assert_rejects(
+        cel(&crd, &source(two_targets), None),
+        "exactly one of memory or postgres",
+    );
+    // state is immutable, in every direction.
+    let with_state = source(with(s.clone(), "/state", json!({"size": "1Gi"})));
+    let old = source(s.clone());
+    assert_rejects(cel(&crd, &with_state, Some(&old)), "state is immutable");
+    assert_rejects(cel(&crd, &old, Some(&with_state)), "state is immutable");
+    let bigger = source(with(s, "/state", json!({"size": "2Gi"})));
+    assert_rejects(cel(&crd, &bigger, Some(&with_state)), "state is immutable");
+    assert_eq!(
+        cel(&crd, &with_state, Some(&with_state)),
+        Vec::<String>::new()
+    );
+}

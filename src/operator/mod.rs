@@ -1,0 +1,6 @@
+//! The Kubernetes operator: CRD types, pure builders of child objects, condition computation and
+//! the controllers. It never links the export or engine internals: the pods it creates run the
+//! `larch` binary (`larch export`, `larch engine`) with the CLI contract in `docs/operator.md`.
+
+pub mod cli;
+pub mod crd;
