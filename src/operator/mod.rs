@@ -2,5 +2,6 @@
 //! the controllers. It never links the export or engine internals: the pods it creates run the
 //! `larch` binary (`larch export`, `larch engine`) with the CLI contract in `docs/operator.md`.
 
+pub mod builders;
 pub mod cli;
 pub mod crd;

@@ -189,7 +189,7 @@ const DURATION: &str = r"^[0-9]+(ms|s|m|h)$";
 const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
 
 /// Policy knobs of a Continuous export (passed to `larch export --follow`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContinuousPolicy {
     /// How often buffered changes are written as a diff (default `30s`).

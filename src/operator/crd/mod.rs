@@ -33,4 +33,4 @@ pub fn all_yaml() -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

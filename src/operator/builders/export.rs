@@ -1,0 +1,379 @@
+//! ArchiveExport → Jobs (OneShot), CronJobs (OneShot + schedule), Deployments (Continuous) and
+//! the archive PVC the operator creates for `destination.volume.size`.
+//!
+//! `tables`: one child per table (a Job, CronJob or Deployment each), named
+//! `<name>-<8-hex table id>`; a single `table` uses `<name>` alone. Jobs append the run id.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodTemplateSpec, Probe, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use super::pod::{self, HTTP_PORT};
+use super::{
+    ANNOTATION_TABLE, BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME,
+    LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
+};
+use crate::operator::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode};
+use crate::operator::crd::common::{TableRef, VolumeAccessMode};
+
+pub const CONTAINER: &str = "larch";
+pub const DSN_DIR: &str = "/etc/larch/source";
+pub const DSN_FILE: &str = "/etc/larch/source/dsn";
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+const DEFAULT_TTL: i32 = 86_400;
+const DEFAULT_BACKOFF: i32 = 2;
+
+/// Every child an ArchiveExport wants, for one reconcile.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ExportChildren {
+    pub pvc: Option<PersistentVolumeClaim>,
+    pub jobs: Vec<Job>,
+    pub cron_jobs: Vec<CronJob>,
+    pub deployments: Vec<Deployment>,
+}
+
+/// Identity of a OneShot run: a hash of the spec and the run-requested token. A new spec
+/// generation or a new token is a new run; anything else (labels, status) is not.
+pub fn run_id(export: &ArchiveExport, token: Option<&str>) -> String {
+    let spec = serde_json::to_vec(&export.spec).expect("spec serialises");
+    let mut data = spec;
+    data.push(0);
+    data.extend(token.unwrap_or("").as_bytes());
+    short_hash(&data, 8)
+}
+
+/// Name of the child for `table`: `<name>` for a single table, `<name>-<table id>` for `tables`.
+pub fn child_base_name(export: &ArchiveExport, table: &TableRef) -> String {
+    if export.spec.source.tables.is_some() {
+        format!("{}-{}", export.name_any(), table_id(&table.qualified()))
+    } else {
+        export.name_any()
+    }
+}
+
+pub fn job_name(export: &ArchiveExport, table: &TableRef, run: &str) -> String {
+    format!("{}-{run}", child_base_name(export, table))
+}
+
+/// Name of the PVC the operator creates for `destination.volume.size`.
+pub fn archive_claim_name(export: &ArchiveExport) -> String {
+    format!("{}-archive", export.name_any())
+}
+
+/// Labels selecting every pod of an export (and, with `table`, of one table).
+pub fn selector_labels(
+    export: &ArchiveExport,
+    table: Option<&TableRef>,
+) -> BTreeMap<String, String> {
+    let mut l = labels(&[
+        (LABEL_NAME, "larch"),
+        (LABEL_COMPONENT, "export"),
+        (LABEL_MANAGED_BY, MANAGED_BY),
+        (LABEL_EXPORT, &export.name_any()),
+    ]);
+    if let Some(t) = table {
+        l.insert(LABEL_TABLE.into(), table_id(&t.qualified()));
+    }
+    l
+}
+
+/// `larch export` arguments for one table.
+pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
+    let spec = &export.spec;
+    let src = &spec.source;
+    let mut a: Vec<String> = vec![
+        "export".into(),
+        "--connection-file".into(),
+        DSN_FILE.into(),
+        "--schema".into(),
+        table.schema().into(),
+        "--table".into(),
+        table.name.clone(),
+    ];
+    if let Some(k) = src.key_fields.as_ref().filter(|k| !k.is_empty()) {
+        a.extend(["--key-fields".into(), k.join(",")]);
+    }
+    a.extend(pod::store_args(&spec.destination));
+    let key_prefix = match (&spec.key_prefix, src.tables.is_some()) {
+        (Some(kp), true) => Some(format!("{kp}{}/", table.qualified())),
+        (Some(kp), false) => Some(kp.clone()),
+        (None, _) => None,
+    };
+    if let Some(kp) = key_prefix {
+        a.extend(["--key-prefix".into(), kp]);
+    }
+    if let Some(f) = spec.format {
+        a.extend(["--format".into(), f.as_str().into()]);
+    }
+    if let Some(s) = &src.slot_name {
+        a.extend(["--slot".into(), s.clone()]);
+    }
+    if let Some(p) = &src.publication_name {
+        a.extend(["--publication".into(), p.clone()]);
+    }
+    if let Some(m) = src.slot_mode {
+        a.extend(["--slot-mode".into(), m.as_arg().into()]);
+    }
+    a.extend(["--summary-file".into(), TERMINATION_LOG.into()]);
+    if spec.mode == ExportMode::Continuous {
+        let c = spec.continuous.clone().unwrap_or_default();
+        a.extend([
+            "--follow".into(),
+            "--diff-interval".into(),
+            c.diff_interval.clone().unwrap_or_else(|| "30s".into()),
+        ]);
+        let mut opt = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.extend([flag.into(), v]);
+            }
+        };
+        opt("--min-interval", c.min_interval);
+        opt("--max-interval", c.max_interval);
+        opt("--max-diff-bytes", c.max_diff_bytes.map(|v| v.to_string()));
+        opt("--max-diff-fraction", c.max_diff_fraction);
+        opt(
+            "--max-churn-records",
+            c.max_churn_records.map(|v| v.to_string()),
+        );
+        opt("--max-churn-fraction", c.max_churn_fraction);
+        opt("--keep-epochs", c.keep_epochs.map(|v| v.to_string()));
+        a.extend(["--listen".into(), format!("0.0.0.0:{HTTP_PORT}")]);
+    }
+    a
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+/// The pod template of one table's export.
+pub fn pod_template(
+    export: &ArchiveExport,
+    table: &TableRef,
+    ctx: &BuildContext,
+    run: Option<&str>,
+) -> PodTemplateSpec {
+    let spec = &export.spec;
+    let access = pod::store_access(&spec.destination, &archive_claim_name(export), false);
+    let mut mounts = vec![
+        pod::mount("source", DSN_DIR, true),
+        pod::mount("tmp", "/tmp", false),
+    ];
+    mounts.extend(access.mounts);
+    let mut volumes = vec![
+        pod::secret_file_volume(
+            "source",
+            &spec.source.connection_secret_ref.name,
+            &spec.source.connection_secret_ref.key,
+            "dsn",
+        ),
+        pod::empty_dir("tmp"),
+    ];
+    volumes.extend(access.volumes);
+    let continuous = spec.mode == ExportMode::Continuous;
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(ctx.image.clone()),
+        command: Some(vec!["larch".into()]),
+        args: Some(export_args(export, table)),
+        env: (!access.env.is_empty()).then_some(access.env),
+        volume_mounts: Some(mounts),
+        resources: pod::resources(spec.resources.as_ref()),
+        security_context: Some(pod::container_security()),
+        termination_message_path: Some(TERMINATION_LOG.into()),
+        termination_message_policy: Some("File".into()),
+        ports: continuous.then(|| {
+            vec![ContainerPort {
+                name: Some("http".into()),
+                container_port: HTTP_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]
+        }),
+        readiness_probe: continuous.then(|| http_probe("/health/ready", 10, 3)),
+        liveness_probe: continuous.then(|| http_probe("/health/live", 20, 6)),
+        ..Default::default()
+    };
+    let mut pod_spec = pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref());
+    if !continuous {
+        pod_spec.restart_policy = Some("Never".into());
+    }
+    let mut annotations =
+        pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
+    annotations.insert(ANNOTATION_TABLE.into(), table.qualified());
+    let mut pod_labels = selector_labels(export, Some(table));
+    if let Some(run) = run {
+        pod_labels.insert(LABEL_RUN.into(), run.into());
+    }
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(pod_labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(pod_spec),
+    }
+}
+
+/// The Job exporting `table` in run `run`.
+pub fn job(export: &ArchiveExport, table: &TableRef, run: &str, ctx: &BuildContext) -> Job {
+    let mut l = selector_labels(export, Some(table));
+    l.insert(LABEL_RUN.into(), run.into());
+    Job {
+        metadata: child_meta(export, job_name(export, table, run), l),
+        spec: Some(job_spec(export, table, ctx, Some(run))),
+        ..Default::default()
+    }
+}
+
+fn job_spec(
+    export: &ArchiveExport,
+    table: &TableRef,
+    ctx: &BuildContext,
+    run: Option<&str>,
+) -> JobSpec {
+    JobSpec {
+        backoff_limit: Some(export.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
+        ttl_seconds_after_finished: Some(
+            export
+                .spec
+                .ttl_seconds_after_finished
+                .unwrap_or(DEFAULT_TTL),
+        ),
+        template: pod_template(export, table, ctx, run),
+        ..Default::default()
+    }
+}
+
+/// The CronJob running `table`'s export on the schedule.
+pub fn cron_job(export: &ArchiveExport, table: &TableRef, ctx: &BuildContext) -> Option<CronJob> {
+    let sched = export.spec.schedule.as_ref()?;
+    let l = selector_labels(export, Some(table));
+    Some(CronJob {
+        metadata: child_meta(export, child_base_name(export, table), l.clone()),
+        spec: CronJobSpec {
+            schedule: sched.cron.clone(),
+            time_zone: sched.time_zone.clone(),
+            suspend: Some(sched.suspend == Some(true) || export.spec.suspend == Some(true)),
+            concurrency_policy: Some(
+                match sched
+                    .concurrency_policy
+                    .unwrap_or(ConcurrencyPolicy::Forbid)
+                {
+                    ConcurrencyPolicy::Forbid => "Forbid",
+                    ConcurrencyPolicy::Replace => "Replace",
+                }
+                .into(),
+            ),
+            successful_jobs_history_limit: Some(sched.successful_jobs_history_limit.unwrap_or(3)),
+            failed_jobs_history_limit: Some(sched.failed_jobs_history_limit.unwrap_or(3)),
+            job_template: JobTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(l),
+                    ..Default::default()
+                }),
+                spec: Some(job_spec(export, table, ctx, None)),
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+/// The Deployment running `table`'s continuous export (1 replica, Recreate: never two writers).
+pub fn deployment(export: &ArchiveExport, table: &TableRef, ctx: &BuildContext) -> Deployment {
+    let l = selector_labels(export, Some(table));
+    Deployment {
+        metadata: child_meta(export, child_base_name(export, table), l.clone()),
+        spec: DeploymentSpec {
+            replicas: Some(if export.spec.suspend == Some(true) {
+                0
+            } else {
+                1
+            }),
+            selector: LabelSelector {
+                match_labels: Some(l),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("Recreate".into()),
+                ..Default::default()
+            }),
+            template: pod_template(export, table, ctx, None),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The archive claim, when the destination asks the operator to create one.
+pub fn archive_pvc(export: &ArchiveExport) -> Option<PersistentVolumeClaim> {
+    let vol = export.spec.destination.volume.as_ref()?;
+    let size = vol.size.as_ref()?;
+    let mode = match vol.access_mode.unwrap_or(VolumeAccessMode::ReadWriteOnce) {
+        VolumeAccessMode::ReadWriteOnce => "ReadWriteOnce",
+        VolumeAccessMode::ReadWriteMany => "ReadWriteMany",
+    };
+    Some(PersistentVolumeClaim {
+        metadata: child_meta(
+            export,
+            archive_claim_name(export),
+            selector_labels(export, None),
+        ),
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec![mode.into()]),
+            storage_class_name: vol.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity(size.clone()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// Every desired child. `run` is the OneShot run to (re)apply Jobs for, if one is due or in
+/// flight; the controller decides that from status (a finished run is never re-created).
+pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -> ExportChildren {
+    let tables = export.spec.source.all_tables();
+    let mut out = ExportChildren {
+        pvc: archive_pvc(export),
+        ..Default::default()
+    };
+    match export.spec.mode {
+        ExportMode::Continuous => {
+            out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
+        }
+        ExportMode::OneShot => {
+            if export.spec.schedule.is_some() {
+                out.cron_jobs = tables
+                    .iter()
+                    .filter_map(|t| cron_job(export, t, ctx))
+                    .collect();
+            }
+            if let Some(run) = run {
+                out.jobs = tables.iter().map(|t| job(export, t, run, ctx)).collect();
+            }
+        }
+    }
+    out
+}

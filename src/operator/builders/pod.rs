@@ -1,0 +1,286 @@
+//! Pod pieces shared by export and engine pods: the restricted security context, store access
+//! (S3 environment, CA bundle, archive volume), Secret-file mounts, placement overrides.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    KeyToPath, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::operator::crd::common::{CaBundleRef, Location};
+use crate::operator::crd::common_pod::{PodOverrides, Resources};
+
+/// UID/GID of generated pods (the image's non-root user).
+pub const RUN_AS: i64 = 65532;
+pub const ARCHIVE_DIR: &str = "/var/lib/larch/archive";
+pub const STATE_DIR: &str = "/var/lib/larch/state";
+pub const CA_DIR: &str = "/etc/larch/ca";
+pub const CA_FILE: &str = "/etc/larch/ca/ca.crt";
+pub const HTTP_PORT: i32 = 8080;
+
+/// Pod-level security context meeting Pod Security "restricted".
+pub fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Container security context meeting Pod Security "restricted", read-only root filesystem.
+pub fn container_security() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A volume with one key of a Secret as file `file`.
+pub fn secret_file_volume(volume: &str, secret: &str, key: &str, file: &str) -> Volume {
+    Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(vec![KeyToPath {
+                key: key.into(),
+                path: file.into(),
+                ..Default::default()
+            }]),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: volume.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+pub fn empty_dir(volume: &str) -> Volume {
+    Volume {
+        name: volume.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Store access for a location: environment (S3 credentials from the Secret, the CA bundle
+/// path), volumes and mounts (CA bundle, archive claim). The claim of a volume location the
+/// operator creates is named `created_claim`.
+#[derive(Default, Debug)]
+pub struct StoreAccess {
+    pub env: Vec<EnvVar>,
+    pub volumes: Vec<Volume>,
+    pub mounts: Vec<VolumeMount>,
+}
+
+pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -> StoreAccess {
+    let mut access = StoreAccess::default();
+    if let Some(s3) = &location.s3 {
+        if let Some(creds) = &s3.credentials {
+            let r = &creds.secret_ref;
+            access.env.push(secret_env(
+                "AWS_ACCESS_KEY_ID",
+                &r.name,
+                r.access_key_id_key(),
+            ));
+            access.env.push(secret_env(
+                "AWS_SECRET_ACCESS_KEY",
+                &r.name,
+                r.secret_access_key_key(),
+            ));
+        }
+        if let Some(ca) = &s3.ca_bundle {
+            access.volumes.push(ca_volume(ca));
+            access.mounts.push(mount("ca", CA_DIR, true));
+            access.env.push(EnvVar {
+                name: "AWS_CA_BUNDLE".into(),
+                value: Some(CA_FILE.into()),
+                ..Default::default()
+            });
+        }
+    }
+    if let Some(vol) = &location.volume {
+        let claim = vol
+            .claim_name
+            .clone()
+            .unwrap_or_else(|| created_claim.into());
+        access.volumes.push(Volume {
+            name: "archive".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim,
+                read_only: read_only.then_some(true),
+            }),
+            ..Default::default()
+        });
+        let mut m = mount("archive", ARCHIVE_DIR, read_only);
+        m.sub_path = vol.sub_path.clone();
+        access.mounts.push(m);
+    }
+    access
+}
+
+fn ca_volume(ca: &CaBundleRef) -> Volume {
+    let items = |key: &str| {
+        Some(vec![KeyToPath {
+            key: key.into(),
+            path: "ca.crt".into(),
+            ..Default::default()
+        }])
+    };
+    match (&ca.config_map, &ca.secret) {
+        (Some(cm), _) => Volume {
+            name: "ca".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cm.name.clone(),
+                items: items(&cm.key),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        (None, Some(s)) => Volume {
+            name: "ca".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(s.name.clone()),
+                items: items(&s.key),
+                default_mode: Some(0o444),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        (None, None) => empty_dir("ca"),
+    }
+}
+
+/// Store flags of `larch export` for a location.
+pub fn store_args(location: &Location) -> Vec<String> {
+    let mut args = vec![];
+    if let Some(s3) = &location.s3 {
+        args.extend([
+            "--store".into(),
+            "s3".into(),
+            "--bucket".into(),
+            s3.bucket.clone(),
+        ]);
+        if let Some(p) = &s3.prefix {
+            args.extend(["--prefix".into(), p.clone()]);
+        }
+        if let Some(e) = &s3.endpoint {
+            args.extend(["--endpoint".into(), e.clone()]);
+        }
+        if let Some(r) = &s3.region {
+            args.extend(["--region".into(), r.clone()]);
+        }
+        if s3.path_style == Some(true) {
+            args.push("--path-style".into());
+        }
+    } else {
+        args.extend([
+            "--store".into(),
+            "local".into(),
+            "--path".into(),
+            ARCHIVE_DIR.into(),
+        ]);
+    }
+    args
+}
+
+pub fn resources(r: Option<&Resources>) -> Option<ResourceRequirements> {
+    let r = r?;
+    let q = |m: &Option<BTreeMap<String, String>>| {
+        m.as_ref().map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
+    Some(ResourceRequirements {
+        requests: q(&r.requests),
+        limits: q(&r.limits),
+        ..Default::default()
+    })
+}
+
+/// Applies placement overrides; returns the extra pod annotations.
+pub fn apply_overrides(
+    spec: &mut PodSpec,
+    o: Option<&PodOverrides>,
+) -> Option<BTreeMap<String, String>> {
+    let o = o?;
+    spec.node_selector = o.node_selector.clone();
+    spec.tolerations = o.tolerations.as_ref().map(|ts| {
+        ts.iter()
+            .map(|t| Toleration {
+                key: t.key.clone(),
+                operator: t.operator.clone(),
+                value: t.value.clone(),
+                effect: t.effect.clone(),
+                toleration_seconds: t.toleration_seconds,
+            })
+            .collect()
+    });
+    spec.affinity = o
+        .affinity
+        .as_ref()
+        .and_then(|a| serde_json::from_value(a.clone()).ok());
+    spec.priority_class_name = o.priority_class_name.clone();
+    o.annotations.clone()
+}
+
+/// A pod spec around one container, with the restricted defaults every generated pod gets.
+pub fn base_pod_spec(
+    container: Container,
+    volumes: Vec<Volume>,
+    service_account: Option<&String>,
+) -> PodSpec {
+    PodSpec {
+        containers: vec![container],
+        volumes: Some(volumes),
+        security_context: Some(pod_security()),
+        service_account_name: service_account.cloned(),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,487 @@
+//! Builder tests: golden outputs of every child for a set of specs (regenerate with
+//! `LARCH_UPDATE_GOLDEN=1 cargo test`), plus properties every child must have.
+
+use k8s_openapi::api::core::v1::PodSpec;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::engine_config::{ResolvedArchive, resolve};
+use super::export::{self, ExportChildren};
+use super::source::{self, SourceChildren};
+use super::*;
+use crate::operator::crd::{ArchiveExport, ArchiveSource};
+
+pub(crate) fn ctx() -> BuildContext {
+    BuildContext {
+        image: "registry.example/larch:0.1.0".into(),
+    }
+}
+
+pub(crate) fn export_fixture(name: &str) -> ArchiveExport {
+    let path = format!(
+        "{}/src/operator/builders/testdata/{name}.input.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+pub(crate) fn source_fixture(name: &str) -> ArchiveSource {
+    let path = format!(
+        "{}/src/operator/builders/testdata/{name}.input.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn docs<T: Serialize>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(|i| format!("---\n{}", serde_yaml_ng::to_string(i).unwrap()))
+        .collect()
+}
+
+fn export_docs(c: &ExportChildren) -> String {
+    let mut out = String::new();
+    if let Some(p) = &c.pvc {
+        out += &docs(&[p]);
+    }
+    out + &docs(&c.jobs) + &docs(&c.cron_jobs) + &docs(&c.deployments)
+}
+
+fn source_docs(c: &SourceChildren) -> String {
+    docs(&[serde_json::to_value(&c.config_map).unwrap()])
+        + &docs(&[&c.stateful_set])
+        + &docs(&[&c.service])
+}
+
+fn golden(name: &str, actual: &str) {
+    crate::operator::crd::tests::assert_golden(
+        &format!("src/operator/builders/testdata/{name}.golden.yaml"),
+        actual,
+    );
+}
+
+const EXPORTS: [&str; 3] = [
+    "export-oneshot-s3",
+    "export-scheduled-tables",
+    "export-continuous-s3",
+];
+
+fn export_children(name: &str) -> ExportChildren {
+    let e = export_fixture(name);
+    let run = export::run_id(&e, None);
+    export::children(&e, Some(&run), &ctx())
+}
+
+/// (fixture, referenced export fixture)
+const SOURCES: [(&str, Option<&str>); 3] = [
+    ("source-exportref-memory", Some("export-oneshot-s3")),
+    ("source-s3-postgres", None),
+    ("source-exportref-volume", Some("export-scheduled-tables")),
+];
+
+fn resolved(name: &str, export: Option<&str>) -> (ArchiveSource, ResolvedArchive) {
+    let s = source_fixture(name);
+    let e = export.map(export_fixture);
+    let r = resolve(&s, e.as_ref()).unwrap();
+    (s, r)
+}
+
+fn source_children(name: &str, export: Option<&str>) -> SourceChildren {
+    let (s, r) = resolved(name, export);
+    source::children(&s, &r, &ctx())
+}
+
+#[test]
+fn export_children_match_golden() {
+    for name in EXPORTS {
+        golden(name, &export_docs(&export_children(name)));
+    }
+}
+
+#[test]
+fn source_children_match_golden() {
+    for (name, export) in SOURCES {
+        golden(name, &source_docs(&source_children(name, export)));
+    }
+}
+
+/// Every pod meets Pod Security "restricted" (plus a read-only root filesystem).
+fn assert_restricted(what: &str, spec: &PodSpec) {
+    let psc = spec.security_context.as_ref().expect("pod securityContext");
+    assert_eq!(psc.run_as_non_root, Some(true), "{what}");
+    assert_ne!(psc.run_as_user, Some(0), "{what}");
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault",
+        "{what}"
+    );
+    assert_eq!(spec.host_network, None, "{what}");
+    assert_eq!(spec.host_pid, None, "{what}");
+    assert_eq!(spec.host_ipc, None, "{what}");
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        let sc = c
+            .security_context
+            .as_ref()
+            .expect("container securityContext");
+        assert_eq!(
+            sc.allow_privilege_escalation,
+            Some(false),
+            "{what}/{}",
+            c.name
+        );
+        assert_eq!(
+            sc.read_only_root_filesystem,
+            Some(true),
+            "{what}/{}",
+            c.name
+        );
+        assert_eq!(sc.run_as_non_root, Some(true), "{what}/{}", c.name);
+        assert_eq!(sc.privileged, None, "{what}/{}", c.name);
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop,
+            Some(vec!["ALL".to_string()]),
+            "{what}/{}",
+            c.name
+        );
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().add,
+            None,
+            "{what}/{}",
+            c.name
+        );
+        assert!(
+            c.ports.iter().flatten().all(|p| p.host_port.is_none()),
+            "{what}/{}",
+            c.name
+        );
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        assert!(
+            mounts.iter().any(|m| m.mount_path == "/tmp"),
+            "{what}: /tmp must be writable"
+        );
+    }
+    for v in spec.volumes.iter().flatten() {
+        let allowed = v.config_map.is_some()
+            || v.secret.is_some()
+            || v.empty_dir.is_some()
+            || v.persistent_volume_claim.is_some()
+            || v.projected.is_some()
+            || v.downward_api.is_some();
+        assert!(
+            allowed && v.host_path.is_none(),
+            "{what}: volume {} not allowed",
+            v.name
+        );
+    }
+}
+
+fn all_pod_specs() -> Vec<(String, PodSpec)> {
+    let mut out = vec![];
+    for name in EXPORTS {
+        let c = export_children(name);
+        for j in &c.jobs {
+            out.push((
+                format!("{name} job"),
+                j.spec.clone().unwrap().template.spec.unwrap(),
+            ));
+        }
+        for cj in &c.cron_jobs {
+            let t = cj.spec.job_template.spec.clone().unwrap().template;
+            out.push((format!("{name} cronjob"), t.spec.unwrap()));
+        }
+        for d in &c.deployments {
+            out.push((
+                format!("{name} deployment"),
+                d.spec.template.spec.clone().unwrap(),
+            ));
+        }
+    }
+    for (name, export) in SOURCES {
+        let c = source_children(name, export);
+        out.push((
+            format!("{name} statefulset"),
+            c.stateful_set.spec.template.spec.unwrap(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn every_generated_pod_is_pod_security_restricted() {
+    let specs = all_pod_specs();
+    assert!(
+        specs.len() >= 7,
+        "fixtures cover Job, CronJob, Deployment and StatefulSet pods"
+    );
+    for (what, spec) in &specs {
+        assert_restricted(what, spec);
+        assert_eq!(spec.automount_service_account_token, Some(false), "{what}");
+    }
+}
+
+fn all_children_json() -> Vec<Value> {
+    let mut out: Vec<Value> = vec![];
+    for name in EXPORTS {
+        let c = export_children(name);
+        out.extend(c.pvc.iter().map(|x| serde_json::to_value(x).unwrap()));
+        out.extend(c.jobs.iter().map(|x| serde_json::to_value(x).unwrap()));
+        out.extend(c.cron_jobs.iter().map(|x| serde_json::to_value(x).unwrap()));
+        out.extend(
+            c.deployments
+                .iter()
+                .map(|x| serde_json::to_value(x).unwrap()),
+        );
+    }
+    for (name, export) in SOURCES {
+        let c = source_children(name, export);
+        out.push(serde_json::to_value(&c.config_map).unwrap());
+        out.push(serde_json::to_value(&c.stateful_set).unwrap());
+        out.push(serde_json::to_value(&c.service).unwrap());
+    }
+    out
+}
+
+#[test]
+fn every_child_is_owned_and_carries_no_labels_or_annotations_of_the_custom_resource() {
+    let children = all_children_json();
+    assert!(children.len() >= 12);
+    for c in &children {
+        let refs = c["metadata"]["ownerReferences"]
+            .as_array()
+            .expect("ownerReferences");
+        assert_eq!(refs.len(), 1, "{}", c["metadata"]["name"]);
+        assert_eq!(refs[0]["controller"], true);
+        assert_eq!(refs[0]["blockOwnerDeletion"], true);
+        assert_eq!(refs[0]["apiVersion"], "larch.dev/v1alpha1");
+        assert!(
+            c["apiVersion"].is_string() && c["kind"].is_string(),
+            "SSA needs apiVersion/kind"
+        );
+        // The fixtures carry Argo CD tracking metadata and a team label: none may leak.
+        let text = c.to_string();
+        assert!(!text.contains("argocd.argoproj.io"), "{text}");
+        assert!(!text.contains("\"team\":"), "{text}");
+        assert!(!text.contains("larch.dev/run-requested"), "{text}");
+    }
+}
+
+#[test]
+fn export_args_follow_the_cli_contract() {
+    let e = export_fixture("export-oneshot-s3");
+    let t = e.spec.source.all_tables()[0].clone();
+    assert_eq!(
+        export::export_args(&e, &t).join(" "),
+        "export --connection-file /etc/larch/source/dsn --schema public --table users \
+         --key-fields id,tenant --store s3 --bucket seeds --prefix team-a --endpoint https://s3.internal:8333 \
+         --region eu-west-1 --path-style --format jsonl --slot larch_users --publication larch_users \
+         --slot-mode temporary --summary-file /dev/termination-log"
+    );
+    let c = export_fixture("export-continuous-s3");
+    let t = c.spec.source.all_tables()[0].clone();
+    let args = export::export_args(&c, &t).join(" ");
+    assert!(
+        args.ends_with(
+            "--summary-file /dev/termination-log --follow --diff-interval 15s --min-interval 5s \
+             --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 --max-churn-records 100000 \
+             --max-churn-fraction 0.5 --keep-epochs 3 --listen 0.0.0.0:8080"
+        ),
+        "{args}"
+    );
+    // tables: one export per table, each under <keyPrefix><schema>.<table>/
+    let s = export_fixture("export-scheduled-tables");
+    let per_table: Vec<String> = s
+        .spec
+        .source
+        .all_tables()
+        .iter()
+        .map(|t| export::export_args(&s, t).join(" "))
+        .collect();
+    assert!(per_table[0].contains("--schema public --table orders"));
+    assert!(per_table[0].contains(
+        "--store local --path /var/lib/larch/archive --key-prefix nightly/public.orders/"
+    ));
+    assert!(per_table[1].contains("--schema sales --table invoices"));
+    assert!(per_table[1].contains("--key-prefix nightly/sales.invoices/"));
+}
+
+#[test]
+fn credentials_come_only_from_secret_references() {
+    let c = export_children("export-oneshot-s3");
+    let pod = c.jobs[0].spec.clone().unwrap().template.spec.unwrap();
+    let env = pod.containers[0].env.clone().unwrap();
+    for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        let e = env.iter().find(|e| e.name == var).unwrap();
+        assert!(e.value.is_none(), "{var} must not be inline");
+        assert_eq!(
+            e.value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "s3-credentials"
+        );
+    }
+    assert!(
+        env.iter().any(
+            |e| e.name == "AWS_CA_BUNDLE" && e.value.as_deref() == Some("/etc/larch/ca/ca.crt")
+        )
+    );
+    // With workload identity there are no key variables at all.
+    let irsa = export_children("export-continuous-s3");
+    let pod = irsa.deployments[0].spec.template.spec.clone().unwrap();
+    assert!(
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .all(|e| !e.name.starts_with("AWS_"))
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("exporter"));
+}
+
+#[test]
+fn run_id_changes_with_spec_and_token_only() {
+    let e = export_fixture("export-oneshot-s3");
+    let base = export::run_id(&e, None);
+    assert_eq!(base.len(), 8);
+    let mut labelled = e.clone();
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("x".into(), "y".into());
+    assert_eq!(export::run_id(&labelled, None), base);
+    assert_ne!(export::run_id(&e, Some("again")), base);
+    let mut changed = e.clone();
+    changed.spec.backoff_limit = Some(5);
+    assert_ne!(export::run_id(&changed, None), base);
+}
+
+#[test]
+fn modes_produce_the_right_kinds() {
+    let one = export_children("export-oneshot-s3");
+    assert_eq!(
+        (one.jobs.len(), one.cron_jobs.len(), one.deployments.len()),
+        (1, 0, 0)
+    );
+    assert!(one.pvc.is_none());
+    let sched = export_children("export-scheduled-tables");
+    assert_eq!(
+        (
+            sched.jobs.len(),
+            sched.cron_jobs.len(),
+            sched.deployments.len()
+        ),
+        (2, 2, 0)
+    );
+    assert!(sched.pvc.is_some());
+    assert_eq!(
+        sched.cron_jobs[0].spec.concurrency_policy.as_deref(),
+        Some("Forbid")
+    );
+    assert_eq!(
+        sched.cron_jobs[0].spec.time_zone.as_deref(),
+        Some("Europe/Berlin")
+    );
+    let no_run = export::children(&export_fixture("export-scheduled-tables"), None, &ctx());
+    assert!(no_run.jobs.is_empty(), "a schedule alone creates no Job");
+    let cont = export_children("export-continuous-s3");
+    assert_eq!(
+        (
+            cont.jobs.len(),
+            cont.cron_jobs.len(),
+            cont.deployments.len()
+        ),
+        (0, 0, 1)
+    );
+    let d = &cont.deployments[0].spec;
+    assert_eq!(d.replicas, Some(1));
+    assert_eq!(
+        d.strategy.as_ref().unwrap().type_.as_deref(),
+        Some("Recreate")
+    );
+}
+
+#[test]
+fn engine_config_from_export_ref() {
+    let (s, r) = resolved("source-exportref-memory", Some("export-oneshot-s3"));
+    // The key prefix reported by the export's last run wins over the default.
+    assert_eq!(r.key_prefix, "team-a/public.users/");
+    let yaml = engine_config::engine_yaml(&engine_config::engine_config(&s, &r));
+    let v: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let src = &v["sources"]["users-cache"];
+    assert_eq!(src["type"], "archive");
+    assert_eq!(src["store"]["type"], "s3");
+    assert_eq!(src["store"]["bucket"], "seeds");
+    assert_eq!(src["store"]["path_style"], true);
+    assert_eq!(src["format"], serde_json::json!(["jsonl"]));
+    assert_eq!(src["key_fields"], serde_json::json!(["id", "tenant"]));
+    assert_eq!(src["state_path"], "/var/lib/larch/state/users-cache.pos");
+    assert_eq!(src["group"], false);
+    assert_eq!(v["tables"][0]["schema"], "public");
+    assert_eq!(v["tables"][0]["targets"][0]["type"], "memory");
+    assert_eq!(
+        v["tables"][0]["targets"][0]["index_fields"],
+        serde_json::json!(["tenant"])
+    );
+    // A missing export is a clear error.
+    assert!(resolve(&s, None).unwrap_err().contains("not found"));
+}
+
+#[test]
+fn engine_config_group_and_postgres_target() {
+    let (s, r) = resolved("source-s3-postgres", None);
+    assert!(r.group);
+    let v: Value = serde_yaml_ng::from_str(&engine_config::engine_yaml(
+        &engine_config::engine_config(&s, &r),
+    ))
+    .unwrap();
+    let src = &v["sources"]["warehouse"];
+    assert_eq!(src["state_path"], "/var/lib/larch/state/warehouse");
+    assert_eq!(src["format"], serde_json::json!(["protobuf", "jsonl"]));
+    assert_eq!(v["tables"].as_array().unwrap().len(), 2);
+    let t = &v["tables"][1]["targets"][0];
+    assert_eq!(t["type"], "postgres");
+    assert_eq!(t["connection_file"], "/etc/larch/target/dsn");
+    assert_eq!(t["schema"], "replica");
+    // Volume archives of an export: the export's created claim, mounted read-only.
+    let c = source_children("source-exportref-volume", Some("export-scheduled-tables"));
+    let pod = c.stateful_set.spec.template.spec.unwrap();
+    let vol = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "archive")
+        .unwrap();
+    let pvc = vol.persistent_volume_claim.unwrap();
+    assert_eq!(
+        (pvc.claim_name.as_str(), pvc.read_only),
+        ("nightly-archive", Some(true))
+    );
+}
+
+#[test]
+fn config_changes_roll_the_engine_pods() {
+    let (mut s, r) = resolved("source-exportref-memory", Some("export-oneshot-s3"));
+    let hash = |s: &ArchiveSource| {
+        source::children(s, &r, &ctx())
+            .stateful_set
+            .spec
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap()[ANNOTATION_CONFIG_HASH]
+            .clone()
+    };
+    let before = hash(&s);
+    s.spec.poll_interval = Some("1m".into());
+    assert_ne!(hash(&s), before);
+}
