@@ -4,4 +4,7 @@
 
 pub mod builders;
 pub mod cli;
+pub mod conditions;
 pub mod crd;
+pub mod observe;
+pub mod rebaseline;

@@ -1,0 +1,529 @@
+//! Condition computation from observed state (pure). kstatus-compatible: every type is set on the
+//! first visit (Unknown when nothing is known), `Ready` summarises, `Reconciling` and `Stalled` are
+//! the abnormal-true pair, and `lastTransitionTime` only moves when a status flips.
+
+use jiff::Timestamp;
+
+use crate::operator::crd::archive_export::{ExportMode, RunStatus};
+use crate::operator::crd::common::Condition;
+use crate::operator::observe::{EngineSource, format_lag};
+
+pub const READY: &str = "Ready";
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
+pub const LAST_EXPORT_SUCCEEDED: &str = "LastExportSucceeded";
+pub const CAUGHT_UP: &str = "CaughtUp";
+pub const REBASELINING: &str = "Rebaselining";
+pub const DEGRADED: &str = "Degraded";
+
+pub const EXPORT_TYPES: [&str; 4] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED];
+pub const SOURCE_TYPES: [&str; 6] = [
+    READY,
+    RECONCILING,
+    STALLED,
+    CAUGHT_UP,
+    REBASELINING,
+    DEGRADED,
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+}
+
+/// A desired condition, before times and generations are filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cond {
+    pub type_: &'static str,
+    pub status: Status,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+fn c(
+    type_: &'static str,
+    status: Status,
+    reason: &'static str,
+    message: impl Into<String>,
+) -> Cond {
+    Cond {
+        type_,
+        status,
+        reason,
+        message: message.into(),
+    }
+}
+
+/// RFC 3339 at second precision, as Kubernetes writes times.
+pub fn time_string(t: Timestamp) -> String {
+    t.round(jiff::Unit::Second).unwrap_or(t).to_string()
+}
+
+/// Merges `desired` into `previous`: for each of `types`, the desired condition if given, else
+/// the previous one, else `Unknown`/`Pending`. `lastTransitionTime` is kept while the status is
+/// unchanged. Output order follows `types`.
+pub fn merge(
+    previous: &[Condition],
+    desired: &[Cond],
+    types: &[&'static str],
+    now: Timestamp,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    types
+        .iter()
+        .map(|t| {
+            let prev = previous.iter().find(|p| p.type_ == *t);
+            let want = desired.iter().find(|d| d.type_ == *t).cloned().or_else(|| {
+                prev.is_none()
+                    .then(|| c(t, Status::Unknown, "Pending", "not observed yet"))
+            });
+            match (want, prev) {
+                (Some(w), prev) => Condition {
+                    type_: w.type_.into(),
+                    status: w.status.as_str().into(),
+                    reason: w.reason.into(),
+                    message: w.message,
+                    last_transition_time: match prev {
+                        Some(p) if p.status == w.status.as_str() => p.last_transition_time.clone(),
+                        _ => time_string(now),
+                    },
+                    observed_generation: generation,
+                },
+                (None, Some(p)) => Condition {
+                    observed_generation: generation,
+                    ..p.clone()
+                },
+                (None, None) => unreachable!("a missing condition is always wanted"),
+            }
+        })
+        .collect()
+}
+
+/// Conditions whose status changed between `before` and `after` (for Events).
+pub fn transitions<'a>(before: &[Condition], after: &'a [Condition]) -> Vec<&'a Condition> {
+    after
+        .iter()
+        .filter(|a| {
+            before
+                .iter()
+                .find(|b| b.type_ == a.type_)
+                .is_none_or(|b| b.status != a.status)
+        })
+        .collect()
+}
+
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+// ---------------------------------------------------------------------------------------------
+// ArchiveExport
+
+/// State of one Job of a OneShot run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Active,
+    Succeeded,
+    Failed,
+    /// Not found (removed by its TTL or by hand) before the run was recorded as finished.
+    Missing,
+}
+
+/// What the export controller observed, reduced to what conditions depend on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportObservation {
+    pub invalid: Option<String>,
+    pub mode: ExportMode,
+    pub scheduled: bool,
+    pub suspended: bool,
+    /// The current (or last) OneShot run, as recorded in status after this reconcile.
+    pub run: Option<RunStatus>,
+    /// Phases of the current run's Jobs, if the run is not recorded as finished.
+    pub run_jobs: Vec<JobPhase>,
+    /// Outcome of the most recent finished export pod (scheduled runs): success, message.
+    pub last_outcome: Option<(bool, String)>,
+    /// Continuous: (ready writers, desired writers, a Deployment exceeded its progress deadline).
+    pub writers: (i32, i32, bool),
+    /// Continuous: writers whose `/status` reports a snapshot.
+    pub writers_with_snapshot: usize,
+}
+
+/// Folds the phases of a run's Jobs: `Some(true)` all succeeded, `Some(false)` one failed or
+/// is missing, `None` still running.
+pub fn run_outcome(jobs: &[JobPhase]) -> Option<bool> {
+    if jobs.contains(&JobPhase::Active) {
+        return None;
+    }
+    Some(!jobs.is_empty() && jobs.iter().all(|j| *j == JobPhase::Succeeded))
+}
+
+pub fn export_conditions(o: &ExportObservation) -> Vec<Cond> {
+    use Status::*;
+    if let Some(msg) = &o.invalid {
+        return vec![
+            c(READY, False, "InvalidSpec", msg.clone()),
+            c(RECONCILING, False, "InvalidSpec", ""),
+            c(STALLED, True, "InvalidSpec", msg.clone()),
+        ];
+    }
+    match o.mode {
+        ExportMode::Continuous => continuous_conditions(o),
+        ExportMode::OneShot if o.scheduled => scheduled_conditions(o),
+        ExportMode::OneShot => oneshot_conditions(o),
+    }
+}
+
+fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
+    use Status::*;
+    let running = o.run_jobs.contains(&JobPhase::Active);
+    let Some(run) = &o.run else {
+        return if o.suspended {
+            vec![
+                c(READY, True, "Suspended", "suspended: no export is started"),
+                c(RECONCILING, False, "Suspended", ""),
+                c(STALLED, False, "Suspended", ""),
+            ]
+        } else {
+            vec![
+                c(READY, False, "Pending", "no run yet"),
+                c(RECONCILING, True, "Pending", "starting the export"),
+                c(STALLED, False, "Pending", ""),
+            ]
+        };
+    };
+    if running || (run.succeeded.is_none() && o.run_jobs.is_empty()) {
+        let msg = format!("export run {} in progress", run.id);
+        return vec![
+            c(READY, False, "ExportRunning", msg.clone()),
+            c(RECONCILING, True, "ExportRunning", msg),
+            c(STALLED, False, "ExportRunning", ""),
+        ];
+    }
+    let lost = o.run_jobs.contains(&JobPhase::Missing) && run.succeeded != Some(true);
+    if lost {
+        let msg = format!(
+            "a Job of run {} disappeared before it finished; set the larch.dev/run-requested annotation to a new value to run again",
+            run.id
+        );
+        return vec![
+            c(READY, False, "JobMissing", msg.clone()),
+            c(RECONCILING, False, "JobMissing", ""),
+            c(STALLED, True, "JobMissing", msg.clone()),
+            c(LAST_EXPORT_SUCCEEDED, Unknown, "JobMissing", msg),
+        ];
+    }
+    match run.succeeded {
+        Some(true) => vec![
+            c(
+                READY,
+                True,
+                "ExportSucceeded",
+                format!("run {} succeeded", run.id),
+            ),
+            c(RECONCILING, False, "ExportSucceeded", ""),
+            c(STALLED, False, "ExportSucceeded", ""),
+            c(
+                LAST_EXPORT_SUCCEEDED,
+                True,
+                "ExportSucceeded",
+                format!("run {} succeeded", run.id),
+            ),
+        ],
+        _ => {
+            let msg = format!(
+                "run {} failed; fix the cause and set the larch.dev/run-requested annotation to a new value to retry",
+                run.id
+            );
+            let detail = o
+                .last_outcome
+                .as_ref()
+                .map(|(_, m)| m.clone())
+                .unwrap_or_default();
+            vec![
+                c(READY, False, "ExportFailed", msg.clone()),
+                c(RECONCILING, False, "ExportFailed", ""),
+                c(STALLED, True, "ExportFailed", msg),
+                c(LAST_EXPORT_SUCCEEDED, False, "ExportFailed", detail),
+            ]
+        }
+    }
+}
+
+fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
+    use Status::*;
+    let running = o.run_jobs.contains(&JobPhase::Active);
+    let mut out = vec![c(STALLED, False, "Scheduled", "")];
+    out.push(if running {
+        c(
+            RECONCILING,
+            True,
+            "ExportRunning",
+            "a requested run is in progress",
+        )
+    } else {
+        c(RECONCILING, False, "Scheduled", "")
+    });
+    let (ready, last) = match &o.last_outcome {
+        _ if o.suspended => (
+            c(READY, True, "Suspended", "the schedule is suspended"),
+            None,
+        ),
+        Some((true, m)) => (
+            c(
+                READY,
+                True,
+                "Scheduled",
+                "scheduled; the last export succeeded",
+            ),
+            Some(c(LAST_EXPORT_SUCCEEDED, True, "ExportSucceeded", m.clone())),
+        ),
+        Some((false, m)) => (
+            c(
+                READY,
+                False,
+                "LastExportFailed",
+                format!("the last scheduled export failed: {m}"),
+            ),
+            Some(c(LAST_EXPORT_SUCCEEDED, False, "ExportFailed", m.clone())),
+        ),
+        None => (
+            c(
+                READY,
+                True,
+                "Scheduled",
+                "scheduled; no export has finished yet",
+            ),
+            Some(c(
+                LAST_EXPORT_SUCCEEDED,
+                Unknown,
+                "NoExportYet",
+                "no export has finished yet",
+            )),
+        ),
+    };
+    let ready = if running && ready.status == True {
+        c(
+            READY,
+            False,
+            "ExportRunning",
+            "a requested run is in progress",
+        )
+    } else {
+        ready
+    };
+    out.push(ready);
+    out.extend(last);
+    out
+}
+
+fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {
+    use Status::*;
+    let (ready, desired, stalled) = o.writers;
+    let snapshot = if desired > 0 && o.writers_with_snapshot as i32 >= desired {
+        c(
+            LAST_EXPORT_SUCCEEDED,
+            True,
+            "SnapshotWritten",
+            "every writer reports a snapshot",
+        )
+    } else {
+        c(
+            LAST_EXPORT_SUCCEEDED,
+            Unknown,
+            "WaitingForSnapshot",
+            "waiting for the writers' first snapshot",
+        )
+    };
+    if o.suspended {
+        return vec![
+            c(READY, True, "Suspended", "the writer is scaled to zero"),
+            c(RECONCILING, False, "Suspended", ""),
+            c(STALLED, False, "Suspended", ""),
+        ];
+    }
+    if stalled {
+        let msg =
+            "a writer Deployment exceeded its progress deadline (see its pods' events and logs)";
+        return vec![
+            c(READY, False, "WriterNotProgressing", msg),
+            c(RECONCILING, False, "WriterNotProgressing", ""),
+            c(STALLED, True, "WriterNotProgressing", msg),
+            snapshot,
+        ];
+    }
+    if ready < desired {
+        let msg = format!("{ready}/{desired} writers ready");
+        return vec![
+            c(READY, False, "WaitingForWriter", msg.clone()),
+            c(RECONCILING, True, "WaitingForWriter", msg),
+            c(STALLED, False, "WaitingForWriter", ""),
+            snapshot,
+        ];
+    }
+    vec![
+        c(
+            READY,
+            True,
+            "Running",
+            format!("{ready}/{desired} writers ready"),
+        ),
+        c(RECONCILING, False, "Running", ""),
+        c(STALLED, False, "Running", ""),
+        snapshot,
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// ArchiveSource
+
+/// Lag below which an engine counts as caught up.
+pub const CAUGHT_UP_LAG_SECONDS: f64 = 60.0;
+/// Default of `spec.rebaseline.maxPerHour`.
+pub const DEFAULT_MAX_REBASELINES_PER_HOUR: u64 = 3;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceObservation {
+    pub invalid: Option<String>,
+    /// A dependency that is not there yet (the referenced ArchiveExport).
+    pub waiting_for: Option<String>,
+    pub suspended: bool,
+    pub desired_replicas: i32,
+    pub ready_replicas: i32,
+    /// The StatefulSet controller has seen the latest template and every replica runs it.
+    pub rolled_out: bool,
+    /// The engines' `/status` entries for this source (pods that answered).
+    pub engines: Vec<EngineSource>,
+    pub rebaselining: bool,
+    pub rebaselines_last_hour: u64,
+    pub max_per_hour: u64,
+}
+
+pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
+    use Status::*;
+    let mut out = vec![];
+    if let Some(msg) = &o.invalid {
+        return vec![
+            c(READY, False, "InvalidSpec", msg.clone()),
+            c(RECONCILING, False, "InvalidSpec", ""),
+            c(STALLED, True, "InvalidSpec", msg.clone()),
+        ];
+    }
+    if let Some(msg) = &o.waiting_for {
+        return vec![
+            c(READY, False, "ExportNotFound", msg.clone()),
+            c(RECONCILING, True, "ExportNotFound", msg.clone()),
+            c(STALLED, False, "ExportNotFound", ""),
+        ];
+    }
+    if o.suspended {
+        out.extend([
+            c(READY, True, "Suspended", "scaled to zero"),
+            c(RECONCILING, False, "Suspended", ""),
+            c(STALLED, False, "Suspended", ""),
+        ]);
+    } else if o.ready_replicas >= o.desired_replicas && o.rolled_out {
+        let msg = format!("{}/{} engines ready", o.ready_replicas, o.desired_replicas);
+        out.extend([
+            c(READY, True, "EnginesReady", msg),
+            c(RECONCILING, False, "EnginesReady", ""),
+            c(STALLED, False, "EnginesReady", ""),
+        ]);
+    } else {
+        let msg = format!(
+            "{}/{} engines ready (an engine is ready once every table has its first baseline)",
+            o.ready_replicas, o.desired_replicas
+        );
+        out.extend([
+            c(READY, False, "WaitingForEngines", msg.clone()),
+            c(RECONCILING, True, "WaitingForEngines", msg),
+            c(STALLED, False, "WaitingForEngines", ""),
+        ]);
+    }
+    out.push(caught_up(&o.engines));
+    out.push(if o.rebaselining {
+        c(
+            REBASELINING,
+            True,
+            "RebaselineObserved",
+            "an engine re-baselined recently",
+        )
+    } else {
+        c(REBASELINING, False, "Stable", "no recent re-baseline")
+    });
+    out.push(if o.rebaselines_last_hour > o.max_per_hour {
+        c(
+            DEGRADED,
+            True,
+            "FrequentRebaselines",
+            format!(
+                "{} re-baselines in the last hour (more than {} per hour): the archive's diffs may be broken or too far behind",
+                o.rebaselines_last_hour, o.max_per_hour
+            ),
+        )
+    } else {
+        c(DEGRADED, False, "AsExpected", format!("{} re-baselines in the last hour", o.rebaselines_last_hour))
+    });
+    out
+}
+
+fn caught_up(engines: &[EngineSource]) -> Cond {
+    use Status::*;
+    if engines.is_empty() {
+        return c(
+            CAUGHT_UP,
+            Unknown,
+            "NoData",
+            "no engine reported its status",
+        );
+    }
+    let lagging: Vec<String> = engines
+        .iter()
+        .filter(|e| {
+            let at_head = matches!((&e.position, &e.head), (Some(p), Some(h)) if p == h);
+            let small_lag = e.lag_seconds.is_some_and(|l| l <= CAUGHT_UP_LAG_SECONDS);
+            !(at_head || small_lag)
+        })
+        .map(|e| {
+            e.lag_seconds
+                .map(|l| format!("lag {}", format_lag(l)))
+                .unwrap_or_else(|| "position behind head".into())
+        })
+        .collect();
+    if lagging.is_empty() {
+        c(
+            CAUGHT_UP,
+            True,
+            "CaughtUp",
+            "every engine is at the archive's head",
+        )
+    } else {
+        c(
+            CAUGHT_UP,
+            False,
+            "Lagging",
+            format!(
+                "{}/{} engines behind: {}",
+                lagging.len(),
+                engines.len(),
+                lagging.join(", ")
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+use jiff::Timestamp;
+
+use super::*;
+use crate::operator::rebaseline::RebaselineTracker;
+
+fn t(mins: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + mins * 60).unwrap()
+}
+
+fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
+    cs.iter().find(|c| c.type_ == t).unwrap()
+}
+
+fn status_of(cs: &[Cond], t: &str) -> (Status, &'static str) {
+    let c = cs.iter().find(|c| c.type_ == t).unwrap();
+    (c.status, c.reason)
+}
+
+fn export_obs() -> ExportObservation {
+    ExportObservation {
+        invalid: None,
+        mode: ExportMode::OneShot,
+        scheduled: false,
+        suspended: false,
+        run: Some(RunStatus {
+            id: "abcd1234".into(),
+            ..Default::default()
+        }),
+        run_jobs: vec![JobPhase::Active],
+        last_outcome: None,
+        writers: (0, 0, false),
+        writers_with_snapshot: 0,
+    }
+}
+
+#[test]
+fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
+    let first = merge(&[], &[], &EXPORT_TYPES, t(0), Some(1));
+    assert_eq!(first.len(), 4);
+    assert!(
+        first
+            .iter()
+            .all(|c| c.status == "Unknown" && c.observed_generation == Some(1))
+    );
+    let ready = [c(READY, Status::True, "X", "")];
+    let second = merge(&first, &ready, &EXPORT_TYPES, t(1), Some(2));
+    assert_eq!(get(&second, READY).last_transition_time, time_string(t(1)));
+    assert_eq!(
+        get(&second, STALLED).last_transition_time,
+        time_string(t(0))
+    );
+    assert_eq!(get(&second, STALLED).observed_generation, Some(2));
+    let same = [c(READY, Status::True, "Y", "other message")];
+    let third = merge(&second, &same, &EXPORT_TYPES, t(5), Some(2));
+    assert_eq!(
+        get(&third, READY).last_transition_time,
+        time_string(t(1)),
+        "no flip, no new time"
+    );
+    assert_eq!(get(&third, READY).reason, "Y");
+    assert_eq!(transitions(&second, &third).len(), 0);
+    let flipped = merge(
+        &third,
+        &[c(READY, Status::False, "Z", "")],
+        &EXPORT_TYPES,
+        t(6),
+        Some(2),
+    );
+    let tr = transitions(&third, &flipped);
+    assert_eq!(tr.len(), 1);
+    assert_eq!(
+        (tr[0].type_.as_str(), tr[0].status.as_str()),
+        (READY, "False")
+    );
+    assert_eq!(time_string(t(0)), "2027-01-15T08:00:00Z");
+}
+
+#[test]
+fn oneshot_lifecycle() {
+    let mut o = export_obs();
+    let running = export_conditions(&o);
+    assert_eq!(
+        status_of(&running, RECONCILING),
+        (Status::True, "ExportRunning")
+    );
+    assert_eq!(status_of(&running, READY), (Status::False, "ExportRunning"));
+
+    o.run_jobs = vec![JobPhase::Succeeded];
+    o.run.as_mut().unwrap().succeeded = Some(true);
+    let done = export_conditions(&o);
+    assert_eq!(status_of(&done, READY), (Status::True, "ExportSucceeded"));
+    assert_eq!(
+        status_of(&done, LAST_EXPORT_SUCCEEDED),
+        (Status::True, "ExportSucceeded")
+    );
+    assert_eq!(status_of(&done, STALLED).0, Status::False);
+
+    // Later the Job is removed by its TTL: the recorded success stands.
+    o.run_jobs = vec![];
+    assert_eq!(
+        status_of(&export_conditions(&o), READY),
+        (Status::True, "ExportSucceeded")
+    );
+
+    o.run.as_mut().unwrap().succeeded = Some(false);
+    o.run_jobs = vec![JobPhase::Succeeded, JobPhase::Failed];
+    o.last_outcome = Some((false, "connection refused".into()));
+    let failed = export_conditions(&o);
+    assert_eq!(status_of(&failed, STALLED), (Status::True, "ExportFailed"));
+    assert_eq!(
+        status_of(&failed, LAST_EXPORT_SUCCEEDED),
+        (Status::False, "ExportFailed")
+    );
+    let msg = &failed
+        .iter()
+        .find(|c| c.type_ == LAST_EXPORT_SUCCEEDED)
+        .unwrap()
+        .message;
+    assert_eq!(msg, "connection refused");
+
+    o.run.as_mut().unwrap().succeeded = None;
+    o.run_jobs = vec![JobPhase::Missing];
+    let lost = export_conditions(&o);
+    assert_eq!(status_of(&lost, STALLED), (Status::True, "JobMissing"));
+    assert_eq!(
+        status_of(&lost, LAST_EXPORT_SUCCEEDED),
+        (Status::Unknown, "JobMissing")
+    );
+}
+
+#[test]
+fn run_outcome_folds_job_phases() {
+    use JobPhase::*;
+    assert_eq!(run_outcome(&[Succeeded, Active]), None);
+    assert_eq!(run_outcome(&[Succeeded, Succeeded]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Failed]), Some(false));
+    assert_eq!(run_outcome(&[Missing]), Some(false));
+    assert_eq!(run_outcome(&[]), Some(false));
+}
+
+#[test]
+fn invalid_spec_stalls() {
+    let mut o = export_obs();
+    o.invalid = Some("affinity is not a valid Affinity".into());
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "InvalidSpec"));
+    assert_eq!(status_of(&cs, READY).0, Status::False);
+}
+
+#[test]
+fn scheduled_and_continuous() {
+    let mut o = export_obs();
+    o.scheduled = true;
+    o.run = None;
+    o.run_jobs = vec![];
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::True, "Scheduled"));
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::Unknown, "NoExportYet")
+    );
+    o.last_outcome = Some((false, "exit code 1".into()));
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, "LastExportFailed"));
+    assert_eq!(
+        status_of(&cs, STALLED).0,
+        Status::False,
+        "the next scheduled run retries"
+    );
+    o.suspended = true;
+    assert_eq!(
+        status_of(&export_conditions(&o), READY),
+        (Status::True, "Suspended")
+    );
+
+    let mut c = export_obs();
+    c.mode = ExportMode::Continuous;
+    c.run = None;
+    c.run_jobs = vec![];
+    c.writers = (0, 2, false);
+    let cs = export_conditions(&c);
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, "WaitingForWriter")
+    );
+    c.writers = (2, 2, false);
+    c.writers_with_snapshot = 2;
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::True, "SnapshotWritten")
+    );
+    c.writers = (0, 2, true);
+    assert_eq!(
+        status_of(&export_conditions(&c), STALLED),
+        (Status::True, "WriterNotProgressing")
+    );
+}
+
+fn source_obs() -> SourceObservation {
+    SourceObservation {
+        invalid: None,
+        waiting_for: None,
+        suspended: false,
+        desired_replicas: 2,
+        ready_replicas: 2,
+        rolled_out: true,
+        engines: vec![],
+        rebaselining: false,
+        rebaselines_last_hour: 0,
+        max_per_hour: 2,
+    }
+}
+
+#[test]
+fn source_readiness_and_caught_up() {
+    let mut o = source_obs();
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::True, "EnginesReady"));
+    assert_eq!(status_of(&cs, CAUGHT_UP), (Status::Unknown, "NoData"));
+    o.ready_replicas = 1;
+    assert_eq!(
+        status_of(&source_conditions(&o), RECONCILING),
+        (Status::True, "WaitingForEngines")
+    );
+    o.engines = vec![
+        EngineSource {
+            position: Some("0/10".into()),
+            head: Some("0/10".into()),
+            ..Default::default()
+        },
+        EngineSource {
+            lag_seconds: Some(303.0),
+            position: Some("0/08".into()),
+            head: Some("0/10".into()),
+            ..Default::default()
+        },
+    ];
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, CAUGHT_UP), (Status::False, "Lagging"));
+    assert!(cs.iter().any(|c| c.message.contains("lag 5m3s")));
+    o.engines[1].lag_seconds = Some(3.0);
+    assert_eq!(
+        status_of(&source_conditions(&o), CAUGHT_UP),
+        (Status::True, "CaughtUp")
+    );
+    o.waiting_for = Some("ArchiveExport users not found".into());
+    assert_eq!(
+        status_of(&source_conditions(&o), READY),
+        (Status::False, "ExportNotFound")
+    );
+}
+
+/// Counter samples over time → Rebaselining / Degraded, through the same path the controller
+/// uses (tracker → observation → conditions → merge → transitions for Events).
+#[test]
+fn rebaseline_feed_drives_rebaselining_and_degraded() {
+    let mut tracker = RebaselineTracker::default();
+    let mut conds: Vec<Condition> = vec![];
+    let mut events: Vec<(i64, String, String)> = vec![];
+    // (minute, counter of pod-0, counter of pod-1)
+    let samples = [
+        (0, 5.0, 2.0),  // baseline
+        (1, 5.0, 2.0),  // quiet
+        (2, 6.0, 2.0),  // one re-baseline → Rebaselining
+        (10, 6.0, 2.0), // quiet for 8 min → Rebaselining clears
+        (20, 7.0, 3.0), // two more (3 in the last hour > maxPerHour 2) → Degraded
+        (21, 7.0, 3.0),
+        (90, 7.0, 3.0), // the hour has passed → Degraded clears
+    ];
+    let mut seen = vec![];
+    for (m, a, b) in samples {
+        let now = t(m);
+        tracker.observe(now, &[("p-0".into(), a, false), ("p-1".into(), b, false)]);
+        let mut o = source_obs();
+        o.rebaselining = tracker.recent(now);
+        o.rebaselines_last_hour = tracker.in_last_hour(now);
+        let next = merge(&conds, &source_conditions(&o), &SOURCE_TYPES, now, Some(1));
+        for tr in transitions(&conds, &next) {
+            if tr.type_ == REBASELINING || tr.type_ == DEGRADED {
+                events.push((m, tr.type_.clone(), tr.status.clone()));
+            }
+        }
+        seen.push((
+            m,
+            get(&next, REBASELINING).status.clone(),
+            get(&next, DEGRADED).status.clone(),
+        ));
+        conds = next;
+    }
+    let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+    let statuses: Vec<(String, String)> = seen
+        .iter()
+        .map(|(_, r, d)| (r.clone(), d.clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![
+            s("False", "False"),
+            s("False", "False"),
+            s("True", "False"),
+            s("False", "False"),
+            s("True", "True"),
+            s("True", "True"),
+            s("False", "False"),
+        ]
+    );
+    assert_eq!(tracker.total, 3);
+    assert_eq!(get(&conds, DEGRADED).reason, "AsExpected");
+    // One Event per transition: first visit sets both, then each flip.
+    let flips: Vec<(i64, &str, &str)> = events
+        .iter()
+        .map(|(m, t, s)| (*m, t.as_str(), s.as_str()))
+        .collect();
+    assert_eq!(
+        flips,
+        vec![
+            (0, REBASELINING, "False"),
+            (0, DEGRADED, "False"),
+            (2, REBASELINING, "True"),
+            (10, REBASELINING, "False"),
+            (20, REBASELINING, "True"),
+            (20, DEGRADED, "True"),
+            (90, REBASELINING, "False"),
+            (90, DEGRADED, "False"),
+        ]
+    );
+}

@@ -1,0 +1,248 @@
+//! Parsers for what the operator reads from its pods: the export summary (termination message),
+//! a Continuous writer's `/status`, an engine's `/status` and `/metrics`. Pure; the controllers
+//! fetch, these interpret. Malformed input yields `None`, never a panic.
+
+use serde::Deserialize;
+
+use crate::operator::crd::archive_export::{ExportSummary, WriterStatus};
+
+/// The JSON summary `larch export` writes to `/dev/termination-log`.
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+struct SummaryJson {
+    table: String,
+    #[serde(default)]
+    key_prefix: Option<String>,
+    #[serde(default)]
+    position: Option<String>,
+    #[serde(default)]
+    row_count: Option<i64>,
+    #[serde(default)]
+    epoch: Option<i64>,
+}
+
+/// Parses an export summary; `time` and `pod` are the container's finish time and pod name.
+pub fn parse_summary(
+    message: &str,
+    time: Option<String>,
+    pod: Option<String>,
+) -> Option<ExportSummary> {
+    // The summary is the last JSON object in the message (the exporter may print more).
+    let s: SummaryJson = serde_json::from_str(message.trim()).ok().or_else(|| {
+        message
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l.trim()).ok())
+    })?;
+    Some(ExportSummary {
+        table: s.table,
+        key_prefix: s.key_prefix,
+        position: s.position,
+        row_count: s.row_count,
+        epoch: s.epoch,
+        time,
+        pod,
+    })
+}
+
+#[derive(Deserialize, Debug)]
+struct WriterJson {
+    table: String,
+    #[serde(default)]
+    epoch: Option<i64>,
+    #[serde(default)]
+    head_position: Option<String>,
+    #[serde(default)]
+    buffer_depth: Option<i64>,
+    #[serde(default)]
+    last_snapshot_at: Option<String>,
+}
+
+/// Parses a Continuous writer's `/status`.
+pub fn parse_writer_status(body: &str) -> Option<WriterStatus> {
+    let w: WriterJson = serde_json::from_str(body).ok()?;
+    Some(WriterStatus {
+        table: w.table,
+        epoch: w.epoch,
+        head_position: w.head_position,
+        buffer_depth: w.buffer_depth,
+        last_snapshot_at: w.last_snapshot_at,
+    })
+}
+
+/// One source in an engine's `/status`.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct EngineSource {
+    #[serde(default)]
+    pub state: Option<String>,
+    #[serde(default)]
+    pub position: Option<String>,
+    #[serde(default)]
+    pub head: Option<String>,
+    #[serde(default)]
+    pub epoch: Option<i64>,
+    #[serde(default)]
+    pub lag_seconds: Option<f64>,
+    #[serde(default)]
+    pub rebaselines: Option<i64>,
+    #[serde(default)]
+    pub rows: Option<i64>,
+}
+
+#[derive(Deserialize, Debug)]
+struct EngineStatusJson {
+    #[serde(default)]
+    sources: std::collections::BTreeMap<String, EngineSource>,
+}
+
+/// Parses an engine's `/status` and returns the entry of source `id`.
+pub fn parse_engine_status(body: &str, id: &str) -> Option<EngineSource> {
+    let s: EngineStatusJson = serde_json::from_str(body).ok()?;
+    s.sources.get(id).cloned()
+}
+
+pub const REBASELINE_METRIC: &str = "laredo_source_rebaseline_total";
+
+/// Reads `laredo_source_rebaseline_total{source="<id>"}` from Prometheus text exposition.
+pub fn parse_rebaseline_total(metrics: &str, id: &str) -> Option<f64> {
+    let mut total = None;
+    for line in metrics.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix(REBASELINE_METRIC) else {
+            continue;
+        };
+        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+            let Some(end) = rest.find('}') else { continue };
+            (&rest[..end], &rest[end + 1..])
+        } else if rest.starts_with(' ') {
+            ("", rest)
+        } else {
+            continue; // another metric sharing the prefix
+        };
+        if label_value(labels, "source").as_deref() != Some(id) {
+            continue;
+        }
+        let Some(v) = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        *total.get_or_insert(0.0) += v;
+    }
+    total
+}
+
+fn label_value(labels: &str, name: &str) -> Option<String> {
+    let mut rest = labels;
+    while !rest.is_empty() {
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim().trim_start_matches(',').trim();
+        let after = rest[eq + 1..].trim_start().strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        value.push(if n == 'n' { '\n' } else { n });
+                    }
+                }
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let end = end?;
+        if key == name {
+            return Some(value);
+        }
+        rest = &after[end + 1..];
+    }
+    None
+}
+
+/// Formats a lag in seconds for status and printer columns: `12s`, `5m3s`, `2h10m`.
+pub fn format_lag(seconds: f64) -> String {
+    let s = if seconds.is_finite() && seconds > 0.0 {
+        seconds.round() as u64
+    } else {
+        0
+    };
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_from_termination_message() {
+        let msg = r#"{"key_prefix": "public.users/", "position": "0/016B3748", "row_count": 3, "table": "public.users", "epoch": 2}"#;
+        let s = parse_summary(msg, Some("t".into()), Some("p".into())).unwrap();
+        assert_eq!(s.table, "public.users");
+        assert_eq!(s.key_prefix.as_deref(), Some("public.users/"));
+        assert_eq!(s.position.as_deref(), Some("0/016B3748"));
+        assert_eq!((s.row_count, s.epoch), (Some(3), Some(2)));
+        assert_eq!(
+            (s.time.as_deref(), s.pod.as_deref()),
+            (Some("t"), Some("p"))
+        );
+        let noisy = format!("starting\n{msg}\n");
+        assert_eq!(
+            parse_summary(&noisy, None, None).unwrap().row_count,
+            Some(3)
+        );
+        assert!(parse_summary("panic: boom", None, None).is_none());
+        assert!(parse_summary("", None, None).is_none());
+    }
+
+    #[test]
+    fn writer_and_engine_status() {
+        let w = parse_writer_status(
+            r#"{"table":"public.events","epoch":4,"head_position":"0/1A","buffer_depth":12,"last_snapshot_at":"2026-11-29T08:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!((w.epoch, w.buffer_depth), (Some(4), Some(12)));
+        assert_eq!(w.head_position.as_deref(), Some("0/1A"));
+        assert!(parse_writer_status("not json").is_none());
+        let body = r#"{"sources":{"seed":{"state":"following","position":"0/10","head":"0/12","epoch":1,"lag_seconds":2.5,"rebaselines":1},"other":{}}}"#;
+        let e = parse_engine_status(body, "seed").unwrap();
+        assert_eq!(e.state.as_deref(), Some("following"));
+        assert_eq!(e.lag_seconds, Some(2.5));
+        assert_eq!(e.rebaselines, Some(1));
+        assert!(parse_engine_status(body, "missing").is_none());
+    }
+
+    #[test]
+    fn rebaseline_counter_from_prometheus_text() {
+        let text = "# HELP laredo_source_rebaseline_total Re-baselines.\n\
+                    # TYPE laredo_source_rebaseline_total counter\n\
+                    laredo_source_rebaseline_total{source=\"seed\"} 3\n\
+                    laredo_source_rebaseline_total{source=\"other\"} 7\n\
+                    laredo_source_rebaseline_total_created{source=\"seed\"} 1.7e9\n\
+                    laredo_source_rebaseline_total{reason=\"gap\",source=\"seed\"} 2 1700000000000\n\
+                    laredo_source_rebaseline_total{source=\"we\\\"ird\"} 9\n";
+        assert_eq!(parse_rebaseline_total(text, "seed"), Some(5.0));
+        assert_eq!(parse_rebaseline_total(text, "other"), Some(7.0));
+        assert_eq!(parse_rebaseline_total(text, "we\"ird"), Some(9.0));
+        assert_eq!(parse_rebaseline_total(text, "absent"), None);
+        assert_eq!(parse_rebaseline_total("", "seed"), None);
+    }
+
+    #[test]
+    fn lag_formatting() {
+        assert_eq!(format_lag(0.2), "0s");
+        assert_eq!(format_lag(12.4), "12s");
+        assert_eq!(format_lag(303.0), "5m3s");
+        assert_eq!(format_lag(7800.0), "2h10m");
+        assert_eq!(format_lag(f64::NAN), "0s");
+    }
+}
