@@ -31,6 +31,8 @@ pub enum Command {
     Engine(engine::EngineArgs),
     /// Print the operator's CustomResourceDefinitions (multi-document YAML).
     Crd,
+    /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
+    Operator(crate::operator::cli::OperatorArgs),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -111,6 +113,10 @@ pub fn main() -> i32 {
             Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
             Command::Crd => Ok(crate::operator::cli::crd()),
+            Command::Operator(args) => {
+                init_tracing();
+                crate::operator::cli::operator(args).await
+            }
         }
     });
     match result {

@@ -1,7 +1,111 @@
 //! Entry points of the operator subcommands (`larch crd`, `larch operator`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+use super::controllers::{self, context::Context};
+use super::leader::LeaderElector;
+use super::metrics::Metrics;
+use super::probe::HttpProber;
+use super::server::{ServerState, router};
+
 /// `larch crd`: print every CRD as multi-document YAML. Returns the exit code.
 pub fn crd() -> i32 {
     print!("{}", super::crd::all_yaml());
     0
+}
+
+/// Flags of `larch operator`.
+#[derive(Args, Debug, Clone)]
+pub struct OperatorArgs {
+    /// Image of the pods the operator creates (runs `larch export` / `larch engine`).
+    #[arg(long, env = "LARCH_IMAGE")]
+    pub image: String,
+    /// Address of the operator's health and metrics endpoints.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: String,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "LARCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Elect a leader on a coordination.k8s.io Lease before reconciling (for several replicas).
+    #[arg(long, env = "LARCH_LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+    /// Namespace of the leader Lease (default: the pod's namespace, from POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "larch-operator")]
+    pub lease_name: String,
+}
+
+/// `larch operator`: runs the controllers until a signal (inside the CLI's tokio runtime).
+pub async fn operator(args: OperatorArgs) -> anyhow::Result<i32> {
+    run(args).await.map(|()| 0)
+}
+
+async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    let app = router(ServerState {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+    });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "health server stopped");
+        }
+    });
+
+    let client = kube::Client::try_default().await?;
+    client.apiserver_version().await?;
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(image = %args.image, namespace = ?args.namespace, "larch operator starting");
+
+    let elector = if args.leader_election {
+        let ns = args
+            .lease_namespace
+            .clone()
+            .or_else(|| args.namespace.clone())
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let identity = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| format!("larch-operator-{}", std::process::id()));
+        let e = LeaderElector {
+            api: Api::<Lease>::namespaced(client.clone(), &ns),
+            name: args.lease_name.clone(),
+            identity,
+            lease_duration: Duration::from_secs(15),
+            retry: Duration::from_secs(5),
+        };
+        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for leadership");
+        e.acquire().await;
+        tracing::info!("leading");
+        Some(e)
+    } else {
+        None
+    };
+
+    let ctx = Arc::new(Context::new(
+        client,
+        args.image,
+        metrics,
+        Arc::new(HttpProber::default()),
+    ));
+    let controllers = controllers::run(ctx, args.namespace);
+    match elector {
+        Some(e) => tokio::select! {
+            _ = controllers => Ok(()),
+            _ = e.keep() => anyhow::bail!("lost leadership; exiting so a fresh process can take over"),
+        },
+        None => {
+            controllers.await;
+            Ok(())
+        }
+    }
 }

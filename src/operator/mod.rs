@@ -5,6 +5,11 @@
 pub mod builders;
 pub mod cli;
 pub mod conditions;
+pub mod controllers;
 pub mod crd;
+pub mod leader;
+pub mod metrics;
 pub mod observe;
+pub mod probe;
 pub mod rebaseline;
+pub mod server;

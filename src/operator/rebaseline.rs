@@ -19,6 +19,8 @@ pub struct RebaselineTracker {
     increases: VecDeque<(Timestamp, u64)>,
     pub total: i64,
     pub last_time: Option<Timestamp>,
+    /// When the previous scrape was fed.
+    pub last_scrape: Option<Timestamp>,
 }
 
 impl RebaselineTracker {
@@ -55,6 +57,7 @@ impl RebaselineTracker {
             seen.insert(pod.clone(), value);
         }
         self.last = seen;
+        self.last_scrape = Some(now);
         if increase > 0 {
             self.increases.push_back((now, increase));
             self.total += increase as i64;

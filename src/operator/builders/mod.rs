@@ -78,4 +78,4 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,499 @@
+//! The ArchiveExport controller: dereference → validate → build → apply (server-side apply, one
+//! field manager) → observe (Jobs, pods' termination messages, writers' `/status`) → status.
+//!
+//! OneShot runs: a run is identified by a hash of the spec and the `larch.dev/run-requested`
+//! token. Its Jobs are created once, when the run is new; the run is then recorded in status, and
+//! a recorded run is only ever observed, never re-created, so a Job removed by its TTL (or by
+//! hand) does not run again. A new spec or a new token starts a new run.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::context::{Context, Error, MANAGER_EXPORT};
+use crate::operator::builders::export::{self as build, ExportChildren};
+use crate::operator::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
+use crate::operator::conditions::{
+    self, EXPORT_TYPES, ExportObservation, JobPhase, export_conditions, run_outcome, time_string,
+};
+use crate::operator::crd::archive_export::{
+    ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
+    RunStatus, WriterStatus,
+};
+use crate::operator::observe;
+
+/// Spec checks the schema cannot express.
+pub fn validate(export: &ArchiveExport) -> Option<String> {
+    if let Some(a) = export.spec.pod.as_ref().and_then(|p| p.affinity.as_ref())
+        && let Err(e) = serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
+    {
+        return Some(format!("spec.pod.affinity is not a valid Affinity: {e}"));
+    }
+    if export.spec.source.all_tables().is_empty() {
+        return Some("set spec.source.table or spec.source.tables".into());
+    }
+    None
+}
+
+/// The run the spec and token ask for: always one without a schedule; with a schedule only
+/// when the run-requested annotation is set.
+pub fn wanted_run(export: &ArchiveExport) -> Option<(String, Option<String>)> {
+    if export.spec.mode != ExportMode::OneShot {
+        return None;
+    }
+    let token = export.annotations().get(RUN_REQUESTED_ANNOTATION).cloned();
+    if export.spec.schedule.is_some() && token.is_none() {
+        return None;
+    }
+    Some((build::run_id(export, token.as_deref()), token))
+}
+
+fn job_phase(job: &Job) -> JobPhase {
+    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let has =
+        |t: &str| conds.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"));
+    if has("Complete") || has("SuccessCriteriaMet") {
+        JobPhase::Succeeded
+    } else if has("Failed") || has("FailureTarget") {
+        JobPhase::Failed
+    } else {
+        JobPhase::Active
+    }
+}
+
+/// Finished export pods: successes (parsed summaries) and the outcome of the newest one.
+struct PodFindings {
+    summaries: Vec<ExportSummary>,
+    /// (finished at, success, message) of the newest finished export container.
+    newest: Option<(String, bool, String)>,
+}
+
+fn read_pods(pods: &[Pod]) -> PodFindings {
+    let mut out = PodFindings {
+        summaries: vec![],
+        newest: None,
+    };
+    for pod in pods {
+        let Some(statuses) = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+        else {
+            continue;
+        };
+        for cs in statuses.iter().filter(|c| c.name == build::CONTAINER) {
+            let Some(term) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+                continue;
+            };
+            let finished = term.finished_at.as_ref().map(|t| time_string(t.0));
+            let message = term.message.clone().unwrap_or_default();
+            let ok = term.exit_code == 0;
+            if ok
+                && let Some(mut s) =
+                    observe::parse_summary(&message, finished.clone(), Some(pod.name_any()))
+            {
+                if s.table.is_empty()
+                    && let Some(t) = pod.annotations().get(ANNOTATION_TABLE)
+                {
+                    s.table = t.clone();
+                }
+                out.summaries.push(s);
+            }
+            let detail = if ok {
+                format!("pod {} exported", pod.name_any())
+            } else {
+                let reason = term.reason.clone().unwrap_or_else(|| "Error".into());
+                let msg: String = message.chars().take(512).collect();
+                format!(
+                    "pod {} exited {} ({reason}): {msg}",
+                    pod.name_any(),
+                    term.exit_code
+                )
+            };
+            let key = finished.unwrap_or_default();
+            if out.newest.as_ref().is_none_or(|(t, _, _)| key > *t) {
+                out.newest = Some((key, ok, detail));
+            }
+        }
+    }
+    out
+}
+
+/// Keeps the newest summary per table.
+fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Vec<ExportSummary> {
+    for s in new {
+        match known.iter_mut().find(|k| k.table == s.table) {
+            Some(k) if k.time <= s.time => *k = s,
+            Some(_) => {}
+            None => known.push(s),
+        }
+    }
+    known.sort_by(|a, b| a.table.cmp(&b.table));
+    known.truncate(32);
+    known
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().expect("children have names");
+    Ok(api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_EXPORT).force(),
+            &Patch::Apply(obj),
+        )
+        .await?)
+}
+
+/// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule
+/// changed). Jobs are left to their TTL.
+async fn prune<K>(api: &Api<K>, selector: &str, keep: &BTreeSet<String>) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for obj in api.list(&ListParams::default().labels(selector)).await? {
+        let name = obj.name_any();
+        if !keep.contains(&name) {
+            api.delete(&name, &DeleteParams::background()).await?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = export.namespace().ok_or(Error::NoNamespace)?;
+    let name = export.name_any();
+    let now = ctx.now();
+    let client = ctx.client.clone();
+    let old = export.status.clone().unwrap_or_default();
+    let mut status = ArchiveExportStatus {
+        observed_generation: export.metadata.generation,
+        ..old.clone()
+    };
+    let suspended = export.spec.suspend == Some(true);
+    let mut obs = ExportObservation {
+        invalid: validate(&export),
+        mode: export.spec.mode,
+        scheduled: export.spec.schedule.is_some(),
+        suspended,
+        run: old.run.clone(),
+        run_jobs: vec![],
+        last_outcome: None,
+        writers: (0, 0, false),
+        writers_with_snapshot: 0,
+    };
+    let mut events: Vec<Event> = vec![];
+    let mut requeue = Duration::from_secs(300);
+
+    if obs.invalid.is_none() {
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        let selector = format!("{LABEL_EXPORT}={name}");
+        let tables = export.spec.source.all_tables();
+
+        // Which run, if any, is new and needs its Jobs created.
+        let mut new_run = None;
+        if let Some((id, token)) = wanted_run(&export)
+            && old.run.as_ref().is_none_or(|r| r.id != id)
+            && !suspended
+        {
+            new_run = Some(id.clone());
+            status.run = Some(RunStatus {
+                id,
+                token,
+                start_time: Some(time_string(now)),
+                completion_time: None,
+                succeeded: None,
+            });
+        }
+
+        // Build and apply.
+        let children: ExportChildren = build::children(&export, new_run.as_deref(), &ctx.build);
+        if let Some(pvc) = &children.pvc {
+            apply(
+                &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns),
+                pvc,
+            )
+            .await?;
+        }
+        let cron_api: Api<CronJob> = Api::namespaced(client.clone(), &ns);
+        for cj in &children.cron_jobs {
+            apply(&cron_api, cj).await?;
+        }
+        let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        let mut applied_deps = vec![];
+        for d in &children.deployments {
+            applied_deps.push(apply(&dep_api, d).await?);
+        }
+        for j in &children.jobs {
+            apply(&jobs, j).await?;
+        }
+        let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<BTreeSet<_>>();
+        prune(
+            &cron_api,
+            &selector,
+            &names(
+                children
+                    .cron_jobs
+                    .iter()
+                    .map(|c| c.metadata.name.clone())
+                    .collect(),
+            ),
+        )
+        .await?;
+        prune(
+            &dep_api,
+            &selector,
+            &names(
+                children
+                    .deployments
+                    .iter()
+                    .map(|c| c.metadata.name.clone())
+                    .collect(),
+            ),
+        )
+        .await?;
+        if let Some(id) = &new_run {
+            events.push(Event {
+                type_: EventType::Normal,
+                reason: "ExportStarted".into(),
+                note: Some(format!("run {id}: {} Job(s) created", children.jobs.len())),
+                action: "CreateJobs".into(),
+                secondary: None,
+            });
+        }
+
+        // Observe the current run's Jobs.
+        if let Some(run) = status.run.clone().filter(|r| r.succeeded.is_none()) {
+            if new_run.is_some() {
+                obs.run_jobs = vec![JobPhase::Active; tables.len()];
+            } else {
+                let listed = jobs
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("{selector},{LABEL_RUN}={}", run.id)),
+                    )
+                    .await?;
+                obs.run_jobs = tables
+                    .iter()
+                    .map(|t| {
+                        let want = build::job_name(&export, t, &run.id);
+                        listed
+                            .items
+                            .iter()
+                            .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
+                            .map(job_phase)
+                            .unwrap_or(JobPhase::Missing)
+                    })
+                    .collect();
+                if let Some(ok) = run_outcome(&obs.run_jobs)
+                    && !obs.run_jobs.contains(&JobPhase::Missing)
+                {
+                    let r = status.run.as_mut().expect("run exists");
+                    r.succeeded = Some(ok);
+                    r.completion_time = Some(time_string(now));
+                    events.push(Event {
+                        type_: if ok {
+                            EventType::Normal
+                        } else {
+                            EventType::Warning
+                        },
+                        reason: if ok {
+                            "ExportSucceeded"
+                        } else {
+                            "ExportFailed"
+                        }
+                        .into(),
+                        note: Some(format!("run {}", run.id)),
+                        action: "Export".into(),
+                        secondary: None,
+                    });
+                }
+            }
+            requeue = Duration::from_secs(60);
+        }
+        obs.run = status.run.clone();
+
+        // Summaries and outcomes from the export pods' termination messages.
+        if export.spec.mode == ExportMode::OneShot {
+            let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+            let found = read_pods(&listed.items);
+            obs.last_outcome = found.newest.map(|(_, ok, msg)| (ok, msg));
+            status.tables = merge_summaries(std::mem::take(&mut status.tables), found.summaries);
+            status.last_export = status
+                .tables
+                .iter()
+                .max_by(|a, b| a.time.cmp(&b.time))
+                .cloned();
+        }
+
+        // Continuous writers: Deployment status and each ready pod's /status.
+        if export.spec.mode == ExportMode::Continuous {
+            let desired = if suspended { 0 } else { tables.len() as i32 };
+            let ready: i32 = applied_deps
+                .iter()
+                .map(|d| {
+                    d.status
+                        .as_ref()
+                        .and_then(|s| s.available_replicas)
+                        .unwrap_or(0)
+                        .min(1)
+                })
+                .sum();
+            let stalled = applied_deps.iter().any(|d| {
+                d.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c.type_.as_deref() == Some("Progressing")
+                                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                        })
+                    })
+            });
+            obs.writers = (ready, desired, stalled);
+            let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+            let mut writers: Vec<WriterStatus> = vec![];
+            for pod in &listed.items {
+                let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+                    continue;
+                };
+                if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
+                    && let Some(w) = observe::parse_writer_status(&body)
+                {
+                    writers.push(w);
+                }
+            }
+            writers.sort_by(|a, b| a.table.cmp(&b.table));
+            writers.truncate(32);
+            obs.writers_with_snapshot = writers
+                .iter()
+                .filter(|w| w.last_snapshot_at.is_some())
+                .count();
+            status.writers = writers;
+            requeue = Duration::from_secs(30);
+        }
+    }
+
+    // Conditions, metrics, status (only when changed), events.
+    let desired = export_conditions(&obs);
+    status.conditions = conditions::merge(
+        &old.conditions,
+        &desired,
+        &EXPORT_TYPES,
+        now,
+        export.metadata.generation,
+    );
+    let failing = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == "False");
+    ctx.metrics
+        .export_failing
+        .with_label_values(&[ns.as_str(), name.as_str()])
+        .set(if failing { 1.0 } else { 0.0 });
+    for t in &status.tables {
+        if let Some(ts) = t
+            .time
+            .as_deref()
+            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+        {
+            ctx.metrics
+                .export_last_success
+                .with_label_values(&[ns.as_str(), name.as_str(), t.table.as_str()])
+                .set(ts.as_second() as f64);
+        }
+    }
+    if export.status.as_ref() != Some(&status) {
+        let api: Api<ArchiveExport> = Api::namespaced(client.clone(), &ns);
+        let body = json!({
+            "apiVersion": ArchiveExport::api_version(&()),
+            "kind": ArchiveExport::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(MANAGER_EXPORT).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    }
+    let reference = export.object_ref(&());
+    for e in &events {
+        // Events are best effort: a failed publish must not fail the reconcile.
+        if let Err(err) = ctx.recorder.publish(e, &reference).await {
+            tracing::warn!(%err, export = %name, "could not publish event");
+        }
+    }
+    Ok(Action::requeue(requeue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn pod(name: &str, exit: i32, msg: &str, minute: i64) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.status = Some(PodStatus {
+            container_statuses: Some(vec![ContainerStatus {
+                name: "larch".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: exit,
+                        message: Some(msg.into()),
+                        finished_at: Some(Time(
+                            jiff::Timestamp::from_second(1_800_000_000 + minute * 60).unwrap(),
+                        )),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn pods_yield_summaries_and_the_newest_outcome() {
+        let ok = r#"{"key_prefix":"public.a/","position":"0/1","row_count":3,"table":"public.a","epoch":1}"#;
+        let ok2 = r#"{"key_prefix":"public.a/","position":"0/2","row_count":4,"table":"public.a","epoch":1}"#;
+        let pods = [
+            pod("p1", 0, ok, 1),
+            pod("p2", 1, "connection refused", 3),
+            pod("p3", 0, ok2, 2),
+        ];
+        let f = read_pods(&pods);
+        assert_eq!(f.summaries.len(), 2);
+        let (_, success, msg) = f.newest.unwrap();
+        assert!(!success);
+        assert!(
+            msg.contains("exited 1") && msg.contains("connection refused"),
+            "{msg}"
+        );
+        let merged = merge_summaries(vec![], f.summaries);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(
+            merged[0].position.as_deref(),
+            Some("0/2"),
+            "the newest summary per table wins"
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! The two kube-runtime controllers. Each owns its children (owner references, so child
+//! changes and deletions re-trigger the owner) and applies them with its own field manager.
+//! No finalizers: nothing outside the cluster is cleaned up on delete (archives and state
+//! volumes are kept; see docs/operator.md).
+
+pub mod context;
+pub mod export;
+pub mod source;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use self::context::{Context, Error};
+use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, MANAGED_BY};
+use crate::operator::crd::{ArchiveExport, ArchiveSource};
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn error_policy<K: kube::Resource>(
+    controller: &'static str,
+) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |obj, err, ctx| {
+        ctx.metrics
+            .errors
+            .with_label_values(&[controller, err.label()])
+            .inc();
+        tracing::warn!(%err, controller, object = %obj_name(&*obj), "reconcile failed");
+        Action::requeue(Duration::from_secs(30))
+    }
+}
+
+fn obj_name<K: ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Wraps a reconcile with the reconcile counter and duration histogram.
+async fn measured<K, F, Fut>(
+    controller: &'static str,
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+    f: F,
+) -> Result<Action, Error>
+where
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
+    ctx.metrics
+        .reconciles
+        .with_label_values(&[controller])
+        .inc();
+    let start = Instant::now();
+    let out = f(obj, ctx.clone()).await;
+    ctx.metrics
+        .duration
+        .with_label_values(&[controller])
+        .observe(start.elapsed().as_secs_f64());
+    out
+}
+
+/// Runs both controllers until a shutdown signal.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+    let client = ctx.client.clone();
+    let ns = namespace.as_deref();
+    let cfg = watcher::Config::default().any_semantic();
+    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let export_pods = watcher::Config::default().labels(&format!(
+        "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}=export"
+    ));
+
+    let exports = Controller::new(api::<ArchiveExport>(&client, ns), cfg.clone())
+        .owns(api::<Job>(&client, ns), owned.clone())
+        .owns(api::<CronJob>(&client, ns), owned.clone())
+        .owns(api::<Deployment>(&client, ns), owned.clone())
+        .owns(api::<PersistentVolumeClaim>(&client, ns), owned.clone())
+        // Export pods carry the export's name: their termination messages feed status.
+        .watches(api::<Pod>(&client, ns), export_pods, |pod: Pod| {
+            let name = pod.labels().get(LABEL_EXPORT).cloned();
+            let ns = pod.namespace();
+            name.zip(ns).map(|(n, ns)| ObjectRef::new(&n).within(&ns))
+        })
+        .shutdown_on_signal()
+        .run(
+            |o, c| measured("export", o, c, export::reconcile),
+            error_policy::<ArchiveExport>("export"),
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    let sources = Controller::new(api::<ArchiveSource>(&client, ns), cfg.clone());
+    let store = sources.store();
+    let sources = sources
+        .owns(api::<StatefulSet>(&client, ns), owned.clone())
+        .owns(api::<ConfigMap>(&client, ns), owned.clone())
+        .owns(api::<Service>(&client, ns), owned)
+        // An ArchiveExport change (location, status key prefix) re-resolves the sources using it.
+        .watches(
+            api::<ArchiveExport>(&client, ns),
+            cfg,
+            move |e: ArchiveExport| {
+                let (name, ns) = (e.name_any(), e.namespace());
+                store
+                    .state()
+                    .iter()
+                    .filter(|s| {
+                        s.namespace() == ns
+                            && s.spec
+                                .archive
+                                .export_ref
+                                .as_ref()
+                                .is_some_and(|r| r.name == name)
+                    })
+                    .map(|s| ObjectRef::from_obj(&**s))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(
+            |o, c| measured("source", o, c, source::reconcile),
+            error_policy::<ArchiveSource>("source"),
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    futures::join!(exports, sources);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,291 @@
+//! The ArchiveSource controller: dereference (`exportRef`) → validate → build → apply
+//! (server-side apply, one field manager) → observe (StatefulSet, engines' `/status` and
+//! `/metrics`) → status, with Events on re-baseline transitions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::context::{Context, Error, MANAGER_SOURCE};
+use crate::operator::builders::engine_config::{resolve, source_id};
+use crate::operator::builders::{LABEL_SOURCE, source as build};
+use crate::operator::conditions::{
+    self, DEFAULT_MAX_REBASELINES_PER_HOUR, SOURCE_TYPES, SourceObservation, source_conditions,
+    time_string,
+};
+use crate::operator::crd::archive_export::ArchiveExport;
+use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
+use crate::operator::crd::common::Condition;
+use crate::operator::observe::{self, EngineSource};
+use crate::operator::rebaseline::RebaselineTracker;
+
+/// Parses an LSN (`16/B374D848`) for ordering.
+fn lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+fn validate(source: &ArchiveSource) -> Option<String> {
+    if let Some(a) = source.spec.pod.as_ref().and_then(|p| p.affinity.as_ref())
+        && let Err(e) = serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
+    {
+        return Some(format!("spec.pod.affinity is not a valid Affinity: {e}"));
+    }
+    None
+}
+
+async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().expect("children have names");
+    Ok(api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER_SOURCE).force(),
+            &Patch::Apply(obj),
+        )
+        .await?)
+}
+
+/// Events for re-baseline and readiness transitions (first visits only when abnormal).
+fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
+    let mut out = vec![];
+    for c in conditions::transitions(before, after) {
+        let first = !before.iter().any(|b| b.type_ == c.type_);
+        let (type_, reason) = match (c.type_.as_str(), c.status.as_str()) {
+            (conditions::REBASELINING, "True") => (EventType::Warning, "Rebaselining"),
+            (conditions::REBASELINING, "False") if !first => {
+                (EventType::Normal, "RebaselineSettled")
+            }
+            (conditions::DEGRADED, "True") => (EventType::Warning, "FrequentRebaselines"),
+            (conditions::DEGRADED, "False") if !first => (EventType::Normal, "RebaselinesNormal"),
+            (conditions::READY, "True") => (EventType::Normal, "Ready"),
+            (conditions::READY, "False") if !first => (EventType::Warning, "NotReady"),
+            _ => continue,
+        };
+        out.push(Event {
+            type_,
+            reason: reason.into(),
+            note: Some(c.message.chars().take(1000).collect()),
+            action: "Observe".into(),
+            secondary: None,
+        });
+    }
+    out
+}
+
+pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = source.namespace().ok_or(Error::NoNamespace)?;
+    let name = source.name_any();
+    let key = format!("{ns}/{name}");
+    let now = ctx.now();
+    let client = ctx.client.clone();
+    let old = source.status.clone().unwrap_or_default();
+    let mut status = ArchiveSourceStatus {
+        observed_generation: source.metadata.generation,
+        ..old.clone()
+    };
+    let suspended = source.spec.suspend == Some(true);
+    let desired_replicas = if suspended {
+        0
+    } else {
+        source.spec.replicas.unwrap_or(1)
+    };
+    let max_per_hour = source
+        .spec
+        .rebaseline
+        .as_ref()
+        .and_then(|r| r.max_per_hour)
+        .map(|m| m as u64)
+        .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR);
+    let mut obs = SourceObservation {
+        invalid: validate(&source),
+        waiting_for: None,
+        suspended,
+        desired_replicas,
+        ready_replicas: 0,
+        rolled_out: false,
+        engines: vec![],
+        rebaselining: false,
+        rebaselines_last_hour: 0,
+        max_per_hour,
+    };
+
+    // Dereference.
+    let export = match &source.spec.archive.export_ref {
+        Some(r) => {
+            Api::<ArchiveExport>::namespaced(client.clone(), &ns)
+                .get_opt(&r.name)
+                .await?
+        }
+        None => None,
+    };
+    let resolved = match resolve(&source, export.as_ref()) {
+        Ok(r) => Some(r),
+        Err(msg) if source.spec.archive.export_ref.is_some() && export.is_none() => {
+            obs.waiting_for = Some(msg);
+            None
+        }
+        Err(msg) => {
+            obs.invalid.get_or_insert(msg);
+            None
+        }
+    };
+
+    if let (Some(archive), None) = (&resolved, &obs.invalid) {
+        let children = build::children(&source, archive, &ctx.build);
+        apply(
+            &Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            &children.config_map,
+        )
+        .await?;
+        apply(
+            &Api::<Service>::namespaced(client.clone(), &ns),
+            &children.service,
+        )
+        .await?;
+        let sts = apply(
+            &Api::<StatefulSet>::namespaced(client.clone(), &ns),
+            &children.stateful_set,
+        )
+        .await?;
+        let st = sts.status.clone().unwrap_or_default();
+        obs.ready_replicas = st.ready_replicas.unwrap_or(0);
+        obs.rolled_out = st.observed_generation.unwrap_or(0)
+            >= sts.metadata.generation.unwrap_or(0)
+            && st.updated_replicas.unwrap_or(0) >= desired_replicas
+            && st.replicas <= desired_replicas;
+        status.ready_replicas = Some(obs.ready_replicas);
+
+        // Scrape the engines.
+        let id = source_id(&source);
+        let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default().labels(&format!("{LABEL_SOURCE}={name}")))
+            .await?;
+        let mut samples = vec![];
+        let mut engines: Vec<EngineSource> = vec![];
+        let last_scrape = ctx
+            .trackers
+            .lock()
+            .unwrap()
+            .get(&key)
+            .and_then(|t| t.last_scrape);
+        for pod in &pods.items {
+            let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+                continue;
+            };
+            if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
+                && let Some(e) = observe::parse_engine_status(&body, &id)
+            {
+                engines.push(e);
+            }
+            if let Ok(text) = ctx.prober.get(&ip, 8080, "/metrics").await
+                && let Some(v) = observe::parse_rebaseline_total(&text, &id)
+            {
+                let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                let is_new = matches!((last_scrape, created), (Some(l), Some(c)) if c > l);
+                samples.push((pod.name_any(), v, is_new));
+            }
+        }
+        let tracker = {
+            let mut trackers = ctx.trackers.lock().unwrap();
+            let t = trackers.entry(key.clone()).or_insert_with(|| {
+                let r = old.rebaselines.clone().unwrap_or_default();
+                RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
+            });
+            t.observe(now, &samples);
+            t.clone()
+        };
+        obs.rebaselining = tracker.recent(now);
+        obs.rebaselines_last_hour = tracker.in_last_hour(now);
+        status.rebaselines = Some(RebaselineStatus {
+            total: tracker.total,
+            last_time: tracker.last_time.map(time_string),
+        });
+        status.position = engines
+            .iter()
+            .filter_map(|e| e.position.clone())
+            .min_by_key(|p| lsn(p).unwrap_or(0));
+        status.head = engines
+            .iter()
+            .filter_map(|e| e.head.clone())
+            .max_by_key(|p| lsn(p).unwrap_or(0));
+        let lag = engines
+            .iter()
+            .filter_map(|e| e.lag_seconds)
+            .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
+        status.lag = lag.map(observe::format_lag);
+        status.rows = engines.iter().filter_map(|e| e.rows).max();
+        obs.engines = engines;
+        ctx.metrics
+            .source_lag
+            .with_label_values(&[ns.as_str(), name.as_str()])
+            .set(lag.unwrap_or(0.0));
+        ctx.metrics
+            .source_rebaselines_last_hour
+            .with_label_values(&[ns.as_str(), name.as_str()])
+            .set(obs.rebaselines_last_hour as f64);
+    }
+
+    let desired = source_conditions(&obs);
+    status.conditions = conditions::merge(
+        &old.conditions,
+        &desired,
+        &SOURCE_TYPES,
+        now,
+        source.metadata.generation,
+    );
+    ctx.metrics
+        .source_degraded
+        .with_label_values(&[ns.as_str(), name.as_str()])
+        .set(
+            if conditions::is_true(&status.conditions, conditions::DEGRADED) {
+                1.0
+            } else {
+                0.0
+            },
+        );
+    let events = transition_events(&old.conditions, &status.conditions);
+    if source.status.as_ref() != Some(&status) {
+        let body = json!({
+            "apiVersion": ArchiveSource::api_version(&()),
+            "kind": ArchiveSource::kind(&()),
+            "status": status,
+        });
+        Api::<ArchiveSource>::namespaced(client.clone(), &ns)
+            .patch_status(
+                &name,
+                &PatchParams::apply(MANAGER_SOURCE).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+    }
+    let reference = source.object_ref(&());
+    for e in &events {
+        if let Err(err) = ctx.recorder.publish(e, &reference).await {
+            tracing::warn!(%err, source = %name, "could not publish event");
+        }
+    }
+    // Engines are polled for lag and re-baselines.
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_ordering() {
+        assert!(lsn("0/16B3748").unwrap() < lsn("1/0").unwrap());
+        assert!(lsn("0/A").unwrap() > lsn("0/9").unwrap());
+        assert_eq!(lsn("nope"), None);
+    }
+}

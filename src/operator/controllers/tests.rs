@@ -1,0 +1,597 @@
+//! Controller scenarios against a mocked API server (tower-test `mock::pair`, as in kube-rs
+//! controller-rs): each scenario lists the exact requests a reconcile must make, in order —
+//! server-side apply PATCHes of children with the controller's fieldManager, list calls, the
+//! status apply and Events — answers them, and fails on any other request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use jiff::Timestamp;
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::context::Context;
+use super::{export, source};
+use crate::operator::builders::tests::{export_fixture, source_fixture};
+use crate::operator::crd::ArchiveExport;
+use crate::operator::metrics::Metrics;
+use crate::operator::probe::Prober;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// One expected request: method, path (with query), and the JSON answer. `None` answers by
+/// echoing the request body (as the API server does for apply and create).
+struct Expect {
+    method: Method,
+    path: String,
+    answer: Option<Value>,
+    /// Object the echoed body is merged into (status applies answer with the whole object).
+    base: Option<Value>,
+}
+
+fn expect_status(path: &str, object: Value) -> Expect {
+    Expect {
+        method: Method::PATCH,
+        path: path.into(),
+        answer: None,
+        base: Some(object),
+    }
+}
+
+fn expect(method: Method, path: &str, answer: Option<Value>) -> Expect {
+    Expect {
+        method,
+        path: path.into(),
+        answer,
+        base: None,
+    }
+}
+
+fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Option<Value> {
+    Some(
+        json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
+    )
+}
+
+/// Serves `script` in order; returns the request bodies. Panics on a request out of script.
+async fn serve(mut handle: Handle, script: Vec<Expect>) -> Vec<Value> {
+    let mut bodies = vec![];
+    for (i, e) in script.into_iter().enumerate() {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("request {i} ({} {}) never came", e.method, e.path))
+            .expect("client dropped");
+        let path = req.uri().path_and_query().unwrap().to_string();
+        assert_eq!(
+            (req.method(), path.as_str()),
+            (&e.method, e.path.as_str()),
+            "request {i}"
+        );
+        let body = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap()
+        };
+        let answer = e.answer.unwrap_or_else(|| {
+            // Echo, as the server does for apply and create (a status apply carries no metadata).
+            let mut echo = e.base.clone().unwrap_or(json!({}));
+            for (k, v) in body.as_object().cloned().unwrap_or_default() {
+                echo[k] = v;
+            }
+            echo
+        });
+        bodies.push(body);
+        let code = answer
+            .get("code")
+            .and_then(Value::as_u64)
+            .filter(|_| answer["kind"] == "Status")
+            .unwrap_or(200);
+        send.send_response(
+            Response::builder()
+                .status(code as u16)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+    // Nothing else may be asked.
+    if let Ok(Some((req, _))) =
+        tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await
+    {
+        panic!("unexpected request {} {}", req.method(), req.uri());
+    }
+    bodies
+}
+
+/// Canned pod HTTP answers by `ip+path`.
+#[derive(Default)]
+struct FakeProber(Mutex<HashMap<String, String>>);
+
+impl FakeProber {
+    fn set(&self, ip: &str, path: &str, body: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .insert(format!("{ip}{path}"), body.into());
+    }
+}
+
+#[async_trait::async_trait]
+impl Prober for FakeProber {
+    async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
+        assert_eq!(port, 8080);
+        self.0
+            .lock()
+            .unwrap()
+            .get(&format!("{ip}{path}"))
+            .cloned()
+            .ok_or_else(|| "refused".into())
+    }
+}
+
+fn t(mins: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + mins * 60).unwrap()
+}
+
+fn context(prober: Arc<FakeProber>) -> (Arc<Context>, Handle, Arc<Mutex<Timestamp>>) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let mut ctx = Context::new(
+        client,
+        "registry.example/larch:0.1.0".into(),
+        Arc::new(Metrics::default()),
+        prober,
+    );
+    let now = Arc::new(Mutex::new(t(0)));
+    let clock = now.clone();
+    ctx.clock = Arc::new(move || *clock.lock().unwrap());
+    (Arc::new(ctx), handle, now)
+}
+
+const MANAGER_EXPORT_Q: &str = "&force=true&fieldManager=larch-operator%2Fexport";
+const MANAGER_SOURCE_Q: &str = "&force=true&fieldManager=larch-operator%2Fsource";
+const EXPORT_SEL: &str = "labelSelector=larch.dev%2Farchive-export%3Dusers";
+
+fn users_export() -> ArchiveExport {
+    let mut e = export_fixture("export-oneshot-s3");
+    e.metadata.annotations = None; // no run-requested token
+    e.status = None;
+    e
+}
+
+fn cond<'a>(status: &'a Value, t: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == t)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn oneshot_export_creates_its_job_once_and_records_the_run() {
+    let (ctx, handle, now) = context(Arc::default());
+    let e = users_export();
+    let run = crate::operator::builders::export::run_id(&e, None);
+    let job_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run}?{MANAGER_EXPORT_Q}");
+    let status_path = format!(
+        "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
+    );
+
+    // 1. First reconcile: the Job is applied, stale kinds pruned, the run recorded, an Event sent.
+    let script = vec![
+        expect(Method::PATCH, &job_path, None),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list(
+                "DeploymentList",
+                "apps/v1",
+                vec![
+                    // A Deployment left over from Continuous mode is deleted.
+                    json!({"metadata": {"name": "users", "namespace": "data"}, "spec": {"selector": {}, "template": {}}}),
+                ],
+            ),
+        ),
+        expect(
+            Method::DELETE,
+            "/apis/apps/v1/namespaces/data/deployments/users?",
+            Some(
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+            ),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    export::reconcile(Arc::new(e.clone()), ctx.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    let job = &bodies[0];
+    assert_eq!(
+        (job["apiVersion"].as_str(), job["kind"].as_str()),
+        (Some("batch/v1"), Some("Job"))
+    );
+    assert_eq!(
+        job["metadata"]["ownerReferences"][0]["kind"],
+        "ArchiveExport"
+    );
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["args"][0],
+        "export"
+    );
+    let status = &bodies[5];
+    assert_eq!(status["apiVersion"], "larch.dev/v1alpha1");
+    assert_eq!(status["kind"], "ArchiveExport");
+    let st = &status["status"];
+    assert_eq!(st["run"]["id"], run.as_str());
+    assert_eq!(st["run"]["startTime"], "2027-01-15T08:00:00Z");
+    assert_eq!(cond(st, "Reconciling")["status"], "True");
+    assert_eq!(cond(st, "Ready")["status"], "False");
+    assert_eq!(cond(st, "LastExportSucceeded")["status"], "Unknown");
+    assert_eq!(st["observedGeneration"], 1);
+    assert_eq!(cond(st, "Ready")["observedGeneration"], 1);
+    assert_eq!(bodies[6]["reason"], "ExportStarted");
+
+    // 2. The Job completed and its pod wrote the summary: the run is recorded as succeeded.
+    *now.lock().unwrap() = t(3);
+    let mut e2 = e.clone();
+    e2.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx2, handle2, _) = {
+        let (c, h, n) = context(Arc::default());
+        *n.lock().unwrap() = t(3);
+        (c, h, n)
+    };
+    let summary = r#"{"key_prefix": "team-a/public.users/", "position": "0/016B3748", "row_count": 3, "table": "public.users", "epoch": 2}"#;
+    let pod = json!({"metadata": {"name": format!("users-{run}-x"), "namespace": "data", "annotations": {"larch.dev/table": "public.users"}},
+        "status": {"containerStatuses": [{"name": "larch", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "message": summary, "finishedAt": "2027-01-15T08:02:00Z"}}}]}});
+    let done_job = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+    let script = vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
+            list("JobList", "batch/v1", vec![done_job]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![pod]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle2, script));
+    export::reconcile(Arc::new(e2.clone()), ctx2).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[4]["status"];
+    assert_eq!(st["run"]["succeeded"], true);
+    assert_eq!(st["run"]["completionTime"], "2027-01-15T08:03:00Z");
+    assert_eq!(st["lastExport"]["position"], "0/016B3748");
+    assert_eq!(st["lastExport"]["rowCount"], 3);
+    assert_eq!(st["lastExport"]["epoch"], 2);
+    assert_eq!(st["lastExport"]["time"], "2027-01-15T08:02:00Z");
+    assert_eq!(cond(st, "Ready")["status"], "True");
+    assert_eq!(cond(st, "LastExportSucceeded")["status"], "True");
+    assert_eq!(bodies[5]["reason"], "ExportSucceeded");
+
+    // 3. Later the Job and its pod are gone (TTL): nothing is re-created, status is unchanged,
+    //    so there is no status write either.
+    let mut e3 = e.clone();
+    e3.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx3, handle3, n3) = context(Arc::default());
+    *n3.lock().unwrap() = t(600);
+    let script = vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![]),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle3, script));
+    export::reconcile(Arc::new(e3.clone()), ctx3).await.unwrap();
+    server.await.unwrap();
+
+    // 4. A new run-requested token starts a new run with a new Job.
+    let mut e4 = e3.clone();
+    e4.metadata.annotations =
+        Some([("larch.dev/run-requested".to_string(), "again".to_string())].into());
+    let run2 = crate::operator::builders::export::run_id(&e4, Some("again"));
+    assert_ne!(run2, run);
+    let (ctx4, handle4, _) = context(Arc::default());
+    let script = vec![
+        expect(
+            Method::PATCH,
+            &format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}"),
+            None,
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e4).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle4, script));
+    export::reconcile(Arc::new(e4.clone()), ctx4).await.unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(bodies[4]["status"]["run"]["token"], "again");
+    assert_eq!(
+        bodies[4]["status"]["lastExport"]["position"], "0/016B3748",
+        "the last export is kept"
+    );
+}
+
+fn sts_answer(ready: i32) -> Value {
+    let mut sts = serde_json::to_value(
+        crate::operator::builders::source::children(
+            &source_fixture("source-exportref-memory"),
+            &crate::operator::builders::engine_config::resolve(
+                &source_fixture("source-exportref-memory"),
+                Some(&export_fixture("export-oneshot-s3")),
+            )
+            .unwrap(),
+            &crate::operator::builders::tests::ctx(),
+        )
+        .stateful_set,
+    )
+    .unwrap();
+    sts["metadata"]["generation"] = json!(1);
+    sts["status"] = json!({"observedGeneration": 1, "replicas": 1, "readyReplicas": ready, "updatedReplicas": 1});
+    sts
+}
+
+fn engine_pod() -> Value {
+    json!({"metadata": {"name": "users-cache-0", "namespace": "data", "creationTimestamp": "2027-01-15T07:00:00Z"},
+           "status": {"podIP": "10.0.0.7"}})
+}
+
+fn source_script(ready: i32) -> Vec<Expect> {
+    vec![
+        expect(
+            Method::GET,
+            "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users",
+            Some(serde_json::to_value(export_fixture("export-oneshot-s3")).unwrap()),
+        ),
+        expect(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/data/configmaps/users-cache-engine?{MANAGER_SOURCE_Q}"),
+            None,
+        ),
+        expect(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/data/services/users-cache?{MANAGER_SOURCE_Q}"),
+            None,
+        ),
+        expect(
+            Method::PATCH,
+            &format!("/apis/apps/v1/namespaces/data/statefulsets/users-cache?{MANAGER_SOURCE_Q}"),
+            Some(sts_answer(ready)),
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
+            list("PodList", "v1", vec![engine_pod()]),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
+    let prober = Arc::new(FakeProber::default());
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"rebaselines":4}}}"#);
+    prober.set(
+        "10.0.0.7",
+        "/metrics",
+        "laredo_source_rebaseline_total{source=\"users-cache\"} 4\n",
+    );
+    let (ctx, handle, now) = context(prober.clone());
+    let s = source_fixture("source-exportref-memory");
+    let status_path = format!(
+        "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
+    );
+
+    // First visit: children applied, status written, engines ready → a Ready event.
+    let mut script = source_script(1);
+    script.push(expect_status(
+        &status_path,
+        serde_json::to_value(&s).unwrap(),
+    ));
+    script.push(expect(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/data/events?",
+        None,
+    ));
+    let server = tokio::spawn(serve(handle, script));
+    source::reconcile(Arc::new(s.clone()), ctx.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(bodies[1]["kind"], "ConfigMap");
+    assert!(
+        bodies[1]["data"]["engine.yaml"]
+            .as_str()
+            .unwrap()
+            .contains("key_prefix: team-a/public.users/")
+    );
+    assert_eq!(bodies[2]["spec"]["ports"][0]["name"], "http");
+    assert_eq!(bodies[3]["kind"], "StatefulSet");
+    let st = &bodies[5]["status"];
+    assert_eq!(st["readyReplicas"], 1);
+    assert_eq!(
+        (
+            st["position"].as_str(),
+            st["head"].as_str(),
+            st["lag"].as_str()
+        ),
+        (Some("0/10"), Some("0/10"), Some("1s"))
+    );
+    assert_eq!(
+        st["rebaselines"]["total"], 0,
+        "the first counter sample is a baseline"
+    );
+    for (t, s) in [
+        ("Ready", "True"),
+        ("CaughtUp", "True"),
+        ("Rebaselining", "False"),
+        ("Degraded", "False"),
+        ("Stalled", "False"),
+    ] {
+        assert_eq!(cond(st, t)["status"], s, "{t}");
+    }
+    assert_eq!(bodies[6]["reason"], "Ready");
+
+    // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
+    // each with a Warning Event.
+    *now.lock().unwrap() = t(1);
+    prober.set(
+        "10.0.0.7",
+        "/metrics",
+        "laredo_source_rebaseline_total{source=\"users-cache\"} 7\n",
+    );
+    let mut s2 = s.clone();
+    s2.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (svc, handle2) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    // Same trackers, metrics and clock (the re-baseline memory lives there), a new mock
+    // connection for this round.
+    let client2 = Client::new(svc, "default");
+    let ctx2 = Arc::new(Context {
+        recorder: kube::runtime::events::Recorder::new(
+            client2.clone(),
+            "larch-operator".to_string().into(),
+        ),
+        client: client2,
+        build: ctx.build.clone(),
+        metrics: ctx.metrics.clone(),
+        prober: prober.clone(),
+        trackers: Mutex::new(ctx.trackers.lock().unwrap().clone()),
+        clock: ctx.clock.clone(),
+    });
+    let mut script = source_script(1);
+    script.push(expect_status(
+        &status_path,
+        serde_json::to_value(&s2).unwrap(),
+    ));
+    script.push(expect(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/data/events?",
+        None,
+    ));
+    script.push(expect(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/data/events?",
+        None,
+    ));
+    let server = tokio::spawn(serve(handle2, script));
+    source::reconcile(Arc::new(s2.clone()), ctx2.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[5]["status"];
+    assert_eq!(st["rebaselines"]["total"], 3);
+    assert_eq!(st["rebaselines"]["lastTime"], "2027-01-15T08:01:00Z");
+    assert_eq!(cond(st, "Rebaselining")["status"], "True");
+    assert_eq!(cond(st, "Degraded")["status"], "True");
+    assert_eq!(cond(st, "Degraded")["reason"], "FrequentRebaselines");
+    let reasons: Vec<&str> = bodies[6..]
+        .iter()
+        .map(|b| b["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, ["Rebaselining", "FrequentRebaselines"]);
+    assert!(bodies[6..].iter().all(|b| b["type"] == "Warning"));
+    assert!(
+        ctx2.metrics
+            .render()
+            .contains("larch_archive_source_degraded{name=\"users-cache\",namespace=\"data\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn archive_source_waits_for_a_missing_export() {
+    let (ctx, handle, _) = context(Arc::default());
+    let s = source_fixture("source-exportref-memory");
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+    let script = vec![
+        expect(
+            Method::GET,
+            "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users",
+            Some(not_found),
+        ),
+        expect_status(
+            &format!(
+                "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
+            ),
+            serde_json::to_value(&s).unwrap(),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source::reconcile(Arc::new(s), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[1]["status"];
+    assert_eq!(cond(st, "Ready")["reason"], "ExportNotFound");
+    assert_eq!(cond(st, "Reconciling")["status"], "True");
+    assert!(
+        cond(st, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .contains("ArchiveExport users not found")
+    );
+}
