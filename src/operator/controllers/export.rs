@@ -381,6 +381,22 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
                 .iter()
                 .filter(|w| w.last_snapshot_at.is_some())
                 .count();
+            // The printer columns show the newest snapshot of any writer.
+            if let Some(w) = writers
+                .iter()
+                .filter(|w| w.last_snapshot_at.is_some())
+                .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))
+            {
+                status.last_export = Some(ExportSummary {
+                    table: w.table.clone(),
+                    key_prefix: None,
+                    position: w.head_position.clone(),
+                    row_count: None,
+                    epoch: w.epoch,
+                    time: w.last_snapshot_at.clone(),
+                    pod: None,
+                });
+            }
             status.writers = writers;
             requeue = Duration::from_secs(30);
         }

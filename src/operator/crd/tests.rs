@@ -421,3 +421,95 @@ fn cel_source_rules() {
         Vec::<String>::new()
     );
 }
+
+// ---- packaging: the chart's CRDs and values, the examples ----
+
+#[test]
+fn chart_crds_are_identical_to_crds_directory() {
+    for (file, crd) in all() {
+        let chart =
+            std::fs::read_to_string(repo_path(&format!("charts/larch/crds/{file}"))).unwrap();
+        assert!(
+            chart == to_yaml(&crd),
+            "charts/larch/crds/{file} differs from the types: cp crds/*.yaml charts/larch/crds/"
+        );
+    }
+    let count = std::fs::read_dir(repo_path("charts/larch/crds"))
+        .unwrap()
+        .count();
+    assert_eq!(count, all().len(), "no stray files in charts/larch/crds");
+}
+
+/// Every key of values.yaml is declared in values.schema.json (which forbids unknown keys).
+fn undeclared(values: &Value, schema: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(map) = values.as_object() else {
+        return;
+    };
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (k, v) in map {
+        match props.and_then(|p| p.get(k)) {
+            Some(s) => undeclared(v, s, &format!("{path}.{k}"), out),
+            None if schema
+                .get("additionalProperties")
+                .is_some_and(|a| a != false) => {}
+            None if props.is_none() => {}
+            None => out.push(format!("{path}.{k}")),
+        }
+    }
+}
+
+#[test]
+fn chart_values_are_declared_in_the_values_schema() {
+    let values: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo_path("charts/larch/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("charts/larch/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+    let mut out = vec![];
+    undeclared(&values, &schema, "", &mut out);
+    assert!(out.is_empty(), "undeclared values: {out:?}");
+    let mut out = vec![];
+    undeclared(&json!({"image": {"repo": "x"}}), &schema, "", &mut out);
+    assert_eq!(out, [".image.repo"], "the check itself finds typos");
+}
+
+#[test]
+fn examples_parse_and_pass_the_cel_rules() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(repo_path("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let crd = match v["kind"].as_str() {
+                Some("ArchiveExport") => {
+                    serde_json::from_value::<ArchiveExport>(v.clone()).unwrap();
+                    ArchiveExport::crd()
+                }
+                Some("ArchiveSource") => {
+                    serde_json::from_value::<ArchiveSource>(v.clone()).unwrap();
+                    ArchiveSource::crd()
+                }
+                _ => continue,
+            };
+            assert_eq!(
+                cel(&crd, &v, None),
+                Vec::<String>::new(),
+                "{}",
+                path.display()
+            );
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 3,
+        "examples cover OneShot, Continuous and an ArchiveSource"
+    );
+}
