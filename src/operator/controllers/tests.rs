@@ -595,3 +595,72 @@ async fn archive_source_waits_for_a_missing_export() {
             .contains("ArchiveExport users not found")
     );
 }
+
+#[tokio::test]
+async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() {
+    let prober = Arc::new(FakeProber::default());
+    prober.set(
+        "10.0.0.9",
+        "/status",
+        r#"{"table":"public.events","epoch":3,"head_position":"0/2A","buffer_depth":5,"last_snapshot_at":"2027-01-15T07:59:00Z"}"#,
+    );
+    let (ctx, handle, _) = context(prober);
+    let e = export_fixture("export-continuous-s3");
+    let sel = "labelSelector=larch.dev%2Farchive-export%3Devents";
+    let mut dep = serde_json::to_value(crate::operator::builders::export::deployment(
+        &e,
+        &e.spec.source.all_tables()[0],
+        &crate::operator::builders::tests::ctx(),
+    ))
+    .unwrap();
+    dep["status"] = json!({"availableReplicas": 1, "readyReplicas": 1, "replicas": 1});
+    let script = vec![
+        expect(
+            Method::PATCH,
+            &format!("/apis/apps/v1/namespaces/data/deployments/events?{MANAGER_EXPORT_Q}"),
+            Some(dep.clone()),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{sel}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        // Its own Deployment is listed and kept.
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{sel}"),
+            list("DeploymentList", "apps/v1", vec![dep]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{sel}"),
+            list(
+                "PodList",
+                "v1",
+                vec![
+                    json!({"metadata": {"name": "events-abc", "namespace": "data"}, "status": {"podIP": "10.0.0.9"}}),
+                ],
+            ),
+        ),
+        expect_status(
+            &format!(
+                "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events/status?{MANAGER_EXPORT_Q}"
+            ),
+            serde_json::to_value(&e).unwrap(),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    export::reconcile(Arc::new(e), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(bodies[0]["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(bodies[0]["spec"]["replicas"], 1);
+    let st = &bodies[4]["status"];
+    assert_eq!(st["writers"][0]["headPosition"], "0/2A");
+    assert_eq!(st["writers"][0]["bufferDepth"], 5);
+    assert_eq!(st["lastExport"]["position"], "0/2A");
+    assert_eq!(st["lastExport"]["time"], "2027-01-15T07:59:00Z");
+    assert_eq!(cond(st, "Ready")["status"], "True");
+    assert_eq!(cond(st, "Ready")["reason"], "Running");
+    assert_eq!(cond(st, "LastExportSucceeded")["status"], "True");
+    assert!(st.get("run").is_none(), "Continuous exports have no runs");
+}

@@ -189,8 +189,9 @@ const DURATION: &str = r"^[0-9]+(ms|s|m|h)$";
 const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
 
 /// Policy knobs of a Continuous export (passed to `larch export --follow`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.minInterval) || !has(self.maxInterval) || duration(self.minInterval) <= duration(self.maxInterval)").message("minInterval must not exceed maxInterval"))]
 pub struct ContinuousPolicy {
     /// How often buffered changes are written as a diff (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

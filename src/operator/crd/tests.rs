@@ -287,6 +287,22 @@ fn cel_export_mode_rules_and_sane_values() {
         );
         assert_eq!(cel(&crd, &export(ok), None), Vec::<String>::new(), "{good}");
     }
+    let cont = with(s.clone(), "/mode", json!("Continuous"));
+    let inverted = with(
+        cont.clone(),
+        "/continuous",
+        json!({"minInterval": "10m", "maxInterval": "90s"}),
+    );
+    assert_rejects(
+        cel(&crd, &export(inverted), None),
+        "minInterval must not exceed maxInterval",
+    );
+    let ordered = with(
+        cont,
+        "/continuous",
+        json!({"minInterval": "500ms", "maxInterval": "1h"}),
+    );
+    assert_eq!(cel(&crd, &export(ordered), None), Vec::<String>::new());
     let bad_endpoint = with(s.clone(), "/destination/s3/endpoint", json!("minio:9000"));
     assert_rejects(
         cel(&crd, &export(bad_endpoint), None),
@@ -427,11 +443,12 @@ fn cel_source_rules() {
 #[test]
 fn chart_crds_are_identical_to_crds_directory() {
     for (file, crd) in all() {
-        let chart =
-            std::fs::read_to_string(repo_path(&format!("charts/larch/crds/{file}"))).unwrap();
-        assert!(
-            chart == to_yaml(&crd),
-            "charts/larch/crds/{file} differs from the types: cp crds/*.yaml charts/larch/crds/"
+        // Same content as crds/ (both regenerate with LARCH_UPDATE_GOLDEN=1).
+        assert_golden(&format!("charts/larch/crds/{file}"), &to_yaml(&crd));
+        assert_eq!(
+            std::fs::read_to_string(repo_path(&format!("charts/larch/crds/{file}"))).unwrap(),
+            std::fs::read_to_string(repo_path(&format!("crds/{file}"))).unwrap(),
+            "charts/larch/crds/{file} differs from crds/{file}"
         );
     }
     let count = std::fs::read_dir(repo_path("charts/larch/crds"))
