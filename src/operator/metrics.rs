@@ -1,6 +1,9 @@
 //! The operator's own metrics: reconciles, errors and durations per controller, plus per-object
 //! freshness gauges the chart's PrometheusRule alerts on.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -20,6 +23,8 @@ pub struct Metrics {
     pub source_rebaselines_last_hour: GaugeVec,
     /// 1 while a source is Degraded.
     pub source_degraded: GaugeVec,
+    /// Tables with a freshness gauge, per export, so a deleted export's gauges can be removed.
+    export_tables: Mutex<BTreeMap<(String, String), BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -109,6 +114,7 @@ impl Default for Metrics {
             source_lag,
             source_rebaselines_last_hour,
             source_degraded,
+            export_tables: Mutex::default(),
         }
     }
 }
@@ -123,8 +129,59 @@ impl Metrics {
         String::from_utf8(buf).expect("prometheus text is UTF-8")
     }
 
-    /// Forgets the gauges of a deleted object.
+    /// Sets the freshness gauge of one exported table.
+    pub fn set_export_success(&self, namespace: &str, name: &str, table: &str, unix: f64) {
+        self.export_last_success
+            .with_label_values(&[namespace, name, table])
+            .set(unix);
+        self.export_tables
+            .lock()
+            .unwrap()
+            .entry((namespace.into(), name.into()))
+            .or_default()
+            .insert(table.into());
+    }
+
+    /// Objects that have per-object gauges: `(namespace, name)`.
+    pub fn tracked(&self) -> Vec<(String, String)> {
+        let mut out: BTreeSet<(String, String)> =
+            self.export_tables.lock().unwrap().keys().cloned().collect();
+        for vec in [
+            &self.export_failing,
+            &self.source_lag,
+            &self.source_degraded,
+        ] {
+            for mf in prometheus::core::Collector::collect(vec) {
+                for m in mf.get_metric() {
+                    let get = |n: &str| {
+                        m.get_label()
+                            .iter()
+                            .find(|l| l.name() == n)
+                            .map(|l| l.value().to_string())
+                    };
+                    if let (Some(ns), Some(name)) = (get("namespace"), get("name")) {
+                        out.insert((ns, name));
+                    }
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Forgets the gauges of a deleted object (so no stale-archive alert fires for it).
     pub fn forget(&self, namespace: &str, name: &str) {
+        if let Some(tables) = self
+            .export_tables
+            .lock()
+            .unwrap()
+            .remove(&(namespace.to_string(), name.to_string()))
+        {
+            for t in tables {
+                let _ = self
+                    .export_last_success
+                    .remove_label_values(&[namespace, name, &t]);
+            }
+        }
         let labels = [namespace, name];
         let _ = self.export_failing.remove_label_values(&labels);
         let _ = self.source_lag.remove_label_values(&labels);
@@ -160,7 +217,22 @@ mod tests {
             )
         );
         assert!(text.contains("larch_archive_source_degraded{name=\"a\",namespace=\"ns\"} 1"));
+        m.set_export_success("ns", "e", "public.t", 1.8e9);
+        assert_eq!(
+            m.tracked(),
+            [
+                ("ns".to_string(), "a".to_string()),
+                ("ns".into(), "e".into())
+            ]
+        );
         m.forget("ns", "a");
-        assert!(!m.render().contains("larch_archive_source_degraded{"));
+        m.forget("ns", "e");
+        let text = m.render();
+        assert!(!text.contains("larch_archive_source_degraded{"), "{text}");
+        assert!(
+            !text.contains("larch_archive_export_last_success_timestamp_seconds{"),
+            "{text}"
+        );
+        assert!(m.tracked().is_empty());
     }
 }

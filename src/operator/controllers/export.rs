@@ -426,9 +426,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
             .and_then(|s| s.parse::<jiff::Timestamp>().ok())
         {
             ctx.metrics
-                .export_last_success
-                .with_label_values(&[ns.as_str(), name.as_str(), t.table.as_str()])
-                .set(ts.as_second() as f64);
+                .set_export_success(&ns, &name, &t.table, ts.as_second() as f64);
         }
     }
     if export.status.as_ref() != Some(&status) {

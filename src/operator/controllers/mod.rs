@@ -7,6 +7,7 @@ pub mod context;
 pub mod export;
 pub mod source;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
@@ -85,7 +86,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}=export"
     ));
 
-    let exports = Controller::new(api::<ArchiveExport>(&client, ns), cfg.clone())
+    let exports = Controller::new(api::<ArchiveExport>(&client, ns), cfg.clone());
+    let export_store = exports.store();
+    let exports = exports
         .owns(api::<Job>(&client, ns), owned.clone())
         .owns(api::<CronJob>(&client, ns), owned.clone())
         .owns(api::<Deployment>(&client, ns), owned.clone())
@@ -106,6 +109,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
 
     let sources = Controller::new(api::<ArchiveSource>(&client, ns), cfg.clone());
     let store = sources.store();
+    let source_store = store.clone();
     let sources = sources
         .owns(api::<StatefulSet>(&client, ns), owned.clone())
         .owns(api::<ConfigMap>(&client, ns), owned.clone())
@@ -135,11 +139,49 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         .run(
             |o, c| measured("source", o, c, source::reconcile),
             error_policy::<ArchiveSource>("source"),
-            ctx,
+            ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
 
-    futures::join!(exports, sources);
+    tokio::select! {
+        _ = async { futures::join!(exports, sources) } => {}
+        _ = janitor(ctx, export_store, source_store) => {}
+    }
+}
+
+/// Drops per-object gauges and re-baseline trackers of deleted objects (there are no
+/// finalizers, so reconcile never sees a deletion), so no stale-archive alert fires for an
+/// ArchiveExport that is gone.
+async fn janitor(ctx: Arc<Context>, exports: Store<ArchiveExport>, sources: Store<ArchiveSource>) {
+    if exports.wait_until_ready().await.is_err() || sources.wait_until_ready().await.is_err() {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let key = |ns: Option<String>, name: String| (ns.unwrap_or_default(), name);
+        let live_sources: HashSet<(String, String)> = sources
+            .state()
+            .iter()
+            .map(|s| key(s.namespace(), s.name_any()))
+            .collect();
+        let mut live = live_sources.clone();
+        live.extend(
+            exports
+                .state()
+                .iter()
+                .map(|e| key(e.namespace(), e.name_any())),
+        );
+        for (ns, name) in ctx.metrics.tracked() {
+            if !live.contains(&(ns.clone(), name.clone())) {
+                ctx.metrics.forget(&ns, &name);
+            }
+        }
+        ctx.trackers.lock().unwrap().retain(|k, _| {
+            k.split_once('/')
+                .is_some_and(|(ns, n)| live_sources.contains(&(ns.to_string(), n.to_string())))
+        });
+    }
 }
 
 #[cfg(test)]
