@@ -109,7 +109,7 @@ pub struct ArchiveRef {
     pub key_prefix: Option<String>,
     /// Formats to read, tried in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 2))]
+    #[schemars(length(min = 1, max = 3))]
     pub formats: Option<Vec<Format>>,
 }
 

@@ -174,12 +174,15 @@ pub struct Location {
     pub volume: Option<VolumeLocation>,
 }
 
-/// Archive file formats.
+/// Archive file formats (the names `larch export --format` and the engine config take).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     Jsonl,
     Protobuf,
+    /// JSONL compressed with zstd.
+    #[serde(rename = "jsonl+zstd")]
+    JsonlZstd,
 }
 
 impl Format {
@@ -187,6 +190,7 @@ impl Format {
         match self {
             Format::Jsonl => "jsonl",
             Format::Protobuf => "protobuf",
+            Format::JsonlZstd => "jsonl+zstd",
         }
     }
 }

@@ -445,6 +445,9 @@ fn chart_crds_are_identical_to_crds_directory() {
     for (file, crd) in all() {
         // Same content as crds/ (both regenerate with LARCH_UPDATE_GOLDEN=1).
         assert_golden(&format!("charts/larch/crds/{file}"), &to_yaml(&crd));
+        if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
+            continue; // crds/ is being rewritten by another test right now
+        }
         assert_eq!(
             std::fs::read_to_string(repo_path(&format!("charts/larch/crds/{file}"))).unwrap(),
             std::fs::read_to_string(repo_path(&format!("crds/{file}"))).unwrap(),
