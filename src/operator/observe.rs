@@ -94,15 +94,32 @@ struct EngineStatusJson {
     sources: std::collections::BTreeMap<String, EngineSource>,
 }
 
-/// Parses an engine's `/status` and returns the entry of source `id`.
-pub fn parse_engine_status(body: &str, id: &str) -> Option<EngineSource> {
+/// Whether an engine source id belongs to the ArchiveSource whose source id is `id` (itself, or
+/// a member `<id>/<schema>.<table>` of its group).
+pub fn is_member(source: &str, id: &str) -> bool {
+    source == id
+        || source
+            .strip_prefix(id)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Parses an engine's `/status` and returns the entries of source `id` (one, or one per group
+/// member). `None` when the body is not a status document.
+pub fn parse_engine_status(body: &str, id: &str) -> Option<Vec<EngineSource>> {
     let s: EngineStatusJson = serde_json::from_str(body).ok()?;
-    s.sources.get(id).cloned()
+    Some(
+        s.sources
+            .into_iter()
+            .filter(|(k, _)| is_member(k, id))
+            .map(|(_, v)| v)
+            .collect(),
+    )
 }
 
 pub const REBASELINE_METRIC: &str = "laredo_source_rebaseline_total";
 
-/// Reads `laredo_source_rebaseline_total{source="<id>"}` from Prometheus text exposition.
+/// Reads `laredo_source_rebaseline_total{source="<id>"}` (summed over group members
+/// `<id>/...`) from Prometheus text exposition.
 pub fn parse_rebaseline_total(metrics: &str, id: &str) -> Option<f64> {
     let mut total = None;
     for line in metrics.lines() {
@@ -118,7 +135,7 @@ pub fn parse_rebaseline_total(metrics: &str, id: &str) -> Option<f64> {
         } else {
             continue; // another metric sharing the prefix
         };
-        if label_value(labels, "source").as_deref() != Some(id) {
+        if !label_value(labels, "source").is_some_and(|s| is_member(&s, id)) {
             continue;
         }
         let Some(v) = value
@@ -214,11 +231,18 @@ mod tests {
         assert_eq!(w.head_position.as_deref(), Some("0/1A"));
         assert!(parse_writer_status("not json").is_none());
         let body = r#"{"sources":{"seed":{"state":"following","position":"0/10","head":"0/12","epoch":1,"lag_seconds":2.5,"rebaselines":1},"other":{}}}"#;
-        let e = parse_engine_status(body, "seed").unwrap();
+        let e = &parse_engine_status(body, "seed").unwrap()[0];
         assert_eq!(e.state.as_deref(), Some("following"));
         assert_eq!(e.lag_seconds, Some(2.5));
         assert_eq!(e.rebaselines, Some(1));
-        assert!(parse_engine_status(body, "missing").is_none());
+        assert!(parse_engine_status(body, "missing").unwrap().is_empty());
+        assert!(parse_engine_status("<html>", "seed").is_none());
+        let group = r#"{"sources":{"g/public.a":{"lag_seconds":1.0},"g/sales.b":{"lag_seconds":9.0},"gx":{},"g":{}}}"#;
+        assert_eq!(
+            parse_engine_status(group, "g").unwrap().len(),
+            3,
+            "g itself and its two members, not gx"
+        );
     }
 
     #[test]
@@ -235,6 +259,10 @@ mod tests {
         assert_eq!(parse_rebaseline_total(text, "we\"ird"), Some(9.0));
         assert_eq!(parse_rebaseline_total(text, "absent"), None);
         assert_eq!(parse_rebaseline_total("", "seed"), None);
+        let group = "laredo_source_rebaseline_total{source=\"g/public.a\"} 1\n\
+                     laredo_source_rebaseline_total{source=\"g/sales.b\"} 2\n\
+                     laredo_source_rebaseline_total{source=\"gx\"} 5\n";
+        assert_eq!(parse_rebaseline_total(group, "g"), Some(3.0));
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod engine_follow;
 mod engine_memory;
 mod engine_support;
 mod fixtures;
+mod operator_contract;
 mod postgres_continuous;
 mod postgres_export;
 mod postgres_source;

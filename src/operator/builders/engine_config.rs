@@ -116,7 +116,9 @@ pub struct SourceConfig {
     #[serde(rename = "type")]
     pub type_: &'static str,
     pub store: StoreConfig,
-    pub key_prefix: String,
+    /// Single table only (a group reads `<schema>.<table>/`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_fields: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -168,26 +170,41 @@ pub enum TargetConfig {
     },
 }
 
-/// The engine's source id for an ArchiveSource: its name.
+/// The engine's source id for an ArchiveSource: its name. Members of a group report as
+/// `<name>/<schema>.<table>` in the engine's `/status` and metrics.
 pub fn source_id(source: &ArchiveSource) -> String {
     kube::ResourceExt::name_any(source)
 }
 
 pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> EngineConfig {
     let id = source_id(source);
+    // A group reads `<schema>.<table>/` under the store root (the engine allows no key_prefix
+    // there), so the group's key prefix moves into the store: the S3 prefix (prepended
+    // verbatim, as the exporter does) or a subdirectory of the local store.
+    let group_prefix = if archive.group {
+        archive.key_prefix.as_str()
+    } else {
+        ""
+    };
     let store = match &archive.location.s3 {
         Some(s3) => StoreConfig {
             type_: "s3",
             path: None,
             bucket: Some(s3.bucket.clone()),
-            prefix: Some(s3.prefix.clone().unwrap_or_default()),
+            prefix: Some(format!(
+                "{}{group_prefix}",
+                s3.prefix.clone().unwrap_or_default()
+            )),
             region: s3.region.clone(),
             endpoint: s3.endpoint.clone(),
             path_style: s3.path_style,
         },
         None => StoreConfig {
             type_: "local",
-            path: Some(ARCHIVE_DIR.into()),
+            path: Some(match group_prefix.trim_end_matches('/') {
+                "" => ARCHIVE_DIR.to_string(),
+                sub => format!("{ARCHIVE_DIR}/{sub}"),
+            }),
             bucket: None,
             prefix: None,
             region: None,
@@ -204,7 +221,7 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
     let src = SourceConfig {
         type_: "archive",
         store,
-        key_prefix: archive.key_prefix.clone(),
+        key_prefix: (!archive.group).then(|| archive.key_prefix.clone()),
         key_fields: archive.key_fields.clone().filter(|k| !k.is_empty()),
         format: archive
             .formats

@@ -445,6 +445,9 @@ fn engine_config_group_and_postgres_target() {
     .unwrap();
     let src = &v["sources"]["warehouse"];
     assert_eq!(src["state_path"], "/var/lib/larch/state/warehouse");
+    // A group has no key_prefix: its prefix moves into the store.
+    assert!(src.get("key_prefix").is_none());
+    assert_eq!(src["store"]["prefix"], "nightly/");
     assert_eq!(src["format"], serde_json::json!(["protobuf", "jsonl"]));
     assert_eq!(v["tables"].as_array().unwrap().len(), 2);
     let t = &v["tables"][1]["targets"][0];
@@ -464,6 +467,11 @@ fn engine_config_group_and_postgres_target() {
     assert_eq!(
         (pvc.claim_name.as_str(), pvc.read_only),
         ("nightly-archive", Some(true))
+    );
+    let cfg = c.config_map.data.unwrap()["engine.yaml"].clone();
+    assert!(
+        cfg.contains("path: /var/lib/larch/archive/nightly\n"),
+        "{cfg}"
     );
 }
 

@@ -183,9 +183,9 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
                 continue;
             };
             if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
-                && let Some(e) = observe::parse_engine_status(&body, &id)
+                && let Some(entries) = observe::parse_engine_status(&body, &id)
             {
-                engines.push(e);
+                engines.extend(entries);
             }
             if let Ok(text) = ctx.prober.get(&ip, 8080, "/metrics").await
                 && let Some(v) = observe::parse_rebaseline_total(&text, &id)

@@ -43,6 +43,7 @@ pub struct ArchiveExportSpec {
     /// each table is written under `<keyPrefix><schema>.<table>/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"))]
     pub key_prefix: Option<String>,
     /// Archive format written (default: the exporter's, jsonl).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -106,6 +106,7 @@ pub struct ArchiveRef {
     /// Key prefix of the archive (with `tables`: the prefix holding `<schema>.<table>/` archives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
+    #[x_kube(validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"))]
     pub key_prefix: Option<String>,
     /// Formats to read, tried in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -303,6 +303,11 @@ fn cel_export_mode_rules_and_sane_values() {
         json!({"minInterval": "500ms", "maxInterval": "1h"}),
     );
     assert_eq!(cel(&crd, &export(ordered), None), Vec::<String>::new());
+    let bad_prefix = with(s.clone(), "/keyPrefix", json!("nightly"));
+    assert_rejects(
+        cel(&crd, &export(bad_prefix), None),
+        "keyPrefix must end with '/'",
+    );
     let bad_endpoint = with(s.clone(), "/destination/s3/endpoint", json!("minio:9000"));
     assert_rejects(
         cel(&crd, &export(bad_endpoint), None),
