@@ -92,6 +92,28 @@ pub struct EngineSource {
 struct EngineStatusJson {
     #[serde(default)]
     sources: std::collections::BTreeMap<String, EngineSource>,
+    #[serde(default)]
+    pipelines: std::collections::BTreeMap<String, PipelineJson>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+struct PipelineJson {
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    row_count: Option<i64>,
+}
+
+/// Rows held by one engine for source `id`: the sum of its pipelines' `row_count`.
+pub fn parse_engine_rows(body: &str, id: &str) -> Option<i64> {
+    let s: EngineStatusJson = serde_json::from_str(body).ok()?;
+    let rows: Vec<i64> = s
+        .pipelines
+        .values()
+        .filter(|p| is_member(&p.source, id))
+        .filter_map(|p| p.row_count)
+        .collect();
+    (!rows.is_empty()).then(|| rows.iter().sum())
 }
 
 /// Whether an engine source id belongs to the ArchiveSource whose source id is `id` (itself, or
@@ -237,6 +259,9 @@ mod tests {
         assert_eq!(e.rebaselines, Some(1));
         assert!(parse_engine_status(body, "missing").unwrap().is_empty());
         assert!(parse_engine_status("<html>", "seed").is_none());
+        let with_pipelines = r#"{"sources":{},"pipelines":{"p1":{"source":"seed","row_count":3},"p2":{"source":"seed","row_count":4},"p3":{"source":"other","row_count":9}}}"#;
+        assert_eq!(parse_engine_rows(with_pipelines, "seed"), Some(7));
+        assert_eq!(parse_engine_rows(with_pipelines, "none"), None);
         let group = r#"{"sources":{"g/public.a":{"lag_seconds":1.0},"g/sales.b":{"lag_seconds":9.0},"gx":{},"g":{}}}"#;
         assert_eq!(
             parse_engine_status(group, "g").unwrap().len(),

@@ -172,6 +172,8 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             .await?;
         let mut samples = vec![];
         let mut engines: Vec<EngineSource> = vec![];
+        // Rows of the fullest engine (replicas hold copies, so no sum).
+        let mut rows: Option<i64> = None;
         let last_scrape = ctx
             .trackers
             .lock()
@@ -186,6 +188,9 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
                 && let Some(entries) = observe::parse_engine_status(&body, &id)
             {
                 engines.extend(entries);
+                if let Some(r) = observe::parse_engine_rows(&body, &id) {
+                    rows = Some(rows.map_or(r, |m: i64| m.max(r)));
+                }
             }
             if let Ok(text) = ctx.prober.get(&ip, 8080, "/metrics").await
                 && let Some(v) = observe::parse_rebaseline_total(&text, &id)
@@ -223,7 +228,7 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             .filter_map(|e| e.lag_seconds)
             .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
         status.lag = lag.map(observe::format_lag);
-        status.rows = engines.iter().filter_map(|e| e.rows).max();
+        status.rows = rows.or_else(|| engines.iter().filter_map(|e| e.rows).max());
         obs.engines = engines;
         ctx.metrics
             .source_lag

@@ -437,7 +437,7 @@ fn source_script(ready: i32) -> Vec<Expect> {
 #[tokio::test]
 async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
     let prober = Arc::new(FakeProber::default());
-    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"rebaselines":4}}}"#);
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
     prober.set(
         "10.0.0.7",
         "/metrics",
@@ -476,6 +476,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     assert_eq!(bodies[3]["kind"], "StatefulSet");
     let st = &bodies[5]["status"];
     assert_eq!(st["readyReplicas"], 1);
+    assert_eq!(st["rows"], 42, "rows from the engine pipelines' row_count");
     assert_eq!(
         (
             st["position"].as_str(),
