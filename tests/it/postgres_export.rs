@@ -226,3 +226,67 @@ async fn export_errors_are_clear() {
     assert!(stdout.contains("\"row_count\": 1"), "{stdout}");
     assert_eq!(leftovers(&db).await.1, 0);
 }
+
+#[tokio::test]
+async fn kill_9_in_the_middle_of_a_one_shot_export_leaves_the_archive_as_it_was() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE events (id int8 PRIMARY KEY, pad text);
+             INSERT INTO events SELECT g, repeat(md5(g::text), 8) FROM generate_series(1, 300000) g;",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let export = |slot: &str| {
+        let mut c = larch();
+        c.args([
+            "export",
+            "--connection",
+            &db.dsn,
+            "--table",
+            "events",
+            "--store",
+            "local",
+            "--slot",
+            slot,
+            "--path",
+        ])
+        .arg(&archive);
+        c
+    };
+    let (code, _, stderr) = run(&mut export("larch_kill_first"));
+    assert_eq!(code, 0, "{stderr}");
+    let manifest_before = std::fs::read(archive.join("public.events/manifest.json")).unwrap();
+    for (i, delay_ms) in [150u64, 400, 900].into_iter().enumerate() {
+        let mut child = export(&format!("larch_kill_{i}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        Command::new("kill")
+            .args(["-KILL", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let _ = child.wait();
+        // Either the kill beat the commit (manifest untouched) or the export finished first.
+        let manifest_now = std::fs::read(archive.join("public.events/manifest.json")).unwrap();
+        let store = Arc::new(LocalStore::new(&archive).unwrap());
+        let reader = ArchiveReader::new(store, "public.events/", vec![Format::Jsonl]).unwrap();
+        let (_, report) = larch::archive::verify::verify(&reader).await.unwrap();
+        assert!(
+            report.problems.is_empty(),
+            "after kill at {delay_ms} ms: {:?}",
+            report.problems
+        );
+        let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+        assert_eq!(folded.rows.len(), 300000, "after kill at {delay_ms} ms");
+        if manifest_now == manifest_before {
+            // Nothing of the killed run is listed; its temp file is not an artifact.
+            let m: Value = serde_json::from_slice(&manifest_now).unwrap();
+            assert_eq!(m["artifacts"].as_array().unwrap().len(), 1);
+        }
+    }
+}
