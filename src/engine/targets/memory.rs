@@ -483,13 +483,13 @@ impl Target for MemoryTarget {
         Ok(())
     }
 
-    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+    async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let mut aside = self.aside.lock().expect("lock");
         let data = aside
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
         for r in rows {
-            data.upsert(r.clone());
+            data.upsert(r);
         }
         Ok(())
     }
@@ -599,7 +599,7 @@ mod tests {
         let rows: Vec<Row> = (1..=25)
             .map(|i| Row::parse(&format!(r#"{{"id":{i},"tenant":"t{}"}}"#, i % 3)).unwrap())
             .collect();
-        t.baseline_rows(&rows).await.unwrap();
+        t.baseline_rows(rows).await.unwrap();
         assert_eq!(t.len(), 0, "aside until committed");
         t.commit_baseline("0/1").await.unwrap();
         assert_eq!(t.len(), 25);

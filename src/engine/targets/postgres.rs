@@ -442,7 +442,7 @@ impl Target for PostgresTarget {
         Ok(())
     }
 
-    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+    async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let st = self.statements()?;
         let guard = self.conn.lock().await;
         let conn = guard.as_ref().filter(|c| c.in_tx).ok_or_else(|| {
