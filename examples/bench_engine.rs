@@ -152,6 +152,9 @@ async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -263,14 +266,20 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     let samples: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(40);
+    // LARCH_BENCH_DIR keeps the generated archive (for profiling a phase:
+    // `bench_engine --phase engine 0 DIR`); by default it lives in a temporary directory.
     let tmp = tempfile::tempdir().unwrap();
+    let dir = std::env::var_os("LARCH_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tmp.path().to_path_buf());
     eprint!("generating {rows} rows ... ");
     let started = Instant::now();
-    generate(tmp.path(), rows).await;
+    let _ = std::fs::remove_dir_all(dir.join("public.events"));
+    generate(&dir, rows).await;
     eprintln!("{:.1}s", started.elapsed().as_secs_f64());
-    let rec = run_child(&["--phase", "reconstruct"], tmp.path());
+    let rec = run_child(&["--phase", "reconstruct"], &dir);
     let s = samples.to_string();
-    let eng = run_child(&["--phase", "engine", &s], tmp.path());
+    let eng = run_child(&["--phase", "engine", &s], &dir);
     let mib = |kib: &serde_json::Value| kib.as_f64().unwrap() / 1024.0;
     let mut out = std::io::stdout().lock();
     writeln!(

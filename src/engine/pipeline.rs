@@ -335,13 +335,20 @@ impl SourceRunner {
                     None => true,
                 };
                 if batch.len() >= BATCH || (done && !batch.is_empty()) {
-                    for p in &self.pipelines {
+                    rows += batch.len() as u64;
+                    let last = self.pipelines.len().saturating_sub(1);
+                    for (i, p) in self.pipelines.iter().enumerate() {
+                        // The last target takes the batch itself, the others a copy.
+                        let rows = if i == last {
+                            std::mem::replace(&mut batch, Vec::with_capacity(BATCH))
+                        } else {
+                            batch.clone()
+                        };
                         p.target
-                            .baseline_rows(&batch)
+                            .baseline_rows(rows)
                             .await
                             .with_context(|| format!("pipeline {}: baseline", p.id))?;
                     }
-                    rows += batch.len() as u64;
                     batch.clear();
                 }
                 if done {

@@ -613,6 +613,15 @@ impl SyncSource for ArchiveSource {
                         from = d.to_position.clone();
                         self.inner.lock().expect("lock").position = Some(from.clone());
                     }
+                    // On the newest snapshot's lineage now: that is our epoch.
+                    if let Some(snap) = newest_snapshot(&m)
+                        && (same(&snap.to_position, &from)
+                            || chain_from(&m, &snap.to_position, None)
+                                .iter()
+                                .any(|d| same(&d.to_position, &from)))
+                    {
+                        self.inner.lock().expect("lock").epoch = Some(snap.epoch);
+                    }
                     if diffs.is_empty() {
                         // A diff-only plan with nothing in it cannot happen; never spin.
                         self.wait_poll(Some(&events)).await;

@@ -464,3 +464,43 @@ async fn transient_storage_errors_are_retried_while_following() {
     src.close().await;
     t.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_compaction_epoch_on_our_chain_is_followed_without_a_rebaseline() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut a = TestArchive::new(store.clone(), "", "public.t");
+    a.snapshot("0/10", &refs(&rows(1..=3, "s"))).await;
+    a.diff(
+        "0/10",
+        "0/20",
+        &[(Action::Insert, None, Some(r#"{"id":4}"#))],
+    )
+    .await;
+    let src = Arc::new(source(store.clone(), "", true));
+    let (_, pos) = baseline(&src).await;
+    assert_eq!(pos, "0/20");
+    let lagging = Arc::new(source(store.clone(), "", true));
+    // The writer compacts: a new epoch's snapshot at the head, then diffs from it.
+    a.snapshot("0/20", &refs(&rows(1..=4, "s"))).await;
+    a.diff(
+        "0/20",
+        "0/30",
+        &[(Action::Delete, Some(r#"{"id":1}"#), None)],
+    )
+    .await;
+    for (s, from) in [(src, "0/20"), (lagging, "0/10")] {
+        let (tx, mut rx) = mpsc::channel(8);
+        let s2 = s.clone();
+        let from = from.to_string();
+        let t = tokio::spawn(async move { s2.stream(&from, tx).await });
+        let mut last = None;
+        while last.as_deref() != Some("0/30") {
+            if let SourceEvent::Checkpoint { position } = next_event(&mut rx).await {
+                last = Some(position);
+            }
+        }
+        s.close().await;
+        t.await.unwrap().unwrap();
+        assert_eq!(s.info().epoch, Some(2));
+    }
+}

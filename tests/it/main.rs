@@ -9,6 +9,7 @@ mod cli_archive;
 mod engine_config;
 mod engine_follow;
 mod engine_memory;
+mod engine_postgres;
 mod engine_support;
 mod fixtures;
 mod operator_contract;

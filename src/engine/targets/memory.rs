@@ -26,10 +26,16 @@ use crate::archive::model::{Action, ColumnDefinition, TableId};
 use crate::archive::value::{Row, canonical_text, compare_canonical, string_value};
 use crate::source::ChangeEvent;
 
-/// An identity in the table's order: canonical numbers first (numerically), then the rest by
-/// text. A total order (mixing numbers and text by `compare_canonical` alone would not be).
+/// An identity in the table's order: numbers first (numerically), then the rest by text. A
+/// total order (mixing numbers and text by `compare_canonical` alone would not be). Integer
+/// identities that fit an `i64` (the common primary key) compare and store without text.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SortKey(pub Identity);
+pub enum SortKey {
+    Int(i64),
+    /// Another canonical number (decimal, or beyond `i64`).
+    Num(Box<str>),
+    Text(Box<str>),
+}
 
 fn is_canonical_number(s: &str) -> bool {
     let b = s.strip_prefix('-').unwrap_or(s).as_bytes();
@@ -40,36 +46,41 @@ fn is_canonical_number(s: &str) -> bool {
         && *b.last().unwrap() != b'.'
 }
 
-fn is_plain_int(s: &str) -> bool {
-    let b = s.strip_prefix('-').unwrap_or(s).as_bytes();
-    !b.is_empty() && b.iter().all(u8::is_ascii_digit)
+impl SortKey {
+    /// Classifies an identity text (canonical texts from `identity_of`).
+    pub fn new(id: Identity) -> SortKey {
+        if let Ok(i) = id.parse::<i64>()
+            && i.to_string() == *id
+        {
+            return SortKey::Int(i);
+        }
+        if is_canonical_number(&id) {
+            SortKey::Num(id)
+        } else {
+            SortKey::Text(id)
+        }
+    }
+
+    /// The identity text.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            SortKey::Int(i) => std::borrow::Cow::Owned(i.to_string()),
+            SortKey::Num(s) | SortKey::Text(s) => std::borrow::Cow::Borrowed(s),
+        }
+    }
 }
 
 impl Ord for SortKey {
     fn cmp(&self, other: &Self) -> Ordering {
-        let (a, b) = (&*self.0, &*other.0);
-        if a == b {
-            return Ordering::Equal;
-        }
-        match (is_canonical_number(a), is_canonical_number(b)) {
-            (true, true) => {
-                if is_plain_int(a) && is_plain_int(b) {
-                    // Canonical integers have no leading zeros: sign, then length, then text.
-                    let (na, nb) = (a.starts_with('-'), b.starts_with('-'));
-                    let (ma, mb) = (a.trim_start_matches('-'), b.trim_start_matches('-'));
-                    let magnitude = ma.len().cmp(&mb.len()).then_with(|| ma.cmp(mb));
-                    return match (na, nb) {
-                        (false, true) => Ordering::Greater,
-                        (true, false) => Ordering::Less,
-                        (false, false) => magnitude,
-                        (true, true) => magnitude.reverse(),
-                    };
-                }
-                compare_canonical(a, b).then_with(|| a.cmp(b))
+        match (self, other) {
+            (SortKey::Int(a), SortKey::Int(b)) => a.cmp(b),
+            (SortKey::Text(a), SortKey::Text(b)) => a.cmp(b),
+            (SortKey::Text(_), _) => Ordering::Greater,
+            (_, SortKey::Text(_)) => Ordering::Less,
+            (a, b) => {
+                let (x, y) = (a.text(), b.text());
+                compare_canonical(&x, &y).then_with(|| x.cmp(&y))
             }
-            (true, false) => Ordering::Less,
-            (false, true) => Ordering::Greater,
-            (false, false) => a.cmp(b),
         }
     }
 }
@@ -124,10 +135,10 @@ impl TableData {
                     .iter()
                     .map(|v| v.map(|v| canonical_text(v).into_owned().into_boxed_str()))
                     .collect();
-                (SortKey(id), idx)
+                (SortKey::new(id), idx)
             }
             Err(_) => (
-                SortKey(row.as_str().into()),
+                SortKey::Text(row.as_str().into()),
                 vec![None; self.index_fields.len()],
             ),
         }
@@ -207,13 +218,13 @@ impl TableData {
             }
             Action::Insert | Action::Update => {
                 let Some(new) = &c.new else { return };
-                let id = SortKey(change_identity(&change, key_fields));
+                let id = SortKey::new(change_identity(&change, key_fields));
                 if c.action == Action::Update
                     && let Some(old) = &c.old
                     && let Some(old_id) = row_identity(old, key_fields)
-                    && old_id != id.0
+                    && *old_id != *id.text()
                 {
-                    self.remove(&SortKey(old_id));
+                    self.remove(&SortKey::new(old_id));
                 }
                 let (_, values) = self.scan(new);
                 self.upsert_scanned(id, values, new.clone());
@@ -415,7 +426,7 @@ impl MemoryTarget {
             values.push(string_value(v));
         }
         let refs: Vec<Option<&RawValue>> = values.iter().map(|v| Some(&**v)).collect();
-        let id = SortKey(identity_of(&refs).expect("every key value present"));
+        let id = SortKey::new(identity_of(&refs).expect("every key value present"));
         Ok(self
             .live
             .read()
@@ -433,7 +444,7 @@ fn query_value(v: &str) -> Box<str> {
 }
 
 fn encode_cursor(k: &SortKey) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k.0.as_bytes())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k.text().as_bytes())
 }
 
 fn decode_cursor(c: &str) -> Result<SortKey, QueryError> {
@@ -441,7 +452,7 @@ fn decode_cursor(c: &str) -> Result<SortKey, QueryError> {
         .decode(c)
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
-        .map(|s| SortKey(s.into_boxed_str()))
+        .map(|s| SortKey::new(s.into_boxed_str()))
         .ok_or_else(|| QueryError(format!("after: {c:?} is not a cursor from a `next` field")))
 }
 
@@ -472,13 +483,13 @@ impl Target for MemoryTarget {
         Ok(())
     }
 
-    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+    async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let mut aside = self.aside.lock().expect("lock");
         let data = aside
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
         for r in rows {
-            data.upsert(r.clone());
+            data.upsert(r);
         }
         Ok(())
     }
@@ -529,7 +540,7 @@ mod tests {
     use super::*;
 
     fn sk(s: &str) -> SortKey {
-        SortKey(s.into())
+        SortKey::new(s.into())
     }
 
     #[test]
@@ -544,18 +555,24 @@ mod tests {
             sk("5a"),
             sk("[\"a\",\"1\"]"),
             sk("0"),
+            sk("99999999999999999999"),
+            sk("-99999999999999999999"),
+            sk("9.5"),
         ];
         v.sort();
-        let got: Vec<&str> = v.iter().map(|k| &*k.0).collect();
+        let got: Vec<String> = v.iter().map(|k| k.text().into_owned()).collect();
         assert_eq!(
             got,
             [
+                "-99999999999999999999",
                 "-20",
                 "-3",
                 "0",
                 "1.5",
                 "9",
+                "9.5",
                 "10",
+                "99999999999999999999",
                 "5a",
                 "[\"a\",\"1\"]",
                 "abc"
@@ -582,7 +599,7 @@ mod tests {
         let rows: Vec<Row> = (1..=25)
             .map(|i| Row::parse(&format!(r#"{{"id":{i},"tenant":"t{}"}}"#, i % 3)).unwrap())
             .collect();
-        t.baseline_rows(&rows).await.unwrap();
+        t.baseline_rows(rows).await.unwrap();
         assert_eq!(t.len(), 0, "aside until committed");
         t.commit_baseline("0/1").await.unwrap();
         assert_eq!(t.len(), 25);

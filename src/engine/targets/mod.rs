@@ -27,7 +27,7 @@ pub trait Target: Send + Sync {
         Ok(None)
     }
     async fn begin_baseline(&self) -> anyhow::Result<()>;
-    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()>;
+    async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()>;
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()>;
     /// Drops a baseline in progress (the live state is untouched).
     async fn abort_baseline(&self);

@@ -159,7 +159,6 @@ pub struct PostgresTarget {
     key_fields: std::sync::Mutex<Vec<String>>,
     statements: std::sync::Mutex<Option<Statements>>,
     pending: std::sync::Mutex<Pending>,
-    rows: std::sync::atomic::AtomicI64,
 }
 
 impl PostgresTarget {
@@ -172,7 +171,6 @@ impl PostgresTarget {
             key_fields: std::sync::Mutex::new(vec!["id".into()]),
             statements: std::sync::Mutex::new(None),
             pending: std::sync::Mutex::new(Pending::default()),
-            rows: std::sync::atomic::AtomicI64::new(-1),
         }
     }
 
@@ -308,16 +306,9 @@ impl PostgresTarget {
         })
     }
 
-    /// Executes batched upserts of `rows` (deduplicated by identity within a batch: a
-    /// statement cannot touch one row twice).
-    async fn upsert_rows(
-        &self,
-        client: &Client,
-        st: &Statements,
-        rows: &[&Row],
-        stmt: &str,
-    ) -> anyhow::Result<()> {
-        let _ = st;
+    /// Runs `stmt` (the upsert or the delete) over `rows` in batches, each deduplicated by
+    /// identity (one statement cannot touch a row twice).
+    async fn upsert_rows(&self, client: &Client, rows: &[&Row], stmt: &str) -> anyhow::Result<()> {
         let key_fields = self.key_fields.lock().expect("lock").clone();
         for chunk in rows.chunks(BATCH_ROWS) {
             let mut seen: HashMap<Identity, usize> = HashMap::new();
@@ -366,19 +357,6 @@ impl PostgresTarget {
                 format!("postgres target: recording the position of {}", self.table)
             })?;
         Ok(())
-    }
-
-    async fn count(&self, client: &Client) {
-        if let Ok(r) = client
-            .query_one(
-                &format!("SELECT count(*) FROM {}", qualified(&self.table)),
-                &[],
-            )
-            .await
-        {
-            self.rows
-                .store(r.get::<_, i64>(0), std::sync::atomic::Ordering::SeqCst);
-        }
     }
 }
 
@@ -433,7 +411,6 @@ impl Target for PostgresTarget {
         *self.key_fields.lock().expect("lock") = key_fields.to_vec();
         let st = self.prepare(client, key_fields).await?;
         *self.statements.lock().expect("lock") = Some(st);
-        self.count(client).await;
         Ok(())
     }
 
@@ -465,7 +442,7 @@ impl Target for PostgresTarget {
         Ok(())
     }
 
-    async fn baseline_rows(&self, rows: &[Row]) -> anyhow::Result<()> {
+    async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let st = self.statements()?;
         let guard = self.conn.lock().await;
         let conn = guard.as_ref().filter(|c| c.in_tx).ok_or_else(|| {
@@ -475,7 +452,7 @@ impl Target for PostgresTarget {
             )
         })?;
         let refs: Vec<&Row> = rows.iter().collect();
-        self.upsert_rows(&conn.client, &st, &refs, &st.upsert).await
+        self.upsert_rows(&conn.client, &refs, &st.upsert).await
     }
 
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
@@ -494,7 +471,6 @@ impl Target for PostgresTarget {
             .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
         conn.in_tx = false;
         *self.pending.lock().expect("lock") = Pending::default();
-        self.count(&conn.client).await;
         Ok(())
     }
 
@@ -574,9 +550,9 @@ impl Target for PostgresTarget {
                 client.batch_execute(&st.truncate).await?;
             }
             let dels: Vec<&Row> = deletes.iter().collect();
-            self.upsert_rows(client, &st, &dels, &st.delete).await?;
+            self.upsert_rows(client, &dels, &st.delete).await?;
             let ups: Vec<&Row> = upserts.iter().collect();
-            self.upsert_rows(client, &st, &ups, &st.upsert).await?;
+            self.upsert_rows(client, &ups, &st.upsert).await?;
             self.write_checkpoint(client, &st, position).await?;
             client.batch_execute("COMMIT").await?;
             anyhow::Ok(())
@@ -590,12 +566,7 @@ impl Target for PostgresTarget {
             )));
         }
         *self.pending.lock().expect("lock") = Pending::default();
-        self.count(client).await;
         Ok(())
-    }
-
-    fn row_count(&self) -> Option<u64> {
-        u64::try_from(self.rows.load(std::sync::atomic::Ordering::SeqCst)).ok()
     }
 }
 
