@@ -146,7 +146,7 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
         );
         opt("--max-churn-fraction", c.max_churn_fraction);
         opt("--keep-epochs", c.keep_epochs.map(|v| v.to_string()));
-        a.extend(["--listen".into(), format!("0.0.0.0:{HTTP_PORT}")]);
+        a.extend(["--listen".into(), pod::listen_arg()]);
     }
     a
 }
@@ -194,7 +194,16 @@ pub fn pod_template(
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
         args: Some(export_args(export, table)),
-        env: (!access.env.is_empty()).then_some(access.env),
+        env: {
+            // POD_IP first: `--listen $(POD_IP):8080` refers to it.
+            let mut env = if continuous {
+                vec![pod::pod_ip_env()]
+            } else {
+                vec![]
+            };
+            env.extend(access.env);
+            (!env.is_empty()).then_some(env)
+        },
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    KeyToPath, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
     ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
     Toleration, Volume, VolumeMount,
 };
@@ -88,6 +88,28 @@ pub fn empty_dir(volume: &str) -> Volume {
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     }
+}
+
+/// `POD_IP` from the downward API, for `--listen`.
+pub fn pod_ip_env() -> EnvVar {
+    EnvVar {
+        name: "POD_IP".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The `--listen` address of a pod serving HTTP: its pod IP (from `POD_IP`), not `0.0.0.0`, so
+/// that pods sharing one network namespace (the e2e fake kubelet runs pods as local processes)
+/// never collide on the port. Probes and the operator's readers use the pod IP anyway.
+pub fn listen_arg() -> String {
+    format!("$(POD_IP):{HTTP_PORT}")
 }
 
 fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {

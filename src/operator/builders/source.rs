@@ -121,9 +121,14 @@ pub fn children(
             "--config".into(),
             CONFIG_FILE.into(),
             "--listen".into(),
-            format!("0.0.0.0:{HTTP_PORT}"),
+            pod::listen_arg(),
         ]),
-        env: (!access.env.is_empty()).then_some(access.env),
+        env: {
+            // POD_IP first: `--listen $(POD_IP):8080` refers to it.
+            let mut env = vec![pod::pod_ip_env()];
+            env.extend(access.env);
+            Some(env)
+        },
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: HTTP_PORT,

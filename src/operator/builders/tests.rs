@@ -288,7 +288,7 @@ fn export_args_follow_the_cli_contract() {
         args.ends_with(
             "--summary-file /dev/termination-log --follow --diff-interval 15s --min-interval 5s \
              --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 --max-churn-records 100000 \
-             --max-churn-fraction 0.5 --keep-epochs 3 --listen 0.0.0.0:8080"
+             --max-churn-fraction 0.5 --keep-epochs 3 --listen $(POD_IP):8080"
         ),
         "{args}"
     );
