@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, then runs format and lint checks, unit,
-# integration (real PostgreSQL 15 and SeaweedFS) and end-to-end tests.
+# integration (real PostgreSQL 15 and SeaweedFS) and end-to-end tests (tests/e2e: a real control
+# plane from e2e/build.sh, the fake kubelet, the operator installed by helm).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -13,5 +14,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
-echo "== cargo test"
+echo "== e2e/build.sh (larch-cp, helm: ~16 min cold, then cached under $LARCH_CACHE/bin)"
+bash e2e/build.sh
+echo "== cargo test (unit, integration, end-to-end: tests/e2e)"
 cargo test --locked --all-targets
