@@ -1,0 +1,703 @@
+//! End-to-end scenarios of the operator (issue 6) against a real control plane: a real
+//! kube-apiserver accepts the CRDs and validates the CEL rules, a real kube-controller-manager
+//! runs the Jobs, Deployments and StatefulSets the operator creates, the fake kubelet runs their
+//! pods as this build's `larch`, and the data really flows PostgreSQL 15 → SeaweedFS → engine.
+//!
+//! One environment per test process (see `support`); scenarios run one at a time.
+//! Run: `cargo test --test e2e` (needs `bash e2e/build.sh` once; see e2e/README.md).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{
+    Env, KStatus, OPERATOR_NS, condition, condition_is, env, env_with_operator, kstatus, serial,
+};
+
+/// An ArchiveExport of `table` to bucket `bucket` on the environment's SeaweedFS.
+fn export_manifest(e: &Env, ns: &str, name: &str, table: &str, mode: &str, bucket: &str) -> String {
+    format!(
+        r#"apiVersion: larch.dev/v1alpha1
+kind: ArchiveExport
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  mode: {mode}
+  source:
+    connectionSecretRef: {{name: pg-source, key: dsn}}
+    table: {{schema: public, name: {table}}}
+  destination:
+    s3:
+      bucket: {bucket}
+      region: us-east-1
+      endpoint: {endpoint}
+      pathStyle: true
+      credentials:
+        secretRef: {{name: s3-credentials}}
+"#,
+        endpoint = e.s3_endpoint
+    )
+}
+
+/// An ArchiveSource replaying export `export` into memory, following it.
+fn source_manifest(ns: &str, name: &str, export: &str) -> String {
+    format!(
+        r#"apiVersion: larch.dev/v1alpha1
+kind: ArchiveSource
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  archive:
+    exportRef: {{name: {export}}}
+  follow: true
+  pollInterval: 2s
+  target:
+    memory: {{}}
+"#
+    )
+}
+
+fn get_cr(e: &Env, kind: &str, ns: &str, name: &str) -> Value {
+    e.get(&[kind, name, "-n", ns])
+        .unwrap_or_else(|| panic!("{kind} {ns}/{name} not found"))
+}
+
+/// Waits until the export's `LastExportSucceeded` is True (and, with `after_run`, for a run other
+/// than that one); returns the object.
+fn wait_export_succeeded(e: &Env, ns: &str, name: &str, after_run: Option<&str>) -> Value {
+    e.wait_for(
+        ns,
+        &format!("ArchiveExport {ns}/{name} LastExportSucceeded=True"),
+        300,
+        || {
+            let o = e.get(&["archiveexport", name, "-n", ns])?;
+            if condition_is(&o, "LastExportSucceeded", "False")
+                || condition_is(&o, "Stalled", "True")
+            {
+                panic!(
+                    "export {ns}/{name} failed: {}\n{}",
+                    serde_json::to_string_pretty(&o["status"]).unwrap(),
+                    e.diagnostics(ns)
+                );
+            }
+            let run = o["status"]["run"]["id"].as_str().map(str::to_string);
+            (condition_is(&o, "LastExportSucceeded", "True")
+                && condition_is(&o, "Ready", "True")
+                && (after_run.is_none() || run.as_deref() != after_run))
+                .then_some(o)
+        },
+    )
+}
+
+fn wait_source_ready(e: &Env, ns: &str, name: &str) -> Value {
+    e.wait_for(
+        ns,
+        &format!("ArchiveSource {ns}/{name} Ready=True"),
+        300,
+        || {
+            let o = e.get(&["archivesource", name, "-n", ns])?;
+            condition_is(&o, "Ready", "True").then_some(o)
+        },
+    )
+}
+
+/// The pod IPs of a source's engine pods (`name-0`, …).
+fn engine_ip(e: &Env, ns: &str, name: &str) -> String {
+    let pod = get_cr(e, "pod", ns, &format!("{name}-0"));
+    pod["status"]["podIP"]
+        .as_str()
+        .expect("engine pod IP")
+        .to_string()
+}
+
+/// Every row the engine serves for `table`, following `next` page by page.
+fn engine_rows(e: &Env, ip: &str, table: &str) -> Option<Vec<Value>> {
+    let mut rows = Vec::new();
+    let mut after: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = format!("http://{ip}:8080/tables/{table}/rows?limit=300");
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={}", urlencode(a)));
+        }
+        let page = e.http_json(&url)?;
+        pages += 1;
+        rows.extend(page["rows"].as_array()?.iter().cloned());
+        match page["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+        assert!(pages < 10_000, "pagination does not end");
+    }
+    Some(rows)
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The table's rows in PostgreSQL as comparable tuples (id, tenant, kind, amount, flag, ref).
+fn pg_rows(e: &Env, table: &str) -> Vec<(i64, String, Option<String>, f64, bool, String)> {
+    let out = e.sql(&format!(
+        "SELECT id, tenant, coalesce(kind, '\\N'), amount, flag, ref FROM public.{table} ORDER BY id"
+    ));
+    out.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].to_string(),
+                (f[2] != "\\N").then(|| f[2].to_string()),
+                f[3].parse().unwrap(),
+                f[4] == "t",
+                f[5].to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The engine's rows through the documented value mapping (docs/postgres-types.md): int8 → JSON
+/// integer, numeric → number literal, text → string, boolean → true/false, uuid → string.
+fn engine_tuples(rows: &[Value]) -> Vec<(i64, String, Option<String>, f64, bool, String)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap_or_else(|| panic!("id of {r}")),
+                r["tenant"].as_str().unwrap().to_string(),
+                r["kind"].as_str().map(str::to_string),
+                r["amount"]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("amount of {r}")),
+                r["flag"].as_bool().unwrap(),
+                r["ref"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until the engine of source `name` serves exactly the rows of `table` in PostgreSQL.
+fn wait_engine_matches(e: &Env, ns: &str, name: &str, table: &str) {
+    let expected = pg_rows(e, table);
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let ip = engine_ip(e, ns, name);
+        if let Some(rows) = engine_rows(e, &ip, &format!("public.{table}")) {
+            let got = engine_tuples(&rows);
+            if got == expected {
+                return;
+            }
+            let ids: Vec<i64> = got.iter().map(|t| t.0).collect();
+            last = format!(
+                "engine has {} rows (first ids {:?}), PostgreSQL {}",
+                got.len(),
+                &ids[..ids.len().min(5)],
+                expected.len()
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "the engine of {ns}/{name} never served the rows of {table}: {last}\n{}",
+                e.diagnostics(ns)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The one-shot export shared by scenarios 3 and 4: namespace `e2e-oneshot`, export `events`
+/// of public.events into bucket `oneshot`, succeeded.
+fn oneshot_exported() -> &'static Value {
+    static DONE: OnceLock<Value> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let e = env_with_operator();
+        e.namespace("e2e-oneshot", &[]);
+        e.bucket("oneshot");
+        e.apply(&export_manifest(
+            e,
+            "e2e-oneshot",
+            "events",
+            "events",
+            "OneShot",
+            "oneshot",
+        ));
+        wait_export_succeeded(e, "e2e-oneshot", "events", None)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Scenario 1: `helm install` of charts/larch: the operator runs as a pod (this build's larch, through the
+/// fake kubelet's image mapping) and becomes Ready.
+#[test]
+fn s01_helm_install_operator_ready() {
+    let _g = serial();
+    let e = env_with_operator();
+    let list: Value =
+        serde_json::from_slice(&e.helm(&["list", "-n", OPERATOR_NS, "-o", "json"]).stdout).unwrap();
+    assert_eq!(list[0]["name"], "larch", "{list}");
+    assert_eq!(list[0]["status"], "deployed", "{list}");
+    let pods = e.list(&["pods", "-n", OPERATOR_NS]);
+    assert_eq!(pods.len(), 1, "one operator pod");
+    let pod = &pods[0];
+    assert!(
+        condition_is(pod, "Ready", "True"),
+        "operator pod Ready: {pod}"
+    );
+    assert_eq!(pod["spec"]["containers"][0]["image"], support::IMAGE);
+    assert_eq!(pod["spec"]["containers"][0]["args"][0], "operator");
+    // Its health endpoint answers on the pod IP.
+    let ip = pod["status"]["podIP"].as_str().unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-sf", &format!("http://{ip}:8080/health/ready")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "operator /health/ready on {ip}");
+}
+
+/// Scenario 2: The CRDs apply server-side (over helm's copies, no conflicts: the same content), and the
+/// examples apply unchanged apart from the environment's endpoints and Secret values
+/// (e2e/examples.sh); the one-shot example exports, its ArchiveSource becomes Ready.
+#[test]
+fn s02_apply_crds_and_examples() {
+    let _g = serial();
+    let e = env_with_operator();
+    let out = e.kubectl(&[
+        "apply",
+        "--server-side",
+        "--field-manager=larch-e2e",
+        "-f",
+        &format!("{}/crds/", support::REPO),
+    ]);
+    assert!(
+        out.contains("archiveexports.larch.dev serverside-applied"),
+        "{out}"
+    );
+    assert!(
+        out.contains("archivesources.larch.dev serverside-applied"),
+        "{out}"
+    );
+    for crd in ["archiveexports.larch.dev", "archivesources.larch.dev"] {
+        let c = get_cr(e, "crd", "", crd);
+        assert!(condition_is(&c, "Established", "True"), "{crd} established");
+    }
+
+    let ns = "e2e-examples";
+    e.namespace(ns, &[]);
+    let out = std::process::Command::new("bash")
+        .arg(format!("{}/e2e/examples.sh", support::REPO))
+        .arg(&e.dir)
+        .arg(ns)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    e.apply(&String::from_utf8(out.stdout).unwrap());
+    let exports = e.list(&["archiveexports", "-n", ns]);
+    let sources = e.list(&["archivesources", "-n", ns]);
+    assert!(
+        !exports.is_empty() && !sources.is_empty(),
+        "examples applied"
+    );
+
+    // The one-shot example (users) exports; its ArchiveSource (users-cache) serves the rows.
+    wait_export_succeeded(e, ns, "users", None);
+    let src = wait_source_ready(e, ns, "users-cache");
+    let replicas = src["spec"]["replicas"].as_i64().unwrap_or(1);
+    assert_eq!(
+        src["status"]["readyReplicas"].as_i64(),
+        Some(replicas),
+        "{src}"
+    );
+    wait_engine_matches(e, ns, "users-cache", "events");
+    e.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// Scenario 3: A OneShot ArchiveExport to SeaweedFS: the Job succeeds, the archive verifies, the status
+/// says LastExportSucceeded=True with the position and the table's row count.
+#[test]
+fn s03_oneshot_export_to_s3() {
+    let _g = serial();
+    let o = oneshot_exported();
+    let e = env();
+    let ns = "e2e-oneshot";
+    let jobs = e.list(&["jobs", "-n", ns, "-l", "larch.dev/archive-export=events"]);
+    assert_eq!(jobs.len(), 1, "one Job");
+    assert_eq!(jobs[0]["status"]["succeeded"], 1, "{}", jobs[0]["status"]);
+    assert!(condition_is(&jobs[0], "Complete", "True"));
+
+    let count: i64 = e.sql("SELECT count(*) FROM public.events").parse().unwrap();
+    let last = &o["status"]["lastExport"];
+    assert_eq!(last["rowCount"].as_i64(), Some(count), "{last}");
+    let position = last["position"].as_str().expect("position");
+    assert!(
+        position.contains('/')
+            && position
+                .split('/')
+                .all(|h| u64::from_str_radix(h, 16).is_ok()),
+        "an LSN: {position}"
+    );
+    let key_prefix = last["keyPrefix"].as_str().unwrap_or("public.events/");
+    let store = [
+        "--store",
+        "s3",
+        "--bucket",
+        "oneshot",
+        "--endpoint",
+        &e.s3_endpoint,
+        "--region",
+        "us-east-1",
+        "--path-style",
+        "--key-prefix",
+        key_prefix,
+    ];
+    let mut verify = vec!["archive", "verify"];
+    verify.extend_from_slice(&store);
+    e.larch(&verify);
+    let mut inspect = vec!["archive", "inspect", "--json"];
+    inspect.extend_from_slice(&store);
+    let text = e.larch(&inspect);
+    assert!(
+        text.contains(position),
+        "the manifest holds position {position}: {text}"
+    );
+    assert!(text.contains(&count.to_string()), "{text}");
+}
+
+/// Scenario 4: An ArchiveSource with exportRef: the engine becomes Ready and its HTTP API, page by page,
+/// returns exactly the table's rows; the status reports the export's position, caught up.
+#[test]
+fn s04_source_exportref_serves_the_table() {
+    let _g = serial();
+    oneshot_exported();
+    let e = env();
+    let ns = "e2e-oneshot";
+    e.apply(&source_manifest(ns, "events-cache", "events"));
+    let o = wait_source_ready(e, ns, "events-cache");
+    assert_eq!(o["status"]["readyReplicas"].as_i64(), Some(1), "{o}");
+    wait_engine_matches(e, ns, "events-cache", "events");
+    // The engines report the archive's head: the export's position.
+    let position = oneshot_exported()["status"]["lastExport"]["position"].clone();
+    e.wait_for(ns, "status.position at the export's position", 90, || {
+        let o = get_cr(e, "archivesource", ns, "events-cache");
+        (o["status"]["position"] == position && condition_is(&o, "CaughtUp", "True")).then_some(())
+    });
+}
+
+/// Scenario 6: A replacement: a new one-shot run over the archive (new epoch). The engine re-baselines
+/// once (`status.rebaselines.total` + 1, `Rebaselining=True`, an Event) and serves the new rows
+/// only.
+#[test]
+fn s06_replacement_rebaselines() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-replace";
+    e.sql(
+        "DROP TABLE IF EXISTS public.replaced; \
+         CREATE TABLE public.replaced AS SELECT * FROM public.events WHERE id <= 300; \
+         ALTER TABLE public.replaced ADD PRIMARY KEY (id)",
+    );
+    e.namespace(ns, &[]);
+    e.bucket("replace");
+    e.apply(&export_manifest(
+        e, ns, "replaced", "replaced", "OneShot", "replace",
+    ));
+    let first = wait_export_succeeded(e, ns, "replaced", None);
+    e.apply(&source_manifest(ns, "replaced-cache", "replaced"));
+    wait_source_ready(e, ns, "replaced-cache");
+    wait_engine_matches(e, ns, "replaced-cache", "replaced");
+    let before = get_cr(e, "archivesource", ns, "replaced-cache")["status"]["rebaselines"]["total"]
+        .as_i64()
+        .unwrap_or(0);
+
+    // New content, then a new run.
+    e.sql(
+        "DELETE FROM public.replaced WHERE id <= 100; \
+         UPDATE public.replaced SET tenant = 'moved', amount = 1.25 WHERE id BETWEEN 101 AND 150; \
+         INSERT INTO public.replaced SELECT id + 10000, tenant, kind, amount, payload, created_at, \
+           tags, flag, ref, blob FROM public.events WHERE id <= 50",
+    );
+    let run = first["status"]["run"]["id"].as_str().map(str::to_string);
+    e.kubectl(&[
+        "annotate",
+        "archiveexport",
+        "replaced",
+        "-n",
+        ns,
+        "--overwrite",
+        "larch.dev/run-requested=second",
+    ]);
+    wait_export_succeeded(e, ns, "replaced", run.as_deref());
+
+    let o = e.wait_for(
+        ns,
+        "rebaselines.total + 1 and Rebaselining=True",
+        240,
+        || {
+            let o = e.get(&["archivesource", "replaced-cache", "-n", ns])?;
+            let total = o["status"]["rebaselines"]["total"].as_i64().unwrap_or(0);
+            (total == before + 1 && condition_is(&o, "Rebaselining", "True")).then_some(o)
+        },
+    );
+    assert!(o["status"]["rebaselines"]["lastTime"].is_string(), "{o}");
+    wait_engine_matches(e, ns, "replaced-cache", "replaced");
+    e.wait_for(ns, "a re-baseline Event", 60, || {
+        let events = e.list(&["events", "-n", ns]);
+        events
+            .iter()
+            .find(|ev| {
+                ev["involvedObject"]["name"] == "replaced-cache" && ev["reason"] == "Rebaselining"
+            })
+            .cloned()
+    });
+    // Exactly one: the total does not move further.
+    std::thread::sleep(Duration::from_secs(10));
+    let o = get_cr(e, "archivesource", ns, "replaced-cache");
+    assert_eq!(
+        o["status"]["rebaselines"]["total"].as_i64(),
+        Some(before + 1),
+        "{o}"
+    );
+}
+
+/// Scenario 7: A CR breaking a CEL rule is rejected by the apiserver with the rule's message.
+#[test]
+fn s07_cel_rule_rejected() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-cel";
+    e.namespace(ns, &[]);
+    let mut bad = export_manifest(e, ns, "bad", "events", "Continuous", "cel");
+    bad.push_str("  schedule: {cron: \"@daily\"}\n");
+    let out = e.kubectl_out(&["apply", "--server-side", "-f", "-"], Some(&bad));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {bad}");
+    assert!(
+        err.contains("schedule applies only to mode OneShot"),
+        "{err}"
+    );
+
+    let src = "apiVersion: larch.dev/v1alpha1\nkind: ArchiveSource\nmetadata: {name: bad, namespace: e2e-cel}\nspec:\n  archive: {exportRef: {name: x}}\n  target: {memory: {}, postgres: {connectionSecretRef: {name: a, key: b}}}\n";
+    let out = e.kubectl_out(&["apply", "--server-side", "-f", "-"], Some(src));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("set exactly one of memory or postgres"),
+        "{err}"
+    );
+    assert!(e.get(&["archiveexport", "bad", "-n", ns]).is_none());
+}
+
+/// Scenario 8: Deleting a CR garbage-collects its children; restarting the operator (deleting its pod)
+/// creates no duplicate Job.
+#[test]
+fn s08_garbage_collection_and_operator_restart() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-gc";
+    e.namespace(ns, &[]);
+    e.bucket("gc-archives");
+    e.apply(&export_manifest(
+        e,
+        ns,
+        "gc",
+        "events",
+        "OneShot",
+        "gc-archives",
+    ));
+    wait_export_succeeded(e, ns, "gc", None);
+    e.apply(&source_manifest(ns, "gc-cache", "gc"));
+    wait_source_ready(e, ns, "gc-cache");
+    let jobs = |e: &Env| -> Vec<String> {
+        e.list(&["jobs", "-n", ns])
+            .iter()
+            .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before = jobs(e);
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // Operator restart.
+    let old = e.list(&["pods", "-n", OPERATOR_NS]);
+    let old_name = old[0]["metadata"]["name"].as_str().unwrap().to_string();
+    e.kubectl(&["delete", "pod", &old_name, "-n", OPERATOR_NS, "--wait=true"]);
+    e.wait_for(OPERATOR_NS, "a new Ready operator pod", 180, || {
+        let pods = e.list(&["pods", "-n", OPERATOR_NS]);
+        pods.iter()
+            .find(|p| {
+                p["metadata"]["name"] != old_name.as_str() && condition_is(p, "Ready", "True")
+            })
+            .cloned()
+    });
+    // Give the new operator time to reconcile everything (it requeues every 30s at most).
+    std::thread::sleep(Duration::from_secs(35));
+    assert_eq!(jobs(e), before, "no duplicate Job after the restart");
+    assert!(condition_is(
+        &get_cr(e, "archiveexport", ns, "gc"),
+        "LastExportSucceeded",
+        "True"
+    ));
+    assert_eq!(e.list(&["statefulsets", "-n", ns]).len(), 1);
+
+    // Garbage collection.
+    let sts = get_cr(e, "statefulset", ns, "gc-cache");
+    assert_eq!(
+        sts["metadata"]["ownerReferences"][0]["kind"],
+        "ArchiveSource"
+    );
+    e.kubectl(&["delete", "archivesource", "gc-cache", "-n", ns]);
+    e.kubectl(&["delete", "archiveexport", "gc", "-n", ns]);
+    e.wait_for(ns, "children garbage-collected", 180, || {
+        let left: usize = [
+            "jobs",
+            "statefulsets",
+            "services",
+            "configmaps",
+            "deployments",
+        ]
+        .iter()
+        .map(|k| {
+            e.list(&[
+                k,
+                "-n",
+                ns,
+                "-l",
+                "app.kubernetes.io/managed-by=larch-operator",
+            ])
+            .len()
+        })
+        .sum();
+        let pods = e
+            .list(&["pods", "-n", ns])
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .count();
+        (left == 0 && pods == 0).then_some(())
+    });
+}
+
+/// Scenario 9: A namespace enforcing `restricted` Pod Security admits every generated pod: the export
+/// Job's, the continuous export Deployment's and the engine StatefulSet's.
+#[test]
+fn s09_restricted_namespace_admits_generated_pods() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-restricted";
+    e.namespace(ns, &[("pod-security.kubernetes.io/enforce", "restricted")]);
+    // The label is enforced: a default pod is rejected.
+    let plain = "apiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: e2e-restricted}\nspec:\n  containers: [{name: c, image: larch}]\n";
+    let out = e.kubectl_out(&["apply", "-f", "-"], Some(plain));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("violates PodSecurity"));
+
+    e.bucket("restricted");
+    e.apply(&export_manifest(
+        e,
+        ns,
+        "once",
+        "events",
+        "OneShot",
+        "restricted",
+    ));
+    e.apply(&export_manifest(
+        e,
+        ns,
+        "follow",
+        "events",
+        "Continuous",
+        "restricted",
+    ));
+    wait_export_succeeded(e, ns, "once", None);
+    e.apply(&source_manifest(ns, "cache", "once"));
+    e.wait_for(ns, "a pod of each generated workload", 180, || {
+        let pods = e.list(&["pods", "-n", ns]);
+        let has = |component: &str, owner: &str| {
+            pods.iter().any(|p| {
+                p["metadata"]["labels"]["app.kubernetes.io/component"] == component
+                    && p["metadata"]["ownerReferences"][0]["kind"] == owner
+            })
+        };
+        (has("export", "Job") && has("export", "ReplicaSet") && has("engine", "StatefulSet"))
+            .then_some(())
+    });
+    let events = e.list(&["events", "-n", ns]);
+    for ev in &events {
+        let msg = ev["message"].as_str().unwrap_or("");
+        assert!(!msg.contains("violates PodSecurity"), "{msg}");
+    }
+    for kind in ["jobs", "replicasets", "statefulsets"] {
+        for w in e.list(&[kind, "-n", ns]) {
+            let failure = condition(&w, "ReplicaFailure");
+            assert!(failure.is_none_or(|c| c["status"] != "True"), "{w}");
+        }
+    }
+    wait_source_ready(e, ns, "cache");
+}
+
+/// Scenario 10: kstatus, as Flux and Argo CD read it: InProgress while reconciling, Current once Ready.
+#[test]
+fn s10_kstatus() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-kstatus";
+    e.namespace(ns, &[]);
+    e.bucket("kstatus");
+    e.apply(&export_manifest(
+        e, ns, "ks", "events", "OneShot", "kstatus",
+    ));
+    e.apply(&source_manifest(ns, "ks-cache", "ks"));
+    let mut seen: BTreeMap<&str, Vec<KStatus>> = BTreeMap::new();
+    e.wait_for(ns, "both Current", 300, || {
+        let mut all = true;
+        for (kind, name) in [("archiveexport", "ks"), ("archivesource", "ks-cache")] {
+            let o = e.get(&[kind, name, "-n", ns])?;
+            let s = kstatus(&o);
+            let v = seen.entry(kind).or_default();
+            if v.last() != Some(&s) {
+                v.push(s);
+            }
+            if s == KStatus::Current {
+                assert!(condition_is(&o, "Ready", "True"));
+                assert_eq!(
+                    o["status"]["observedGeneration"],
+                    o["metadata"]["generation"]
+                );
+            }
+            all &= s == KStatus::Current;
+        }
+        all.then_some(())
+    });
+    for (kind, v) in &seen {
+        assert_eq!(v.first(), Some(&KStatus::InProgress), "{kind}: {v:?}");
+        assert_eq!(v.last(), Some(&KStatus::Current), "{kind}: {v:?}");
+        assert!(!v.contains(&KStatus::Failed), "{kind}: {v:?}");
+    }
+    // A spec change makes it InProgress until observed again, then Current.
+    e.kubectl(&[
+        "patch",
+        "archivesource",
+        "ks-cache",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"pollInterval":"3s"}}"#,
+    ]);
+    e.wait_for(ns, "Current after a spec change", 180, || {
+        let o = e.get(&["archivesource", "ks-cache", "-n", ns])?;
+        (o["metadata"]["generation"].as_i64() == Some(2) && kstatus(&o) == KStatus::Current)
+            .then_some(())
+    });
+}

@@ -1,0 +1,491 @@
+//! The shared environment of the end-to-end scenarios (e2e/env.sh: control plane, PostgreSQL 15
+//! with a sample of events.sql, SeaweedFS, the fake kubelet running the `larch` image as this
+//! build's `larch` binary), the operator installed once with helm, and small helpers around the
+//! control plane's `kubectl` and `helm`.
+//!
+//! Lifetime: the environment is brought up once per test process. A watchdog (`sh` in its own
+//! session) holds a pipe from this process on its stdin; when this process exits, however it
+//! exits (SIGKILL included), the pipe closes and the watchdog runs `e2e/env.sh down`, which stops
+//! the fake kubelet first (it kills every pod process), then the control plane, SeaweedFS and
+//! PostgreSQL, and removes the directory.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const REPO: &str = env!("CARGO_MANIFEST_DIR");
+pub const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
+/// The image the chart and the operator use; the fake kubelet maps repository `larch` to this
+/// build's binary.
+pub const IMAGE: &str = "larch.local/larch:e2e";
+pub const OPERATOR_NS: &str = "larch-system";
+
+pub struct Env {
+    pub dir: PathBuf,
+    pub vars: BTreeMap<String, String>,
+    pub kubeconfig: String,
+    pub kubectl: String,
+    pub helm: String,
+    pub pg_dsn: String,
+    pub pg_port: String,
+    pub s3_endpoint: String,
+    _watchdog_stdin: Mutex<ChildStdin>,
+    _watchdog: Mutex<Child>,
+}
+
+static ENV: OnceLock<Result<Env, String>> = OnceLock::new();
+static OPERATOR: OnceLock<Result<(), String>> = OnceLock::new();
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Scenarios share the operator and the cluster: they run one at a time.
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The environment, brought up on first use. Panics (fails the test, never skips) when a part
+/// cannot start.
+pub fn env() -> &'static Env {
+    match ENV.get_or_init(Env::start) {
+        Ok(e) => e,
+        Err(e) => panic!("the end-to-end environment did not come up: {e}"),
+    }
+}
+
+/// The environment with the operator installed by `helm install` of charts/larch and Ready.
+pub fn env_with_operator() -> &'static Env {
+    let e = env();
+    match OPERATOR.get_or_init(|| e.install_operator()) {
+        Ok(()) => e,
+        Err(err) => panic!("helm install of the operator failed: {err}"),
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("LARCH_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/larch")
+        })
+}
+
+/// Builds e2e/fake-kubelet (its own workspace) into this build's target directory.
+fn fake_kubelet() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("LARCH_FAKE_KUBELET") {
+        return Ok(PathBuf::from(p));
+    }
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "--locked", "--manifest-path"])
+        .arg(Path::new(REPO).join("e2e/fake-kubelet/Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo build of e2e/fake-kubelet failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(target.join("debug/larch-fake-kubelet"))
+}
+
+impl Env {
+    fn start() -> Result<Env, String> {
+        let t0 = Instant::now();
+        let kubelet = fake_kubelet()?;
+        // Not under /tmp: pods mount an emptyDir on /tmp, which would hide the fake kubelet's
+        // volume sources under it from the pod's own later bind mounts.
+        let dir = PathBuf::from(format!("/var/tmp/larch-e2e-{}", std::process::id()));
+        let script = Path::new(REPO).join("e2e/env.sh");
+        // The watchdog first, so that a half-started environment is torn down too.
+        let watchdog = format!(
+            "read -r _ignored || true; bash '{}' down '{}'",
+            script.display(),
+            dir.display()
+        );
+        let mut child = Command::new("setsid")
+            .args(["sh", "-c", &watchdog])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting the watchdog: {e}"))?;
+        let stdin = child.stdin.take().expect("watchdog stdin");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("up")
+            .arg(&dir)
+            .env("LARCH_BIN", env!("CARGO_BIN_EXE_larch"))
+            .env("LARCH_FAKE_KUBELET", &kubelet)
+            .env("LARCH_CACHE", cache_dir())
+            .output()
+            .map_err(|e| format!("running e2e/env.sh: {e}"))?;
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            return Err(format!(
+                "e2e/env.sh up failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let text = std::fs::read_to_string(dir.join("env")).map_err(|e| e.to_string())?;
+        let mut vars = BTreeMap::new();
+        for line in text.lines() {
+            let line = line.trim_start_matches("export ");
+            if let Some((k, v)) = line.split_once('=') {
+                vars.insert(k.to_string(), v.trim_matches('\'').to_string());
+            }
+        }
+        let get = |k: &str| vars.get(k).cloned().ok_or(format!("{k} missing from env"));
+        let env = Env {
+            kubeconfig: get("KUBECONFIG")?,
+            kubectl: get("KUBECTL")?,
+            helm: get("HELM")?,
+            pg_dsn: get("LARCH_E2E_PG_DSN")?,
+            pg_port: get("LARCH_E2E_PG_PORT")?,
+            s3_endpoint: get("LARCH_E2E_S3_ENDPOINT")?,
+            dir,
+            vars,
+            _watchdog_stdin: Mutex::new(stdin),
+            _watchdog: Mutex::new(child),
+        };
+        eprintln!("e2e: environment up in {:?}", t0.elapsed());
+        Ok(env)
+    }
+
+    fn install_operator(&self) -> Result<(), String> {
+        let t0 = Instant::now();
+        let (repo, tag) = IMAGE.rsplit_once(':').unwrap();
+        let out = self.helm(&[
+            "install",
+            "larch",
+            &format!("{REPO}/charts/larch"),
+            "--namespace",
+            OPERATOR_NS,
+            "--create-namespace",
+            "--set",
+            &format!("image.repository={repo}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--wait",
+            "--timeout",
+            "180s",
+        ]);
+        if !out.status.success() {
+            return Err(format!(
+                "{}{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.diagnostics(OPERATOR_NS)
+            ));
+        }
+        eprintln!("e2e: operator installed in {:?}", t0.elapsed());
+        Ok(())
+    }
+
+    pub fn helm(&self, args: &[&str]) -> Output {
+        Command::new(&self.helm)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .expect("running helm")
+    }
+
+    /// `kubectl ARGS` (with this cluster's kubeconfig).
+    pub fn kubectl_out(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if stdin.is_some() {
+            cmd.stdin(Stdio::piped());
+        } else {
+            cmd.stdin(Stdio::null());
+        }
+        let mut child = cmd.spawn().expect("running kubectl");
+        if let Some(s) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(s.as_bytes())
+                .expect("writing kubectl stdin");
+        }
+        child.wait_with_output().expect("waiting for kubectl")
+    }
+
+    /// `kubectl ARGS`, which must succeed; returns stdout.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_out(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl apply --server-side -f -` of `manifest`, which must succeed.
+    pub fn apply(&self, manifest: &str) {
+        let out = self.kubectl_out(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=larch-e2e",
+                "-f",
+                "-",
+            ],
+            Some(manifest),
+        );
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{manifest}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `kubectl get ARGS -o json`, parsed; `None` when it does not exist.
+    pub fn get(&self, args: &[&str]) -> Option<Value> {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        let out = self.kubectl_out(&a, None);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("NotFound"), "kubectl {a:?}: {err}");
+            return None;
+        }
+        Some(serde_json::from_slice(&out.stdout).expect("kubectl JSON"))
+    }
+
+    /// `kubectl get ARGS -o json` of a list; its items.
+    pub fn list(&self, args: &[&str]) -> Vec<Value> {
+        self.get(args)
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    /// A namespace with the Secrets the examples reference: `pg-source` (key `dsn`: the test
+    /// PostgreSQL) and `s3-credentials` (any key pair: SeaweedFS has no identities configured).
+    pub fn namespace(&self, ns: &str, labels: &[(&str, &str)]) {
+        let labels: String = labels
+            .iter()
+            .map(|(k, v)| format!("    {k}: \"{v}\"\n"))
+            .collect();
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("  labels:\n{labels}")
+        };
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n{labels}"
+        ));
+        self.apply(&format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: pg-source, namespace: {ns}}}
+stringData:
+  dsn: "{dsn}"
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: s3-credentials, namespace: {ns}}}
+stringData:
+  AWS_ACCESS_KEY_ID: larch-e2e
+  AWS_SECRET_ACCESS_KEY: larch-e2e-secret
+"#,
+            dsn = self.pg_dsn
+        ));
+        // The ServiceAccount admission plugin rejects pods until `default` exists.
+        wait_until(&format!("ServiceAccount {ns}/default"), 60, || {
+            self.get(&["serviceaccount", "default", "-n", ns]).is_some()
+        });
+    }
+
+    /// Creates an S3 bucket on SeaweedFS (anonymous PUT: no identities configured).
+    pub fn bucket(&self, name: &str) {
+        let out = Command::new("curl")
+            .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .arg(format!("{}/{name}", self.s3_endpoint))
+            .output()
+            .expect("running curl");
+        let code = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            code == "200" || code == "409",
+            "creating bucket {name}: HTTP {code} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `psql -At -c SQL` on the sample database; stdout trimmed.
+    pub fn sql(&self, sql: &str) -> String {
+        let out = Command::new(PSQL)
+            .args([
+                "-X",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+            ])
+            .args(["postgres", "-d", "app", "-p", &self.pg_port, "-c", sql])
+            .output()
+            .expect("running psql");
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// `larch ARGS` (this build), which must succeed; returns stdout.
+    pub fn larch(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_larch"))
+            .args(args)
+            .env("AWS_ACCESS_KEY_ID", "larch-e2e")
+            .env("AWS_SECRET_ACCESS_KEY", "larch-e2e-secret")
+            .output()
+            .expect("running larch");
+        assert!(
+            out.status.success(),
+            "larch {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// What happened in a namespace (pods, events, operator log tail) for failure messages.
+    pub fn diagnostics(&self, ns: &str) -> String {
+        let pods = self.kubectl_out(&["get", "pods", "-n", ns, "-o", "wide"], None);
+        let events = self.kubectl_out(
+            &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
+            None,
+        );
+        let mut logs = String::new();
+        let data = Path::new(&self.vars["LARCH_E2E_KUBELET_DATA"]);
+        for namespace in [ns, OPERATOR_NS] {
+            if let Ok(rd) = std::fs::read_dir(data.join(namespace)) {
+                for pod in rd.flatten() {
+                    if let Ok(files) = std::fs::read_dir(pod.path()) {
+                        for f in files.flatten() {
+                            if f.path().extension().is_some_and(|e| e == "log") {
+                                let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                                let lines: Vec<&str> = text.lines().collect();
+                                logs.push_str(&format!(
+                                    "--- {}\n{}\n",
+                                    f.path().display(),
+                                    lines[lines.len().saturating_sub(15)..].join("\n")
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        format!(
+            "pods:\n{}\nevents:\n{}\nlogs:\n{logs}",
+            String::from_utf8_lossy(&pods.stdout),
+            String::from_utf8_lossy(&events.stdout)
+        )
+    }
+
+    /// Waits (up to `secs`) until `f` returns `Some`, failing with the namespace's diagnostics.
+    pub fn wait_for<T>(
+        &self,
+        ns: &str,
+        what: &str,
+        secs: u64,
+        mut f: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {secs}s waiting for {what}\n{}",
+                    self.diagnostics(ns)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// `GET url` through curl; the parsed JSON body, or `None` on any failure.
+    pub fn http_json(&self, url: &str) -> Option<Value> {
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "10", url])
+            .output()
+            .expect("running curl");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+}
+
+pub fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The condition `type` of an object's status, if any.
+pub fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+pub fn condition_is(obj: &Value, type_: &str, status: &str) -> bool {
+    condition(obj, type_).is_some_and(|c| c["status"] == status)
+}
+
+/// kstatus as Flux and Argo CD read a custom resource.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum KStatus {
+    Current,
+    InProgress,
+    Failed,
+}
+
+pub fn kstatus(obj: &Value) -> KStatus {
+    let generation = obj["metadata"]["generation"].as_i64();
+    let observed = obj["status"]["observedGeneration"].as_i64();
+    if observed.is_none() || observed != generation {
+        return KStatus::InProgress;
+    }
+    if condition_is(obj, "Stalled", "True") {
+        return KStatus::Failed;
+    }
+    if condition_is(obj, "Reconciling", "True") {
+        return KStatus::InProgress;
+    }
+    if condition_is(obj, "Ready", "True") {
+        return KStatus::Current;
+    }
+    KStatus::InProgress
+}
