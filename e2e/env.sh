@@ -18,7 +18,9 @@
 # `app`, user postgres, trust), LARCH_E2E_S3_ENDPOINT (any access key pair is accepted),
 # LARCH_E2E_LARCH (the binary pods run), LARCH_E2E_KUBELET_DATA (pod logs under <ns>/<pod>/).
 #
-# Pods run as uid 65532 and cannot traverse /root, so the larch binary is linked (or copied) into
+# PostgreSQL's directory is /var/tmp/larch-e2e-pg-<hash of DIR> (as root it runs as the postgres
+# user, which cannot traverse /root). Pods run as uid 65532 and cannot traverse /root either, so
+# the larch binary is linked (or copied) into
 # a world-readable directory under /var/tmp first (not /tmp: pods mount an emptyDir there).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +35,10 @@ cmd=$1 dir=$2
 [[ "$dir" == /* ]] || dir="$PWD/$dir"
 dir=${dir%/}
 [ -n "$dir" ] && [ "$dir" != / ] || die "refusing DIR=/"
-bindir="/var/tmp/larch-e2e-bin-$(echo -n "$dir" | sha256sum | cut -c1-12)"
+hash=$(echo -n "$dir" | sha256sum | cut -c1-12)
+bindir="/var/tmp/larch-e2e-bin-$hash"
+# PostgreSQL runs as the postgres user when started as root, which cannot traverse /root.
+pgdir="/var/tmp/larch-e2e-pg-$hash"
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -57,8 +62,8 @@ cmd_down() {
   stop_kubelet
   [ -d "$dir/cluster" ] && bash "$here/e2e/cluster.sh" down "$dir/cluster" >/dev/null 2>&1 || true
   [ -d "$dir/s3" ] && bash "$here/scripts/seaweedfs.sh" stop "$dir/s3" >/dev/null 2>&1 || true
-  [ -d "$dir/pg" ] && bash "$here/scripts/postgres.sh" stop "$dir/pg" >/dev/null 2>&1 || true
-  rm -rf "$bindir" "$dir"
+  [ -d "$pgdir" ] && bash "$here/scripts/postgres.sh" stop "$pgdir" >/dev/null 2>&1 || true
+  rm -rf "$bindir" "$pgdir" "$dir"
   log "stopped and removed $dir"
 }
 
@@ -101,7 +106,7 @@ cmd_up() {
 
   # ---- PostgreSQL 15 + sample
   local pg_port; pg_port=$(free_port)
-  bash "$here/scripts/postgres.sh" start "$dir/pg" "$pg_port"
+  bash "$here/scripts/postgres.sh" start "$pgdir" "$pg_port"
   local psql=/usr/lib/postgresql/15/bin/psql
   "$psql" -q -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -c "CREATE DATABASE app" >/dev/null
   PGOPTIONS="-c client_min_messages=warning" "$psql" -q -h 127.0.0.1 -p "$pg_port" -U postgres -d app -v rows="$rows" -f "$sql" >/dev/null
