@@ -86,6 +86,33 @@ pub fn selector_labels(
     l
 }
 
+/// `larch_<namespace>_<name>[_<table hash>]`, lower-case, `[a-z0-9_]`, at most 63 bytes (a
+/// PostgreSQL identifier), hashed when longer.
+pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
+    let ns = export.metadata.namespace.as_deref().unwrap_or("default");
+    let name = export.metadata.name.as_deref().unwrap_or("export");
+    let mut base = format!("larch_{ns}_{name}");
+    if export.spec.source.tables.is_some() {
+        base.push('_');
+        base.push_str(&super::short_hash(table.qualified().as_bytes(), 8));
+    }
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.len() <= 63 {
+        return clean;
+    }
+    let hash = super::short_hash(clean.as_bytes(), 8);
+    format!("{}_{hash}", &clean[..54])
+}
+
 /// `larch export` arguments for one table.
 pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     let spec = &export.spec;
@@ -114,9 +141,13 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     if let Some(f) = spec.format {
         a.extend(["--format".into(), f.as_str().into()]);
     }
-    if let Some(s) = &src.slot_name {
-        a.extend(["--slot".into(), s.clone()]);
-    }
+    // Slot (and, by default, publication) names belong to this export, never to the table:
+    // two exports of one table must not share a slot or rewrite each other's publication.
+    let slot = src
+        .slot_name
+        .clone()
+        .unwrap_or_else(|| derived_slot_name(export, table));
+    a.extend(["--slot".into(), slot]);
     if let Some(p) = &src.publication_name {
         a.extend(["--publication".into(), p.clone()]);
     }
