@@ -14,6 +14,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
+echo "== fake kubelet (e2e/fake-kubelet): fmt, clippy, unit tests"
+cargo fmt --manifest-path e2e/fake-kubelet/Cargo.toml --all -- --check
+cargo clippy --manifest-path e2e/fake-kubelet/Cargo.toml --all-targets --locked -- -D warnings
+cargo test --manifest-path e2e/fake-kubelet/Cargo.toml --locked
 echo "== e2e/build.sh (larch-cp, helm: ~16 min cold, then cached under $LARCH_CACHE/bin)"
 bash e2e/build.sh
 echo "== cargo test (unit, integration, end-to-end: tests/e2e)"

@@ -701,3 +701,41 @@ fn s10_kstatus() {
             .then_some(())
     });
 }
+
+/// Scenario 5: a Continuous ArchiveExport (a Deployment running `larch export --follow`) and an
+/// ArchiveSource following it: rows inserted, updated and deleted in PostgreSQL show up through
+/// the engine.
+#[test]
+fn s05_continuous_export_followed_by_engine() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-continuous";
+    e.sql(
+        "DROP TABLE IF EXISTS public.followed; \
+         CREATE TABLE public.followed AS SELECT * FROM public.events WHERE id <= 500; \
+         ALTER TABLE public.followed ADD PRIMARY KEY (id)",
+    );
+    e.namespace(ns, &[]);
+    e.bucket("continuous");
+    let mut m = export_manifest(e, ns, "followed", "followed", "Continuous", "continuous");
+    m.push_str("  continuous: {diffInterval: 1s}\n");
+    e.apply(&m);
+    e.wait_for(ns, "the continuous export Ready", 300, || {
+        let o = e.get(&["archiveexport", "followed", "-n", ns])?;
+        condition_is(&o, "Ready", "True").then_some(())
+    });
+    e.apply(&source_manifest(ns, "followed-cache", "followed"));
+    wait_source_ready(e, ns, "followed-cache");
+    wait_engine_matches(e, ns, "followed-cache", "followed");
+
+    e.sql(
+        "INSERT INTO public.followed SELECT id + 20000, tenant, kind, amount, payload, created_at, \
+           tags, flag, ref, blob FROM public.events WHERE id <= 25; \
+         UPDATE public.followed SET tenant = 'updated', kind = NULL, amount = 99.99 WHERE id BETWEEN 10 AND 19; \
+         DELETE FROM public.followed WHERE id BETWEEN 100 AND 149",
+    );
+    wait_engine_matches(e, ns, "followed-cache", "followed");
+    // A second transaction after the first has been followed.
+    e.sql("UPDATE public.followed SET flag = NOT flag WHERE id = 1; DELETE FROM public.followed WHERE id = 2");
+    wait_engine_matches(e, ns, "followed-cache", "followed");
+}
