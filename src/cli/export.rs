@@ -4,15 +4,12 @@
 //! (W6), with a slot and publication of its own that it removes afterwards.
 
 use std::path::PathBuf;
-use std::pin::pin;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use tokio::sync::{mpsc, oneshot};
 
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
-use crate::archive::value::Row;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
@@ -154,8 +151,16 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         )
         .await;
     }
-    let source = PostgresSource::new(config);
-    let result = export(&source, &table, store, &key_prefix, formats, key_fields).await;
+    let source = std::sync::Arc::new(PostgresSource::new(config));
+    let result = export(
+        source.clone(),
+        &table,
+        store,
+        &key_prefix,
+        formats,
+        key_fields,
+    )
+    .await;
     source.close().await;
     if let Err(e) = source.drop_created_publication().await {
         tracing::warn!(error = %format!("{e:#}"), "could not drop the export's publication");
@@ -179,7 +184,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
 }
 
 async fn export(
-    source: &PostgresSource,
+    source: std::sync::Arc<PostgresSource>,
     table: &TableId,
     store: std::sync::Arc<dyn crate::archive::store::Store>,
     key_prefix: &str,
@@ -194,51 +199,7 @@ async fn export(
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
-    // Rows flow source -> forwarder -> writer through bounded channels. The writer commits
-    // when its channel closes, so the forwarder closes it only after the baseline succeeded;
-    // a failed baseline abandons the (uncommitted) snapshot upload.
-    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
-    let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
-    let (pos_tx, pos_rx) = oneshot::channel::<String>();
-    let (done_tx, done_rx) = oneshot::channel::<bool>();
-    let tables = [table.clone()];
-    let mut baseline = pin!(async {
-        let r = source
-            .baseline_reporting(&tables, src_tx, Some(pos_tx))
-            .await;
-        let _ = done_tx.send(r.is_ok());
-        r
-    });
-    let mut forward = pin!(async move {
-        while let Some((_, row)) = src_rx.recv().await {
-            if row_tx.send(row).await.is_err() {
-                return;
-            }
-        }
-        if done_rx.await != Ok(true) {
-            std::future::pending::<()>().await;
-        }
-    });
-    let mut write = pin!(async {
-        let position = pos_rx
-            .await
-            .map_err(|_| anyhow!("the baseline ended before it had a position"))?;
-        let artifact = writer.write_snapshot(&position, row_rx).await?;
-        Ok::<_, anyhow::Error>(artifact)
-    });
-    let mut baseline_done = false;
-    let mut forward_done = false;
-    let artifact = loop {
-        tokio::select! {
-            biased;
-            r = &mut baseline, if !baseline_done => {
-                r?;
-                baseline_done = true;
-            }
-            () = &mut forward, if !forward_done => forward_done = true,
-            w = &mut write => break w?,
-        }
-    };
+    let artifact = crate::export::snapshot_from_source(source, table, &mut writer).await?;
     Ok((
         artifact.to_position.clone(),
         artifact.row_count,

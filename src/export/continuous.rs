@@ -15,14 +15,13 @@ use axum::routing::get;
 use chrono::{DateTime, Utc};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use crate::archive::error::ArchiveError;
 use crate::archive::manifest::format_time;
 use crate::archive::model::TableId;
 use crate::archive::plan::plan_head;
 use crate::archive::position::{compare, same};
-use crate::archive::value::Row;
 use crate::archive::writer::{ArchiveWriter, FlushOutcome};
 use crate::source::postgres::PostgresSource;
 use crate::source::{SourceError, SourceEvent, SyncSource};
@@ -160,9 +159,7 @@ impl Shared {
     }
 
     pub fn status(&self) -> ExportStatus {
-        let mut s = self.status.lock().expect("lock").clone();
-        let _ = &mut s;
-        s
+        self.status.lock().expect("lock").clone()
     }
 }
 
@@ -275,37 +272,9 @@ impl ContinuousExport {
 
     /// A new baseline from PostgreSQL written as a snapshot at a new epoch; returns its position.
     async fn baseline(&mut self) -> anyhow::Result<String> {
-        let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
-        let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
-        let (pos_tx, pos_rx) = oneshot::channel::<String>();
-        let (verdict_tx, verdict_rx) = oneshot::channel();
-        let source = self.source.clone();
-        let tables = [self.table.clone()];
-        tokio::spawn(async move {
-            let forward = async {
-                while let Some((_, row)) = src_rx.recv().await {
-                    if row_tx.send(row).await.is_err() {
-                        break;
-                    }
-                }
-            };
-            let (result, ()) = tokio::join!(
-                source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
-                forward
-            );
-            let _ = verdict_tx.send(
-                result
-                    .map(|_| ())
-                    .map_err(|e| ArchiveError::Invalid(format!("baseline failed: {e}"))),
-            );
-        });
-        let position = pos_rx
-            .await
-            .map_err(|_| anyhow!("the baseline ended before it had a position"))?;
-        let artifact = self
-            .writer
-            .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
-            .await?;
+        let artifact =
+            super::snapshot_from_source(self.source.clone(), &self.table, &mut self.writer).await?;
+        let position = artifact.to_position.clone();
         tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, "baseline snapshot committed");
         self.note_snapshot("baseline");
         Ok(position)

@@ -2,3 +2,62 @@
 //! (a snapshot, then diffs until stopped, re-based by the policy).
 
 pub mod continuous;
+
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::archive::error::ArchiveError;
+use crate::archive::manifest::Artifact;
+use crate::archive::model::TableId;
+use crate::archive::value::Row;
+use crate::archive::writer::ArchiveWriter;
+use crate::source::postgres::PostgresSource;
+
+/// Takes a consistent baseline of `table` and writes it as a snapshot at a new epoch, rows
+/// streaming from COPY straight into the upload (bounded memory). The snapshot is named after the
+/// slot's consistent point, known before the first row, and commits only if the whole baseline
+/// succeeded: a failed baseline leaves the archive as it was.
+pub async fn snapshot_from_source(
+    source: Arc<PostgresSource>,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+) -> anyhow::Result<Artifact> {
+    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
+    let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
+    let (pos_tx, pos_rx) = oneshot::channel::<String>();
+    let (verdict_tx, verdict_rx) = oneshot::channel();
+    let tables = [table.clone()];
+    tokio::spawn(async move {
+        let forward = async {
+            while let Some((_, row)) = src_rx.recv().await {
+                if row_tx.send(row).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let (result, ()) = tokio::join!(
+            source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
+            forward
+        );
+        let _ = verdict_tx.send(
+            result
+                .map(|_| ())
+                .map_err(|e| ArchiveError::Invalid(format!("baseline failed: {e:#}"))),
+        );
+    });
+    let position = match pos_rx.await {
+        Ok(p) => p,
+        // The baseline failed before it had a position: report why.
+        Err(_) => {
+            return Err(match verdict_rx.await {
+                Ok(Err(e)) => e.into(),
+                _ => anyhow!("the baseline ended before it had a position"),
+            });
+        }
+    };
+    Ok(writer
+        .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
+        .await?)
+}
