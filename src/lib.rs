@@ -3,7 +3,9 @@
 
 pub mod archive;
 pub mod cli;
+pub mod crashpoint;
 pub mod engine;
 pub mod export;
+pub mod lease;
 pub mod operator;
 pub mod source;

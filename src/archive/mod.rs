@@ -6,6 +6,7 @@ pub mod format;
 pub mod identity;
 pub mod manifest;
 pub mod model;
+pub mod orphans;
 pub mod plan;
 pub mod policy;
 pub mod position;

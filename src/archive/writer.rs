@@ -93,6 +93,11 @@ pub struct ArchiveWriter {
     rows_estimate: u64,
     last_snapshot_at: Option<Instant>,
     last_snapshot_bytes: u64,
+    /// Sweep orphans after the first commit made a clock allowance after opening (W10): its
+    /// `updated_at` then postdates every upload of a writer that died before us by more than
+    /// the allowance. Commits that change the epoch or prune sweep too.
+    sweep_after_commit: bool,
+    opened_at: Instant,
 }
 
 impl ArchiveWriter {
@@ -140,7 +145,7 @@ impl ArchiveWriter {
         let rows_estimate = super::plan::newest_snapshot(&manifest)
             .map(|s| s.row_count.max(0) as u64)
             .unwrap_or(0);
-        Ok(ArchiveWriter {
+        let writer = ArchiveWriter {
             stores,
             key_fields,
             manifest,
@@ -150,8 +155,40 @@ impl ArchiveWriter {
             rows_estimate,
             last_snapshot_at: None,
             last_snapshot_bytes: 0,
+            sweep_after_commit: true,
+            opened_at: Instant::now(),
             config,
-        })
+        };
+        writer.sweep_orphans().await;
+        Ok(writer)
+    }
+
+    /// Deletes orphans (W10) on every store, each judged against that store's own committed
+    /// manifest. Best effort: a failure is logged and the objects wait for the next sweep.
+    async fn sweep_orphans(&self) {
+        let key = manifest_key(&self.config.key_prefix);
+        for store in &self.stores {
+            let result = async {
+                let Some(got) = store.get(&key).await? else {
+                    return Ok(Vec::new());
+                };
+                let manifest = Manifest::from_slice(&key, &got.bytes)?;
+                super::orphans::sweep(store.as_ref(), &self.config.key_prefix, &manifest).await
+            }
+            .await;
+            match result {
+                Ok(deleted) if deleted.is_empty() => {}
+                Ok(deleted) => tracing::info!(
+                    store = %store.name(),
+                    count = deleted.len(),
+                    keys = ?deleted,
+                    "swept orphaned objects of epochs the manifest no longer lists"
+                ),
+                Err(e) => {
+                    tracing::warn!(store = %store.name(), error = %e, "orphan sweep failed; the next one retries")
+                }
+            }
+        }
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -592,6 +629,7 @@ impl ArchiveWriter {
         }
         let bytes = Bytes::from(next.to_json());
         let key = manifest_key(&self.config.key_prefix);
+        crate::crashpoint::crash_point("writer.after-upload");
         for (i, store) in self.stores.iter().enumerate() {
             match store.put_cas(&key, bytes.clone(), &self.revisions[i]).await {
                 Ok(rev) => self.revisions[i] = rev,
@@ -604,7 +642,16 @@ impl ArchiveWriter {
             }
         }
         self.manifest = next;
+        crate::crashpoint::crash_point("writer.after-commit");
         self.delete_artifacts(&pruned).await;
+        let first_due =
+            self.sweep_after_commit && self.opened_at.elapsed() > super::orphans::CLOCK_ALLOWANCE;
+        if first_due || new_epoch.is_some() || !pruned.is_empty() {
+            if first_due {
+                self.sweep_after_commit = false;
+            }
+            self.sweep_orphans().await;
+        }
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
 use crate::archive::model::effective_key_fields;
+use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreferenced, remove};
 use crate::archive::plan::{broken_link_reason, plan_head};
 use crate::archive::reader::ArchiveReader;
 use crate::archive::verify::verify;
@@ -20,7 +21,24 @@ pub enum ArchiveCommand {
     /// Describe an archive: table, epochs, head, artifacts, columns, chain health.
     Inspect(ArchiveArgs),
     /// Check every object, size, checksum, record count and chain link; exit 1 listing problems.
+    /// Also lists objects the manifest does not reference (orphans), which do not fail it.
     Verify(ArchiveArgs),
+    /// Remove orphans: objects of epochs the manifest no longer lists, older than the manifest.
+    /// A dry run unless --delete.
+    Gc(GcArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+    /// Delete (without it, only print what would be deleted).
+    #[arg(long)]
+    pub delete: bool,
+    /// Also remove unreferenced uploads in epochs the manifest still lists (left by a writer
+    /// killed before its commit). Only when no writer is running on the prefix.
+    #[arg(long)]
+    pub include_listed_epochs: bool,
 }
 
 #[derive(Args, Debug)]
@@ -36,6 +54,18 @@ pub struct ArchiveArgs {
     /// Print JSON instead of text (inspect).
     #[arg(long)]
     pub json: bool,
+    /// verify, gc: an object counts as older than the manifest only when modified this much
+    /// before its `updated_at` (S3 times have whole seconds; clocks differ).
+    #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
+    pub clock_allowance: std::time::Duration,
+}
+
+/// A duration, where zero is allowed (`0`, `0s`).
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim_end_matches(['s', 'm', 'h']).trim_end_matches('m') == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    crate::engine::config::parse_duration(s)
 }
 
 #[derive(Args, Debug)]
@@ -64,6 +94,7 @@ pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
         ArchiveCommand::Reconstruct(a) => reconstruct(a).await,
         ArchiveCommand::Inspect(a) => inspect(a).await,
         ArchiveCommand::Verify(a) => run_verify(a).await,
+        ArchiveCommand::Gc(a) => gc(a).await,
     }
 }
 
@@ -200,9 +231,32 @@ async fn inspect(args: ArchiveArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+fn describe_unreferenced(o: &UnreferencedObject) -> String {
+    format!(
+        "{} ({} B, epoch {}, modified {}): {}",
+        o.key,
+        o.size,
+        o.epoch,
+        o.modified
+            .map(|m| m.to_rfc3339())
+            .unwrap_or_else(|| "unknown".into()),
+        o.class.describe()
+    )
+}
+
 async fn run_verify(args: ArchiveArgs) -> anyhow::Result<i32> {
     let reader = args.reader().await?;
     let (manifest, report) = verify(&reader).await?;
+    let unreferenced = find_unreferenced(
+        reader.store().as_ref(),
+        reader.key_prefix(),
+        &manifest,
+        args.clock_allowance,
+    )
+    .await?;
+    for o in &unreferenced {
+        println!("unreferenced: {}", describe_unreferenced(o));
+    }
     if report.problems.is_empty() {
         println!(
             "ok: {} ({} artifacts, {} objects checked, head {})",
@@ -222,4 +276,46 @@ async fn run_verify(args: ArchiveArgs) -> anyhow::Result<i32> {
         reader.manifest_key()
     );
     Ok(1)
+}
+
+async fn gc(args: GcArgs) -> anyhow::Result<i32> {
+    let reader = args.archive.reader().await?;
+    let manifest = reader.load_manifest().await?;
+    let store = reader.store().as_ref();
+    let found = find_unreferenced(
+        store,
+        reader.key_prefix(),
+        &manifest,
+        args.archive.clock_allowance,
+    )
+    .await?;
+    let mut classes = vec![Unreferenced::Orphan];
+    if args.include_listed_epochs {
+        classes.push(Unreferenced::ListedEpoch);
+    }
+    let (chosen, kept): (Vec<_>, Vec<_>) = found.iter().partition(|o| classes.contains(&o.class));
+    for o in &kept {
+        println!("keep:   {}", describe_unreferenced(o));
+    }
+    let bytes: u64 = chosen.iter().map(|o| o.size).sum();
+    if !args.delete {
+        for o in &chosen {
+            println!("would delete: {}", describe_unreferenced(o));
+        }
+        println!(
+            "dry run: {} object(s), {bytes} B would be deleted from {}; pass --delete to delete",
+            chosen.len(),
+            reader.key_prefix()
+        );
+        return Ok(0);
+    }
+    let owned: Vec<UnreferencedObject> = chosen.into_iter().cloned().collect();
+    let deleted = remove(store, &owned, &classes)
+        .await
+        .with_context(|| format!("deleting orphans under {:?}", reader.key_prefix()))?;
+    for k in &deleted {
+        println!("deleted: {k}");
+    }
+    println!("deleted {} object(s), {bytes} B", deleted.len());
+    Ok(0)
 }

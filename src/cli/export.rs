@@ -11,8 +11,10 @@ use clap::Args;
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
+use crate::lease::LeaderElector;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
+use k8s_openapi::api::coordination::v1::Lease;
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -83,6 +85,50 @@ pub struct ExportArgs {
     /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
+    /// Hold this coordination.k8s.io Lease while writing (--follow on Kubernetes): wait for it
+    /// before opening the archive, renew it, and exit with status 3 as soon as it cannot be
+    /// renewed. Without it the manifest compare-and-swap alone decides who writes.
+    #[arg(long, env = "LARCH_EXPORT_LEASE")]
+    pub lease: Option<String>,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Holder identity written into the Lease (default: the pod name, else the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub lease_identity: Option<String>,
+    /// How long the Lease stays valid without renewal; the holder gives up after two thirds.
+    #[arg(long, default_value = "15s", value_parser = parse_duration_arg)]
+    pub lease_duration: std::time::Duration,
+}
+
+/// Exit status of a continuous export that lost its Lease (W9): it stopped writing at once.
+pub const EXIT_LEASE_LOST: i32 = 3;
+
+/// The export's Lease holder, from `--lease*`.
+async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderElector> {
+    let client = kube::Client::try_default()
+        .await
+        .context("--lease: no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
+    let ns = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = args
+        .lease_identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("larch-export-{}", std::process::id()));
+    if args.lease_duration < std::time::Duration::from_secs(3) {
+        bail!("--lease-duration must be at least 3s");
+    }
+    Ok(LeaderElector {
+        api: kube::Api::<Lease>::namespaced(client, &ns),
+        name: name.to_string(),
+        identity,
+        lease_duration: args.lease_duration,
+        renew_deadline: args.lease_duration * 2 / 3,
+        retry: args.lease_duration / 5,
+    })
 }
 
 fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
@@ -236,7 +282,10 @@ async fn follow(
     wc.diff_formats = formats;
     wc.policy = policy;
     wc.keep_epochs = args.keep_epochs;
-    let writer = ArchiveWriter::open(vec![store], wc).await?;
+    let lease = match &args.lease {
+        Some(name) => Some(lease_elector(args, name).await?),
+        None => None,
+    };
     let shared = Shared::new(&table);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let addr = serve(&args.listen, shared.clone(), stop_rx.clone()).await?;
@@ -244,6 +293,17 @@ async fn follow(
         "larch export: following {table} into {key_prefix} every {:?} (status on http://{addr}); SIGTERM or Ctrl-C stops after a final diff",
         args.diff_interval
     );
+    if let Some(e) = &lease {
+        shared.status.lock().expect("lock").state = "WAITING_FOR_LEASE".into();
+        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
+        tokio::select! {
+            () = acquire_logging_holder(e) => {}
+            () = crate::engine::wait_for_signal() => return Ok(0),
+        }
+        tracing::info!(lease = %e.name, identity = %e.identity, "holding the export lease");
+    }
+    // Opened only now: the writer sweeps orphans (W10), which only the lease holder may do.
+    let writer = ArchiveWriter::open(vec![store], wc).await?;
     let source = std::sync::Arc::new(PostgresSource::new(config));
     let export = ContinuousExport {
         source: source.clone(),
@@ -253,16 +313,60 @@ async fn follow(
         shared,
     };
     let mut run = tokio::spawn(export.run(stop_rx));
+    let kept = async {
+        match &lease {
+            Some(e) => e.keep().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(kept);
     tokio::select! {
         r = &mut run => {
             stop_tx.send_replace(true);
             r.map_err(|e| anyhow!("export task: {e}"))??;
             return Err(anyhow!("the continuous export stopped by itself"));
         }
+        () = &mut kept => return Ok(lease_lost()),
         () = crate::engine::wait_for_signal() => {}
     }
-    // Stop: the export flushes a final diff and acknowledges it before we exit.
+    // Stop: the export flushes a final diff and acknowledges it before we exit — still only
+    // while the lease holds.
     stop_tx.send_replace(true);
-    run.await.map_err(|e| anyhow!("export task: {e}"))??;
+    tokio::select! {
+        r = &mut run => r.map_err(|e| anyhow!("export task: {e}"))??,
+        () = &mut kept => return Ok(lease_lost()),
+    }
+    if let Some(e) = &lease
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!(lease = %e.name, error = %err, "releasing the export lease");
+    }
     Ok(0)
+}
+
+/// Lease lost: stop writing now — no final diff, no further request from any task — by
+/// exiting the process with [`EXIT_LEASE_LOST`] (W9).
+fn lease_lost() -> i32 {
+    tracing::error!(
+        "lost the export lease: stopped writing; exiting so the Lease holder is the only writer"
+    );
+    std::process::exit(EXIT_LEASE_LOST)
+}
+
+async fn acquire_logging_holder(e: &LeaderElector) {
+    let mut logged: Option<String> = None;
+    loop {
+        match e.try_acquire_or_renew().await {
+            Ok(true) => return,
+            Ok(false) => {
+                let holder = e.holder().await;
+                if holder != logged {
+                    tracing::info!(lease = %e.name, holder = ?holder, "the export lease is held by another writer; waiting");
+                    logged = holder;
+                }
+            }
+            Err(err) => tracing::warn!(lease = %e.name, error = %err, "acquiring the export lease"),
+        }
+        tokio::time::sleep(e.retry).await;
+    }
 }

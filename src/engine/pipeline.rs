@@ -490,6 +490,8 @@ impl SourceRunner {
                     }
                     *position = Some(pos.clone());
                     self.set_position(&pos);
+                    // Targets committed `pos`; the source's state file does not have it yet.
+                    crate::crashpoint::crash_point("engine.after-checkpoint");
                     if durable && let Err(e) = self.source.ack(&pos).await {
                         tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
                     }

@@ -9,10 +9,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
 use super::controllers::{self, context::Context};
-use super::leader::LeaderElector;
 use super::metrics::Metrics;
 use super::probe::HttpProber;
 use super::server::{ServerState, router};
+use crate::lease::LeaderElector;
 
 /// `larch crd`: print every CRD as multi-document YAML. Returns the exit code.
 pub fn crd() -> i32 {
@@ -84,7 +84,8 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             name: args.lease_name.clone(),
             identity,
             lease_duration: Duration::from_secs(15),
-            retry: Duration::from_secs(5),
+            renew_deadline: Duration::from_secs(10),
+            retry: Duration::from_secs(2),
         };
         tracing::info!(lease = %e.name, identity = %e.identity, "waiting for leadership");
         e.acquire().await;

@@ -7,7 +7,6 @@ pub mod cli;
 pub mod conditions;
 pub mod controllers;
 pub mod crd;
-pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod probe;

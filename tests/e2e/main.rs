@@ -739,3 +739,181 @@ fn s05_continuous_export_followed_by_engine() {
     e.sql("UPDATE public.followed SET flag = NOT flag WHERE id = 1; DELETE FROM public.followed WHERE id = 2");
     wait_engine_matches(e, ns, "followed-cache", "followed");
 }
+
+/// The writer pod of a continuous export's Deployment (not a copy made by the test).
+fn writer_pods(e: &Env, ns: &str, export: &str) -> Vec<Value> {
+    e.list(&[
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        &format!("larch.dev/archive-export={export}"),
+    ])
+    .into_iter()
+    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+    .collect()
+}
+
+fn lease_holder(e: &Env, ns: &str, name: &str) -> Option<String> {
+    e.get(&["lease", name, "-n", ns])?["spec"]["holderIdentity"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn pod_status_json(e: &Env, ns: &str, pod: &str) -> Option<Value> {
+    let p = e.get(&["pod", pod, "-n", ns])?;
+    let ip = p["status"]["podIP"].as_str()?;
+    e.http_json(&format!("http://{ip}:8080/status"))
+}
+
+fn archive_row_count(e: &Env, bucket: &str, key_prefix: &str) -> i64 {
+    let store = [
+        "--store",
+        "s3",
+        "--bucket",
+        bucket,
+        "--endpoint",
+        &e.s3_endpoint,
+        "--region",
+        "us-east-1",
+        "--path-style",
+        "--key-prefix",
+        key_prefix,
+    ];
+    let mut verify = vec!["archive", "verify"];
+    verify.extend_from_slice(&store);
+    e.larch(&verify);
+    let mut inspect = vec!["archive", "reconstruct"];
+    inspect.extend_from_slice(&store);
+    let v: Value = serde_json::from_str(&e.larch(&inspect)).unwrap();
+    v["row_count"].as_i64().unwrap()
+}
+
+/// Scenario 12 (W9): two exporters for one ArchiveExport — the operator's Deployment pod and a
+/// copy of its pod — and only the Lease holder writes; a holder whose Lease is taken stops and
+/// exits with status 3; after the Lease expires exactly one exporter takes over and writes.
+#[test]
+fn s12_two_exporters_only_the_lease_holder_writes() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-lease";
+    e.sql(
+        "DROP TABLE IF EXISTS public.leased; \
+         CREATE TABLE public.leased AS SELECT * FROM public.events WHERE id <= 300; \
+         ALTER TABLE public.leased ADD PRIMARY KEY (id)",
+    );
+    e.namespace(ns, &[]);
+    e.bucket("lease");
+    let mut m = export_manifest(e, ns, "leased", "leased", "Continuous", "lease");
+    m.push_str("  continuous: {diffInterval: 1s}\n");
+    e.apply(&m);
+    e.wait_for(ns, "the continuous export Ready", 300, || {
+        let o = e.get(&["archiveexport", "leased", "-n", ns])?;
+        condition_is(&o, "Ready", "True").then_some(())
+    });
+    // Exactly the Lease rights the exporter needs, on exactly its Lease.
+    let role = get_cr(e, "role", ns, "leased-export-lease");
+    assert_eq!(
+        role["rules"][0]["resourceNames"],
+        serde_json::json!(["leased"])
+    );
+    assert_eq!(
+        role["rules"][0]["verbs"],
+        serde_json::json!(["get", "update"])
+    );
+    let first = e.wait_for(ns, "the writer pod holding the Lease", 120, || {
+        let pods = writer_pods(e, ns, "leased");
+        let name = pods.first()?["metadata"]["name"].as_str()?.to_string();
+        (lease_holder(e, ns, "leased").as_deref() == Some(name.as_str())).then_some(name)
+    });
+
+    // A second exporter: the same pod template, outside the Deployment.
+    let dep = get_cr(e, "deployment", ns, "leased");
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "leased-second", "namespace": ns, "labels": {"e2e": "second-writer"}},
+        "spec": dep["spec"]["template"]["spec"],
+    });
+    e.apply(&pod.to_string());
+    e.wait_for(ns, "the second exporter waiting for the Lease", 120, || {
+        let s = pod_status_json(e, ns, "leased-second")?;
+        (s["state"] == "WAITING_FOR_LEASE").then_some(())
+    });
+    let diffs = |pod: &str| {
+        pod_status_json(e, ns, pod)
+            .and_then(|s| s["diffs"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = diffs(&first);
+    e.sql(
+        "INSERT INTO public.leased SELECT id + 50000, tenant, kind, amount, payload, created_at, \
+           tags, flag, ref, blob FROM public.events WHERE id <= 20",
+    );
+    e.wait_for(ns, "the holder to write the change", 120, || {
+        (diffs(&first) > before).then_some(())
+    });
+    let table_count = || -> i64 { e.sql("SELECT count(*) FROM public.leased").parse().unwrap() };
+    e.wait_for(ns, "the archive to hold the change", 60, || {
+        (archive_row_count(e, "lease", "public.leased/") == table_count()).then_some(())
+    });
+    let second = pod_status_json(e, ns, "leased-second").expect("second exporter status");
+    assert_eq!(second["state"], "WAITING_FOR_LEASE", "{second}");
+    assert_eq!(second["diffs"], 0, "{second}");
+    assert_eq!(second["snapshots"], 0, "{second}");
+
+    // Someone else takes the Lease: the holder stops writing at once and exits with status 3.
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ");
+    e.kubectl(&[
+        "patch",
+        "lease",
+        "leased",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        &format!(r#"{{"spec":{{"holderIdentity":"e2e-thief","renewTime":"{now}"}}}}"#),
+    ]);
+    e.wait_for(ns, "the former holder to exit with status 3", 60, || {
+        let p = e.get(&["pod", &first, "-n", ns])?;
+        let c = &p["status"]["containerStatuses"][0];
+        [&c["lastState"]["terminated"], &c["state"]["terminated"]]
+            .iter()
+            .any(|t| t["exitCode"] == 3)
+            .then_some(())
+    });
+
+    // The thief never renews: once its Lease expires exactly one exporter takes over and writes.
+    e.sql(
+        "UPDATE public.leased SET tenant = 'after-handover' WHERE id <= 10; \
+         DELETE FROM public.leased WHERE id BETWEEN 50001 AND 50005",
+    );
+    let holder = e.wait_for(ns, "a new holder", 120, || {
+        let h = lease_holder(e, ns, "leased")?;
+        (h == first || h == "leased-second").then_some(h)
+    });
+    e.wait_for(ns, "the new holder to write the changes", 120, || {
+        let updated = e.sql("SELECT count(*) FROM public.leased WHERE tenant = 'after-handover'");
+        let (_, rows) = (updated, archive_row_count(e, "lease", "public.leased/"));
+        (rows == table_count()).then_some(())
+    });
+    let other = if holder == first {
+        "leased-second".to_string()
+    } else {
+        first.clone()
+    };
+    e.wait_for(ns, "the other exporter to wait", 60, || {
+        let s = pod_status_json(e, ns, &other)?;
+        (s["state"] == "WAITING_FOR_LEASE").then_some(())
+    });
+    assert!(diffs(&holder) > 0, "the new holder writes");
+    e.kubectl(&["delete", "pod", "leased-second", "-n", ns, "--wait=false"]);
+    e.kubectl(&[
+        "delete",
+        "archiveexport",
+        "leased",
+        "-n",
+        ns,
+        "--wait=false",
+    ]);
+}

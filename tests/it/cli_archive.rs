@@ -146,3 +146,91 @@ fn invalid_position_is_an_error_not_a_hang() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid position"));
 }
+
+#[tokio::test]
+async fn verify_lists_orphans_and_gc_removes_them_only_when_asked() {
+    use larch::archive::format::Format;
+    use larch::archive::model::Action;
+    use larch::archive::store::Store;
+    use larch::archive::store::local::LocalStore;
+    use larch::archive::value::Row;
+    use larch::archive::writer::{ArchiveWriter, WriterConfig};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+    let mut c = WriterConfig::new("public.items", "public.items/");
+    c.snapshot_formats = vec![Format::Jsonl];
+    c.diff_formats = vec![Format::Jsonl];
+    c.keep_epochs = 1;
+    let mut w = ArchiveWriter::open(vec![store.clone()], c).await.unwrap();
+    for epoch in 1..=2 {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(Row::parse(&format!(r#"{{"id":{epoch}}}"#)).unwrap())
+            .await
+            .unwrap();
+        drop(tx);
+        w.write_snapshot(&format!("0/{epoch}0"), rx).await.unwrap();
+    }
+    let orphan = "public.items/epoch=1/diff-0_10-0_15.jsonl";
+    let listed = "public.items/epoch=2/diff-0_20-0_25.jsonl";
+    for k in [orphan, listed] {
+        store.put(k, b"{}\n").await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    w.record(
+        Action::Insert,
+        None,
+        Some(Row::parse(r#"{"id":3}"#).unwrap()),
+    );
+    w.flush("0/30").await.unwrap();
+    let exists = |k: &str| dir.path().join(k).exists();
+    let run = |extra: &[&str]| {
+        let out = larch()
+            .args(["archive"])
+            .args(extra)
+            .args(["--store", "local", "--key-prefix", "public.items/"])
+            .args(["--clock-allowance", "0s", "--path"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{extra:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    let verify = run(&["verify"]);
+    assert!(
+        verify.contains(&format!("unreferenced: {orphan}"))
+            && verify.contains("orphan: its epoch is no longer listed"),
+        "{verify}"
+    );
+    assert!(
+        verify.contains(&format!("unreferenced: {listed}")) && verify.contains("in a listed epoch"),
+        "{verify}"
+    );
+    assert!(
+        verify.contains("ok: public.items/manifest.json"),
+        "{verify}"
+    );
+
+    let dry = run(&["gc"]);
+    assert!(dry.contains(&format!("would delete: {orphan}")), "{dry}");
+    assert!(dry.contains(&format!("keep:   {listed}")), "{dry}");
+    assert!(dry.contains("dry run: 1 object(s)"), "{dry}");
+    assert!(
+        exists(orphan) && exists(listed),
+        "a dry run deletes nothing"
+    );
+
+    let gc = run(&["gc", "--delete"]);
+    assert!(gc.contains(&format!("deleted: {orphan}")), "{gc}");
+    assert!(!exists(orphan) && exists(listed));
+
+    let all = run(&["gc", "--delete", "--include-listed-epochs"]);
+    assert!(all.contains(&format!("deleted: {listed}")), "{all}");
+    assert!(!exists(listed));
+    assert!(
+        run(&["verify"]).starts_with("ok: "),
+        "nothing unreferenced left"
+    );
+}

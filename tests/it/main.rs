@@ -6,6 +6,7 @@ mod archive_build;
 mod archive_source;
 mod bad_input;
 mod cli_archive;
+mod crash_safety;
 mod engine_config;
 mod engine_follow;
 mod engine_memory;

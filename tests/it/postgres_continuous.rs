@@ -18,13 +18,23 @@ use serde_json::Value;
 use crate::engine_support::{eventually, get, get_json};
 use crate::support::postgres::{Database, new_database};
 
-struct Follow {
-    child: Child,
-    addr: SocketAddr,
+pub struct Follow {
+    pub child: Child,
+    pub addr: SocketAddr,
 }
 
 impl Follow {
-    fn start(db: &Database, dir: &std::path::Path, slot: &str, extra: &[&str]) -> Follow {
+    pub fn start(db: &Database, dir: &std::path::Path, slot: &str, extra: &[&str]) -> Follow {
+        Follow::start_env(db, dir, slot, extra, &[])
+    }
+
+    pub fn start_env(
+        db: &Database,
+        dir: &std::path::Path,
+        slot: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Follow {
         let mut child = Command::new(env!("CARGO_BIN_EXE_larch"))
             .args([
                 "export",
@@ -43,6 +53,7 @@ impl Follow {
             .args(extra)
             .env("LARCH_PG_DSN", &db.dsn)
             .env("LARCH_LOG", "warn")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -60,7 +71,7 @@ impl Follow {
         Follow { child, addr }
     }
 
-    async fn ready(&self) {
+    pub async fn ready(&self) {
         let addr = self.addr;
         eventually(60, "export readiness", || async move {
             (get(addr, "/health/ready").await.0 == 200).then_some(())
@@ -68,22 +79,22 @@ impl Follow {
         .await;
     }
 
-    async fn status(&self) -> Value {
+    pub async fn status(&self) -> Value {
         get_json(self.addr, "/status").await
     }
 
-    fn terminate(mut self) -> i32 {
+    pub fn terminate(mut self) -> i32 {
         unsafe_kill(self.child.id(), "TERM");
         self.child.wait().unwrap().code().unwrap_or(-1)
     }
 
-    fn kill9(mut self) {
+    pub fn kill9(mut self) {
         unsafe_kill(self.child.id(), "KILL");
         let _ = self.child.wait();
     }
 }
 
-fn unsafe_kill(pid: u32, sig: &str) {
+pub fn unsafe_kill(pid: u32, sig: &str) {
     Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
@@ -91,7 +102,7 @@ fn unsafe_kill(pid: u32, sig: &str) {
         .unwrap();
 }
 
-async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, Value>) {
+pub async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, Value>) {
     let store = Arc::new(LocalStore::new(dir).unwrap());
     let reader = ArchiveReader::new(store, "public.items/", vec![Format::Jsonl]).unwrap();
     let (_, report) = verify(&reader).await.unwrap();
@@ -112,7 +123,7 @@ async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, Valu
     (manifest.head_position, manifest.epoch, rows)
 }
 
-async fn table_rows(db: &Database) -> BTreeMap<i64, Value> {
+pub async fn table_rows(db: &Database) -> BTreeMap<i64, Value> {
     db.client
         .query("SELECT id, name, big FROM items", &[])
         .await
@@ -140,7 +151,7 @@ async fn assert_archive_equals_table(db: &Database, dir: &std::path::Path) {
     }
 }
 
-async fn setup(db: &Database) {
+pub async fn setup(db: &Database) {
     db.client
         .batch_execute(
             "CREATE TABLE items (id int8 PRIMARY KEY, name text, big text);

@@ -587,3 +587,86 @@ async fn on_seaweedfs_two_writers_one_wins_and_large_snapshots_stream_multipart(
     let (_, report) = verify(&reader).await.unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
 }
+
+/// W10 on one store: a writer opening an existing prefix sweeps objects of epochs the manifest
+/// no longer lists once they are older than the manifest (by the clock allowance), and nothing
+/// else: not an unreferenced upload of a listed epoch, not a fresh object a writer may be about
+/// to commit, not a file that is no artifact.
+async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
+    use larch::archive::orphans::{CLOCK_ALLOWANCE, Unreferenced, find_unreferenced};
+    let mut c = config(vec![Format::Jsonl]);
+    c.keep_epochs = 1;
+    let mut w = ArchiveWriter::open(vec![store.clone()], c.clone())
+        .await
+        .unwrap();
+    for epoch in 1..=2 {
+        w.write_snapshot(
+            &format!("0/{epoch}0"),
+            rows_channel(vec![row(&format!(r#"{{"id":{epoch}}}"#))]),
+        )
+        .await
+        .unwrap();
+    }
+    // What a writer killed at the wrong moment leaves behind.
+    let orphan = "public.items/epoch=1/diff-0_10-0_15.jsonl";
+    let listed = "public.items/epoch=2/diff-0_20-0_25.jsonl";
+    let not_an_artifact = "public.items/epoch=1/README.txt";
+    for k in [orphan, listed, not_an_artifact] {
+        store.put(k, b"{}\n").await.unwrap();
+    }
+    // A commit after the clock allowance: the manifest is now clearly newer than those.
+    tokio::time::sleep(CLOCK_ALLOWANCE + Duration::from_secs(1)).await;
+    w.record(Action::Insert, None, Some(row(r#"{"id":3}"#)));
+    w.flush("0/30").await.unwrap();
+    // Uploaded after the manifest: another writer may be committing it.
+    let fresh = "public.items/epoch=3/snapshot-0_30.jsonl";
+    store.put(fresh, b"{}\n").await.unwrap();
+    drop(w);
+
+    let manifest = ArchiveWriter::open(vec![store.clone()], c.clone())
+        .await
+        .unwrap()
+        .manifest()
+        .clone();
+    let keys: Vec<String> = store
+        .list("public.items/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(!keys.contains(&orphan.to_string()), "{keys:?}");
+    for k in [listed, not_an_artifact, fresh] {
+        assert!(keys.contains(&k.to_string()), "{k} kept: {keys:?}");
+    }
+    let left = find_unreferenced(store.as_ref(), "public.items/", &manifest, CLOCK_ALLOWANCE)
+        .await
+        .unwrap();
+    let classes: Vec<(&str, Unreferenced)> =
+        left.iter().map(|o| (o.key.as_str(), o.class)).collect();
+    assert_eq!(
+        classes,
+        vec![
+            (listed, Unreferenced::ListedEpoch),
+            (fresh, Unreferenced::TooNew)
+        ]
+    );
+    // The archive itself is untouched.
+    assert_eq!(
+        folded(store, vec![Format::Jsonl]).await.1,
+        vec![r#"{"id":2}"#, r#"{"id":3}"#]
+    );
+}
+
+#[tokio::test]
+async fn a_writer_starting_on_a_prefix_sweeps_orphans_on_every_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = crate::support::seaweedfs::seaweedfs();
+    let bucket = s3.new_bucket().await;
+    let stores: Vec<Arc<dyn Store>> = vec![
+        Arc::new(MemoryStore::new()),
+        Arc::new(LocalStore::new(dir.path()).unwrap()),
+        Arc::new(s3.s3_store(&bucket, "sweep/").await),
+    ];
+    futures::future::join_all(stores.into_iter().map(sweep_on_open_deletes_only_orphans)).await;
+}

@@ -259,9 +259,19 @@ impl Store for LocalStore {
                         .expect("under root")
                         .to_string_lossy()
                         .replace('\\', "/");
-                    let meta = entry
-                        .metadata()
-                        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), e))?;
+                    let name = entry.file_name().to_string_lossy().to_string();
+                    if name.starts_with(".tmp-") || name.ends_with(".lock") && name.starts_with('.')
+                    {
+                        continue; // in-flight writes and CAS locks, not objects
+                    }
+                    let meta = match entry.metadata() {
+                        Ok(m) => m,
+                        // Deleted between the directory read and the stat: not there any more.
+                        Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                        Err(e) => {
+                            return Err(ArchiveError::io(format!("stat {}", path.display()), e));
+                        }
+                    };
                     if meta.is_dir() {
                         if prefix.starts_with(&format!("{rel}/"))
                             || rel.starts_with(&prefix)
@@ -270,12 +280,6 @@ impl Store for LocalStore {
                             stack.push(path);
                         }
                     } else if rel.starts_with(&prefix) {
-                        let name = entry.file_name().to_string_lossy().to_string();
-                        if name.starts_with(".tmp-")
-                            || name.ends_with(".lock") && name.starts_with('.')
-                        {
-                            continue;
-                        }
                         out.push(ObjectInfo {
                             key: rel,
                             size: meta.len(),

@@ -5,16 +5,32 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::{
     GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key, sha256_hex,
 };
 use crate::archive::error::{ArchiveError, Result};
 
+/// An object's bytes and when they were written (the `modified` of a listing).
+#[derive(Debug, Clone)]
+struct Stored {
+    bytes: Bytes,
+    modified: DateTime<Utc>,
+}
+
+impl Stored {
+    fn now(bytes: Bytes) -> Stored {
+        Stored {
+            bytes,
+            modified: Utc::now(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
-    objects: Arc<Mutex<BTreeMap<String, Bytes>>>,
+    objects: Arc<Mutex<BTreeMap<String, Stored>>>,
 }
 
 impl MemoryStore {
@@ -31,7 +47,7 @@ impl MemoryStore {
         self.objects
             .lock()
             .expect("lock")
-            .insert(key.to_string(), bytes.into());
+            .insert(key.to_string(), Stored::now(bytes.into()));
     }
 }
 
@@ -56,7 +72,7 @@ impl ObjectWriter for MemoryWriter {
             .objects
             .lock()
             .expect("lock")
-            .insert(self.key, Bytes::from(self.buf));
+            .insert(self.key, Stored::now(Bytes::from(self.buf)));
         Ok(PutResult { uri, size, sha256 })
     }
 
@@ -80,15 +96,20 @@ impl Store for MemoryStore {
             .lock()
             .expect("lock")
             .get(key)
-            .map(|b| GetResult {
-                revision: sha256_hex(b),
-                bytes: b.clone(),
+            .map(|o| GetResult {
+                revision: sha256_hex(&o.bytes),
+                bytes: o.bytes.clone(),
             }))
     }
 
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {
         check_key(key)?;
-        let bytes = self.objects.lock().expect("lock").get(key).cloned();
+        let bytes = self
+            .objects
+            .lock()
+            .expect("lock")
+            .get(key)
+            .map(|o| o.bytes.clone());
         Ok(bytes.map(|b| Box::pin(std::io::Cursor::new(b)) as ObjectReader))
     }
 
@@ -104,14 +125,17 @@ impl Store for MemoryStore {
     async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {
         check_key(key)?;
         let mut objects = self.objects.lock().expect("lock");
-        let current = objects.get(key).map(|b| sha256_hex(b)).unwrap_or_default();
+        let current = objects
+            .get(key)
+            .map(|o| sha256_hex(&o.bytes))
+            .unwrap_or_default();
         if current != expected {
             return Err(ArchiveError::CasConflict {
                 key: key.to_string(),
             });
         }
         let rev = sha256_hex(&bytes);
-        objects.insert(key.to_string(), bytes);
+        objects.insert(key.to_string(), Stored::now(bytes));
         Ok(rev)
     }
 
@@ -128,8 +152,8 @@ impl Store for MemoryStore {
             .filter(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| ObjectInfo {
                 key: k.clone(),
-                size: v.len() as u64,
-                modified: Some(Utc::now()),
+                size: v.bytes.len() as u64,
+                modified: Some(v.modified),
             })
             .collect())
     }

@@ -8,10 +8,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodTemplateSpec, Probe, VolumeResourceRequirements,
+    PodTemplateSpec, Probe, ServiceAccount, VolumeResourceRequirements,
 };
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -39,6 +41,20 @@ pub struct ExportChildren {
     pub jobs: Vec<Job>,
     pub cron_jobs: Vec<CronJob>,
     pub deployments: Vec<Deployment>,
+    /// Continuous only: the single-writer Leases (one per table, W9) and the rights of the
+    /// exporter's service account on exactly those Leases.
+    pub lease_access: Option<LeaseAccess>,
+}
+
+/// What a continuous export needs to hold its Leases: the Leases themselves (created by the
+/// operator, so the exporter needs no `create`), a service account unless the spec names one,
+/// and a Role granting `get` and `update` on those Lease names only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseAccess {
+    pub leases: Vec<Lease>,
+    pub service_account: Option<ServiceAccount>,
+    pub role: Role,
+    pub role_binding: RoleBinding,
 }
 
 /// Identity of a OneShot run: a hash of the spec and the run-requested token. A new spec
@@ -62,6 +78,21 @@ pub fn child_base_name(export: &ArchiveExport, table: &TableRef) -> String {
 
 pub fn job_name(export: &ArchiveExport, table: &TableRef, run: &str) -> String {
     format!("{}-{run}", child_base_name(export, table))
+}
+
+/// The Lease a continuous export of `table` holds while writing: named after the export (and
+/// the table, for `tables`), like its Deployment.
+pub fn lease_name(export: &ArchiveExport, table: &TableRef) -> String {
+    child_base_name(export, table)
+}
+
+/// The service account of continuous export pods: the spec's, else `<name>-exporter`.
+pub fn exporter_service_account(export: &ArchiveExport) -> String {
+    export
+        .spec
+        .service_account_name
+        .clone()
+        .unwrap_or_else(|| format!("{}-exporter", export.name_any()))
 }
 
 /// Name of the PVC the operator creates for `destination.volume.size`.
@@ -178,6 +209,7 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
         opt("--max-churn-fraction", c.max_churn_fraction);
         opt("--keep-epochs", c.keep_epochs.map(|v| v.to_string()));
         a.extend(["--listen".into(), pod::listen_arg()]);
+        a.extend(["--lease".into(), lease_name(export, table)]);
     }
     a
 }
@@ -226,9 +258,14 @@ pub fn pod_template(
         command: Some(vec!["larch".into()]),
         args: Some(export_args(export, table)),
         env: {
-            // POD_IP first: `--listen $(POD_IP):8080` refers to it.
+            // POD_IP first: `--listen $(POD_IP):8080` refers to it. POD_NAME and
+            // POD_NAMESPACE: the Lease's holder identity and namespace.
             let mut env = if continuous {
-                vec![pod::pod_ip_env()]
+                vec![
+                    pod::pod_ip_env(),
+                    pod::field_env("POD_NAME", "metadata.name"),
+                    pod::field_env("POD_NAMESPACE", "metadata.namespace"),
+                ]
             } else {
                 vec![]
             };
@@ -252,7 +289,14 @@ pub fn pod_template(
         liveness_probe: continuous.then(|| http_probe("/health/live", 20, 6)),
         ..Default::default()
     };
-    let mut pod_spec = pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref());
+    let mut pod_spec = if continuous {
+        // The exporter renews its Lease through the API: it needs its token.
+        let mut p = pod::base_pod_spec(container, volumes, Some(&exporter_service_account(export)));
+        p.automount_service_account_token = Some(true);
+        p
+    } else {
+        pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref())
+    };
     if !continuous {
         pod_spec.restart_policy = Some("Never".into());
     }
@@ -364,6 +408,73 @@ pub fn deployment(export: &ArchiveExport, table: &TableRef, ctx: &BuildContext) 
     }
 }
 
+/// The Leases, service account and Role of a continuous export (see [`LeaseAccess`]).
+pub fn lease_access(export: &ArchiveExport) -> LeaseAccess {
+    let l = selector_labels(export, None);
+    let names: Vec<String> = export
+        .spec
+        .source
+        .all_tables()
+        .iter()
+        .map(|t| lease_name(export, t))
+        .collect();
+    let leases = export
+        .spec
+        .source
+        .all_tables()
+        .iter()
+        .map(|t| Lease {
+            metadata: child_meta(
+                export,
+                lease_name(export, t),
+                selector_labels(export, Some(t)),
+            ),
+            spec: None,
+        })
+        .collect();
+    let sa = exporter_service_account(export);
+    let service_account = export
+        .spec
+        .service_account_name
+        .is_none()
+        .then(|| ServiceAccount {
+            metadata: child_meta(export, sa.clone(), l.clone()),
+            automount_service_account_token: Some(false),
+            ..Default::default()
+        });
+    let role_name = format!("{}-export-lease", export.name_any());
+    let role = Role {
+        metadata: child_meta(export, role_name.clone(), l.clone()),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            resource_names: Some(names),
+            verbs: vec!["get".into(), "update".into()],
+            ..Default::default()
+        }]),
+    };
+    let role_binding = RoleBinding {
+        metadata: child_meta(export, role_name.clone(), l),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: role_name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: sa,
+            namespace: export.metadata.namespace.clone(),
+            ..Default::default()
+        }]),
+    };
+    LeaseAccess {
+        leases,
+        service_account,
+        role,
+        role_binding,
+    }
+}
+
 /// The archive claim, when the destination asks the operator to create one.
 pub fn archive_pvc(export: &ArchiveExport) -> Option<PersistentVolumeClaim> {
     let vol = export.spec.destination.volume.as_ref()?;
@@ -402,6 +513,7 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
     match export.spec.mode {
         ExportMode::Continuous => {
             out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
+            out.lease_access = Some(lease_access(export));
         }
         ExportMode::OneShot => {
             if export.spec.schedule.is_some() {

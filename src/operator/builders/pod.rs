@@ -92,11 +92,16 @@ pub fn empty_dir(volume: &str) -> Volume {
 
 /// `POD_IP` from the downward API, for `--listen`.
 pub fn pod_ip_env() -> EnvVar {
+    field_env("POD_IP", "status.podIP")
+}
+
+/// An environment variable from a pod field (downward API).
+pub fn field_env(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
-        name: "POD_IP".into(),
+        name: name.into(),
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {
-                field_path: "status.podIP".into(),
+                field_path: field_path.into(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -45,7 +45,14 @@ fn export_docs(c: &ExportChildren) -> String {
     if let Some(p) = &c.pvc {
         out += &docs(&[p]);
     }
-    out + &docs(&c.jobs) + &docs(&c.cron_jobs) + &docs(&c.deployments)
+    out += &(docs(&c.jobs) + &docs(&c.cron_jobs) + &docs(&c.deployments));
+    if let Some(la) = &c.lease_access {
+        out += &(docs(&la.leases)
+            + &docs(&la.service_account.iter().collect::<Vec<_>>())
+            + &docs(&[&la.role])
+            + &docs(&[&la.role_binding]));
+    }
+    out
 }
 
 fn source_docs(c: &SourceChildren) -> String {
@@ -220,7 +227,13 @@ fn every_generated_pod_is_pod_security_restricted() {
     );
     for (what, spec) in &specs {
         assert_restricted(what, spec);
-        assert_eq!(spec.automount_service_account_token, Some(false), "{what}");
+        // Only a continuous exporter talks to the API (its Lease); no other pod gets a token.
+        let continuous = what.contains("continuous");
+        assert_eq!(
+            spec.automount_service_account_token,
+            Some(continuous),
+            "{what}"
+        );
     }
 }
 
@@ -236,6 +249,16 @@ fn all_children_json() -> Vec<Value> {
                 .iter()
                 .map(|x| serde_json::to_value(x).unwrap()),
         );
+        if let Some(la) = &c.lease_access {
+            out.extend(la.leases.iter().map(|x| serde_json::to_value(x).unwrap()));
+            out.extend(
+                la.service_account
+                    .iter()
+                    .map(|x| serde_json::to_value(x).unwrap()),
+            );
+            out.push(serde_json::to_value(&la.role).unwrap());
+            out.push(serde_json::to_value(&la.role_binding).unwrap());
+        }
     }
     for (name, export) in SOURCES {
         let c = source_children(name, export);
@@ -288,7 +311,7 @@ fn export_args_follow_the_cli_contract() {
         args.ends_with(
             "--summary-file /dev/termination-log --follow --diff-interval 15s --min-interval 5s \
              --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 --max-churn-records 100000 \
-             --max-churn-fraction 0.5 --keep-epochs 3 --listen $(POD_IP):8080"
+             --max-churn-fraction 0.5 --keep-epochs 3 --listen $(POD_IP):8080 --lease events"
         ),
         "{args}"
     );

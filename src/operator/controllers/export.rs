@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -157,18 +159,20 @@ where
 }
 
 /// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule
-/// changed). Jobs are left to their TTL.
-async fn prune<K>(api: &Api<K>, selector: &str, keep: &BTreeSet<String>) -> Result<(), Error>
+/// changed); returns how many. Jobs are left to their TTL.
+async fn prune<K>(api: &Api<K>, selector: &str, keep: &BTreeSet<String>) -> Result<usize, Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    let mut deleted = 0;
     for obj in api.list(&ListParams::default().labels(selector)).await? {
         let name = obj.name_any();
         if !keep.contains(&name) {
             api.delete(&name, &DeleteParams::background()).await?;
+            deleted += 1;
         }
     }
-    Ok(())
+    Ok(deleted)
 }
 
 pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -231,6 +235,24 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         for cj in &children.cron_jobs {
             apply(&cron_api, cj).await?;
         }
+        // The Leases and the exporter's rights on them go first: a new pod finds them.
+        let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+        let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+        let role_api: Api<Role> = Api::namespaced(client.clone(), &ns);
+        let binding_api: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+        let mut keep_leases = BTreeSet::new();
+        let mut keep_sa = BTreeSet::new();
+        let mut keep_roles = BTreeSet::new();
+        if let Some(la) = &children.lease_access {
+            if let Some(sa) = &la.service_account {
+                keep_sa.insert(apply(&sa_api, sa).await?.name_any());
+            }
+            keep_roles.insert(apply(&role_api, &la.role).await?.name_any());
+            apply(&binding_api, &la.role_binding).await?;
+            for l in &la.leases {
+                keep_leases.insert(apply(&lease_api, l).await?.name_any());
+            }
+        }
         let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         let mut applied_deps = vec![];
         for d in &children.deployments {
@@ -252,7 +274,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
             ),
         )
         .await?;
-        prune(
+        let deployments_pruned = prune(
             &dep_api,
             &selector,
             &names(
@@ -264,6 +286,14 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
             ),
         )
         .await?;
+        // After the Deployments, so no exporter outlives its Lease rights. Only where some can
+        // be stale: a continuous export (its tables changed) or one that just left that mode.
+        if children.lease_access.is_some() || deployments_pruned > 0 {
+            prune(&lease_api, &selector, &keep_leases).await?;
+            prune(&binding_api, &selector, &keep_roles).await?;
+            prune(&role_api, &selector, &keep_roles).await?;
+            prune(&sa_api, &selector, &keep_sa).await?;
+        }
         if let Some(id) = &new_run {
             events.push(Event {
                 type_: EventType::Normal,

@@ -208,6 +208,30 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
             ),
         ),
+        // Leaving Continuous mode: the Lease, its Role and binding and the exporter's
+        // service account are pruned too (none left here).
+        expect(
+            Method::GET,
+            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{EXPORT_SEL}"),
+            list("LeaseList", "coordination.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{EXPORT_SEL}"
+            ),
+            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{EXPORT_SEL}"),
+            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/serviceaccounts?&{EXPORT_SEL}"),
+            list("ServiceAccountList", "v1", vec![]),
+        ),
         expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
@@ -238,7 +262,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
         job["spec"]["template"]["spec"]["containers"][0]["args"][0],
         "export"
     );
-    let status = &bodies[5];
+    let status = &bodies[9];
     assert_eq!(status["apiVersion"], "larch.dev/v1alpha1");
     assert_eq!(status["kind"], "ArchiveExport");
     let st = &status["status"];
@@ -249,7 +273,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     assert_eq!(cond(st, "LastExportSucceeded")["status"], "Unknown");
     assert_eq!(st["observedGeneration"], 1);
     assert_eq!(cond(st, "Ready")["observedGeneration"], 1);
-    assert_eq!(bodies[6]["reason"], "ExportStarted");
+    assert_eq!(bodies[10]["reason"], "ExportStarted");
 
     // 2. The Job completed and its pod wrote the summary: the run is recorded as succeeded.
     *now.lock().unwrap() = t(3);
@@ -616,6 +640,29 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     .unwrap();
     dep["status"] = json!({"availableReplicas": 1, "readyReplicas": 1, "replicas": 1});
     let script = vec![
+        // The exporter's Lease access first: Role, RoleBinding, Lease (the spec names the
+        // service account, so none is created).
+        expect(
+            Method::PATCH,
+            &format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/events-export-lease?{MANAGER_EXPORT_Q}"
+            ),
+            None,
+        ),
+        expect(
+            Method::PATCH,
+            &format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/events-export-lease?{MANAGER_EXPORT_Q}"
+            ),
+            None,
+        ),
+        expect(
+            Method::PATCH,
+            &format!(
+                "/apis/coordination.k8s.io/v1/namespaces/data/leases/events?{MANAGER_EXPORT_Q}"
+            ),
+            None,
+        ),
         expect(
             Method::PATCH,
             &format!("/apis/apps/v1/namespaces/data/deployments/events?{MANAGER_EXPORT_Q}"),
@@ -631,6 +678,41 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
             Method::GET,
             &format!("/apis/apps/v1/namespaces/data/deployments?&{sel}"),
             list("DeploymentList", "apps/v1", vec![dep]),
+        ),
+        // A Lease of a table no longer exported is pruned; its own are kept.
+        expect(
+            Method::GET,
+            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{sel}"),
+            list(
+                "LeaseList",
+                "coordination.k8s.io/v1",
+                vec![
+                    json!({"metadata": {"name": "events", "namespace": "data"}}),
+                    json!({"metadata": {"name": "events-stale", "namespace": "data"}}),
+                ],
+            ),
+        ),
+        expect(
+            Method::DELETE,
+            "/apis/coordination.k8s.io/v1/namespaces/data/leases/events-stale?",
+            Some(
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
+            ),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{sel}"),
+            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{sel}"),
+            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/serviceaccounts?&{sel}"),
+            list("ServiceAccountList", "v1", vec![]),
         ),
         expect(
             Method::GET,
@@ -653,9 +735,20 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     let server = tokio::spawn(serve(handle, script));
     export::reconcile(Arc::new(e), ctx).await.unwrap();
     let bodies = server.await.unwrap();
-    assert_eq!(bodies[0]["spec"]["strategy"]["type"], "Recreate");
-    assert_eq!(bodies[0]["spec"]["replicas"], 1);
-    let st = &bodies[4]["status"];
+    let role = &bodies[0];
+    assert_eq!(role["rules"][0]["resourceNames"], json!(["events"]));
+    assert_eq!(role["rules"][0]["verbs"], json!(["get", "update"]));
+    assert_eq!(bodies[1]["subjects"][0]["name"], "exporter");
+    assert_eq!(bodies[2]["metadata"]["name"], "events");
+    let pod = &bodies[3]["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "exporter");
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    let args = pod["containers"][0]["args"].as_array().unwrap();
+    let lease = args.iter().position(|a| a == "--lease").expect("--lease");
+    assert_eq!(args[lease + 1], "events");
+    assert_eq!(bodies[3]["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(bodies[3]["spec"]["replicas"], 1);
+    let st = &bodies[12]["status"];
     assert_eq!(st["writers"][0]["headPosition"], "0/2A");
     assert_eq!(st["writers"][0]["bufferDepth"], 5);
     assert_eq!(st["lastExport"]["position"], "0/2A");

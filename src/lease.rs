@@ -1,7 +1,9 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease. The decision is pure ([`decide`]); the
-//! loop writes the Lease with optimistic concurrency (create, or replace at the read
-//! resourceVersion), so two candidates can never both win one round. A leader that cannot
-//! renew before its lease expires exits, and its successor starts clean.
+//! Holding a `coordination.k8s.io/v1` Lease: the operator's leader election and a continuous
+//! export's single-writer lease (W9). The decision is pure ([`decide`]); the loop writes the
+//! Lease with optimistic concurrency (create, or replace at the read resourceVersion), so two
+//! candidates can never both win one round. A holder that cannot renew within its renew
+//! deadline — shorter than the lease duration, so it stops before anyone may take over —
+//! gives up, and its caller exits.
 
 use std::time::Duration;
 
@@ -51,6 +53,8 @@ pub struct LeaderElector {
     pub name: String,
     pub identity: String,
     pub lease_duration: Duration,
+    /// Give up when no renewal succeeded for this long (less than `lease_duration`).
+    pub renew_deadline: Duration,
     pub retry: Duration,
 }
 
@@ -123,22 +127,64 @@ impl LeaderElector {
         }
     }
 
-    /// Renews forever; returns when leadership is lost (the caller should exit).
+    /// Renews forever; returns when the lease is lost — another holder, or no successful
+    /// renewal within the renew deadline (the caller should stop and exit).
     pub async fn keep(&self) {
         let mut last_ok = std::time::Instant::now();
         loop {
-            tokio::time::sleep(self.retry).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_ok = std::time::Instant::now(),
-                Ok(false) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "renewing the leader lease");
-                    if last_ok.elapsed() >= self.lease_duration {
-                        return;
-                    }
+            let left = self.renew_deadline.saturating_sub(last_ok.elapsed());
+            if left.is_zero() {
+                tracing::error!(lease = %self.name, "no renewal within the renew deadline");
+                return;
+            }
+            tokio::time::sleep(self.retry.min(left)).await;
+            // A renewal that itself hangs must not outlive the deadline.
+            let left = self.renew_deadline.saturating_sub(last_ok.elapsed());
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => last_ok = std::time::Instant::now(),
+                Ok(Ok(false)) => {
+                    tracing::error!(lease = %self.name, "the lease is held by someone else");
+                    return;
                 }
+                Ok(Err(e)) => tracing::warn!(lease = %self.name, error = %e, "renewing the lease"),
+                Err(_) => tracing::warn!(lease = %self.name, "renewing the lease timed out"),
             }
         }
+    }
+
+    /// Gives the lease up (clears the holder) so a successor need not wait for it to expire.
+    /// Only when we still hold it; errors are the caller's to log.
+    pub async fn release(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        let ours = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(self.identity.as_str());
+        if !ours {
+            return Ok(());
+        }
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = None;
+        }
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+            .map(|_| ())
+    }
+
+    /// The current holder, for logs while waiting.
+    pub async fn holder(&self) -> Option<String> {
+        self.api
+            .get_opt(&self.name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
     }
 }
 

@@ -1,0 +1,54 @@
+//! Crash points for the crash-safety tests. `LARCH_CRASH_AT=<point>[@<n>]` makes the process
+//! SIGKILL itself the n-th time (default: the first) it reaches `<point>`, so a test can kill
+//! it exactly between two durable steps (a database commit and its state file, an upload and
+//! its manifest). Unset — always, outside tests — a point costs one relaxed atomic load.
+//!
+//! Points: `writer.after-upload` (artifact objects stored, manifest not yet swapped),
+//! `writer.after-commit` (manifest swapped, pruned objects not yet deleted),
+//! `engine.after-checkpoint` (targets committed a checkpoint, the source's state file not yet
+//! written).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Armed {
+    point: String,
+    nth: u64,
+    hits: AtomicU64,
+}
+
+fn armed() -> Option<&'static Armed> {
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let spec = std::env::var("LARCH_CRASH_AT").ok()?;
+            let (point, nth) = match spec.split_once('@') {
+                Some((p, n)) => (p.to_string(), n.parse().unwrap_or(1)),
+                None => (spec, 1),
+            };
+            Some(Armed {
+                point,
+                nth: nth.max(1),
+                hits: AtomicU64::new(0),
+            })
+        })
+        .as_ref()
+}
+
+/// Kills the process with SIGKILL when `point` is the armed crash point and this is its n-th hit.
+pub fn crash_point(point: &str) {
+    let Some(a) = armed() else { return };
+    if a.point != point {
+        return;
+    }
+    if a.hits.fetch_add(1, Ordering::Relaxed) + 1 == a.nth {
+        eprintln!(
+            "LARCH_CRASH_AT: killing this process at {point} (hit {})",
+            a.nth
+        );
+        // SIGKILL, not abort or exit: no destructor, flush or signal handler may run.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
