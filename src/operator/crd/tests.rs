@@ -599,8 +599,12 @@ fn chart_values_are_declared_in_the_values_schema() {
 #[test]
 fn examples_parse_and_pass_the_cel_rules() {
     let mut seen = 0;
-    for entry in std::fs::read_dir(repo_path("examples")).unwrap() {
-        let path = entry.unwrap().path();
+    // examples/fleet holds cluster-scoped kinds, applied on their own (not by e2e/examples.sh).
+    let paths = ["examples", "examples/fleet"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo_path(d)).unwrap())
+        .map(|e| e.unwrap().path());
+    for path in paths {
         if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
             continue;
         }
@@ -632,7 +636,7 @@ fn examples_parse_and_pass_the_cel_rules() {
         }
     }
     assert!(
-        seen >= 3,
-        "examples cover OneShot, Continuous and an ArchiveSource"
+        seen >= 4,
+        "examples cover OneShot, Continuous, an ArchiveSource and an ArchiveSourceSet"
     );
 }
