@@ -908,6 +908,9 @@ spec:
                 && s["readyNamespaces"] == 3
                 && failing.len() == 1
                 && failing[0]["namespace"] == quota_ns
+                && failing[0]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("exceeded quota: no-pods"))
                 && o["status"]["observedGeneration"] == o["metadata"]["generation"])
                 .then(|| o.clone())
         },

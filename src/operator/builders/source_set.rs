@@ -186,7 +186,7 @@ pub fn owned_by<K: Resource>(obj: &K, set: &ArchiveSourceSet) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::operator::crd::archive_source_set::SelectorRequirement;
 
