@@ -966,11 +966,13 @@ spec:
     let rotated = secret_data(e, platform, "seed-reader").unwrap();
     assert_ne!(rotated, source_data);
     let mut gaps: Vec<String> = vec![];
+    let (mut polls, started) = (0, std::time::Instant::now());
     e.wait_for(
         kept[0],
         "copies updated and engines rolled to the new keys",
         300,
         || {
+            polls += 1;
             for ns in kept {
                 if !some_engine_answers(e, ns, set) {
                     gaps.push(format!("{ns} at {:?}", std::time::SystemTime::now()));
@@ -995,6 +997,10 @@ spec:
     assert!(
         gaps.is_empty(),
         "no engine answered during the rotation: {gaps:?}"
+    );
+    eprintln!(
+        "s11: rotation rolled out in {:?}; an engine answered in each namespace at all {polls} polls",
+        started.elapsed()
     );
     for ns in kept {
         wait_all_engines_match(e, ns, set, 2);

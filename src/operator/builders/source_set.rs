@@ -410,6 +410,34 @@ spec:
         );
     }
 
+    /// The children of one namespace, pinned (regenerate with `LARCH_UPDATE_GOLDEN=1`).
+    #[test]
+    fn children_match_golden() {
+        let set = set_fixture(true);
+        let mut src = Secret::default();
+        src.metadata.name = Some("seed-reader".into());
+        src.metadata.namespace = Some("platform".into());
+        src.data = Some(BTreeMap::from([
+            ("id".to_string(), ByteString(b"reader".to_vec())),
+            (
+                "AWS_SECRET_ACCESS_KEY".to_string(),
+                ByteString(b"s".to_vec()),
+            ),
+        ]));
+        src.type_ = Some("Opaque".into());
+        let digest = credentials_digest(&set, src.data.as_ref().unwrap());
+        let docs = [
+            serde_yaml_ng::to_string(&child_source(&set, "dev-a", Some(&digest))).unwrap(),
+            serde_yaml_ng::to_string(&secret_copy(&set, "dev-a", &src)).unwrap(),
+            serde_yaml_ng::to_string(&child_source(&set_fixture(false), "dev-a", None)).unwrap(),
+        ];
+        let text: String = docs.iter().map(|d| format!("---\n{d}")).collect();
+        crate::operator::crd::tests::assert_golden(
+            "src/operator/builders/testdata/sourceset-dev-seed.golden.yaml",
+            &text,
+        );
+    }
+
     #[test]
     fn objects_of_others_are_not_owned() {
         let set = set_fixture(true);
