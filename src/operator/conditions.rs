@@ -17,6 +17,7 @@ pub const REBASELINING: &str = "Rebaselining";
 pub const DEGRADED: &str = "Degraded";
 
 pub const EXPORT_TYPES: [&str; 4] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED];
+pub const SOURCE_SET_TYPES: [&str; 3] = [READY, RECONCILING, STALLED];
 pub const SOURCE_TYPES: [&str; 6] = [
     READY,
     RECONCILING,
@@ -405,6 +406,9 @@ pub struct SourceObservation {
     pub ready_replicas: i32,
     /// The StatefulSet controller has seen the latest template and every replica runs it.
     pub rolled_out: bool,
+    /// The StatefulSet has fewer pods than wanted and the last attempt to create one failed
+    /// (its `FailedCreate` event: a quota, a LimitRange, a missing ServiceAccount...).
+    pub pods_not_created: Option<String>,
     /// The engines' `/status` entries for this source (pods that answered).
     pub engines: Vec<EngineSource>,
     pub rebaselining: bool,
@@ -434,6 +438,20 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             c(READY, True, "Suspended", "scaled to zero"),
             c(RECONCILING, False, "Suspended", ""),
             c(STALLED, False, "Suspended", ""),
+        ]);
+    } else if let Some(err) = o
+        .pods_not_created
+        .as_ref()
+        .filter(|_| o.ready_replicas < o.desired_replicas)
+    {
+        let msg = format!(
+            "{}/{} engines ready; the StatefulSet cannot create engine pods: {err}",
+            o.ready_replicas, o.desired_replicas
+        );
+        out.extend([
+            c(READY, False, "PodCreationFailed", msg.clone()),
+            c(RECONCILING, False, "PodCreationFailed", ""),
+            c(STALLED, True, "PodCreationFailed", msg),
         ]);
     } else if o.ready_replicas >= o.desired_replicas && o.rolled_out {
         let msg = format!("{}/{} engines ready", o.ready_replicas, o.desired_replicas);
@@ -523,6 +541,148 @@ fn caught_up(engines: &[EngineSource]) -> Cond {
             ),
         )
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ArchiveSourceSet
+
+/// Where one selected namespace stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamespaceState {
+    Ready,
+    /// Working on it (creating, waiting for engines): the message says what.
+    Progressing(String),
+    /// Cannot get a working ArchiveSource without someone acting.
+    Failing {
+        reason: String,
+        message: String,
+    },
+}
+
+/// A namespace's state from the set's own finding (`problem`: reason, message) or else from
+/// its ArchiveSource: Stalled=True is a failure (with its reason and message), Ready=True for
+/// the current generation is ready, anything else is in progress.
+pub fn namespace_state(
+    problem: Option<(String, String)>,
+    child: Option<&crate::operator::crd::ArchiveSource>,
+) -> NamespaceState {
+    if let Some((reason, message)) = problem {
+        return NamespaceState::Failing { reason, message };
+    }
+    let Some(child) = child else {
+        return NamespaceState::Progressing("the ArchiveSource is not created yet".into());
+    };
+    let status = child.status.clone().unwrap_or_default();
+    if status.observed_generation.is_none()
+        || status.observed_generation != child.metadata.generation
+    {
+        return NamespaceState::Progressing("the ArchiveSource is not observed yet".into());
+    }
+    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
+    if let Some(s) = find(STALLED).filter(|c| c.status == "True") {
+        return NamespaceState::Failing {
+            reason: s.reason.clone(),
+            message: s.message.clone(),
+        };
+    }
+    match find(READY) {
+        Some(r) if r.status == "True" => NamespaceState::Ready,
+        Some(r) => NamespaceState::Progressing(r.message.clone()),
+        None => NamespaceState::Progressing("the ArchiveSource reports no Ready condition".into()),
+    }
+}
+
+/// What the set controller observed, reduced to what its conditions depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetObservation {
+    /// The set itself cannot work (reason, message), e.g. its credentials Secret is missing.
+    pub invalid: Option<(&'static str, String)>,
+    /// Every selected namespace, by name.
+    pub namespaces: Vec<(String, NamespaceState)>,
+}
+
+impl SetObservation {
+    pub fn ready(&self) -> usize {
+        self.namespaces
+            .iter()
+            .filter(|(_, s)| *s == NamespaceState::Ready)
+            .count()
+    }
+    /// Failing namespaces, by name: (namespace, reason, message).
+    pub fn failing(&self) -> Vec<(&str, &str, &str)> {
+        self.namespaces
+            .iter()
+            .filter_map(|(ns, s)| match s {
+                NamespaceState::Failing { reason, message } => {
+                    Some((ns.as_str(), reason.as_str(), message.as_str()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+pub fn source_set_conditions(o: &SetObservation) -> Vec<Cond> {
+    use Status::*;
+    if let Some((reason, msg)) = &o.invalid {
+        return vec![
+            c(READY, False, reason, msg.clone()),
+            c(RECONCILING, False, reason, ""),
+            c(STALLED, True, reason, msg.clone()),
+        ];
+    }
+    let desired = o.namespaces.len();
+    let ready = o.ready();
+    let failing = o.failing();
+    let progressing = desired - ready - failing.len();
+    if desired == 0 {
+        let msg = "no namespace matches the selector";
+        return vec![
+            c(READY, True, "NoNamespaces", msg),
+            c(RECONCILING, False, "NoNamespaces", ""),
+            c(STALLED, False, "NoNamespaces", ""),
+        ];
+    }
+    let counts = format!("{ready}/{desired} namespaces ready");
+    if !failing.is_empty() {
+        let names: Vec<String> = failing
+            .iter()
+            .take(10)
+            .map(|(ns, reason, _)| format!("{ns} ({reason})"))
+            .collect();
+        let more = if failing.len() > 10 { ", ..." } else { "" };
+        let msg = format!(
+            "{counts}; {} failing: {}{more} (see status.failingNamespaces)",
+            failing.len(),
+            names.join(", ")
+        );
+        return vec![
+            c(READY, False, "NamespacesFailing", msg.clone()),
+            if progressing > 0 {
+                c(
+                    RECONCILING,
+                    True,
+                    "WaitingForNamespaces",
+                    format!("{progressing} namespaces in progress"),
+                )
+            } else {
+                c(RECONCILING, False, "NamespacesFailing", "")
+            },
+            c(STALLED, True, "NamespacesFailing", msg),
+        ];
+    }
+    if progressing > 0 {
+        return vec![
+            c(READY, False, "WaitingForNamespaces", counts.clone()),
+            c(RECONCILING, True, "WaitingForNamespaces", counts),
+            c(STALLED, False, "WaitingForNamespaces", ""),
+        ];
+    }
+    vec![
+        c(READY, True, "NamespacesReady", counts),
+        c(RECONCILING, False, "NamespacesReady", ""),
+        c(STALLED, False, "NamespacesReady", ""),
+    ]
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod engine_config;
 pub mod export;
 pub mod pod;
 pub mod source;
+pub mod source_set;
 
 use std::collections::BTreeMap;
 

@@ -206,6 +206,7 @@ fn source_obs() -> SourceObservation {
         desired_replicas: 2,
         ready_replicas: 2,
         rolled_out: true,
+        pods_not_created: None,
         engines: vec![],
         rebaselining: false,
         rebaselines_last_hour: 0,
@@ -325,5 +326,199 @@ fn rebaseline_feed_drives_rebaselining_and_degraded() {
             (90, REBASELINING, "False"),
             (90, DEGRADED, "False"),
         ]
+    );
+}
+
+#[test]
+fn source_pods_that_cannot_be_created_stall_it() {
+    let mut o = source_obs();
+    o.ready_replicas = 0;
+    o.pods_not_created = Some("pods \"seed-0\" is forbidden: exceeded quota: no-pods".into());
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, "PodCreationFailed"));
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "PodCreationFailed"));
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::False, "PodCreationFailed")
+    );
+    let msg = &cs.iter().find(|c| c.type_ == STALLED).unwrap().message;
+    assert!(
+        msg.contains("0/2 engines ready") && msg.contains("exceeded quota"),
+        "{msg}"
+    );
+    // Once the engines are there, an old failure does not matter.
+    o.ready_replicas = 2;
+    assert_eq!(
+        status_of(&source_conditions(&o), READY),
+        (Status::True, "EnginesReady")
+    );
+    // Suspended wins.
+    o.ready_replicas = 0;
+    o.suspended = true;
+    assert_eq!(
+        status_of(&source_conditions(&o), READY),
+        (Status::True, "Suspended")
+    );
+}
+
+fn child(
+    generation: i64,
+    observed: Option<i64>,
+    conds: &[(&str, &str, &str, &str)],
+) -> crate::operator::crd::ArchiveSource {
+    let mut s: crate::operator::crd::ArchiveSource = serde_json::from_value(serde_json::json!({
+        "apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+        "metadata": {"name": "seed", "namespace": "dev-a", "generation": generation},
+        "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}
+    }))
+    .unwrap();
+    s.status = Some(crate::operator::crd::ArchiveSourceStatus {
+        observed_generation: observed,
+        conditions: conds
+            .iter()
+            .map(|(t, st, r, m)| Condition {
+                type_: t.to_string(),
+                status: st.to_string(),
+                reason: r.to_string(),
+                message: m.to_string(),
+                last_transition_time: "2026-01-01T00:00:00Z".into(),
+                observed_generation: observed,
+            })
+            .collect(),
+        ..Default::default()
+    });
+    s
+}
+
+#[test]
+fn namespace_state_from_the_child() {
+    let p = |s: &str| NamespaceState::Progressing(s.into());
+    assert_eq!(
+        namespace_state(None, None),
+        p("the ArchiveSource is not created yet")
+    );
+    // The set's own finding wins.
+    let ready = child(1, Some(1), &[(READY, "True", "EnginesReady", "1/1")]);
+    assert_eq!(
+        namespace_state(
+            Some(("SecretConflict".into(), "taken".into())),
+            Some(&ready)
+        ),
+        NamespaceState::Failing {
+            reason: "SecretConflict".into(),
+            message: "taken".into()
+        }
+    );
+    assert_eq!(namespace_state(None, Some(&ready)), NamespaceState::Ready);
+    // A status for an older generation says nothing about the current spec.
+    let stale = child(2, Some(1), &[(READY, "True", "EnginesReady", "1/1")]);
+    assert_eq!(
+        namespace_state(None, Some(&stale)),
+        p("the ArchiveSource is not observed yet")
+    );
+    let stalled = child(
+        1,
+        Some(1),
+        &[
+            (READY, "False", "PodCreationFailed", "quota"),
+            (
+                STALLED,
+                "True",
+                "PodCreationFailed",
+                "0/1 engines ready; quota",
+            ),
+        ],
+    );
+    assert_eq!(
+        namespace_state(None, Some(&stalled)),
+        NamespaceState::Failing {
+            reason: "PodCreationFailed".into(),
+            message: "0/1 engines ready; quota".into()
+        }
+    );
+    let waiting = child(
+        1,
+        Some(1),
+        &[
+            (READY, "False", "WaitingForEngines", "0/1 engines ready"),
+            (STALLED, "False", "WaitingForEngines", ""),
+        ],
+    );
+    assert_eq!(
+        namespace_state(None, Some(&waiting)),
+        p("0/1 engines ready")
+    );
+}
+
+#[test]
+fn source_set_rollup() {
+    let obs = |states: Vec<NamespaceState>| SetObservation {
+        invalid: None,
+        namespaces: states
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("dev-{i}"), s))
+            .collect(),
+    };
+    let fail = |r: &str| NamespaceState::Failing {
+        reason: r.into(),
+        message: "m".into(),
+    };
+    let prog = NamespaceState::Progressing("p".into());
+    use NamespaceState::Ready as R;
+
+    let cs = source_set_conditions(&obs(vec![]));
+    assert_eq!(status_of(&cs, READY), (Status::True, "NoNamespaces"));
+
+    let cs = source_set_conditions(&obs(vec![R, R]));
+    assert_eq!(status_of(&cs, READY), (Status::True, "NamespacesReady"));
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    assert_eq!(
+        cs.iter().find(|c| c.type_ == READY).unwrap().message,
+        "2/2 namespaces ready"
+    );
+
+    let cs = source_set_conditions(&obs(vec![R, prog.clone()]));
+    assert_eq!(
+        status_of(&cs, READY),
+        (Status::False, "WaitingForNamespaces")
+    );
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::True);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+
+    let o = obs(vec![R, fail("PodCreationFailed"), prog]);
+    assert_eq!(o.ready(), 1);
+    assert_eq!(o.failing(), [("dev-1", "PodCreationFailed", "m")]);
+    let cs = source_set_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, "NamespacesFailing"));
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "NamespacesFailing"));
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, "WaitingForNamespaces")
+    );
+    let msg = &cs.iter().find(|c| c.type_ == STALLED).unwrap().message;
+    assert!(
+        msg.contains("1/3 namespaces ready; 1 failing: dev-1 (PodCreationFailed)"),
+        "{msg}"
+    );
+
+    let cs = source_set_conditions(&obs(vec![R, fail("SecretNotFound")]));
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::False, "NamespacesFailing")
+    );
+
+    let cs = source_set_conditions(&SetObservation {
+        invalid: Some(("CredentialsNotFound", "Secret platform/x not found".into())),
+        namespaces: vec![("dev-0".into(), R)],
+    });
+    assert_eq!(
+        status_of(&cs, READY),
+        (Status::False, "CredentialsNotFound")
+    );
+    assert_eq!(
+        status_of(&cs, STALLED),
+        (Status::True, "CredentialsNotFound")
     );
 }

@@ -6,6 +6,7 @@
 pub mod context;
 pub mod export;
 pub mod source;
+pub mod source_set;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,16 +15,20 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use self::context::{Context, Error};
+use crate::operator::builders::source_set::LABEL_SOURCE_SET;
 use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::operator::crd::{ArchiveExport, ArchiveSource};
+use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -76,7 +81,54 @@ where
     out
 }
 
-/// Runs both controllers until a shutdown signal.
+/// The ArchiveSourceSet controller (cluster-scoped sets, children in any namespace). Triggers:
+/// the set, any namespace change (labels decide the selection), its ArchiveSources (by label),
+/// and Secrets by metadata only (the shared Secret, its copies, a per-namespace Secret the
+/// template names), so no Secret data is cached.
+async fn source_sets(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let sets = Controller::new(
+        Api::<ArchiveSourceSet>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    );
+    let all_sets = sets.store();
+    let secret_sets = all_sets.clone();
+    sets.watches(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        watcher::Config::default(),
+        move |_| {
+            all_sets
+                .state()
+                .iter()
+                .map(|s| ObjectRef::from_obj(&**s))
+                .collect::<Vec<_>>()
+        },
+    )
+    .watches(
+        Api::<PartialObjectMeta<ArchiveSource>>::all(client.clone()),
+        watcher::Config::default().labels(LABEL_SOURCE_SET),
+        |s| {
+            s.labels()
+                .get(LABEL_SOURCE_SET)
+                .map(|n| ObjectRef::<ArchiveSourceSet>::new(n))
+        },
+    )
+    .watches(
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        watcher::Config::default(),
+        move |s| source_set::sets_for_secret(&secret_sets, &s),
+    )
+    .shutdown_on_signal()
+    .run(
+        |o, c| measured("source-set", o, c, source_set::reconcile),
+        error_policy::<ArchiveSourceSet>("source-set"),
+        ctx,
+    )
+    .for_each(|_| futures::future::ready(()))
+    .await
+}
+
+/// Runs the controllers until a shutdown signal.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let client = ctx.client.clone();
     let ns = namespace.as_deref();
@@ -143,8 +195,20 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
         )
         .for_each(|_| futures::future::ready(()));
 
+    // Sets are cluster-scoped and reach into every namespace: not in single-namespace mode.
+    let set_ctx = ctx.clone();
+    let sets = async move {
+        match namespace {
+            None => source_sets(set_ctx).await,
+            Some(ns) => {
+                tracing::info!(namespace = %ns, "ArchiveSourceSet controller off: it needs the operator to watch all namespaces");
+                futures::future::pending::<()>().await
+            }
+        }
+    };
     tokio::select! {
         _ = async { futures::join!(exports, sources) } => {}
+        _ = sets => {}
         _ = janitor(ctx, export_store, source_store) => {}
     }
 }

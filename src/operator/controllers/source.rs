@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -82,6 +82,31 @@ fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
     out
 }
 
+/// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
+async fn failed_create(
+    client: &kube::Client,
+    ns: &str,
+    sts: &StatefulSet,
+) -> Result<Option<String>, Error> {
+    let events = Api::<CoreEvent>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
+            sts.name_any()
+        )))
+        .await?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.is_some() && e.involved_object.uid == sts.uid())
+        .max_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+        })
+        .and_then(|e| e.message))
+}
+
 pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = source.namespace().ok_or(Error::NoNamespace)?;
     let name = source.name_any();
@@ -113,6 +138,7 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         desired_replicas,
         ready_replicas: 0,
         rolled_out: false,
+        pods_not_created: None,
         engines: vec![],
         rebaselining: false,
         rebaselines_last_hour: 0,
@@ -164,6 +190,10 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             && st.updated_replicas.unwrap_or(0) >= desired_replicas
             && st.replicas <= desired_replicas;
         status.ready_replicas = Some(obs.ready_replicas);
+        // Too few pods: say why when the StatefulSet controller could not create one.
+        if !suspended && sts.status.is_some() && st.replicas < desired_replicas {
+            obs.pods_not_created = failed_create(&client, &ns, &sts).await?;
+        }
 
         // Scrape the engines.
         let id = source_id(&source);

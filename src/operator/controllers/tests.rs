@@ -14,7 +14,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 use super::context::Context;
-use super::{export, source};
+use super::{export, source, source_set};
 use crate::operator::builders::tests::{export_fixture, source_fixture};
 use crate::operator::crd::ArchiveExport;
 use crate::operator::metrics::Metrics;
@@ -757,4 +757,219 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     assert_eq!(cond(st, "Ready")["reason"], "Running");
     assert_eq!(cond(st, "LastExportSucceeded")["status"], "True");
     assert!(st.get("run").is_none(), "Continuous exports have no runs");
+}
+
+// ---- ArchiveSourceSet ----
+
+const MANAGER_SET_Q: &str = "&force=true&fieldManager=larch-operator%2Fsource-set";
+
+fn set_owner() -> Value {
+    json!([{"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSourceSet", "name": "dev-seed",
+            "uid": "5e7-uid", "controller": true, "blockOwnerDeletion": true}])
+}
+
+fn meta_list(items: Vec<Value>) -> Option<Value> {
+    Some(
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                "metadata": {"resourceVersion": "1"},
+                "items": items.into_iter().map(|m| json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": m})).collect::<Vec<_>>()}),
+    )
+}
+
+#[tokio::test]
+async fn source_set_copies_applies_prunes_and_never_takes_over() {
+    let (ctx, handle, _) = context(Arc::default());
+    let set = crate::operator::builders::source_set::tests::set_fixture(true);
+    let ns = |name: &str, labelled: bool| {
+        let labels = if labelled {
+            json!({"larch.dev/seed": "events"})
+        } else {
+            json!({})
+        };
+        json!({"metadata": {"name": name, "labels": labels}})
+    };
+    let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
+    let source = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "seed-reader", "namespace": "platform", "labels": {"team": "platform"}},
+        "type": "Opaque", "data": {"AWS_ACCESS_KEY_ID": "YQ==", "AWS_SECRET_ACCESS_KEY": "Yg=="}});
+    let script = vec![
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/platform/secrets/seed-reader",
+            Some(source),
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces?",
+            list(
+                "NamespaceList",
+                "v1",
+                vec![
+                    ns("dev-a", true),
+                    ns("dev-b", true),
+                    ns("dev-old", false),
+                    ns("kube-system", false),
+                ],
+            ),
+        ),
+        expect(
+            Method::GET,
+            "/apis/larch.dev/v1alpha1/archivesources?&fieldSelector=metadata.name%3Ddev-seed",
+            list(
+                "ArchiveSourceList",
+                "larch.dev/v1alpha1",
+                vec![
+                    // Someone else's ArchiveSource of the same name: left alone.
+                    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+                           "metadata": {"name": "dev-seed", "namespace": "dev-b"},
+                           "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}),
+                    // Ours, in a namespace no longer selected: deleted.
+                    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+                           "metadata": {"name": "dev-seed", "namespace": "dev-old", "ownerReferences": set_owner()},
+                           "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}),
+                ],
+            ),
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/secrets?&fieldSelector=metadata.name%3Ddev-seed-credentials",
+            meta_list(vec![
+                json!({"name": "dev-seed-credentials", "namespace": "dev-old", "ownerReferences": set_owner()}),
+            ]),
+        ),
+        expect(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/dev-a/secrets/dev-seed-credentials?{MANAGER_SET_Q}"),
+            None,
+        ),
+        expect(
+            Method::PATCH,
+            &format!(
+                "/apis/larch.dev/v1alpha1/namespaces/dev-a/archivesources/dev-seed?{MANAGER_SET_Q}"
+            ),
+            None,
+        ),
+        expect(
+            Method::DELETE,
+            "/apis/larch.dev/v1alpha1/namespaces/dev-old/archivesources/dev-seed?",
+            Some(ok.clone()),
+        ),
+        expect(
+            Method::DELETE,
+            "/api/v1/namespaces/dev-old/secrets/dev-seed-credentials?",
+            Some(ok),
+        ),
+        expect_status(
+            &format!("/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/status?{MANAGER_SET_Q}"),
+            serde_json::to_value(&set).unwrap(),
+        ),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+
+    // The copy: the source's data and type, none of its labels.
+    let copy = &bodies[4];
+    assert_eq!(copy["data"]["AWS_ACCESS_KEY_ID"], "YQ==");
+    assert_eq!(copy["type"], "Opaque");
+    assert_eq!(
+        copy["metadata"]["labels"]["larch.dev/source-set"],
+        "dev-seed"
+    );
+    assert!(copy["metadata"]["labels"]["team"].is_null());
+    assert_eq!(copy["metadata"]["ownerReferences"], set_owner());
+    // The ArchiveSource points at the copy and carries the digest.
+    let child = &bodies[5];
+    assert_eq!(
+        child["spec"]["archive"]["s3"]["credentials"]["secretRef"]["name"],
+        "dev-seed-credentials"
+    );
+    assert_eq!(
+        child["spec"]["pod"]["annotations"]["larch.dev/credentials-digest"]
+            .as_str()
+            .unwrap()
+            .len(),
+        16
+    );
+    // Status: two selected, none ready, dev-b failing with the conflict.
+    let st = &bodies[8]["status"];
+    assert_eq!(st["desiredNamespaces"], 2);
+    assert_eq!(st["readyNamespaces"], 0);
+    assert_eq!(st["failingNamespaces"][0]["namespace"], "dev-b");
+    assert_eq!(st["failingNamespaces"][0]["reason"], "NameConflict");
+    assert_eq!(st["failingNamespaces"].as_array().unwrap().len(), 1);
+    assert_eq!(cond(st, "Stalled")["status"], "True");
+    assert_eq!(cond(st, "Reconciling")["status"], "True");
+    assert_eq!(cond(st, "Ready")["reason"], "NamespacesFailing");
+    assert_eq!(bodies[9]["reason"], "NamespacesFailing");
+    assert_eq!(bodies[9]["type"], "Warning");
+    // No credential in the status or the Event.
+    let text = format!("{}{}", bodies[8], bodies[9]);
+    assert!(!text.contains("YQ==") && !text.contains("Yg=="));
+}
+
+#[tokio::test]
+async fn source_set_without_its_secret_stalls_and_touches_nothing() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut set = crate::operator::builders::source_set::tests::set_fixture(true);
+    set.metadata.generation = Some(1);
+    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+    let script = vec![
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/platform/secrets/seed-reader",
+            Some(not_found),
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces?",
+            list(
+                "NamespaceList",
+                "v1",
+                vec![
+                    json!({"metadata": {"name": "dev-a", "labels": {"larch.dev/seed": "events"}}}),
+                ],
+            ),
+        ),
+        expect(
+            Method::GET,
+            "/apis/larch.dev/v1alpha1/archivesources?&fieldSelector=metadata.name%3Ddev-seed",
+            list("ArchiveSourceList", "larch.dev/v1alpha1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            "/api/v1/secrets?&fieldSelector=metadata.name%3Ddev-seed-credentials",
+            meta_list(vec![
+                // An existing copy stays: running engines still use it.
+                json!({"name": "dev-seed-credentials", "namespace": "dev-a", "ownerReferences": set_owner()}),
+            ]),
+        ),
+        expect_status(
+            &format!("/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/status?{MANAGER_SET_Q}"),
+            serde_json::to_value(&set).unwrap(),
+        ),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[4]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "CredentialsNotFound");
+    assert!(
+        cond(st, "Ready")["message"]
+            .as_str()
+            .unwrap()
+            .contains("platform/seed-reader")
+    );
+    assert_eq!(st["observedGeneration"], 1);
+    assert_eq!(bodies[5]["reason"], "CredentialsNotFound");
 }

@@ -2,6 +2,7 @@
 
 pub mod archive_export;
 pub mod archive_source;
+pub mod archive_source_set;
 pub mod common;
 pub mod common_pod;
 
@@ -10,12 +11,14 @@ use kube::CustomResourceExt;
 
 pub use archive_export::{ArchiveExport, ArchiveExportSpec, ArchiveExportStatus};
 pub use archive_source::{ArchiveSource, ArchiveSourceSpec, ArchiveSourceStatus};
+pub use archive_source_set::{ArchiveSourceSet, ArchiveSourceSetSpec, ArchiveSourceSetStatus};
 
 /// Every CRD with the file name it is kept under in `crds/`.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("archiveexports.larch.dev.yaml", ArchiveExport::crd()),
         ("archivesources.larch.dev.yaml", ArchiveSource::crd()),
+        ("archivesourcesets.larch.dev.yaml", ArchiveSourceSet::crd()),
     ]
 }
 

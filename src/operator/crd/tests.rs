@@ -53,16 +53,26 @@ fn larch_crd_output_is_every_crd_as_multi_doc_yaml() {
         .collect();
     assert_eq!(
         names,
-        ["archiveexports.larch.dev", "archivesources.larch.dev"]
+        [
+            "archiveexports.larch.dev",
+            "archivesources.larch.dev",
+            "archivesourcesets.larch.dev"
+        ]
     );
     for d in &docs {
         assert_eq!(d["spec"]["names"]["categories"], json!(["archives"]));
-        assert_eq!(d["spec"]["scope"], "Namespaced");
+        let scope = if d["spec"]["names"]["kind"] == "ArchiveSourceSet" {
+            "Cluster"
+        } else {
+            "Namespaced"
+        };
+        assert_eq!(d["spec"]["scope"], scope);
         assert_eq!(d["spec"]["versions"][0]["name"], "v1alpha1");
         assert!(d["spec"]["versions"][0]["subresources"]["status"].is_object());
     }
     assert_eq!(docs[0]["spec"]["names"]["shortNames"], json!(["aexp"]));
     assert_eq!(docs[1]["spec"]["names"]["shortNames"], json!(["asrc"]));
+    assert_eq!(docs[2]["spec"]["names"]["shortNames"], json!(["asrcset"]));
 }
 
 /// Walks a schema and reports every unbounded string, list or map.
@@ -443,6 +453,90 @@ fn cel_source_rules() {
     );
 }
 
+// ---- ArchiveSourceSet ----
+
+fn source_set(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSourceSet",
+           "metadata": {"name": "dev-seed"}, "spec": spec})
+}
+
+fn source_set_spec() -> Value {
+    json!({
+        "namespaceSelector": {"matchLabels": {"larch.dev/seed": "events"}},
+        "template": {"spec": {
+            "archive": {"s3": {"bucket": "seeds", "credentials": {"secretRef": {"name": "s3"}}}},
+            "table": {"name": "events"},
+            "target": {"memory": {}}
+        }},
+        "credentials": {"secretRef": {"namespace": "platform", "name": "seed-reader"}, "shareToNamespaces": true}
+    })
+}
+
+#[test]
+fn cel_source_set_rules() {
+    let crd = ArchiveSourceSet::crd();
+    let ok = source_set(source_set_spec());
+    assert_eq!(cel(&crd, &ok, None), Vec::<String>::new());
+    let typed: ArchiveSourceSet = serde_json::from_value(ok.clone()).unwrap();
+    assert!(kube::core::cel::validate_cel(&typed).is_ok());
+
+    // Sharing is an explicit opt-in.
+    let no_opt_in = with(
+        ok.clone(),
+        "/spec/credentials/shareToNamespaces",
+        json!(false),
+    );
+    assert_rejects(cel(&crd, &no_opt_in, None), "shareToNamespaces: true");
+    // Without credentials, the template names a per-namespace Secret (or none at all).
+    assert_eq!(
+        cel(&crd, &without(ok.clone(), "/spec/credentials"), None),
+        Vec::<String>::new()
+    );
+    // An empty selector would select every namespace.
+    let empty = with(ok.clone(), "/spec/namespaceSelector", json!({}));
+    assert_rejects(cel(&crd, &empty, None), "must not be empty");
+    let empty_labels = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchLabels": {}}),
+    );
+    assert_rejects(cel(&crd, &empty_labels, None), "must not be empty");
+    let expr = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchExpressions": [{"key": "team", "operator": "Exists"}]}),
+    );
+    assert_eq!(cel(&crd, &expr, None), Vec::<String>::new());
+    let bad_expr = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchExpressions": [{"key": "team", "operator": "In"}]}),
+    );
+    assert_rejects(cel(&crd, &bad_expr, None), "In and NotIn need values");
+    // Credentials only make sense for an S3 archive.
+    let volume = with(
+        ok.clone(),
+        "/spec/template/spec/archive",
+        json!({"volume": {"claimName": "seed"}}),
+    );
+    assert_rejects(
+        cel(&crd, &volume, None),
+        "credentials apply to an s3 archive",
+    );
+    // The template is checked by the ArchiveSource's own rules.
+    let two_targets = with(
+        ok.clone(),
+        "/spec/template/spec/target",
+        json!({"memory": {}, "postgres": {"connectionSecretRef": {"name": "a", "key": "b"}}}),
+    );
+    assert_rejects(
+        cel(&crd, &two_targets, None),
+        "set exactly one of memory or postgres",
+    );
+    let long = with(ok, "/metadata/name", json!("x".repeat(41)));
+    assert_rejects(cel(&crd, &long, None), "at most 40 characters");
+}
+
 // ---- packaging: the chart's CRDs and values, the examples ----
 
 #[test]
@@ -505,8 +599,12 @@ fn chart_values_are_declared_in_the_values_schema() {
 #[test]
 fn examples_parse_and_pass_the_cel_rules() {
     let mut seen = 0;
-    for entry in std::fs::read_dir(repo_path("examples")).unwrap() {
-        let path = entry.unwrap().path();
+    // examples/fleet holds cluster-scoped kinds, applied on their own (not by e2e/examples.sh).
+    let paths = ["examples", "examples/fleet"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo_path(d)).unwrap())
+        .map(|e| e.unwrap().path());
+    for path in paths {
         if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
             continue;
         }
@@ -522,6 +620,10 @@ fn examples_parse_and_pass_the_cel_rules() {
                     serde_json::from_value::<ArchiveSource>(v.clone()).unwrap();
                     ArchiveSource::crd()
                 }
+                Some("ArchiveSourceSet") => {
+                    serde_json::from_value::<ArchiveSourceSet>(v.clone()).unwrap();
+                    ArchiveSourceSet::crd()
+                }
                 _ => continue,
             };
             assert_eq!(
@@ -534,7 +636,7 @@ fn examples_parse_and_pass_the_cel_rules() {
         }
     }
     assert!(
-        seen >= 3,
-        "examples cover OneShot, Continuous and an ArchiveSource"
+        seen >= 4,
+        "examples cover OneShot, Continuous, an ArchiveSource and an ArchiveSourceSet"
     );
 }
