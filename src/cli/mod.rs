@@ -103,6 +103,10 @@ pub fn init_tracing() {
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    // Both ring (kube) and aws-lc-rs (the S3 SDK) are linked, so rustls cannot pick a process
+    // default by itself: install ring for every Kubernetes client (the operator's, and the
+    // Lease of a continuous export).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

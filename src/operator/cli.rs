@@ -49,9 +49,6 @@ pub async fn operator(args: OperatorArgs) -> anyhow::Result<i32> {
 }
 
 async fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    // Both ring (kube) and aws-lc-rs (the S3 SDK) are linked, so rustls cannot pick a process
-    // default by itself: the Kubernetes client uses ring.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
