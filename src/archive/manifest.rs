@@ -201,6 +201,29 @@ pub fn sanitize_position(p: &str) -> String {
     p.replace(['/', ':', ' '], "_")
 }
 
+/// The object keys of an artifact, one per format larch knows (unknown format ids have none).
+pub fn object_keys<'a>(
+    key_prefix: &'a str,
+    artifact: &'a Artifact,
+) -> impl Iterator<Item = String> + 'a {
+    artifact
+        .formats
+        .keys()
+        .filter_map(|f| super::format::Format::parse(f).ok())
+        .map(move |f| artifact_key(key_prefix, artifact, f.extension()))
+}
+
+/// Every object key `artifacts` reference.
+pub fn referenced_keys(
+    key_prefix: &str,
+    artifacts: &[Artifact],
+) -> std::collections::HashSet<String> {
+    artifacts
+        .iter()
+        .flat_map(|a| object_keys(key_prefix, a))
+        .collect()
+}
+
 /// The object key of one format of an artifact, derived exactly as laredo derives it (R1).
 pub fn artifact_key(key_prefix: &str, artifact: &Artifact, extension: &str) -> String {
     match artifact.kind {

@@ -10,14 +10,14 @@
 //! reported but left alone; `larch archive gc --include-listed-epochs` removes the former once
 //! no writer runs. Objects whose names are not artifact keys are never touched.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use super::error::Result;
 use super::format::Format;
-use super::manifest::{Manifest, artifact_key};
+use super::manifest::{Manifest, referenced_keys};
 use super::store::Store;
 
 /// How much older than the manifest an object must look before it counts as older: S3's
@@ -81,16 +81,7 @@ pub async fn find_unreferenced(
     manifest: &Manifest,
     allowance: Duration,
 ) -> Result<Vec<UnreferencedObject>> {
-    let referenced: HashSet<String> = manifest
-        .artifacts
-        .iter()
-        .flat_map(|a| {
-            a.formats
-                .keys()
-                .filter_map(|f| Format::parse(f).ok())
-                .map(move |f| artifact_key(key_prefix, a, f.extension()))
-        })
-        .collect();
+    let referenced = referenced_keys(key_prefix, &manifest.artifacts);
     let listed: BTreeSet<i64> = manifest.artifacts.iter().map(|a| a.epoch).collect();
     let older_than = manifest.updated_at.with_timezone(&Utc)
         - chrono::Duration::from_std(allowance).unwrap_or(chrono::Duration::MAX);

@@ -1,7 +1,7 @@
 //! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
 //! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,8 @@ use super::error::{ArchiveError, Result};
 use super::format::{Encoder, Format};
 use super::identity::{Identity, change_identity, laredo_row_key, row_identity};
 use super::manifest::{
-    Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc,
+    Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc, object_keys,
+    referenced_keys,
 };
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
 use super::policy::{Policy, PolicyInputs};
@@ -656,20 +657,9 @@ impl ArchiveWriter {
     }
 
     async fn delete_artifacts(&self, artifacts: &[Artifact]) {
-        let live: BTreeSet<String> = self
-            .manifest
-            .artifacts
-            .iter()
-            .flat_map(|a| {
-                a.formats
-                    .keys()
-                    .filter_map(|f| Format::parse(f).ok())
-                    .map(move |f| artifact_key(&self.config.key_prefix, a, f.extension()))
-            })
-            .collect();
+        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
         for a in artifacts {
-            for f in a.formats.keys().filter_map(|f| Format::parse(f).ok()) {
-                let key = artifact_key(&self.config.key_prefix, a, f.extension());
+            for key in object_keys(&self.config.key_prefix, a) {
                 if live.contains(&key) {
                     continue; // sanitised keys can collide (laredo §2.1): never delete a live object
                 }
@@ -684,13 +674,9 @@ impl ArchiveWriter {
 
     /// Removes objects uploaded for an artifact that was not committed.
     async fn cleanup(&self, written: &[(Arc<dyn Store>, String)]) {
+        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
         for (store, key) in written {
-            if self.manifest.artifacts.iter().any(|a| {
-                a.formats
-                    .keys()
-                    .filter_map(|f| Format::parse(f).ok())
-                    .any(|f| &artifact_key(&self.config.key_prefix, a, f.extension()) == key)
-            }) {
+            if live.contains(key) {
                 continue; // the key of a committed artifact (a repeated position): leave it
             }
             let _ = store.delete(key).await;

@@ -350,11 +350,34 @@ fn s03_oneshot_export_to_s3() {
         "an LSN: {position}"
     );
     let key_prefix = last["keyPrefix"].as_str().unwrap_or("public.events/");
-    let store = [
+    e.larch(&archive_args(e, &["verify"], "oneshot", key_prefix));
+    let text = e.larch(&archive_args(
+        e,
+        &["inspect", "--json"],
+        "oneshot",
+        key_prefix,
+    ));
+    assert!(
+        text.contains(position),
+        "the manifest holds position {position}: {text}"
+    );
+    assert!(text.contains(&count.to_string()), "{text}");
+}
+
+/// `larch archive <command>` arguments for an archive in the environment's SeaweedFS.
+fn archive_args<'a>(
+    e: &'a Env,
+    command: &[&'a str],
+    bucket: &'a str,
+    key_prefix: &'a str,
+) -> Vec<&'a str> {
+    let mut a = vec!["archive"];
+    a.extend_from_slice(command);
+    a.extend([
         "--store",
         "s3",
         "--bucket",
-        "oneshot",
+        bucket,
         "--endpoint",
         &e.s3_endpoint,
         "--region",
@@ -362,18 +385,8 @@ fn s03_oneshot_export_to_s3() {
         "--path-style",
         "--key-prefix",
         key_prefix,
-    ];
-    let mut verify = vec!["archive", "verify"];
-    verify.extend_from_slice(&store);
-    e.larch(&verify);
-    let mut inspect = vec!["archive", "inspect", "--json"];
-    inspect.extend_from_slice(&store);
-    let text = e.larch(&inspect);
-    assert!(
-        text.contains(position),
-        "the manifest holds position {position}: {text}"
-    );
-    assert!(text.contains(&count.to_string()), "{text}");
+    ]);
+    a
 }
 
 /// Scenario 4: An ArchiveSource with exportRef: the engine becomes Ready and its HTTP API, page by page,
@@ -702,6 +715,25 @@ fn s10_kstatus() {
     });
 }
 
+/// Table `public.<name>` as a copy of the first `rows` events, and a Continuous ArchiveExport
+/// `<name>` of it (diffs every second) into `bucket`, Ready.
+fn continuous_export_of_copy(e: &Env, ns: &str, name: &str, rows: i64, bucket: &str) {
+    e.sql(&format!(
+        "DROP TABLE IF EXISTS public.{name}; \
+         CREATE TABLE public.{name} AS SELECT * FROM public.events WHERE id <= {rows}; \
+         ALTER TABLE public.{name} ADD PRIMARY KEY (id)"
+    ));
+    e.namespace(ns, &[]);
+    e.bucket(bucket);
+    let mut m = export_manifest(e, ns, name, name, "Continuous", bucket);
+    m.push_str("  continuous: {diffInterval: 1s}\n");
+    e.apply(&m);
+    e.wait_for(ns, "the continuous export Ready", 300, || {
+        let o = e.get(&["archiveexport", name, "-n", ns])?;
+        condition_is(&o, "Ready", "True").then_some(())
+    });
+}
+
 /// Scenario 5: a Continuous ArchiveExport (a Deployment running `larch export --follow`) and an
 /// ArchiveSource following it: rows inserted, updated and deleted in PostgreSQL show up through
 /// the engine.
@@ -710,20 +742,7 @@ fn s05_continuous_export_followed_by_engine() {
     let _g = serial();
     let e = env_with_operator();
     let ns = "e2e-continuous";
-    e.sql(
-        "DROP TABLE IF EXISTS public.followed; \
-         CREATE TABLE public.followed AS SELECT * FROM public.events WHERE id <= 500; \
-         ALTER TABLE public.followed ADD PRIMARY KEY (id)",
-    );
-    e.namespace(ns, &[]);
-    e.bucket("continuous");
-    let mut m = export_manifest(e, ns, "followed", "followed", "Continuous", "continuous");
-    m.push_str("  continuous: {diffInterval: 1s}\n");
-    e.apply(&m);
-    e.wait_for(ns, "the continuous export Ready", 300, || {
-        let o = e.get(&["archiveexport", "followed", "-n", ns])?;
-        condition_is(&o, "Ready", "True").then_some(())
-    });
+    continuous_export_of_copy(e, ns, "followed", 500, "continuous");
     e.apply(&source_manifest(ns, "followed-cache", "followed"));
     wait_source_ready(e, ns, "followed-cache");
     wait_engine_matches(e, ns, "followed-cache", "followed");
@@ -766,26 +785,11 @@ fn pod_status_json(e: &Env, ns: &str, pod: &str) -> Option<Value> {
     e.http_json(&format!("http://{ip}:8080/status"))
 }
 
+/// The verified archive's row count at its head.
 fn archive_row_count(e: &Env, bucket: &str, key_prefix: &str) -> i64 {
-    let store = [
-        "--store",
-        "s3",
-        "--bucket",
-        bucket,
-        "--endpoint",
-        &e.s3_endpoint,
-        "--region",
-        "us-east-1",
-        "--path-style",
-        "--key-prefix",
-        key_prefix,
-    ];
-    let mut verify = vec!["archive", "verify"];
-    verify.extend_from_slice(&store);
-    e.larch(&verify);
-    let mut inspect = vec!["archive", "reconstruct"];
-    inspect.extend_from_slice(&store);
-    let v: Value = serde_json::from_str(&e.larch(&inspect)).unwrap();
+    e.larch(&archive_args(e, &["verify"], bucket, key_prefix));
+    let text = e.larch(&archive_args(e, &["reconstruct"], bucket, key_prefix));
+    let v: Value = serde_json::from_str(&text).unwrap();
     v["row_count"].as_i64().unwrap()
 }
 
@@ -797,20 +801,7 @@ fn s12_two_exporters_only_the_lease_holder_writes() {
     let _g = serial();
     let e = env_with_operator();
     let ns = "e2e-lease";
-    e.sql(
-        "DROP TABLE IF EXISTS public.leased; \
-         CREATE TABLE public.leased AS SELECT * FROM public.events WHERE id <= 300; \
-         ALTER TABLE public.leased ADD PRIMARY KEY (id)",
-    );
-    e.namespace(ns, &[]);
-    e.bucket("lease");
-    let mut m = export_manifest(e, ns, "leased", "leased", "Continuous", "lease");
-    m.push_str("  continuous: {diffInterval: 1s}\n");
-    e.apply(&m);
-    e.wait_for(ns, "the continuous export Ready", 300, || {
-        let o = e.get(&["archiveexport", "leased", "-n", ns])?;
-        condition_is(&o, "Ready", "True").then_some(())
-    });
+    continuous_export_of_copy(e, ns, "leased", 300, "lease");
     // Exactly the Lease rights the exporter needs, on exactly its Lease.
     let role = get_cr(e, "role", ns, "leased-export-lease");
     assert_eq!(

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use crate::archive_build::TestArchive;
 use crate::engine_support::eventually;
-use crate::postgres_continuous::{Follow, archive_rows, setup, table_rows};
+use crate::postgres_continuous::{Follow, archive_rows, read_archive, setup, table_rows};
 use crate::support::postgres::{Database, new_database};
 
 const PREFIX: &str = "public.items/";
@@ -277,22 +277,7 @@ async fn continuous_export_survives_kill_9_at_random_points_and_crash_windows() 
     // Caught up: the archive equals the table. Read errors are retried: retention may delete an
     // epoch under a reader while the exporter runs.
     eventually(60, "the exporter to catch up", || async {
-        let store = Arc::new(LocalStore::new(dir.path()).unwrap());
-        let reader = larch::archive::reader::ArchiveReader::new(
-            store,
-            PREFIX,
-            vec![larch::archive::format::Format::Jsonl],
-        )
-        .unwrap();
-        let (_, folded) = reader.reconstruct_at(None, &[]).await.ok()?;
-        let got: BTreeMap<i64, Value> = folded
-            .rows
-            .values()
-            .map(|r| {
-                let v: Value = serde_json::from_str(r.as_str()).unwrap();
-                (v["id"].as_i64().unwrap(), v)
-            })
-            .collect();
+        let (_, _, got) = read_archive(dir.path()).await.ok()?;
         (got == table_rows(&db).await).then_some(())
     })
     .await;

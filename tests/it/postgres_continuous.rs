@@ -102,16 +102,17 @@ pub fn unsafe_kill(pid: u32, sig: &str) {
         .unwrap();
 }
 
-pub async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, Value>) {
+fn items_reader(dir: &std::path::Path) -> ArchiveReader {
     let store = Arc::new(LocalStore::new(dir).unwrap());
-    let reader = ArchiveReader::new(store, "public.items/", vec![Format::Jsonl]).unwrap();
-    let (_, report) = verify(&reader).await.unwrap();
-    assert!(
-        report.problems.is_empty(),
-        "archive does not verify: {:?}",
-        report.problems
-    );
-    let (manifest, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+    ArchiveReader::new(store, "public.items/", vec![Format::Jsonl]).unwrap()
+}
+
+/// The archive's head, epoch and rows by id, or the read error (retention may delete an epoch
+/// under a reader of a live archive).
+pub async fn read_archive(
+    dir: &std::path::Path,
+) -> larch::archive::Result<(String, i64, BTreeMap<i64, Value>)> {
+    let (manifest, folded) = items_reader(dir).reconstruct_at(None, &[]).await?;
     let rows = folded
         .rows
         .values()
@@ -120,7 +121,18 @@ pub async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, 
             (v["id"].as_i64().unwrap(), v)
         })
         .collect();
-    (manifest.head_position, manifest.epoch, rows)
+    Ok((manifest.head_position, manifest.epoch, rows))
+}
+
+/// [`read_archive`] of an archive no writer is changing, which must verify.
+pub async fn archive_rows(dir: &std::path::Path) -> (String, i64, BTreeMap<i64, Value>) {
+    let (_, report) = verify(&items_reader(dir)).await.unwrap();
+    assert!(
+        report.problems.is_empty(),
+        "archive does not verify: {:?}",
+        report.problems
+    );
+    read_archive(dir).await.unwrap()
 }
 
 pub async fn table_rows(db: &Database) -> BTreeMap<i64, Value> {

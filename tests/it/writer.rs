@@ -56,6 +56,17 @@ fn pk_columns() -> Vec<ColumnDefinition> {
     ]
 }
 
+/// Every object key of the test archive's prefix.
+async fn keys(store: &dyn Store) -> Vec<String> {
+    store
+        .list("public.items/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
+}
+
 async fn folded(store: Arc<dyn Store>, formats: Vec<Format>) -> (String, Vec<String>) {
     let reader = ArchiveReader::new(store, "public.items/", formats).unwrap();
     let (_, f) = reader.reconstruct_at(None, &[]).await.unwrap();
@@ -429,13 +440,7 @@ async fn retention_deletes_pruned_objects() {
         w.flush(&format!("0/{epoch}5")).await.unwrap();
     }
     assert!(w.manifest().artifacts.iter().all(|a| a.epoch == 3));
-    let keys: Vec<String> = store
-        .list("public.items/")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys = keys(store.as_ref()).await;
     assert_eq!(
         keys,
         vec![
@@ -628,13 +633,7 @@ async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
         .unwrap()
         .manifest()
         .clone();
-    let keys: Vec<String> = store
-        .list("public.items/")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
+    let keys = keys(store.as_ref()).await;
     assert!(!keys.contains(&orphan.to_string()), "{keys:?}");
     for k in [listed, not_an_artifact, fresh] {
         assert!(keys.contains(&k.to_string()), "{k} kept: {keys:?}");
