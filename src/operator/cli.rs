@@ -41,6 +41,10 @@ pub struct OperatorArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "larch-operator")]
     pub lease_name: String,
+    /// Do not run the ArchiveSourceSet controller (the chart then grants no namespace or
+    /// Secret rights).
+    #[arg(long, env = "LARCH_DISABLE_SOURCE_SETS")]
+    pub disable_source_sets: bool,
 }
 
 /// `larch operator`: runs the controllers until a signal (inside the CLI's tokio runtime).
@@ -98,7 +102,7 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         metrics,
         Arc::new(HttpProber::default()),
     ));
-    let controllers = controllers::run(ctx, args.namespace);
+    let controllers = controllers::run(ctx, args.namespace, !args.disable_source_sets);
     match elector {
         Some(e) => tokio::select! {
             _ = controllers => Ok(()),

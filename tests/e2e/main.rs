@@ -262,6 +262,23 @@ fn s01_helm_install_operator_ready() {
         .output()
         .unwrap();
     assert!(out.status.success(), "operator /health/ready on {ip}");
+
+    // Least privilege: without ArchiveSourceSets the chart grants no namespace or Secret rights
+    // and the operator runs without that controller.
+    let chart = format!("{}/charts/larch", support::REPO);
+    let render = |set: &[&str]| {
+        let mut args = vec!["template", "larch", chart.as_str()];
+        args.extend_from_slice(set);
+        let out = e.helm(&args);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let default = render(&[]);
+    assert!(default.contains("resources: [\"secrets\"]"), "{default}");
+    let without = render(&["--set", "sourceSets.enabled=false"]);
+    assert!(!without.contains("\"secrets\""), "{without}");
+    assert!(!without.contains("\"namespaces\""), "{without}");
+    assert!(without.contains("--disable-source-sets"), "{without}");
 }
 
 /// Scenario 2: The CRDs apply server-side (over helm's copies, no conflicts: the same content), and the

@@ -129,7 +129,9 @@ async fn source_sets(ctx: Arc<Context>) {
 }
 
 /// Runs the controllers until a shutdown signal.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
+/// `source_sets`: run the ArchiveSourceSet controller (it needs every namespace, and Secret
+/// rights that a deployment without sets should not grant).
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool) {
     let client = ctx.client.clone();
     let ns = namespace.as_deref();
     let cfg = watcher::Config::default().any_semantic();
@@ -199,7 +201,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>) {
     let set_ctx = ctx.clone();
     let sets = async move {
         match namespace {
-            None => source_sets(set_ctx).await,
+            None if source_sets => self::source_sets(set_ctx).await,
+            None => {
+                tracing::info!("ArchiveSourceSet controller off (--disable-source-sets)");
+                futures::future::pending::<()>().await
+            }
             Some(ns) => {
                 tracing::info!(namespace = %ns, "ArchiveSourceSet controller off: it needs the operator to watch all namespaces");
                 futures::future::pending::<()>().await
