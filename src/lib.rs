@@ -8,4 +8,5 @@ pub mod engine;
 pub mod export;
 pub mod lease;
 pub mod operator;
+pub mod postgres_connection;
 pub mod source;

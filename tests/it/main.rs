@@ -17,6 +17,7 @@ mod operator_contract;
 mod postgres_continuous;
 mod postgres_export;
 mod postgres_source;
+mod postgres_tls;
 mod s3_protocol;
 mod store_conformance;
 mod support;

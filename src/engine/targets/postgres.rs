@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::Target;
 use crate::archive::identity::{Identity, change_identity, row_identity};
@@ -175,8 +175,11 @@ impl PostgresTarget {
     }
 
     async fn connect(&self) -> anyhow::Result<Client> {
-        let dsn = self.connection.resolve()?;
-        let (client, connection) = tokio_postgres::connect(&dsn, NoTls)
+        let dsn = crate::postgres_connection::PgDsn::parse(&self.connection.resolve()?)
+            .with_context(|| format!("postgres target {}", self.table))?;
+        let (client, connection) = dsn
+            .config
+            .connect(dsn.tls()?)
             .await
             .with_context(|| format!("postgres target {}: connecting", self.table))?;
         let table = self.table.clone();

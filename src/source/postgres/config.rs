@@ -4,10 +4,9 @@
 //! is never logged or printed, and errors name only host, port, database and user.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use tokio_postgres::config::Host;
 
 use crate::archive::model::TableId;
@@ -122,9 +121,14 @@ impl PostgresConfig {
     }
 
     pub(crate) fn parsed(&self) -> anyhow::Result<tokio_postgres::Config> {
-        // The parser's messages never include the password; the DSN itself is not repeated.
-        let mut cfg = tokio_postgres::Config::from_str(&self.dsn)
-            .map_err(|e| anyhow!("invalid PostgreSQL connection string: {e}"))?;
+        Ok(self.dsn()?.config)
+    }
+
+    /// The connection string with its TLS settings and larch's session defaults. The parser's
+    /// messages never include the password; the DSN itself is not repeated.
+    pub(crate) fn dsn(&self) -> anyhow::Result<crate::postgres_connection::PgDsn> {
+        let mut dsn = crate::postgres_connection::PgDsn::parse(&self.dsn)?;
+        let cfg = &mut dsn.config;
         let options = match cfg.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} {SESSION_OPTIONS}"),
             _ => SESSION_OPTIONS.to_string(),
@@ -139,7 +143,7 @@ impl PostgresConfig {
         if cfg.get_user().is_none() {
             cfg.user(std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into()));
         }
-        Ok(cfg)
+        Ok(dsn)
     }
 
     /// `host:port/database as user`, with no credentials, for error messages.
@@ -156,7 +160,8 @@ impl PostgresConfig {
         start: u64,
         ack: Option<u64>,
     ) -> anyhow::Result<pgwire_replication::ReplicationConfig> {
-        let cfg = self.parsed()?;
+        let dsn = self.dsn()?;
+        let cfg = &dsn.config;
         let host = match cfg.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
             Some(Host::Unix(p)) => p.to_string_lossy().into_owned(),
@@ -178,7 +183,7 @@ impl PostgresConfig {
             self.publication_name.clone(),
         )
         .with_port(port)
-        .with_tls(pgwire_replication::TlsConfig::disabled())
+        .with_tls(dsn.replication_tls())
         .with_start_lsn(pgwire_replication::Lsn(start))
         .with_status_interval(self.status_interval)
         .with_wakeup_interval(Duration::from_secs(5))

@@ -8,8 +8,8 @@
 //! nothing is confirmed to PostgreSQL that the consumer did not ack.
 //!
 //! Connections: tokio-postgres for SQL (schema, COPY, slot inspection, TOAST look-ups) and
-//! pgwire-replication for the replication session; decoding is [`pgoutput`]. TLS is not
-//! supported yet (both connections are plain TCP or a Unix socket).
+//! pgwire-replication for the replication session; decoding is [`pgoutput`]. Both take the
+//! connection string's TLS settings ([`crate::postgres_connection`]).
 
 mod config;
 mod pgoutput;

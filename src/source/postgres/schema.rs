@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use anyhow::{Context, anyhow, bail};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::config::{PostgresConfig, describe, ident, literal, qualified};
 use super::types::Kind;
@@ -32,11 +32,12 @@ impl TableSchema {
 
 /// Opens an ordinary connection; errors name the server (never the credentials) and what failed.
 pub async fn connect(config: &PostgresConfig) -> anyhow::Result<Client> {
-    let cfg = config.parsed()?;
+    let dsn = config.dsn()?;
+    let cfg = &dsn.config;
     let (client, connection) = cfg
-        .connect(NoTls)
+        .connect(dsn.tls()?)
         .await
-        .map_err(|e| connect_error(&cfg, &e))?;
+        .map_err(|e| connect_error(cfg, &e))?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "PostgreSQL query connection ended");

@@ -24,8 +24,21 @@ impl Cluster {
         )
     }
 
+    /// A DSN over the cluster's Unix socket (open whatever pg_hba.conf says about TCP).
+    pub fn socket_dsn(&self, database: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={database}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
     pub async fn connect(&self, database: &str) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.dsn(database), NoTls)
+        self.connect_to(&self.dsn(database)).await
+    }
+
+    pub async fn connect_to(&self, dsn: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(dsn, NoTls)
             .await
             .unwrap_or_else(|e| {
                 panic!("connecting to the test cluster on port {}: {e}", self.port)
