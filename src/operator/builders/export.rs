@@ -251,6 +251,11 @@ pub fn pod_template(
         pod::empty_dir("tmp"),
     ];
     volumes.extend(access.volumes);
+    if let Some(ca) = &spec.source.ca_bundle {
+        let (v, m) = pod::ca_bundle("source-ca", pod::SOURCE_CA_DIR, ca);
+        volumes.push(v);
+        mounts.push(m);
+    }
     let continuous = spec.mode == ExportMode::Continuous;
     let container = Container {
         name: CONTAINER.into(),

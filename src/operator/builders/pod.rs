@@ -159,7 +159,7 @@ pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -
             ));
         }
         if let Some(ca) = &s3.ca_bundle {
-            access.volumes.push(ca_volume(ca));
+            access.volumes.push(ca_volume("ca", ca));
             access.mounts.push(mount("ca", CA_DIR, true));
             access.env.push(EnvVar {
                 name: "AWS_CA_BUNDLE".into(),
@@ -188,7 +188,16 @@ pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -
     access
 }
 
-fn ca_volume(ca: &CaBundleRef) -> Volume {
+/// Where a PostgreSQL source's and target's CA bundles are mounted (`ca.crt` inside).
+pub const SOURCE_CA_DIR: &str = "/etc/larch/source-ca";
+pub const TARGET_CA_DIR: &str = "/etc/larch/target-ca";
+
+/// The volume and read-only mount of a CA bundle as `<dir>/ca.crt`.
+pub fn ca_bundle(volume: &str, dir: &str, ca: &CaBundleRef) -> (Volume, VolumeMount) {
+    (ca_volume(volume, ca), mount(volume, dir, true))
+}
+
+fn ca_volume(name: &str, ca: &CaBundleRef) -> Volume {
     let items = |key: &str| {
         Some(vec![KeyToPath {
             key: key.into(),
@@ -198,7 +207,7 @@ fn ca_volume(ca: &CaBundleRef) -> Volume {
     };
     match (&ca.config_map, &ca.secret) {
         (Some(cm), _) => Volume {
-            name: "ca".into(),
+            name: name.into(),
             config_map: Some(ConfigMapVolumeSource {
                 name: cm.name.clone(),
                 items: items(&cm.key),
@@ -207,7 +216,7 @@ fn ca_volume(ca: &CaBundleRef) -> Volume {
             ..Default::default()
         },
         (None, Some(s)) => Volume {
-            name: "ca".into(),
+            name: name.into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(s.name.clone()),
                 items: items(&s.key),
@@ -216,7 +225,7 @@ fn ca_volume(ca: &CaBundleRef) -> Volume {
             }),
             ..Default::default()
         },
-        (None, None) => empty_dir("ca"),
+        (None, None) => empty_dir(name),
     }
 }
 

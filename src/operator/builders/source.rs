@@ -108,6 +108,11 @@ pub fn children(
             "dsn",
         ));
         mounts.push(pod::mount("target", TARGET_DSN_DIR, true));
+        if let Some(ca) = &pg.ca_bundle {
+            let (v, m) = pod::ca_bundle("target-ca", pod::TARGET_CA_DIR, ca);
+            volumes.push(v);
+            mounts.push(m);
+        }
     }
     mounts.extend(access.mounts);
     volumes.extend(access.volumes);

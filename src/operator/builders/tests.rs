@@ -516,3 +516,44 @@ fn config_changes_roll_the_engine_pods() {
     s.spec.poll_interval = Some("1m".into());
     assert_ne!(hash(&s), before);
 }
+
+#[test]
+fn postgres_ca_bundles_are_mounted_where_the_docs_say() {
+    let mounted = |spec: &PodSpec, volume: &str| {
+        let c = &spec.containers[0];
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == volume)
+            .unwrap_or_else(|| panic!("mount {volume}"));
+        assert_eq!(m.read_only, Some(true));
+        let v = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == volume)
+            .unwrap_or_else(|| panic!("volume {volume}"));
+        let items = v
+            .config_map
+            .as_ref()
+            .and_then(|c| c.items.clone())
+            .or_else(|| v.secret.as_ref().and_then(|s| s.items.clone()))
+            .unwrap();
+        assert_eq!(items[0].path, "ca.crt");
+        m.mount_path.clone()
+    };
+    let specs = all_pod_specs();
+    let export = &specs
+        .iter()
+        .find(|(w, _)| w == "export-continuous-s3 deployment")
+        .unwrap()
+        .1;
+    assert_eq!(mounted(export, "source-ca"), "/etc/larch/source-ca");
+    let engine = &specs
+        .iter()
+        .find(|(w, _)| w == "source-s3-postgres statefulset")
+        .unwrap()
+        .1;
+    assert_eq!(mounted(engine, "target-ca"), "/etc/larch/target-ca");
+}

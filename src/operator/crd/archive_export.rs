@@ -5,7 +5,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema};
+use super::common::{
+    CaBundleRef, Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema,
+};
 
 /// Annotation requesting a new OneShot run: set it to a new value (any token, e.g. a timestamp).
 pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
@@ -113,6 +115,11 @@ impl SlotMode {
 pub struct ExportSource {
     /// Secret key holding the PostgreSQL connection string (DSN). Mounted as a file, never logged.
     pub connection_secret_ref: SecretKeyRef,
+    /// CA certificates for TLS to PostgreSQL, mounted at `/etc/larch/source-ca/ca.crt`: name
+    /// that file in the connection string (`sslmode=verify-full
+    /// sslrootcert=/etc/larch/source-ca/ca.crt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundleRef>,
     /// The table to export.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<TableRef>,

@@ -5,7 +5,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema};
+use super::common::{
+    CaBundleRef, Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema,
+};
 use super::common_pod::{PodOverrides, Resources};
 
 /// Desired state of an ArchiveSource.
@@ -164,6 +166,11 @@ pub struct MemoryTarget {
 pub struct PostgresTarget {
     /// Secret key holding the target's connection string (DSN), mounted as a file.
     pub connection_secret_ref: SecretKeyRef,
+    /// CA certificates for TLS to the target, mounted at `/etc/larch/target-ca/ca.crt`: name
+    /// that file in the connection string (`sslmode=verify-full
+    /// sslrootcert=/etc/larch/target-ca/ca.crt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundleRef>,
     /// Destination schema (default: the source table's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
