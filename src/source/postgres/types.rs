@@ -126,6 +126,31 @@ pub fn to_json(kind: &Kind, text: &str) -> Value {
     }
 }
 
+/// Appends to `out` the JSON text [`to_json`] gives for `text`, without building a value
+/// first for the common kinds (the baseline's hot path); the rest go through [`to_json`].
+pub fn write_json(kind: &Kind, text: &str, out: &mut Vec<u8>) {
+    match kind {
+        Kind::Int | Kind::Numeric | Kind::Float if is_json_number(text) => {
+            out.extend_from_slice(text.as_bytes())
+        }
+        Kind::Bool if matches!(text, "t" | "true") => out.extend_from_slice(b"true"),
+        Kind::Bool if matches!(text, "f" | "false") => out.extend_from_slice(b"false"),
+        Kind::Int | Kind::Numeric | Kind::Float | Kind::Bool | Kind::Text => {
+            write_string(text, out)
+        }
+        Kind::Json => match compact_json(text) {
+            Some(compact) => out.extend_from_slice(compact.as_bytes()),
+            None => write_string(text, out),
+        },
+        _ => out.extend_from_slice(to_json(kind, text).get().as_bytes()),
+    }
+}
+
+/// A JSON string with serde_json's escaping (the same bytes as [`string_value`]).
+pub fn write_string(s: &str, out: &mut Vec<u8>) {
+    serde_json::to_writer(out, s).expect("writing to a Vec cannot fail");
+}
+
 /// Does `text` match the JSON number grammar exactly?
 pub fn is_json_number(text: &str) -> bool {
     let b = text.as_bytes();
