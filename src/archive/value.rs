@@ -33,12 +33,6 @@ impl Row {
         Row(text.into())
     }
 
-    /// Takes text that an encoder wrote as one JSON object (no copy).
-    pub(crate) fn from_validated_string(text: String) -> Row {
-        debug_assert!(text.starts_with('{'));
-        Row(text.into_boxed_str())
-    }
-
     pub fn from_map(map: &RowMap) -> Row {
         Row(serde_json::to_string(map)
             .expect("a map of raw values always serializes")

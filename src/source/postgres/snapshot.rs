@@ -116,7 +116,7 @@ pub async fn copy_table(
         .map_err(|e| anyhow!("copying table {}: {}", schema.id, db_message(&e)))?;
     futures::pin_mut!(stream);
     let encoder = RowEncoder::new(schema, kinds);
-    let mut fields = Vec::with_capacity(schema.columns.len());
+    let mut scratch = Scratch::default();
     let mut pending: Vec<u8> = Vec::new();
     let mut count = 0u64;
     while let Some(chunk) = stream.next().await {
@@ -127,7 +127,7 @@ pub async fn copy_table(
         while let Some(nl) = pending[start..].iter().position(|&b| b == b'\n') {
             let line = &pending[start..start + nl];
             let row = encoder
-                .row(line, &mut fields)
+                .row(line, &mut scratch)
                 .map_err(|e| anyhow!("copying table {}: {e:#}", schema.id))?;
             rows.send((schema.id.clone(), row))
                 .await
@@ -179,9 +179,10 @@ impl<'a> RowEncoder<'a> {
         }
     }
 
-    /// One COPY line; `fields` (the byte ranges of its fields) is scratch space reused across
-    /// lines.
-    fn row(&self, line: &[u8], fields: &mut Vec<(usize, usize)>) -> anyhow::Result<Row> {
+    /// One COPY line. `scratch` is reused across lines, so a row costs one allocation (its
+    /// exact-size text).
+    fn row(&self, line: &[u8], scratch: &mut Scratch) -> anyhow::Result<Row> {
+        let Scratch { fields, out } = scratch;
         fields.clear();
         let mut start = 0;
         for (i, _) in line.iter().enumerate().filter(|(_, b)| **b == b'\t') {
@@ -196,7 +197,7 @@ impl<'a> RowEncoder<'a> {
                 self.schema.columns.len()
             );
         }
-        let mut out = Vec::with_capacity(line.len() + line.len() / 2 + 16 * fields.len());
+        out.clear();
         out.push(b'{');
         for (n, (i, key)) in self.order.iter().enumerate() {
             if n > 0 {
@@ -211,13 +212,20 @@ impl<'a> RowEncoder<'a> {
                 let text = unescape_copy(field).with_context(|| {
                     format!("column {}: invalid COPY text", self.schema.columns[*i].name)
                 })?;
-                write_json(self.kinds[*i], &text, &mut out);
+                write_json(self.kinds[*i], &text, out);
             }
         }
         out.push(b'}');
-        let text = String::from_utf8(out).expect("JSON written from UTF-8 text");
-        Ok(Row::from_validated_string(text))
+        let text = std::str::from_utf8(out).expect("JSON written from UTF-8 text");
+        Ok(Row::from_validated(text))
     }
+}
+
+/// Per-line scratch space of [`RowEncoder::row`]: field byte ranges and the row's text.
+#[derive(Default)]
+struct Scratch {
+    fields: Vec<(usize, usize)>,
+    out: Vec<u8>,
 }
 
 /// Undoes COPY text-format escaping (borrowing when there is nothing to undo).
@@ -341,7 +349,7 @@ mod tests {
             .map(|(i, (_, k, _))| (i as u32, k.clone()))
             .collect();
         let encoder = RowEncoder::new(&schema, &kinds);
-        let mut scratch = Vec::new();
+        let mut scratch = Scratch::default();
         for round in 0..5 {
             let fields: Vec<&str> = cases
                 .iter()
