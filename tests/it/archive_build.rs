@@ -134,6 +134,23 @@ impl TestArchive {
 }
 
 /// Rows of `n` ids shaped `{"id":i,"v":"<tag>-i"}`.
+/// Columns `id int8` (the primary key) and `name text`.
+pub fn id_name_columns() -> Vec<ColumnDefinition> {
+    ["id", "name"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ColumnDefinition {
+            name: n.to_string(),
+            type_name: if i == 0 { "int8" } else { "text" }.into(),
+            nullable: i != 0,
+            primary_key: i == 0,
+            primary_key_ordinal: if i == 0 { 1 } else { 0 },
+            ordinal_position: i as i64 + 1,
+            ..Default::default()
+        })
+        .collect()
+}
+
 pub fn rows(ids: impl IntoIterator<Item = i64>, tag: &str) -> Vec<String> {
     ids.into_iter()
         .map(|i| format!(r#"{{"id":{i},"v":"{tag}-{i}"}}"#))

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use larch::archive::manifest::{ArtifactKind, Manifest, artifact_key, manifest_key};
-use larch::archive::model::{Action, ColumnDefinition};
+use larch::archive::model::Action;
 use larch::archive::orphans::{CLOCK_ALLOWANCE, Unreferenced, find_unreferenced};
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
@@ -341,22 +341,6 @@ async fn continuous_export_survives_kill_9_at_random_points_and_crash_windows() 
     );
 }
 
-fn engine_columns() -> Vec<ColumnDefinition> {
-    ["id", "name"]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ColumnDefinition {
-            name: n.to_string(),
-            type_name: if i == 0 { "int8" } else { "text" }.into(),
-            nullable: i != 0,
-            primary_key: i == 0,
-            primary_key_ordinal: if i == 0 { 1 } else { 0 },
-            ordinal_position: i as i64 + 1,
-            ..Default::default()
-        })
-        .collect()
-}
-
 fn engine_row(id: i64, name: &str) -> String {
     format!(r#"{{"id":{id},"name":"{name}"}}"#)
 }
@@ -435,7 +419,8 @@ async fn engine_killed_between_its_database_commit_and_its_state_file_applies_ea
     )
     .unwrap();
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(&archive).unwrap());
-    let mut a = TestArchive::new(store, PREFIX, "public.items").with_columns(engine_columns());
+    let mut a = TestArchive::new(store, PREFIX, "public.items")
+        .with_columns(crate::archive_build::id_name_columns());
     let base: Vec<String> = (1..=50).map(|i| engine_row(i, "base")).collect();
     a.snapshot("0/100", &crate::archive_build::refs(&base))
         .await;

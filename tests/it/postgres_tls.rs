@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use larch::archive::model::{Action, ColumnDefinition};
+use larch::archive::model::Action;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
 
@@ -266,20 +266,8 @@ async fn the_postgres_target_writes_over_verified_tls() {
     let dsn_file = tmp.path().join("dsn");
     std::fs::write(&dsn_file, &db.dsn).unwrap();
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(LocalStore::new(&archive).unwrap());
-    let columns: Vec<ColumnDefinition> = ["id", "name"]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ColumnDefinition {
-            name: n.to_string(),
-            type_name: if i == 0 { "int8" } else { "text" }.into(),
-            nullable: i != 0,
-            primary_key: i == 0,
-            primary_key_ordinal: if i == 0 { 1 } else { 0 },
-            ordinal_position: i as i64 + 1,
-            ..Default::default()
-        })
-        .collect();
-    let mut a = TestArchive::new(store, "public.items/", "public.items").with_columns(columns);
+    let mut a = TestArchive::new(store, "public.items/", "public.items")
+        .with_columns(crate::archive_build::id_name_columns());
     let rows: Vec<String> = (1..=20)
         .map(|i| format!(r#"{{"id":{i},"name":"n{i}"}}"#))
         .collect();
