@@ -23,6 +23,10 @@ use larch::archive::writer::{ArchiveWriter, FlushOutcome, WriterConfig};
 use larch::engine::config::EngineConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+// The allocator of the shipped `larch` binary (src/main.rs), so the figures are the engine's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "common/bench.rs"]
 mod bench;
 use bench::{event_row, peak_rss_kib};
