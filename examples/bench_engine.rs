@@ -9,13 +9,11 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use larch::archive::format::Format;
 use larch::archive::model::{Action, ColumnDefinition};
-use larch::archive::reader::ArchiveReader;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
 use larch::archive::value::Row;
@@ -29,7 +27,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "common/bench.rs"]
 mod bench;
-use bench::{event_row, peak_rss_kib};
+use bench::{event_row, peak_rss_kib, phase_reconstruct, run_child};
 
 fn writer_config() -> WriterConfig {
     let mut c = WriterConfig::new("public.events", "public.events/");
@@ -72,19 +70,6 @@ async fn generate(dir: &Path, rows: u64) {
             .await
             .unwrap();
     }
-}
-
-async fn phase_reconstruct(dir: &Path) -> String {
-    let store = Arc::new(LocalStore::new(dir).unwrap());
-    let reader = ArchiveReader::new(store, "public.events/", vec![Format::Jsonl]).unwrap();
-    let started = Instant::now();
-    let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
-    let secs = started.elapsed().as_secs_f64();
-    format!(
-        "{{\"phase\":\"reconstruct\",\"rows\":{},\"seconds\":{secs},\"peak_rss_kib\":{}}}",
-        folded.rows.len(),
-        peak_rss_kib()
-    )
 }
 
 async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -187,20 +172,6 @@ tables:
         lat.last().copied().unwrap_or(0.0),
         lat.len()
     )
-}
-
-fn run_child(args: &[&str], dir: &Path) -> serde_json::Value {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(args)
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[tokio::main]

@@ -6,20 +6,18 @@
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
 use larch::archive::format::Format;
 use larch::archive::model::{Action, ColumnDefinition};
-use larch::archive::reader::ArchiveReader;
 use larch::archive::store::local::LocalStore;
 use larch::archive::value::Row;
 use larch::archive::writer::{ArchiveWriter, WriterConfig};
 
 #[path = "common/bench.rs"]
 mod bench;
-use bench::{event_row, peak_rss_kib};
+use bench::{event_row, peak_rss_kib, phase_reconstruct, run_child};
 
 fn columns() -> Vec<ColumnDefinition> {
     vec![ColumnDefinition {
@@ -98,39 +96,6 @@ fn phase_parse(dir: &Path) -> String {
     )
 }
 
-async fn phase_reconstruct(dir: &Path) -> String {
-    let store = Arc::new(LocalStore::new(dir).unwrap());
-    let reader = ArchiveReader::new(store, "public.events/", vec![Format::Jsonl]).unwrap();
-    let started = Instant::now();
-    let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
-    let secs = started.elapsed().as_secs_f64();
-    let state_json: u64 = folded
-        .rows
-        .values()
-        .map(|r| r.as_str().len() as u64 + 1)
-        .sum::<u64>()
-        + 2;
-    format!(
-        "{{\"phase\":\"reconstruct\",\"rows\":{},\"seconds\":{secs},\"state_json_bytes\":{state_json},\"peak_rss_kib\":{}}}",
-        folded.rows.len(),
-        peak_rss_kib()
-    )
-}
-
-fn run_child(phase: &str, dir: &Path) -> serde_json::Value {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--phase", phase])
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{phase}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -152,8 +117,8 @@ async fn main() {
     let started = Instant::now();
     generate(tmp.path(), rows).await;
     eprintln!("{:.1}s", started.elapsed().as_secs_f64());
-    let parse = run_child("parse", tmp.path());
-    let rec = run_child("reconstruct", tmp.path());
+    let parse = run_child(&["--phase", "parse"], tmp.path());
+    let rec = run_child(&["--phase", "reconstruct"], tmp.path());
     let ps = parse["seconds"].as_f64().unwrap();
     let rs = rec["seconds"].as_f64().unwrap();
     let state = rec["state_json_bytes"].as_f64().unwrap();

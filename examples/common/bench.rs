@@ -1,5 +1,51 @@
 //! Shared by the benchmark examples: rows shaped like `shared/bench/events.sql` (as larch's
-//! PostgreSQL mapping renders them) and the process's peak RSS.
+//! PostgreSQL mapping renders them), the process's peak RSS, the reconstruct phase every
+//! benchmark measures against, and running a phase in a child process (its own peak RSS).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use larch::archive::format::Format;
+use larch::archive::reader::ArchiveReader;
+use larch::archive::store::local::LocalStore;
+
+/// `ArchiveReader::reconstruct` of the benchmark archive at the head, as a JSON line: rows,
+/// seconds, the folded state's JSON size and the peak RSS.
+pub async fn phase_reconstruct(dir: &Path) -> String {
+    let store = Arc::new(LocalStore::new(dir).unwrap());
+    let reader = ArchiveReader::new(store, "public.events/", vec![Format::Jsonl]).unwrap();
+    let started = Instant::now();
+    let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    let state_json: u64 = folded
+        .rows
+        .values()
+        .map(|r| r.as_str().len() as u64 + 1)
+        .sum::<u64>()
+        + 2;
+    format!(
+        "{{\"phase\":\"reconstruct\",\"rows\":{},\"seconds\":{secs},\"state_json_bytes\":{state_json},\"peak_rss_kib\":{}}}",
+        folded.rows.len(),
+        peak_rss_kib()
+    )
+}
+
+/// Runs this executable with `args` and `dir`; returns the JSON line it prints.
+pub fn run_child(args: &[&str], dir: &Path) -> serde_json::Value {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
 
 pub fn peak_rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

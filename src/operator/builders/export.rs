@@ -10,13 +10,12 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy}
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodTemplateSpec, Probe, ServiceAccount, VolumeResourceRequirements,
+    Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec,
+    ServiceAccount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::pod::{self, HTTP_PORT};
@@ -214,19 +213,6 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     a
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("http".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    }
-}
-
 /// The pod template of one table's export.
 pub fn pod_template(
     export: &ArchiveExport,
@@ -290,8 +276,8 @@ pub fn pod_template(
                 ..Default::default()
             }]
         }),
-        readiness_probe: continuous.then(|| http_probe("/health/ready", 10, 3)),
-        liveness_probe: continuous.then(|| http_probe("/health/live", 20, 6)),
+        readiness_probe: continuous.then(|| pod::http_probe("/health/ready", 10, 3)),
+        liveness_probe: continuous.then(|| pod::http_probe("/health/live", 20, 6)),
         ..Default::default()
     };
     let mut pod_spec = if continuous {

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, Probe, Service, ServicePort,
-    ServiceSpec, Volume, VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -45,19 +45,6 @@ pub fn selector_labels(source: &ArchiveSource) -> BTreeMap<String, String> {
         (LABEL_MANAGED_BY, MANAGED_BY),
         (LABEL_SOURCE, &source.name_any()),
     ])
-}
-
-fn probe(path: &str, period: i32, failures: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("http".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    }
 }
 
 pub fn children(
@@ -140,8 +127,8 @@ pub fn children(
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        readiness_probe: Some(probe("/health/ready", 10, 3)),
-        liveness_probe: Some(probe("/health/live", 20, 6)),
+        readiness_probe: Some(pod::http_probe("/health/ready", 10, 3)),
+        liveness_probe: Some(pod::http_probe("/health/live", 20, 6)),
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),

@@ -35,10 +35,8 @@ use crate::operator::observe;
 
 /// Spec checks the schema cannot express.
 pub fn validate(export: &ArchiveExport) -> Option<String> {
-    if let Some(a) = export.spec.pod.as_ref().and_then(|p| p.affinity.as_ref())
-        && let Err(e) = serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
-    {
-        return Some(format!("spec.pod.affinity is not a valid Affinity: {e}"));
+    if let Some(e) = super::invalid_affinity(export.spec.pod.as_ref()) {
+        return Some(e);
     }
     if export.spec.source.all_tables().is_empty() {
         return Some("set spec.source.table or spec.source.tables".into());
@@ -144,18 +142,8 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
     known
 }
 
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
-where
-    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().expect("children have names");
-    Ok(api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER_EXPORT).force(),
-            &Patch::Apply(obj),
-        )
-        .await?)
+async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, Error> {
+    Ok(super::apply_as(api, obj, MANAGER_EXPORT).await?)
 }
 
 /// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule

@@ -30,6 +30,42 @@ use crate::operator::builders::source_set::LABEL_SOURCE_SET;
 use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
 
+/// What the controllers apply: any Kubernetes object they can serialise and read back.
+pub(crate) trait Child:
+    kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug
+{
+}
+impl<K> Child for K where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug
+{
+}
+
+/// Server-side apply of a child as field manager `manager`, forcing: the operator owns every
+/// field it sets on its children.
+pub(crate) async fn apply_as<K: Child>(
+    api: &Api<K>,
+    obj: &K,
+    manager: &str,
+) -> Result<K, kube::Error> {
+    let name = obj.meta().name.clone().expect("children have names");
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply(manager).force(),
+        &kube::api::Patch::Apply(obj),
+    )
+    .await
+}
+
+/// `spec.pod.affinity` is free-form in the schema: it must still parse as an Affinity.
+pub(crate) fn invalid_affinity(
+    pod: Option<&crate::operator::crd::common_pod::PodOverrides>,
+) -> Option<String> {
+    let a = pod?.affinity.as_ref()?;
+    serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
+        .err()
+        .map(|e| format!("spec.pod.affinity is not a valid Affinity: {e}"))
+}
+
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,

@@ -33,26 +33,11 @@ fn lsn(s: &str) -> Option<u64> {
 }
 
 fn validate(source: &ArchiveSource) -> Option<String> {
-    if let Some(a) = source.spec.pod.as_ref().and_then(|p| p.affinity.as_ref())
-        && let Err(e) = serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
-    {
-        return Some(format!("spec.pod.affinity is not a valid Affinity: {e}"));
-    }
-    None
+    super::invalid_affinity(source.spec.pod.as_ref())
 }
 
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
-where
-    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().expect("children have names");
-    Ok(api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER_SOURCE).force(),
-            &Patch::Apply(obj),
-        )
-        .await?)
+async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, Error> {
+    Ok(super::apply_as(api, obj, MANAGER_SOURCE).await?)
 }
 
 /// Events for re-baseline and readiness transitions (first visits only when abnormal).

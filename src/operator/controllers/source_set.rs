@@ -34,17 +34,8 @@ use crate::operator::crd::common::Condition;
 const MAX_FAILING: usize = 64;
 const MAX_MESSAGE: usize = 4096;
 
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, kube::Error>
-where
-    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().expect("children have names");
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER_SOURCE_SET).force(),
-        &Patch::Apply(obj),
-    )
-    .await
+async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, kube::Error> {
+    super::apply_as(api, obj, MANAGER_SOURCE_SET).await
 }
 
 async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), Error>
