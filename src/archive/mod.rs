@@ -11,6 +11,7 @@ pub mod plan;
 pub mod policy;
 pub mod position;
 pub mod reader;
+pub mod retention;
 pub mod store;
 pub mod value;
 pub mod verify;

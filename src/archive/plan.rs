@@ -122,6 +122,56 @@ pub fn plan_head(manifest: &Manifest) -> Plan {
     })
 }
 
+/// A head plan whose diff chain stops before the manifest's head: reading it gives an older
+/// state than the archive claims to hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShortChain {
+    /// The position the chain reaches.
+    pub reached: String,
+    /// The manifest's `head_position`.
+    pub head: String,
+    /// Why the walk stopped at `reached`.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ShortChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the diff chain stops at {} before the manifest head {}: {}",
+            self.reached, self.head, self.reason
+        )
+    }
+}
+
+/// `Some` when `plan` (a [`plan_head`] of `manifest`) does not reach the manifest's head.
+pub fn short_chain(manifest: &Manifest, plan: &Plan) -> Option<ShortChain> {
+    if plan.snapshot.is_none() || position::same(&plan.head_position, &manifest.head_position) {
+        return None;
+    }
+    let at = canonical(&plan.head_position);
+    let next = manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Diff)
+        .rfind(|a| a.from_position.as_deref().map(canonical).as_deref() == Some(at.as_str()));
+    let reason = match next {
+        None => format!("no diff starts at {}", plan.head_position),
+        Some(d) => match broken_link_reason(d) {
+            Some(r) => format!("the diff from {} is broken ({r})", plan.head_position),
+            None => format!(
+                "the diff from {} to {} leads back into the chain",
+                plan.head_position, d.to_position
+            ),
+        },
+    };
+    Some(ShortChain {
+        reached: plan.head_position.clone(),
+        head: manifest.head_position.clone(),
+        reason,
+    })
+}
+
 /// `plan_as_of(p)` (R7): the snapshot with the greatest position ≤ p plus the chain up to p
 /// (a straddling diff is excluded); past the head clamps to the head.
 pub fn plan_as_of(manifest: &Manifest, at: &str) -> Result<Plan> {
@@ -235,6 +285,32 @@ mod tests {
             "0/20",
         );
         assert!(plan_head(&m).diffs.is_empty());
+    }
+
+    #[test]
+    fn a_chain_that_stops_before_the_head_is_short() {
+        let mut m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
+                // 0/20 -> 0/30 is missing
+                art(ArtifactKind::Diff, 1, Some("0/30"), "0/40"),
+            ],
+            "0/40",
+        );
+        let s = short_chain(&m, &plan_head(&m)).unwrap();
+        assert_eq!((s.reached.as_str(), s.head.as_str()), ("0/20", "0/40"));
+        assert!(s.reason.contains("no diff starts at 0/20"), "{s}");
+        m.artifacts
+            .push(art(ArtifactKind::Diff, 1, Some("0/020"), "0/15"));
+        let s = short_chain(&m, &plan_head(&m)).unwrap();
+        assert!(s.reason.contains("broken"), "{s}");
+        m.artifacts
+            .push(art(ArtifactKind::Diff, 1, Some("0/20"), "0/30"));
+        assert_eq!(short_chain(&m, &plan_head(&m)), None);
+        // No snapshot: nothing to read, nothing short.
+        let empty = manifest(vec![], "0/5");
+        assert_eq!(short_chain(&empty, &plan_head(&empty)), None);
     }
 
     #[test]

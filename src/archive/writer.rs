@@ -43,6 +43,8 @@ pub struct WriterConfig {
     pub policy: Policy,
     /// Keep this many newest epochs (0: keep everything).
     pub keep_epochs: u32,
+    /// Prune epochs that ended longer ago than this (see [`super::retention::Retention`]).
+    pub max_age: Option<Duration>,
 }
 
 impl WriterConfig {
@@ -55,6 +57,7 @@ impl WriterConfig {
             diff_formats: vec![Format::Jsonl],
             policy: Policy::default(),
             keep_epochs: 0,
+            max_age: None,
         }
     }
 }
@@ -618,16 +621,17 @@ impl ArchiveWriter {
         next.updated_at = now_utc();
         next.head_position = artifact.to_position.clone();
         next.artifacts.push(artifact);
-        let mut pruned = Vec::new();
-        if self.config.keep_epochs > 0 {
-            let keep_from = next.epoch - i64::from(self.config.keep_epochs) + 1;
-            let (keep, drop): (Vec<Artifact>, Vec<Artifact>) = next
-                .artifacts
-                .into_iter()
-                .partition(|a| a.epoch >= keep_from);
-            next.artifacts = keep;
-            pruned = drop;
-        }
+        let retention = super::retention::Retention {
+            keep_epochs: self.config.keep_epochs,
+            max_age: self.config.max_age,
+        };
+        let (kept, pruned) = super::retention::prune(
+            std::mem::take(&mut next.artifacts),
+            next.epoch,
+            &retention,
+            next.updated_at,
+        );
+        next.artifacts = kept;
         let bytes = Bytes::from(next.to_json());
         let key = manifest_key(&self.config.key_prefix);
         crate::crashpoint::crash_point("writer.after-upload");

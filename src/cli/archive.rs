@@ -10,7 +10,7 @@ use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
 use crate::archive::model::effective_key_fields;
 use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreferenced, remove};
-use crate::archive::plan::{broken_link_reason, plan_head};
+use crate::archive::plan::{broken_link_reason, plan_as_of, plan_head, short_chain};
 use crate::archive::reader::ArchiveReader;
 use crate::archive::verify::verify;
 
@@ -78,6 +78,10 @@ pub struct ReconstructArgs {
     /// Position to reconstruct as of (default: the head).
     #[arg(long)]
     pub at: Option<String>,
+    /// Without --at, print the state the diff chain reaches even when it stops before the
+    /// manifest head (a warning says so); without this flag that is an error.
+    #[arg(long)]
+    pub allow_partial: bool,
 }
 
 impl ArchiveArgs {
@@ -101,9 +105,29 @@ pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
 async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
     let reader = args.archive.reader().await?;
     let key_fields: Vec<String> = args.key_fields.iter().flat_map(|k| parse_list(k)).collect();
-    let (_, folded) = reader
-        .reconstruct_at(args.at.as_deref(), &key_fields)
-        .await?;
+    let manifest = reader.load_manifest().await?;
+    let plan = match args.at.as_deref() {
+        Some(at) => plan_as_of(&manifest, at)?,
+        None => plan_head(&manifest),
+    };
+    if args.at.is_none()
+        && let Some(short) = short_chain(&manifest, &plan)
+    {
+        let what = format!("{}: {short}", reader.manifest_key());
+        if !args.allow_partial {
+            anyhow::bail!(
+                "{what}; the archive cannot reproduce its head (see `larch archive verify`); pass \
+                 --allow-partial to print the state at {} anyway",
+                short.reached
+            );
+        }
+        eprintln!(
+            "warning: {what}; printing the partial state at {} (--allow-partial)",
+            short.reached
+        );
+    }
+    let key_fields = effective_key_fields(&key_fields, &manifest.columns);
+    let folded = reader.reconstruct(&plan, &key_fields).await?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     write!(

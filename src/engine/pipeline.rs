@@ -169,6 +169,10 @@ impl SourceRunner {
             "lag_seconds": lag,
             "rebaselines": self.rebaselines(),
             "acked": info.acked,
+            // The chain stops before the head: the state served is older than the archive's.
+            "short_chain": info.short_chain.map(|s| serde_json::json!({
+                "reached": s.reached, "head": s.head, "reason": s.reason,
+            })),
         });
         let pipelines = self
             .pipelines

@@ -33,7 +33,7 @@ use crate::archive::error::ArchiveError;
 use crate::archive::identity::{Identity, change_identity, row_identity};
 use crate::archive::manifest::{Artifact, Manifest};
 use crate::archive::model::{Action, ColumnDefinition, TableId, effective_key_fields};
-use crate::archive::plan::{chain_from, newest_snapshot, plan};
+use crate::archive::plan::{ShortChain, chain_from, newest_snapshot, plan, plan_head, short_chain};
 use crate::archive::position::same;
 use crate::archive::reader::ArchiveReader;
 use crate::archive::value::Row;
@@ -77,6 +77,9 @@ pub struct ArchiveSourceInfo {
     pub epoch: Option<i64>,
     pub lag_seconds: Option<f64>,
     pub acked: Option<String>,
+    /// Set while our position is the end of a diff chain that stops before the manifest head:
+    /// the state served is older than the archive's head.
+    pub short_chain: Option<ShortChain>,
 }
 
 #[derive(Default)]
@@ -86,6 +89,7 @@ struct Inner {
     epoch: Option<i64>,
     updated_at: Option<DateTime<FixedOffset>>,
     acked: Option<String>,
+    short_chain: Option<ShortChain>,
 }
 
 pub struct ArchiveSource {
@@ -101,6 +105,9 @@ enum Step {
     UpToDate,
     Diffs(Vec<Artifact>),
     Replaced(String),
+    /// At the end of the newest snapshot's chain, which stops before the head: nothing to do
+    /// until a writer repairs the chain or writes a new epoch.
+    Short(ShortChain),
 }
 
 /// Decides how a consumer at `from` (on `epoch`, when known) continues on `manifest` (C1).
@@ -126,6 +133,20 @@ fn next_step(manifest: &Manifest, from: &str, epoch: Option<i64>) -> Step {
                 snap.epoch, snap.to_position
             ))
         };
+    }
+    let head_plan = plan_head(manifest);
+    if let Some(short) = short_chain(manifest, &head_plan) {
+        if same(from, &short.reached) {
+            return Step::Short(short);
+        }
+        // Behind on the short chain: walk it as far as it goes.
+        let chain = chain_from(manifest, from, None);
+        if chain
+            .last()
+            .is_some_and(|d| same(&d.to_position, &short.reached))
+        {
+            return Step::Diffs(chain.into_iter().cloned().collect());
+        }
     }
     match plan(manifest, from) {
         Some(p) if p.snapshot.is_none() => Step::Diffs(p.diffs),
@@ -239,6 +260,7 @@ impl ArchiveSource {
             epoch: inner.epoch,
             lag_seconds: inner.updated_at.map(lag_of).map(|d| d.as_secs_f64()),
             acked: inner.acked.clone(),
+            short_chain: inner.short_chain.clone(),
         }
     }
 
@@ -536,9 +558,14 @@ impl SyncSource for ArchiveSource {
                     .map_err(|_| SourceError::Stopped)?;
             }
         }
+        let short = plan(&m, "").and_then(|p| short_chain(&m, &p));
+        if let Some(s) = &short {
+            tracing::warn!(source = %self.opts.id, "baseline at an older state than the archive's head: {s}");
+        }
         let mut inner = self.inner.lock().expect("lock");
         inner.position = Some(position.clone());
         inner.epoch = epoch;
+        inner.short_chain = short;
         Ok(position)
     }
 
@@ -582,8 +609,26 @@ impl SyncSource for ArchiveSource {
                     tracing::warn!(source = %self.opts.id, "re-baseline required: {why}");
                     return Err(SourceError::ReBaselineRequired(why));
                 }
+                Step::Short(short) => {
+                    {
+                        let mut inner = self.inner.lock().expect("lock");
+                        if inner.short_chain.as_ref() != Some(&short) {
+                            tracing::warn!(source = %self.opts.id, "serving an older state than the archive's head: {short}");
+                        }
+                        inner.short_chain = Some(short);
+                        inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
+                    }
+                    if !self.opts.follow {
+                        return Ok(());
+                    }
+                    self.wait_poll(Some(&events)).await;
+                }
                 Step::UpToDate => {
-                    self.inner.lock().expect("lock").epoch = newest_snapshot(&m).map(|s| s.epoch);
+                    {
+                        let mut inner = self.inner.lock().expect("lock");
+                        inner.short_chain = None;
+                        inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
+                    }
                     if !self.opts.follow {
                         return Ok(());
                     }
@@ -769,6 +814,29 @@ mod tests {
             Step::UpToDate
         ));
         assert!(matches!(next_step(&m, "", None), Step::Replaced(_)));
+    }
+
+    #[test]
+    fn a_short_chain_is_followed_to_its_end_and_then_reported_not_rebaselined() {
+        let m = manifest(
+            vec![
+                art(ArtifactKind::Snapshot, 1, None, "0/10"),
+                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
+                art(ArtifactKind::Diff, 1, Some("0/30"), "0/40"),
+            ],
+            "0/40",
+        );
+        assert!(matches!(next_step(&m, "0/10", Some(1)), Step::Diffs(d) if d.len() == 1));
+        match next_step(&m, "0/20", Some(1)) {
+            Step::Short(s) => assert_eq!((s.reached.as_str(), s.head.as_str()), ("0/20", "0/40")),
+            other => panic!("{other:?}"),
+        }
+        // A new epoch that reaches its head replaces the short one.
+        let mut m2 = m.clone();
+        m2.artifacts
+            .push(art(ArtifactKind::Snapshot, 2, None, "0/40"));
+        m2.epoch = 2;
+        assert!(matches!(next_step(&m2, "0/20", Some(1)), Step::Replaced(_)));
     }
 
     #[test]

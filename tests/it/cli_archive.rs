@@ -234,3 +234,81 @@ async fn verify_lists_orphans_and_gc_removes_them_only_when_asked() {
         "nothing unreferenced left"
     );
 }
+
+/// Issue 13: a diff chain that stops before the manifest head is an error for a head read
+/// (naming the last position reached and the head), a warning with --allow-partial, and does not
+/// change --at reads.
+#[tokio::test]
+async fn reconstruct_refuses_a_chain_short_of_the_head() {
+    use larch::archive::model::Action;
+    use larch::archive::store::Store;
+    use larch::archive::store::local::LocalStore;
+    use larch::archive::value::Row;
+    use larch::archive::writer::{ArchiveWriter, WriterConfig};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+    let mut w = ArchiveWriter::open(
+        vec![store.clone()],
+        WriterConfig::new("public.items", "public.items/"),
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(Row::parse(r#"{"id":1}"#).unwrap()).await.unwrap();
+    drop(tx);
+    w.write_snapshot("0/10", rx).await.unwrap();
+    for (id, to) in [(2, "0/20"), (3, "0/30"), (4, "0/40")] {
+        let row = Row::parse(&format!(r#"{{"id":{id}}}"#)).unwrap();
+        w.record(Action::Insert, None, Some(row));
+        w.flush(to).await.unwrap();
+    }
+    // Lose the middle diff from the manifest: the chain now ends at 0/20.
+    let key = dir.path().join("public.items/manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&key).unwrap()).unwrap();
+    m["artifacts"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|a| a["from_position"] != "0/20");
+    std::fs::write(&key, serde_json::to_vec(&m).unwrap()).unwrap();
+
+    let run = |extra: &[&str]| {
+        larch()
+            .args(["archive", "reconstruct", "--key-prefix", "public.items/"])
+            .args(extra)
+            .arg("--path")
+            .arg(dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing printed on failure");
+    assert!(
+        stderr.contains("stops at 0/20 before the manifest head 0/40")
+            && stderr.contains("no diff starts at 0/20")
+            && stderr.contains("--allow-partial"),
+        "{stderr}"
+    );
+
+    let out = run(&["--allow-partial"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning:") && stderr.contains("stops at 0/20"),
+        "{stderr}"
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (doc["position"].as_str(), doc["row_count"].as_u64()),
+        (Some("0/20"), Some(2))
+    );
+
+    // --at reads are as before: no error, no warning, clamped to what the chain reaches.
+    let out = run(&["--at", "0/20"]);
+    assert!(out.status.success() && out.stderr.is_empty(), "{out:?}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["row_count"], 2);
+}
