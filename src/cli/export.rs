@@ -1,7 +1,9 @@
 //! `larch export`: a one-shot export of one PostgreSQL table into an archive (a base snapshot
 //! at the replication slot's consistent point), like `laredo archive export` without
 //! `--follow`, but streamed (bounded memory), committed by compare-and-swap as a new epoch
-//! (W6), with a slot and publication of its own that it removes afterwards.
+//! (W6), with a temporary slot that vanishes with its session and no publication. `--follow`
+//! keeps exporting from a persistent slot and publication, which it leaves for a restart and
+//! `larch export cleanup` removes.
 
 use std::path::PathBuf;
 
@@ -10,25 +12,40 @@ use clap::Args;
 
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
+use crate::archive::retention::Retention;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::lease::LeaderElector;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
 use k8s_openapi::api::coordination::v1::Lease;
 
+/// What each mode leaves on the source database, for `larch export --help`.
+const SLOTS_HELP: &str = "Replication slots and publications on the source database:
+  one-shot (no --follow)   a temporary slot, dropped by PostgreSQL when the export's session
+                           ends (also when it is killed); no publication.
+  --follow                 a persistent slot (--slot-mode persistent, the default) and a
+                           publication, both kept on exit so a restart resumes where it stopped;
+                           the slot keeps WAL on the server until it is dropped: remove them with
+                           `larch export cleanup --slot S --publication P`. With --slot-mode
+                           temporary the slot vanishes on exit and the publication is dropped.
+A publication larch creates is marked with the comment `larch: created for replication slot S`:
+that is the record cleanup goes by; it never drops anything that record does not name.";
+
 #[derive(Args, Debug)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_long_help = SLOTS_HELP
+)]
 pub struct ExportArgs {
-    /// PostgreSQL connection string (key=value or postgres:// URL). Prefer --connection-file or
-    /// LARCH_PG_DSN: a command line is visible to other users of the machine.
-    #[arg(long, conflicts_with = "connection_file")]
-    pub connection: Option<String>,
-    /// File holding the connection string (surrounding whitespace ignored).
-    #[arg(long)]
-    pub connection_file: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<super::slot::ExportCommand>,
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     #[arg(long, default_value = "public")]
     pub schema: String,
-    #[arg(long)]
-    pub table: String,
+    #[arg(long, required = true)]
+    pub table: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Archive key prefix (default `<schema>.<table>/`, as laredo's export).
@@ -43,16 +60,17 @@ pub struct ExportArgs {
     /// Also write the summary JSON to this file.
     #[arg(long)]
     pub summary_file: Option<PathBuf>,
-    /// Replication slot name (default `larch_<schema>_<table>`); a temporary slot, dropped at
-    /// the end.
+    /// Replication slot name (default `larch_<schema>_<table>`).
     #[arg(long)]
     pub slot: Option<String>,
-    /// Publication name (default: the slot name). Created when absent and then dropped; an
-    /// existing publication must publish exactly this table.
+    /// Publication name (default: the slot name), --follow: created when absent; an existing
+    /// publication must publish exactly this table. A one-shot export needs none (it only
+    /// drops one an earlier, killed export created for its slot).
     #[arg(long)]
     pub publication: Option<String>,
-    /// Slot mode: `persistent` (survives restarts; the default with --follow) or `temporary`
-    /// (dropped with the connection; the default for a one-shot export).
+    /// Slot mode with --follow: `persistent` (the default: survives restarts, kept on exit) or
+    /// `temporary` (dropped with the connection). A one-shot export always uses a temporary
+    /// slot.
     #[arg(long, value_parser = ["persistent", "temporary"])]
     pub slot_mode: Option<String>,
     /// Keep exporting: a snapshot, then diffs every --diff-interval until SIGTERM/SIGINT.
@@ -79,12 +97,24 @@ pub struct ExportArgs {
     /// Re-base after changes amounting to this fraction of the table's rows.
     #[arg(long)]
     pub max_churn_fraction: Option<f64>,
-    /// Keep this many newest epochs; objects of older ones are deleted (0: keep all).
+    /// Keep this many newest epochs; objects of older ones are deleted after the commit that
+    /// drops them (0: keep all). One-shot and --follow alike.
     #[arg(long, default_value_t = 0)]
     pub keep_epochs: u32,
+    /// Also delete epochs that ended longer ago than this (`7d`... see --diff-interval for the
+    /// units; `24h`, `90m`): what any position of the last MAX_AGE needs is kept, and the
+    /// current epoch always is.
+    #[arg(long, value_parser = parse_age)]
+    pub max_age: Option<std::time::Duration>,
     /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow).
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub listen: String,
+    /// --follow: when the replication slot is lost (invalidated by max_slot_wal_keep_size, or
+    /// dropped), wait up to this long for a /status read before the re-baseline, so whoever
+    /// watches /status (the operator) reports the loss first. Default: 60s with --lease, else
+    /// no wait.
+    #[arg(long, value_parser = parse_duration_arg)]
+    pub slot_loss_report_wait: Option<std::time::Duration>,
     /// Hold this coordination.k8s.io Lease while writing (--follow on Kubernetes): wait for it
     /// before opening the archive, renew it, and exit with status 3 as soon as it cannot be
     /// renewed. Without it the manifest compare-and-swap alone decides who writes.
@@ -131,35 +161,75 @@ async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderEl
     })
 }
 
-fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+pub(super) fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
     crate::engine::config::parse_duration(s)
 }
 
-/// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
-fn connection(args: &ExportArgs) -> anyhow::Result<String> {
-    if let Some(c) = &args.connection {
-        return Ok(c.clone());
+/// A retention age: the durations of --diff-interval, plus whole days (`7d`).
+fn parse_age(s: &str) -> Result<std::time::Duration, String> {
+    let d = match s.strip_suffix('d').map(str::parse::<u64>) {
+        Some(Ok(days)) => std::time::Duration::from_secs(days * 86_400),
+        Some(Err(_)) => return Err(format!("invalid age {s:?} (e.g. 7d, 36h, 90m)")),
+        None => parse_duration_arg(s)?,
+    };
+    if d.is_zero() {
+        return Err("the age must be greater than zero".into());
     }
-    if let Some(path) = &args.connection_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --connection-file {}", path.display()))?;
-        let text = text.trim();
-        if text.is_empty() {
-            bail!("--connection-file {} is empty", path.display());
+    Ok(d)
+}
+
+/// The PostgreSQL connection, from a flag, a file or the environment.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConnectionArgs {
+    /// PostgreSQL connection string (key=value or postgres:// URL). Prefer --connection-file or
+    /// LARCH_PG_DSN: a command line is visible to other users of the machine.
+    #[arg(long, conflicts_with = "connection_file")]
+    pub connection: Option<String>,
+    /// File holding the connection string (surrounding whitespace ignored).
+    #[arg(long)]
+    pub connection_file: Option<PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
+    pub fn dsn(&self) -> anyhow::Result<String> {
+        if let Some(c) = &self.connection {
+            return Ok(c.clone());
         }
-        return Ok(text.to_string());
+        if let Some(path) = &self.connection_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --connection-file {}", path.display()))?;
+            let text = text.trim();
+            if text.is_empty() {
+                bail!("--connection-file {} is empty", path.display());
+            }
+            return Ok(text.to_string());
+        }
+        match std::env::var("LARCH_PG_DSN") {
+            Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
+            _ => bail!(
+                "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
+            ),
+        }
     }
-    match std::env::var("LARCH_PG_DSN") {
-        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
-        _ => bail!(
-            "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
-        ),
+
+    /// How to pass the same connection to another command, without the secret itself.
+    pub fn hint(&self) -> String {
+        match (&self.connection_file, &self.connection) {
+            (Some(f), _) => format!("--connection-file {}", f.display()),
+            (None, Some(_)) => "--connection '<the same connection string>'".into(),
+            (None, None) => "(with LARCH_PG_DSN set)".into(),
+        }
     }
 }
 
 pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
-    let dsn = connection(&args)?;
-    let table = TableId::new(args.schema.clone(), args.table.clone());
+    if let Some(command) = args.command {
+        return super::slot::run(command).await;
+    }
+    let dsn = args.connection.dsn()?;
+    let table_name = args.table.clone().expect("clap requires --table");
+    let table = TableId::new(args.schema.clone(), table_name);
     let formats = parse_formats(&args.format).map_err(|e| anyhow!("--format: {e}"))?;
     let key_fields = args
         .key_fields
@@ -179,11 +249,16 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
     config.slot_mode = match args.slot_mode.as_deref() {
+        Some("persistent") if !args.follow => bail!(
+            "--slot-mode persistent needs --follow: a one-shot export always uses a temporary slot \
+             (a persistent one would keep WAL on the server after the export)"
+        ),
         Some("persistent") => SlotMode::Persistent,
         Some(_) => SlotMode::Temporary,
         None if args.follow => SlotMode::Persistent,
         None => SlotMode::Temporary,
     };
+    config.snapshot_only = !args.follow;
     config.key_fields = key_fields.clone();
     if args.follow {
         return follow(
@@ -198,6 +273,10 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .await;
     }
     let source = std::sync::Arc::new(PostgresSource::new(config));
+    let retention = Retention {
+        keep_epochs: args.keep_epochs,
+        max_age: args.max_age,
+    };
     let result = export(
         source.clone(),
         &table,
@@ -205,11 +284,22 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         &key_prefix,
         formats,
         key_fields,
+        retention,
     )
     .await;
     source.close().await;
-    if let Err(e) = source.drop_created_publication().await {
-        tracing::warn!(error = %format!("{e:#}"), "could not drop the export's publication");
+    // Nothing of ours may stay: a publication an earlier, killed export made for this slot.
+    match source.drop_publication_if_unused().await {
+        Ok(true) => eprintln!(
+            "larch export: dropped publication {}, left behind for slot {} by an earlier export",
+            source.config().publication_name,
+            source.config().slot_name
+        ),
+        Ok(false) => {}
+        Err(e) if result.is_ok() => {
+            tracing::warn!(error = %format!("{e:#}"), "could not check for a stale publication")
+        }
+        Err(_) => {}
     }
     let (position, rows, epoch) = result?;
 
@@ -236,12 +326,16 @@ async fn export(
     key_prefix: &str,
     formats: Vec<crate::archive::format::Format>,
     key_fields: Vec<String>,
+    retention: Retention,
 ) -> anyhow::Result<(String, i64, i64)> {
     let schemas = source.init(std::slice::from_ref(table)).await?;
     let mut wc = WriterConfig::new(table.to_string(), key_prefix);
     wc.key_fields = key_fields;
     wc.snapshot_formats = formats.clone();
     wc.diff_formats = formats;
+    // Pruned after this run's own commit (W7, W10).
+    wc.keep_epochs = retention.keep_epochs;
+    wc.max_age = retention.max_age;
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
@@ -282,11 +376,22 @@ async fn follow(
     wc.diff_formats = formats;
     wc.policy = policy;
     wc.keep_epochs = args.keep_epochs;
+    wc.max_age = args.max_age;
     let lease = match &args.lease {
         Some(name) => Some(lease_elector(args, name).await?),
         None => None,
     };
     let shared = Shared::new(&table);
+    shared.set_slot(&config.slot_name);
+    // On Kubernetes the operator turns a lost slot into an Event: give its next /status read
+    // the chance to see the loss before the re-baseline replaces the epoch.
+    let report_wait = args.slot_loss_report_wait.or(args
+        .lease
+        .is_some()
+        .then(|| std::time::Duration::from_secs(60)));
+    if let Some(wait) = report_wait {
+        shared.set_loss_report_wait(wait);
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let addr = serve(&args.listen, shared.clone(), stop_rx.clone()).await?;
     eprintln!(
@@ -323,8 +428,13 @@ async fn follow(
     tokio::select! {
         r = &mut run => {
             stop_tx.send_replace(true);
-            r.map_err(|e| anyhow!("export task: {e}"))??;
-            return Err(anyhow!("the continuous export stopped by itself"));
+            let failed = r
+                .map_err(|e| anyhow!("export task: {e}"))
+                .and_then(|r| r)
+                .err()
+                .unwrap_or_else(|| anyhow!("the continuous export stopped by itself"));
+            left_behind(&args.connection, &source).await;
+            return Err(failed);
         }
         () = &mut kept => return Ok(lease_lost()),
         () = crate::engine::wait_for_signal() => {}
@@ -332,16 +442,68 @@ async fn follow(
     // Stop: the export flushes a final diff and acknowledges it before we exit — still only
     // while the lease holds.
     stop_tx.send_replace(true);
-    tokio::select! {
-        r = &mut run => r.map_err(|e| anyhow!("export task: {e}"))??,
+    let stopped = tokio::select! {
+        r = &mut run => r.map_err(|e| anyhow!("export task: {e}")).and_then(|r| r),
         () = &mut kept => return Ok(lease_lost()),
-    }
+    };
+    left_behind(&args.connection, &source).await;
+    stopped?;
     if let Some(e) = &lease
         && let Err(err) = e.release().await
     {
         tracing::warn!(lease = %e.name, error = %err, "releasing the export lease");
     }
     Ok(0)
+}
+
+/// Says what the export leaves on the source database and how to drop it. A temporary slot
+/// vanished with its session, so its publication goes too.
+async fn left_behind(connection: &ConnectionArgs, source: &PostgresSource) {
+    let c = source.config();
+    let server = c.describe();
+    if c.slot_mode == SlotMode::Temporary {
+        match source.drop_publication_if_unused().await {
+            Ok(dropped) => eprintln!(
+                "larch export: nothing left on {server}: the temporary slot {} ended with the session{}",
+                c.slot_name,
+                if dropped {
+                    format!(" and publication {} was dropped", c.publication_name)
+                } else {
+                    String::new()
+                }
+            ),
+            Err(e) => eprintln!(
+                "larch export: the temporary slot {} ended with the session; publication {} may be left on {server} ({e:#}); drop it with: larch export cleanup {} --slot {} --publication {}",
+                c.slot_name,
+                c.publication_name,
+                connection.hint(),
+                c.slot_name,
+                c.publication_name
+            ),
+        }
+        return;
+    }
+    let held = match source.refresh_lag().await {
+        Ok(_) => match source.slot_usage() {
+            Some(u) => format!(
+                "; it holds {} of WAL on the server (restart_lsn {})",
+                crate::source::postgres::format_bytes(u.retained_bytes.unwrap_or(0)),
+                u.restart_lsn.as_deref().unwrap_or("?")
+            ),
+            None => "; it does not exist (any more)".into(),
+        },
+        Err(e) => format!("; its WAL could not be read ({e:#})"),
+    };
+    eprintln!(
+        "larch export: left on {server}: replication slot {} (persistent: a restart resumes from it{held}) and publication {}. \
+         PostgreSQL keeps WAL for the slot until it is dropped; when this export is not coming back, drop both with:\n  \
+         larch export cleanup {} --slot {} --publication {}",
+        c.slot_name,
+        c.publication_name,
+        connection.hint(),
+        c.slot_name,
+        c.publication_name
+    );
 }
 
 /// Lease lost: stop writing now — no final diff, no further request from any task — by

@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod engine;
 pub mod export;
+pub mod slot;
 
 use clap::{Args, Parser, Subcommand};
 

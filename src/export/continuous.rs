@@ -40,6 +40,11 @@ pub struct ExportStatus {
     pub snapshots: u64,
     pub diffs: u64,
     pub last_error: Option<String>,
+    /// The replication slot and the WAL it holds on the server (refreshed every 5 s).
+    pub slot: Option<super::slot::SlotReport>,
+    /// Times the slot was lost (invalidated or dropped) and the export re-baselined.
+    pub slot_losses: u64,
+    pub last_slot_loss: Option<super::slot::SlotLoss>,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.
@@ -52,6 +57,7 @@ pub struct ExportMetrics {
     artifacts: IntCounterVec,
     errors: IntCounterVec,
     commit_lag: HistogramVec,
+    slot: super::slot::SlotMetrics,
 }
 
 impl ExportMetrics {
@@ -114,6 +120,7 @@ impl ExportMetrics {
             .register(Box::new(commit_lag.clone()))
             .expect("register");
         ExportMetrics {
+            slot: super::slot::SlotMetrics::register(&registry),
             registry,
             epoch,
             buffer_depth,
@@ -141,6 +148,11 @@ pub struct Shared {
     pub ready: watch::Sender<bool>,
     pub metrics: ExportMetrics,
     last_snapshot: Mutex<Option<Instant>>,
+    /// Counts `/status` reads (taken under the status lock), so a lost slot's report can wait
+    /// for a reader.
+    status_reads: Arc<watch::Sender<u64>>,
+    /// How long a lost slot's report waits for a `/status` read before the re-baseline.
+    loss_report_wait: Mutex<Option<Duration>>,
 }
 
 impl Shared {
@@ -155,7 +167,23 @@ impl Shared {
             ready,
             metrics: ExportMetrics::new(),
             last_snapshot: Mutex::new(None),
+            status_reads: Arc::new(watch::Sender::new(0)),
+            loss_report_wait: Mutex::new(None),
         })
+    }
+
+    /// Names the replication slot in `/status` before the source reports on it.
+    pub fn set_slot(&self, slot: &str) {
+        self.status.lock().expect("lock").slot = Some(super::slot::SlotReport {
+            name: slot.to_string(),
+            ..Default::default()
+        });
+    }
+
+    /// Makes a lost slot's report wait up to `wait` for a `/status` read (the operator's
+    /// poll) before the re-baseline.
+    pub fn set_loss_report_wait(&self, wait: Duration) {
+        *self.loss_report_wait.lock().expect("lock") = Some(wait);
     }
 
     pub fn status(&self) -> ExportStatus {
@@ -188,7 +216,12 @@ async fn ready(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn status(State(s): State<Arc<Shared>>) -> Response {
-    axum::Json(s.status()).into_response()
+    let body = {
+        let status = s.status.lock().expect("lock");
+        s.status_reads.send_modify(|n| *n += 1);
+        status.clone()
+    };
+    axum::Json(body).into_response()
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -249,6 +282,11 @@ impl ContinuousExport {
         m.churn
             .with_label_values(&[&table])
             .set(self.writer.churn() as i64);
+        if let Some(usage) = self.source.slot_usage() {
+            let report = super::slot::SlotReport::new(&usage.slot, Some(&usage));
+            m.slot.set(&report);
+            self.shared.status.lock().expect("lock").slot = Some(report);
+        }
         let mut s = self.shared.status.lock().expect("lock");
         s.state = state.to_string();
         s.epoch = self.writer.epoch();
@@ -285,6 +323,9 @@ impl ContinuousExport {
         let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
         self.writer
             .set_columns(schemas.get(&self.table).cloned().unwrap_or_default());
+        if let Some(why) = self.source.take_slot_lost_at_init() {
+            self.report_slot_loss(&why).await;
+        }
         let acked = self.source.last_acked_position().await?;
         let manifest = self.writer.manifest();
         let chain_ok =
@@ -351,6 +392,7 @@ impl ContinuousExport {
             match stream_result.unwrap_or(Ok(())) {
                 Err(SourceError::ReBaselineRequired(why)) => {
                     tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
+                    self.report_slot_loss(&why).await;
                     self.flush(&last_position, &mut commit_times).await?;
                     from = self.baseline().await?;
                     skip_through = None;
@@ -358,6 +400,31 @@ impl ContinuousExport {
                 }
                 Err(e) => return Err(anyhow!(e).context("replication stream failed")),
                 Ok(()) => return Err(anyhow!("the replication stream ended unexpectedly")),
+            }
+        }
+    }
+
+    /// Records a lost slot in `/status` (`slot_losses`, `last_slot_loss`) and, on Kubernetes,
+    /// waits for the next `/status` read so the operator's Event precedes the re-baseline.
+    async fn report_slot_loss(&self, why: &str) {
+        let seen = {
+            let mut s = self.shared.status.lock().expect("lock");
+            s.state = "SLOT_LOST".into();
+            s.slot_losses += 1;
+            s.last_slot_loss = Some(super::slot::SlotLoss {
+                at: super::slot::now_string(),
+                reason: why.to_string(),
+            });
+            *self.shared.status_reads.borrow()
+        };
+        let wait = *self.shared.loss_report_wait.lock().expect("lock");
+        if let Some(wait) = wait {
+            tracing::warn!(reason = %why, "replication slot lost: waiting up to {wait:?} for /status to be read before the re-baseline");
+            let read =
+                super::slot::wait_for_status_read(self.shared.status_reads.clone(), seen, wait)
+                    .await;
+            if !read {
+                tracing::warn!("nobody read /status; re-baselining anyway");
             }
         }
     }

@@ -2,6 +2,7 @@
 //! (a snapshot, then diffs until stopped, re-based by the policy).
 
 pub mod continuous;
+pub mod slot;
 
 use std::sync::Arc;
 

@@ -16,6 +16,7 @@ mod fixtures;
 mod operator_contract;
 mod postgres_continuous;
 mod postgres_export;
+mod postgres_lifecycle;
 mod postgres_source;
 mod postgres_tls;
 mod s3_protocol;

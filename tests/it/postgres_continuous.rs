@@ -21,6 +21,9 @@ use crate::support::postgres::{Database, new_database};
 pub struct Follow {
     pub child: Child,
     pub addr: SocketAddr,
+    /// Everything the exporter wrote to stderr after its listen address.
+    pub stderr: Arc<std::sync::Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl Follow {
@@ -67,8 +70,19 @@ impl Follow {
                 break rest.split(')').next().unwrap().parse().unwrap();
             }
         };
-        std::thread::spawn(move || for _ in lines {});
-        Follow { child, addr }
+        let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                log.lock().unwrap().push(l);
+            }
+        });
+        Follow {
+            child,
+            addr,
+            stderr,
+            reader,
+        }
     }
 
     pub async fn ready(&self) {
@@ -83,9 +97,17 @@ impl Follow {
         get_json(self.addr, "/status").await
     }
 
-    pub fn terminate(mut self) -> i32 {
+    pub fn terminate(self) -> i32 {
+        self.terminate_with_stderr().0
+    }
+
+    /// SIGTERM; the exit code and what the exporter wrote to stderr meanwhile.
+    pub fn terminate_with_stderr(mut self) -> (i32, String) {
         unsafe_kill(self.child.id(), "TERM");
-        self.child.wait().unwrap().code().unwrap_or(-1)
+        let code = self.child.wait().unwrap().code().unwrap_or(-1);
+        // The reader drains the pipe until EOF, which the exit brings.
+        let _ = self.reader.join();
+        (code, self.stderr.lock().unwrap().join("\n"))
     }
 
     pub fn kill9(mut self) {

@@ -65,6 +65,9 @@ pub struct PostgresConfig {
     /// Create the publication (`FOR TABLE …`) when it is absent. An existing publication is
     /// never rewritten unless larch created it for this slot.
     pub create_publication: bool,
+    /// A baseline only, never a stream (a one-shot export): no publication is needed, so none
+    /// is created or checked.
+    pub snapshot_only: bool,
     pub reconnect: Reconnect,
     /// How often acknowledged positions reach the server at most.
     pub status_interval: Duration,
@@ -87,6 +90,7 @@ impl PostgresConfig {
             publication_name: publication_name.into(),
             slot_mode: SlotMode::Persistent,
             create_publication: true,
+            snapshot_only: false,
             reconnect: Reconnect::default(),
             status_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
@@ -221,6 +225,7 @@ impl fmt::Debug for PostgresConfig {
             .field("publication_name", &self.publication_name)
             .field("slot_mode", &self.slot_mode)
             .field("create_publication", &self.create_publication)
+            .field("snapshot_only", &self.snapshot_only)
             .field("reconnect", &self.reconnect)
             .finish()
     }

@@ -12,6 +12,7 @@
 //! connection string's TLS settings ([`crate::postgres_connection`]).
 
 mod config;
+mod lifecycle;
 mod pgoutput;
 mod schema;
 mod snapshot;
@@ -28,6 +29,10 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, SlotMode};
+pub use lifecycle::{
+    CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, format_bytes, owner_comment,
+    slot_usage,
+};
 pub use schema::TableSchema;
 pub use types::{Kind, to_json};
 
@@ -62,8 +67,10 @@ pub(crate) struct Inner {
     ends: Mutex<BTreeMap<u64, u64>>,
     last_acked: Mutex<Option<String>>,
     resume: AtomicBool,
-    /// `init` created the publication (it did not exist before).
-    created_publication: AtomicBool,
+    /// The slot as last read from `pg_replication_slots` (refreshed with the lag).
+    usage: Mutex<Option<SlotUsage>>,
+    /// `init` found the persistent slot invalidated (`wal_status = lost`): why, once.
+    lost_at_init: Mutex<Option<String>>,
     state: Mutex<SourceState>,
     paused: watch::Sender<bool>,
     closed: watch::Sender<bool>,
@@ -90,7 +97,8 @@ impl PostgresSource {
                 ends: Mutex::new(BTreeMap::new()),
                 last_acked: Mutex::new(None),
                 resume: AtomicBool::new(false),
-                created_publication: AtomicBool::new(false),
+                usage: Mutex::new(None),
+                lost_at_init: Mutex::new(None),
                 state: Mutex::new(SourceState::Connecting),
                 paused,
                 closed,
@@ -128,21 +136,24 @@ impl PostgresSource {
         result
     }
 
-    /// Drops the publication if this source created it (in `init`): a one-shot export leaves
-    /// nothing behind.
-    pub async fn drop_created_publication(&self) -> anyhow::Result<()> {
-        if !self.inner.created_publication.swap(false, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let name = &self.inner.config.publication_name;
+    /// Drops the configured publication when larch created it for this slot and the slot is
+    /// gone (or temporary, ending with its session): what a temporary slot's export, or an
+    /// earlier one killed mid-run, left behind. A persistent slot keeps its publication.
+    /// Returns whether it dropped one.
+    pub async fn drop_publication_if_unused(&self) -> anyhow::Result<bool> {
         let client = self.inner.client().await?;
-        client
-            .batch_execute(&format!(
-                "DROP PUBLICATION IF EXISTS {}",
-                config::ident(name)
-            ))
-            .await
-            .map_err(|e| anyhow!("dropping publication {name}: {}", schema::db_message(&e)))
+        let c = &self.inner.config;
+        lifecycle::drop_publication_of_gone_slot(&client, &c.publication_name, &c.slot_name).await
+    }
+
+    /// The slot's WAL figures as last refreshed (every 5 s while streaming).
+    pub fn slot_usage(&self) -> Option<SlotUsage> {
+        self.inner.usage.lock().unwrap().clone()
+    }
+
+    /// Why the persistent slot could not be resumed at `init` (it was invalidated), once.
+    pub fn take_slot_lost_at_init(&self) -> Option<String> {
+        self.inner.lost_at_init.lock().unwrap().take()
     }
 
     /// Refreshes the lag from the server now.
@@ -181,9 +192,11 @@ impl Inner {
 
     async fn refresh_lag(&self) -> anyhow::Result<Option<u64>> {
         let client = self.client().await?;
-        let lag = schema::slot_lag(&client, &self.config.slot_name).await?;
+        let usage = lifecycle::slot_usage(&client, &self.config.slot_name).await?;
+        let lag = usage.as_ref().and_then(|u| u.lag_bytes);
         self.lag_bytes
             .store(lag.unwrap_or(u64::MAX), Ordering::Relaxed);
+        *self.usage.lock().unwrap() = usage;
         Ok(lag)
     }
 
@@ -229,8 +242,8 @@ impl SyncSource for PostgresSource {
             let client = inner.client().await?;
             schema::check_wal_level(&client, &inner.config).await?;
             let schemas = inner.discover_all(&tables).await?;
-            if schema::ensure_publication(&client, &inner.config_for(&tables)).await? {
-                inner.created_publication.store(true, Ordering::SeqCst);
+            if !inner.config.snapshot_only {
+                schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
             }
             let slot = &inner.config.slot_name;
             match schema::slot_info(&client, slot).await? {
@@ -253,6 +266,9 @@ impl SyncSource for PostgresSource {
                     }
                     if info.wal_status.as_deref() == Some("lost") {
                         tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
+                        *inner.lost_at_init.lock().unwrap() = Some(format!(
+                            "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
+                        ));
                     } else if let Some(c) = info.confirmed_flush {
                         *inner.last_acked.lock().unwrap() = Some(Lsn(c).to_string());
                         inner.resume.store(true, Ordering::Relaxed);

@@ -271,8 +271,6 @@ async fn resolve_kind(client: &Client, oid: u32, depth: u32) -> anyhow::Result<K
     Ok(Kind::of_base(&typname))
 }
 
-const OWNER_COMMENT_PREFIX: &str = "larch: created for replication slot ";
-
 /// Makes sure the publication exists and publishes exactly the configured tables. An existing
 /// publication is only changed when larch created it for this slot; otherwise a mismatch is an
 /// error naming it. Returns whether it created the publication.
@@ -288,7 +286,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         )
         .await
         .with_context(|| format!("looking up publication {name}"))?;
-    let owner_comment = format!("{OWNER_COMMENT_PREFIX}{}", config.slot_name);
+    let owner_comment = super::lifecycle::owner_comment(&config.slot_name);
     let Some(existing) = existing else {
         if !config.create_publication {
             bail!("publication {name} does not exist (and creating it is disabled)");
@@ -394,18 +392,4 @@ pub async fn slot_info(client: &Client, slot: &str) -> anyhow::Result<Option<Slo
             database: r.get(5),
         }
     }))
-}
-
-/// Bytes between the server's current WAL position and the slot's confirmed position.
-pub async fn slot_lag(client: &Client, slot: &str) -> anyhow::Result<Option<u64>> {
-    let row = client
-        .query_opt(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8
-               FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row
-        .and_then(|r| r.get::<_, Option<i64>>(0))
-        .map(|v| v.max(0) as u64))
 }
