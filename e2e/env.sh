@@ -134,6 +134,7 @@ export KUBECONFIG=$KUBECONFIG
 KUBECTL=$KUBECTL
 HELM=$cache/bin/helm
 LARCH_E2E_PG_PORT=$pg_port
+LARCH_E2E_PG_DIR=$pgdir
 LARCH_E2E_PG_DSN='host=127.0.0.1 port=$pg_port user=postgres dbname=app'
 LARCH_E2E_S3_ENDPOINT=http://127.0.0.1:$s3_port
 LARCH_E2E_LARCH=$bindir/larch

@@ -161,6 +161,8 @@ pub struct ExportObservation {
     pub writers: (i32, i32, bool),
     /// Continuous: writers whose `/status` reports a snapshot.
     pub writers_with_snapshot: usize,
+    /// Continuous and suspended: what each kept replication slot holds (for Ready's message).
+    pub suspended_slots: Vec<String>,
 }
 
 /// Folds the phases of a run's Jobs: `Some(true)` all succeeded, `Some(false)` one failed or
@@ -350,8 +352,18 @@ fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {
         )
     };
     if o.suspended {
+        let slots = if o.suspended_slots.is_empty() {
+            "no replication slot is kept (temporary slots)".to_string()
+        } else {
+            o.suspended_slots.join("; ")
+        };
         return vec![
-            c(READY, True, "Suspended", "the writer is scaled to zero"),
+            c(
+                READY,
+                True,
+                "Suspended",
+                format!("the writer is scaled to zero; {slots}"),
+            ),
             c(RECONCILING, False, "Suspended", ""),
             c(STALLED, False, "Suspended", ""),
         ];
@@ -482,7 +494,30 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
     } else {
         c(REBASELINING, False, "Stable", "no recent re-baseline")
     });
-    out.push(if o.rebaselines_last_hour > o.max_per_hour {
+    let short: Vec<String> = o
+        .engines
+        .iter()
+        .filter_map(|e| e.short_chain.as_ref())
+        .map(|s| {
+            format!(
+                "the diff chain stops at {} before the head {} ({})",
+                s.reached, s.head, s.reason
+            )
+        })
+        .collect();
+    out.push(if let Some(first) = short.first() {
+        // Worse than frequent re-baselines: the engines serve an older state than the head.
+        c(
+            DEGRADED,
+            True,
+            "ShortChain",
+            format!(
+                "{}/{} engines serve an older state than the archive's head: {first}; the writer must repair the chain or write a new epoch (see `larch archive verify`)",
+                short.len(),
+                o.engines.len()
+            ),
+        )
+    } else if o.rebaselines_last_hour > o.max_per_hour {
         c(
             DEGRADED,
             True,
@@ -506,6 +541,17 @@ fn caught_up(engines: &[EngineSource]) -> Cond {
             Unknown,
             "NoData",
             "no engine reported its status",
+        );
+    }
+    if let Some(s) = engines.iter().find_map(|e| e.short_chain.as_ref()) {
+        return c(
+            CAUGHT_UP,
+            False,
+            "ShortChain",
+            format!(
+                "an engine is stuck at {}: the diff chain does not reach the head {}",
+                s.reached, s.head
+            ),
         );
     }
     let lagging: Vec<String> = engines

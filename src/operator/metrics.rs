@@ -23,8 +23,12 @@ pub struct Metrics {
     pub source_rebaselines_last_hour: GaugeVec,
     /// 1 while a source is Degraded.
     pub source_degraded: GaugeVec,
+    /// WAL bytes each export's replication slot holds on the source (restart_lsn based).
+    pub export_retained_wal: GaugeVec,
     /// Tables with a freshness gauge, per export, so a deleted export's gauges can be removed.
     export_tables: Mutex<BTreeMap<(String, String), BTreeSet<String>>>,
+    /// Slots with a retained-WAL gauge, per export.
+    export_slots: Mutex<BTreeMap<(String, String), BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -92,8 +96,17 @@ impl Default for Metrics {
             &["namespace", "name"],
         )
         .unwrap();
+        let export_retained_wal = GaugeVec::new(
+            Opts::new(
+                "larch_archive_export_retained_wal_bytes",
+                "WAL bytes the source keeps for an export's replication slot (pg_current_wal_lsn - restart_lsn), also while suspended.",
+            ),
+            &["namespace", "name", "slot"],
+        )
+        .unwrap();
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(export_retained_wal.clone()),
             Box::new(errors.clone()),
             Box::new(duration.clone()),
             Box::new(export_last_success.clone()),
@@ -114,7 +127,9 @@ impl Default for Metrics {
             source_lag,
             source_rebaselines_last_hour,
             source_degraded,
+            export_retained_wal,
             export_tables: Mutex::default(),
+            export_slots: Mutex::default(),
         }
     }
 }
@@ -142,10 +157,35 @@ impl Metrics {
             .insert(table.into());
     }
 
+    /// Sets the retained-WAL gauges of an export's slots; slots no longer reported go.
+    pub fn set_retained_wal(
+        &self,
+        namespace: &str,
+        name: &str,
+        slots: impl Iterator<Item = (String, i64)>,
+    ) {
+        let mut known = self.export_slots.lock().unwrap();
+        let entry = known.entry((namespace.into(), name.into())).or_default();
+        let mut now = BTreeSet::new();
+        for (slot, bytes) in slots {
+            self.export_retained_wal
+                .with_label_values(&[namespace, name, &slot])
+                .set(bytes as f64);
+            now.insert(slot);
+        }
+        for gone in entry.difference(&now) {
+            let _ = self
+                .export_retained_wal
+                .remove_label_values(&[namespace, name, gone]);
+        }
+        *entry = now;
+    }
+
     /// Objects that have per-object gauges: `(namespace, name)`.
     pub fn tracked(&self) -> Vec<(String, String)> {
         let mut out: BTreeSet<(String, String)> =
             self.export_tables.lock().unwrap().keys().cloned().collect();
+        out.extend(self.export_slots.lock().unwrap().keys().cloned());
         for vec in [
             &self.export_failing,
             &self.source_lag,
@@ -180,6 +220,18 @@ impl Metrics {
                 let _ = self
                     .export_last_success
                     .remove_label_values(&[namespace, name, &t]);
+            }
+        }
+        if let Some(slots) = self
+            .export_slots
+            .lock()
+            .unwrap()
+            .remove(&(namespace.to_string(), name.to_string()))
+        {
+            for s in slots {
+                let _ = self
+                    .export_retained_wal
+                    .remove_label_values(&[namespace, name, &s]);
             }
         }
         let labels = [namespace, name];
@@ -218,6 +270,14 @@ mod tests {
         );
         assert!(text.contains("larch_archive_source_degraded{name=\"a\",namespace=\"ns\"} 1"));
         m.set_export_success("ns", "e", "public.t", 1.8e9);
+        m.set_retained_wal("ns", "e", [("larch_s".to_string(), 4096)].into_iter());
+        assert!(
+            m.render().contains(
+                "larch_archive_export_retained_wal_bytes{name=\"e\",namespace=\"ns\",slot=\"larch_s\"} 4096"
+            ),
+            "{}",
+            m.render()
+        );
         assert_eq!(
             m.tracked(),
             [
@@ -231,6 +291,10 @@ mod tests {
         assert!(!text.contains("larch_archive_source_degraded{"), "{text}");
         assert!(
             !text.contains("larch_archive_export_last_success_timestamp_seconds{"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("larch_archive_export_retained_wal_bytes{"),
             "{text}"
         );
         assert!(m.tracked().is_empty());

@@ -55,18 +55,84 @@ struct WriterJson {
     buffer_depth: Option<i64>,
     #[serde(default)]
     last_snapshot_at: Option<String>,
+    #[serde(default)]
+    slot: Option<SlotJson>,
+    #[serde(default)]
+    slot_losses: Option<i64>,
+    #[serde(default)]
+    last_slot_loss: Option<SlotLossJson>,
+}
+
+/// A replication slot as exporters and `larch export slot-status` report it.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct SlotJson {
+    pub name: String,
+    #[serde(default)]
+    pub exists: bool,
+    #[serde(default)]
+    pub wal_status: Option<String>,
+    #[serde(default)]
+    pub retained_wal_bytes: Option<i64>,
+    #[serde(default)]
+    pub lag_bytes: Option<i64>,
+}
+
+#[derive(Deserialize, Debug)]
+struct SlotLossJson {
+    #[serde(default)]
+    at: String,
+    #[serde(default)]
+    reason: String,
 }
 
 /// Parses a Continuous writer's `/status`.
 pub fn parse_writer_status(body: &str) -> Option<WriterStatus> {
     let w: WriterJson = serde_json::from_str(body).ok()?;
-    Some(WriterStatus {
+    let mut out = WriterStatus {
         table: w.table,
         epoch: w.epoch,
         head_position: w.head_position,
         buffer_depth: w.buffer_depth,
         last_snapshot_at: w.last_snapshot_at,
-    })
+        slot_losses: w.slot_losses,
+        last_slot_loss: w.last_slot_loss.map(|l| {
+            format!("{} (at {})", l.reason, l.at)
+                .chars()
+                .take(1024)
+                .collect()
+        }),
+        ..Default::default()
+    };
+    if let Some(slot) = &w.slot {
+        set_slot(&mut out, slot);
+    }
+    Some(out)
+}
+
+/// Copies a slot report into a writer's status.
+pub fn set_slot(w: &mut WriterStatus, slot: &SlotJson) {
+    w.slot = Some(slot.name.clone());
+    w.retained_wal_bytes = slot.retained_wal_bytes.filter(|_| slot.exists);
+    w.lag_bytes = slot.lag_bytes.filter(|_| slot.exists);
+    w.wal_status = if slot.exists {
+        slot.wal_status.clone()
+    } else {
+        Some("missing".into())
+    };
+}
+
+#[derive(Deserialize, Debug)]
+struct SlotMonitorJson {
+    #[serde(default)]
+    observed_at: Option<String>,
+    slots: Vec<SlotJson>,
+}
+
+/// Parses `larch export slot-status`'s `/status` (the slot monitor of a suspended export):
+/// the slots and when they were read. `None` for any other document.
+pub fn parse_slot_monitor(body: &str) -> Option<(Vec<SlotJson>, Option<String>)> {
+    let m: SlotMonitorJson = serde_json::from_str(body).ok()?;
+    Some((m.slots, m.observed_at))
 }
 
 /// One source in an engine's `/status`.
@@ -86,6 +152,20 @@ pub struct EngineSource {
     pub rebaselines: Option<i64>,
     #[serde(default)]
     pub rows: Option<i64>,
+    /// Present while the engine sits at the end of a diff chain that stops before the head.
+    #[serde(default)]
+    pub short_chain: Option<EngineShortChain>,
+}
+
+/// An engine's report of a diff chain that stops before the archive's head.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct EngineShortChain {
+    #[serde(default)]
+    pub reached: String,
+    #[serde(default)]
+    pub head: String,
+    #[serde(default)]
+    pub reason: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -252,11 +332,44 @@ mod tests {
         assert_eq!((w.epoch, w.buffer_depth), (Some(4), Some(12)));
         assert_eq!(w.head_position.as_deref(), Some("0/1A"));
         assert!(parse_writer_status("not json").is_none());
+        let w = parse_writer_status(
+            r#"{"table":"public.events","epoch":4,"slot":{"name":"larch_a","exists":true,"wal_status":"reserved","retained_wal_bytes":81920,"lag_bytes":56},"slot_losses":1,"last_slot_loss":{"at":"t","reason":"replication slot larch_a was invalidated"}}"#,
+        )
+        .unwrap();
+        assert_eq!(w.slot.as_deref(), Some("larch_a"));
+        assert_eq!((w.retained_wal_bytes, w.lag_bytes), (Some(81920), Some(56)));
+        assert_eq!(w.wal_status.as_deref(), Some("reserved"));
+        assert_eq!(w.slot_losses, Some(1));
+        assert!(w.last_slot_loss.unwrap().contains("invalidated"));
+        let (slots, at) = parse_slot_monitor(
+            r#"{"server":"db:5432/app as user u","observed_at":"2026-12-01T10:00:00Z","slots":[{"name":"larch_a","exists":true,"retained_wal_bytes":4096},{"name":"larch_b","exists":false}],"last_error":null}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (slots.len(), at.as_deref()),
+            (2, Some("2026-12-01T10:00:00Z"))
+        );
+        let mut w = WriterStatus::default();
+        set_slot(&mut w, &slots[1]);
+        assert_eq!(
+            (w.retained_wal_bytes, w.wal_status.as_deref()),
+            (None, Some("missing"))
+        );
+        assert!(parse_slot_monitor(r#"{"table":"public.events"}"#).is_none());
         let body = r#"{"sources":{"seed":{"state":"following","position":"0/10","head":"0/12","epoch":1,"lag_seconds":2.5,"rebaselines":1},"other":{}}}"#;
         let e = &parse_engine_status(body, "seed").unwrap()[0];
         assert_eq!(e.state.as_deref(), Some("following"));
         assert_eq!(e.lag_seconds, Some(2.5));
         assert_eq!(e.rebaselines, Some(1));
+        assert_eq!(e.short_chain, None);
+        let short = r#"{"sources":{"seed":{"position":"0/20","head":"0/40","short_chain":{"reached":"0/20","head":"0/40","reason":"no diff starts at 0/20"}}}}"#;
+        let e = &parse_engine_status(short, "seed").unwrap()[0];
+        assert_eq!(
+            e.short_chain
+                .as_ref()
+                .map(|s| (s.reached.as_str(), s.head.as_str())),
+            Some(("0/20", "0/40"))
+        );
         assert!(parse_engine_status(body, "missing").unwrap().is_empty());
         assert!(parse_engine_status("<html>", "seed").is_none());
         let with_pipelines = r#"{"sources":{},"pipelines":{"p1":{"source":"seed","row_count":3},"p2":{"source":"seed","row_count":4},"p3":{"source":"other","row_count":9}}}"#;

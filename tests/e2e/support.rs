@@ -353,6 +353,52 @@ stringData:
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 
+    /// Stops the environment's PostgreSQL (immediate shutdown) until [`Env::pg_start`].
+    pub fn pg_stop(&self) {
+        self.postgres_script(&["stop", &self.vars["LARCH_E2E_PG_DIR"]]);
+    }
+
+    /// Starts the environment's PostgreSQL again on its port, with its data.
+    pub fn pg_start(&self) {
+        self.postgres_script(&["start", &self.vars["LARCH_E2E_PG_DIR"], &self.pg_port]);
+    }
+
+    fn postgres_script(&self, args: &[&str]) {
+        let out = Command::new("bash")
+            .arg(Path::new(REPO).join("scripts/postgres.sh"))
+            .args(args)
+            .output()
+            .expect("running scripts/postgres.sh");
+        assert!(
+            out.status.success(),
+            "scripts/postgres.sh {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The object keys under `prefix` in `bucket` (S3 ListObjectsV2 on SeaweedFS).
+    pub fn s3_keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = Command::new("curl")
+            .args(["-sSf", "--max-time", "10"])
+            .arg(format!(
+                "{}/{bucket}?list-type=2&max-keys=1000&prefix={prefix}",
+                self.s3_endpoint
+            ))
+            .output()
+            .expect("running curl");
+        assert!(
+            out.status.success(),
+            "listing {bucket}/{prefix}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|s| s.split("</Key>").next())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// `larch ARGS` (this build), which must succeed; returns stdout.
     pub fn larch(&self, args: &[&str]) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_larch"))

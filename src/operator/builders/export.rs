@@ -40,6 +40,8 @@ pub struct ExportChildren {
     pub jobs: Vec<Job>,
     pub cron_jobs: Vec<CronJob>,
     pub deployments: Vec<Deployment>,
+    /// A suspended Continuous export: the monitor reporting its kept slots' WAL.
+    pub slot_monitor: Option<Deployment>,
     /// Continuous only: the single-writer Leases (one per table, W9) and the rights of the
     /// exporter's service account on exactly those Leases.
     pub lease_access: Option<LeaseAccess>,
@@ -173,18 +175,33 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     }
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.
-    let slot = src
-        .slot_name
-        .clone()
-        .unwrap_or_else(|| derived_slot_name(export, table));
+    let (slot, _) = super::cleanup::slot_and_publication(export, table);
     a.extend(["--slot".into(), slot]);
     if let Some(p) = &src.publication_name {
         a.extend(["--publication".into(), p.clone()]);
     }
-    if let Some(m) = src.slot_mode {
+    // A one-shot export always takes a temporary slot; the mode matters with --follow only.
+    if let Some(m) = src
+        .slot_mode
+        .filter(|_| spec.mode == ExportMode::Continuous)
+    {
         a.extend(["--slot-mode".into(), m.as_arg().into()]);
     }
     a.extend(["--summary-file".into(), TERMINATION_LOG.into()]);
+    // Retention in every mode; continuous.keepEpochs is the deprecated spelling.
+    let retention = spec.retention.clone().unwrap_or_default();
+    let keep = retention.keep_epochs.or_else(|| {
+        spec.continuous
+            .as_ref()
+            .and_then(|c| c.keep_epochs)
+            .filter(|_| spec.mode == ExportMode::Continuous)
+    });
+    if let Some(k) = keep {
+        a.extend(["--keep-epochs".into(), k.to_string()]);
+    }
+    if let Some(age) = retention.max_age {
+        a.extend(["--max-age".into(), age]);
+    }
     if spec.mode == ExportMode::Continuous {
         let c = spec.continuous.clone().unwrap_or_default();
         a.extend([
@@ -206,7 +223,6 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
             c.max_churn_records.map(|v| v.to_string()),
         );
         opt("--max-churn-fraction", c.max_churn_fraction);
-        opt("--keep-epochs", c.keep_epochs.map(|v| v.to_string()));
         a.extend(["--listen".into(), pod::listen_arg()]);
         a.extend(["--lease".into(), lease_name(export, table)]);
     }
@@ -504,6 +520,7 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
     match export.spec.mode {
         ExportMode::Continuous => {
             out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
+            out.slot_monitor = super::cleanup::slot_monitor(export, ctx);
             out.lease_access = Some(lease_access(export));
         }
         ExportMode::OneShot => {

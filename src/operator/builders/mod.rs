@@ -1,6 +1,7 @@
 //! Pure builders: custom resource (+ observed facts) → every child object. No I/O here; the
 //! controllers apply what these return, and golden tests pin their output.
 
+pub mod cleanup;
 pub mod engine_config;
 pub mod export;
 pub mod pod;

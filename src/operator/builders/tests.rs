@@ -293,6 +293,91 @@ fn every_child_is_owned_and_carries_no_labels_or_annotations_of_the_custom_resou
     }
 }
 
+/// The deletion's cleanup Job of every export fixture and the slot monitor of the suspended
+/// continuous one: pinned, restricted, and the cleanup Job deliberately without an owner.
+#[test]
+fn cleanup_jobs_and_the_slot_monitor_match_golden() {
+    use super::cleanup::{cleanup_job, slot_monitor};
+    let mut out = String::new();
+    let mut pods = vec![];
+    for name in EXPORTS {
+        let job = cleanup_job(&export_fixture(name), &ctx());
+        let v = serde_json::to_value(&job).unwrap();
+        assert!(
+            v["metadata"]["ownerReferences"].is_null(),
+            "{name}: no owner"
+        );
+        assert_eq!(job.spec.as_ref().unwrap().backoff_limit, Some(0));
+        pods.push((
+            format!("{name} cleanup"),
+            job.spec.clone().unwrap().template.spec.unwrap(),
+        ));
+        out += &docs(&[job]);
+    }
+    let mut suspended = export_fixture("export-continuous-s3");
+    assert!(
+        slot_monitor(&suspended, &ctx()).is_none(),
+        "running: no monitor"
+    );
+    suspended.spec.suspend = Some(true);
+    let children = export::children(&suspended, None, &ctx());
+    let monitor = children.slot_monitor.expect("suspended: a monitor");
+    assert_eq!(
+        children.deployments[0].spec.replicas,
+        Some(0),
+        "the writer is scaled to zero"
+    );
+    pods.push((
+        "slot monitor".into(),
+        monitor.spec.template.spec.clone().unwrap(),
+    ));
+    out += &docs(&[monitor]);
+    golden("export-lifecycle", &out);
+    for (what, spec) in &pods {
+        assert_restricted(what, spec);
+        assert_eq!(spec.automount_service_account_token, Some(false), "{what}");
+    }
+    // A temporary slot is not kept: nothing to monitor.
+    let mut temporary = suspended.clone();
+    temporary.spec.source.slot_mode =
+        Some(crate::operator::crd::archive_export::SlotMode::Temporary);
+    assert!(slot_monitor(&temporary, &ctx()).is_none());
+    assert_eq!(
+        super::cleanup::cleanup_args(&export_fixture("export-oneshot-s3")).join(" "),
+        "export cleanup --connection-file /etc/larch/source/dsn --slot larch_users --publication larch_users \
+         --wait 60s --summary-file /dev/termination-log"
+    );
+}
+
+#[test]
+fn retention_applies_to_every_mode() {
+    let mut e = export_fixture("export-oneshot-s3");
+    e.spec.retention = Some(crate::operator::crd::archive_export::Retention {
+        keep_epochs: Some(2),
+        max_age: Some("7d".into()),
+    });
+    let t = e.spec.source.all_tables()[0].clone();
+    let args = export::export_args(&e, &t).join(" ");
+    assert!(args.contains("--keep-epochs 2 --max-age 7d"), "{args}");
+    // The deprecated continuous.keepEpochs still works, and retention wins over it.
+    let mut c = export_fixture("export-continuous-s3");
+    let t = c.spec.source.all_tables()[0].clone();
+    assert!(
+        export::export_args(&c, &t)
+            .join(" ")
+            .contains("--keep-epochs 3")
+    );
+    c.spec.retention = Some(crate::operator::crd::archive_export::Retention {
+        keep_epochs: Some(5),
+        max_age: None,
+    });
+    let args = export::export_args(&c, &t).join(" ");
+    assert!(
+        args.contains("--keep-epochs 5") && !args.contains("--keep-epochs 3"),
+        "{args}"
+    );
+}
+
 #[test]
 fn export_args_follow_the_cli_contract() {
     let e = export_fixture("export-oneshot-s3");
@@ -302,16 +387,16 @@ fn export_args_follow_the_cli_contract() {
         "export --connection-file /etc/larch/source/dsn --schema public --table users \
          --key-fields id,tenant --store s3 --bucket seeds --prefix team-a --endpoint https://s3.internal:8333 \
          --region eu-west-1 --path-style --format jsonl --slot larch_users --publication larch_users \
-         --slot-mode temporary --summary-file /dev/termination-log"
+         --summary-file /dev/termination-log"
     );
     let c = export_fixture("export-continuous-s3");
     let t = c.spec.source.all_tables()[0].clone();
     let args = export::export_args(&c, &t).join(" ");
     assert!(
         args.ends_with(
-            "--summary-file /dev/termination-log --follow --diff-interval 15s --min-interval 5s \
-             --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 --max-churn-records 100000 \
-             --max-churn-fraction 0.5 --keep-epochs 3 --listen $(POD_IP):8080 --lease events"
+            "--summary-file /dev/termination-log --keep-epochs 3 --follow --diff-interval 15s \
+             --min-interval 5s --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 \
+             --max-churn-records 100000 --max-churn-fraction 0.5 --listen $(POD_IP):8080 --lease events"
         ),
         "{args}"
     );

@@ -30,6 +30,7 @@ fn export_obs() -> ExportObservation {
         last_outcome: None,
         writers: (0, 0, false),
         writers_with_snapshot: 0,
+        suspended_slots: vec![],
     }
 }
 
@@ -250,6 +251,35 @@ fn source_readiness_and_caught_up() {
     assert_eq!(
         status_of(&source_conditions(&o), READY),
         (Status::False, "ExportNotFound")
+    );
+}
+
+/// An engine stuck at the end of a chain that stops before the head: Degraded (ShortChain, over
+/// frequent re-baselines) and not caught up, even with a small lag.
+#[test]
+fn a_short_chain_degrades_the_source() {
+    let mut o = source_obs();
+    o.rebaselines_last_hour = 9;
+    o.engines = vec![EngineSource {
+        position: Some("0/20".into()),
+        head: Some("0/40".into()),
+        lag_seconds: Some(1.0),
+        short_chain: Some(crate::operator::observe::EngineShortChain {
+            reached: "0/20".into(),
+            head: "0/40".into(),
+            reason: "no diff starts at 0/20".into(),
+        }),
+        ..Default::default()
+    }];
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ShortChain"));
+    assert_eq!(status_of(&cs, CAUGHT_UP), (Status::False, "ShortChain"));
+    let msg = &cs.iter().find(|c| c.type_ == DEGRADED).unwrap().message;
+    assert!(msg.contains("stops at 0/20 before the head 0/40"), "{msg}");
+    o.engines[0].short_chain = None;
+    assert_eq!(
+        status_of(&source_conditions(&o), DEGRADED),
+        (Status::True, "FrequentRebaselines")
     );
 }
 

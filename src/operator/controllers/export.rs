@@ -57,7 +57,7 @@ pub fn wanted_run(export: &ArchiveExport) -> Option<(String, Option<String>)> {
     Some((build::run_id(export, token.as_deref()), token))
 }
 
-fn job_phase(job: &Job) -> JobPhase {
+pub(super) fn job_phase(job: &Job) -> JobPhase {
     let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
     let has =
         |t: &str| conds.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"));
@@ -166,6 +166,13 @@ where
 pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = export.namespace().ok_or(Error::NoNamespace)?;
     let name = export.name_any();
+    if export.metadata.deletion_timestamp.is_some() {
+        return super::cleanup::finalize(export, ctx).await;
+    }
+    if super::cleanup::ensure_finalizer(&export, &ctx).await? {
+        // The watch brings the object with its finalizer.
+        return Ok(Action::await_change());
+    }
     let now = ctx.now();
     let client = ctx.client.clone();
     let old = export.status.clone().unwrap_or_default();
@@ -184,6 +191,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         last_outcome: None,
         writers: (0, 0, false),
         writers_with_snapshot: 0,
+        suspended_slots: vec![],
     };
     let mut events: Vec<Event> = vec![];
     let mut requeue = Duration::from_secs(300);
@@ -246,6 +254,9 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         for d in &children.deployments {
             applied_deps.push(apply(&dep_api, d).await?);
         }
+        if let Some(m) = &children.slot_monitor {
+            apply(&dep_api, m).await?;
+        }
         for j in &children.jobs {
             apply(&jobs, j).await?;
         }
@@ -269,6 +280,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
                 children
                     .deployments
                     .iter()
+                    .chain(&children.slot_monitor)
                     .map(|c| c.metadata.name.clone())
                     .collect(),
             ),
@@ -383,18 +395,35 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
             obs.writers = (ready, desired, stalled);
             let listed = pods.list(&ListParams::default().labels(&selector)).await?;
             let mut writers: Vec<WriterStatus> = vec![];
+            let mut monitor = None;
             for pod in &listed.items {
                 let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
                     continue;
                 };
-                if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
-                    && let Some(w) = observe::parse_writer_status(&body)
-                {
+                let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+                    continue;
+                };
+                if let Some(w) = observe::parse_writer_status(&body) {
                     writers.push(w);
+                } else if let Some(m) = observe::parse_slot_monitor(&body) {
+                    monitor = Some(m);
                 }
             }
             writers.sort_by(|a, b| a.table.cmp(&b.table));
             writers.truncate(32);
+            let writers =
+                super::slots::merge_writers(&export, &old.writers, writers, monitor, suspended);
+            events.extend(super::slots::slot_events(&old.writers, &writers));
+            if suspended {
+                obs.suspended_slots = super::slots::suspended_slots(&export, &writers);
+            }
+            ctx.metrics.set_retained_wal(
+                &ns,
+                &name,
+                writers
+                    .iter()
+                    .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
+            );
             obs.writers_with_snapshot = writers
                 .iter()
                 .filter(|w| w.last_snapshot_at.is_some())

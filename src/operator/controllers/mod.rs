@@ -1,10 +1,13 @@
-//! The two kube-runtime controllers. Each owns its children (owner references, so child
-//! changes and deletions re-trigger the owner) and applies them with its own field manager.
-//! No finalizers: nothing outside the cluster is cleaned up on delete (archives and state
-//! volumes are kept; see docs/operator.md).
+//! The kube-runtime controllers. Each owns its children (owner references, so child changes and
+//! deletions re-trigger the owner) and applies them with its own field manager. The one
+//! finalizer, `larch.dev/cleanup` on ArchiveExports, drops the source database's replication
+//! slots and publications larch created (see [`cleanup`]); archives and state volumes are kept
+//! (see docs/operator.md).
 
+pub mod cleanup;
 pub mod context;
 pub mod export;
+pub mod slots;
 pub mod source;
 pub mod source_set;
 
@@ -175,6 +178,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
     let export_pods = watcher::Config::default().labels(&format!(
         "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}=export"
     ));
+    let cleanup_jobs = watcher::Config::default().labels(&format!(
+        "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}=cleanup"
+    ));
 
     let exports = Controller::new(api::<ArchiveExport>(&client, ns), cfg.clone());
     let export_store = exports.store();
@@ -187,6 +193,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
         .watches(api::<Pod>(&client, ns), export_pods, |pod: Pod| {
             let name = pod.labels().get(LABEL_EXPORT).cloned();
             let ns = pod.namespace();
+            name.zip(ns).map(|(n, ns)| ObjectRef::new(&n).within(&ns))
+        })
+        // A deletion's cleanup Job has no owner (see builders::cleanup): found by label.
+        .watches(api::<Job>(&client, ns), cleanup_jobs, |job: Job| {
+            let name = job.labels().get(LABEL_EXPORT).cloned();
+            let ns = job.namespace();
             name.zip(ns).map(|(n, ns)| ObjectRef::new(&n).within(&ns))
         })
         .shutdown_on_signal()
@@ -255,9 +267,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
     }
 }
 
-/// Drops per-object gauges and re-baseline trackers of deleted objects (there are no
-/// finalizers, so reconcile never sees a deletion), so no stale-archive alert fires for an
-/// ArchiveExport that is gone.
+/// Drops per-object gauges and re-baseline trackers of deleted objects (reconcile does not see
+/// the end of a deletion), so no stale-archive alert fires for an ArchiveExport that is gone.
 async fn janitor(ctx: Arc<Context>, exports: Store<ArchiveExport>, sources: Store<ArchiveSource>) {
     if exports.wait_until_ready().await.is_err() || sources.wait_until_ready().await.is_err() {
         return;

@@ -50,7 +50,8 @@ fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
             (conditions::REBASELINING, "False") if !first => {
                 (EventType::Normal, "RebaselineSettled")
             }
-            (conditions::DEGRADED, "True") => (EventType::Warning, "FrequentRebaselines"),
+            // The condition's reason: FrequentRebaselines or ShortChain.
+            (conditions::DEGRADED, "True") => (EventType::Warning, c.reason.as_str()),
             (conditions::DEGRADED, "False") if !first => (EventType::Normal, "RebaselinesNormal"),
             (conditions::READY, "True") => (EventType::Normal, "Ready"),
             (conditions::READY, "False") if !first => (EventType::Warning, "NotReady"),

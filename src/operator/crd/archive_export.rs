@@ -12,6 +12,15 @@ use super::common::{
 /// Annotation requesting a new OneShot run: set it to a new value (any token, e.g. a timestamp).
 pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
 
+/// Finalizer of an ArchiveExport whose `source.deletionPolicy` is `Delete` (the default): the
+/// operator drops the replication slot(s) and publication(s) larch created before the object
+/// goes.
+pub const CLEANUP_FINALIZER: &str = "larch.dev/cleanup";
+
+/// Set to `"true"` on an ArchiveExport being deleted to give up the cleanup: the finalizer is
+/// removed and the slot(s) and publication(s) stay on the source database.
+pub const SKIP_CLEANUP_ANNOTATION: &str = "larch.dev/skip-cleanup";
+
 /// Desired state of an ArchiveExport.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -28,6 +37,7 @@ pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
     printcolumn(name = "Last Export", type_ = "date", json_path = ".status.lastExport.time"),
     printcolumn(name = "Position", type_ = "string", json_path = ".status.lastExport.position"),
     printcolumn(name = "Rows", type_ = "integer", json_path = ".status.lastExport.rowCount", priority = 1),
+    printcolumn(name = "WAL Held", type_ = "integer", json_path = ".status.writers[0].retainedWalBytes", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 40").message("name must be at most 40 characters (child names append a suffix)"),
 )]
@@ -35,6 +45,7 @@ pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
 #[x_kube(
     validation = Rule::new("!has(self.schedule) || self.mode == 'OneShot'").message("schedule applies only to mode OneShot"),
     validation = Rule::new("!has(self.continuous) || self.mode == 'Continuous'").message("continuous applies only to mode Continuous"),
+    validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
 )]
 pub struct ArchiveExportSpec {
     /// The PostgreSQL table(s) to export.
@@ -58,6 +69,10 @@ pub struct ArchiveExportSpec {
     /// Policy of the Continuous writer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuous: Option<ContinuousPolicy>,
+    /// Which epochs the archive keeps, in every mode: each run (or commit) prunes older epochs
+    /// after its own manifest commit and deletes their objects. Default: keep everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
     /// Stop creating runs (OneShot), suspend the CronJob, or scale the writer to zero (Continuous).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<bool>,
@@ -143,6 +158,33 @@ pub struct ExportSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub publication_name: Option<String>,
+    /// What happens to the replication slot(s) and publication(s) larch created when the
+    /// ArchiveExport is deleted: `Delete` (the default; a cleanup Job drops them before the
+    /// object goes) or `Retain` (they stay on the source database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+}
+
+/// The fate of the source-side objects on delete.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    Delete,
+    Retain,
+}
+
+/// Retention of archive epochs (passed to `larch export --keep-epochs/--max-age`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// Keep this many newest epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep_epochs: Option<i32>,
+    /// Delete epochs that ended longer ago than this (`7d`, `36h`, `90m`): every position of
+    /// the last maxAge stays reconstructable; the current epoch is always kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), pattern(r"^[1-9][0-9]*(m|h|d)$"))]
+    pub max_age: Option<String>,
 }
 
 impl ExportSource {
@@ -229,7 +271,8 @@ pub struct ContinuousPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 8), pattern(FRACTION))]
     pub max_churn_fraction: Option<String>,
-    /// Epochs kept in the store.
+    /// Deprecated: use `retention.keepEpochs` (same meaning, every mode). Still honoured
+    /// when `retention.keepEpochs` is not set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub keep_epochs: Option<i32>,
@@ -257,10 +300,35 @@ pub struct ArchiveExportStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub tables: Vec<ExportSummary>,
-    /// Continuous writers as reported by their `/status` endpoint.
+    /// Continuous writers as reported by their `/status` endpoint (while suspended: the last
+    /// report, with the slot's WAL from the slot monitor).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub writers: Vec<WriterStatus>,
+    /// The cleanup of the source database on delete (`deletionPolicy: Delete`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleanup: Option<CleanupStatus>,
+}
+
+/// Progress of the cleanup Job run when the ArchiveExport is deleted.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupStatus {
+    /// Cleanup Jobs started so far.
+    #[serde(default)]
+    pub attempts: i32,
+    /// When the current (or last) attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub last_attempt_time: Option<String>,
+    /// The error of the last failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub last_error: Option<String>,
+    /// No new attempt before this time (backoff after a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub next_attempt_time: Option<String>,
 }
 
 /// A OneShot run.
@@ -331,4 +399,32 @@ pub struct WriterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub last_snapshot_at: Option<String>,
+    /// The writer's replication slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub slot: Option<String>,
+    /// WAL the source keeps for the slot (`pg_current_wal_lsn() - restart_lsn`), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_wal_bytes: Option<i64>,
+    /// WAL the writer has not confirmed (`pg_current_wal_lsn() - confirmed_flush_lsn`), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// `pg_replication_slots.wal_status`: reserved, extended, unreserved (at risk) or lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub wal_status: Option<String>,
+    /// Times the writer found its slot lost (invalidated or dropped) and took a new baseline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_losses: Option<i64>,
+    /// Why the slot was last lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub last_slot_loss: Option<String>,
+    /// Suspended: the WAL the slot held when the writer stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_wal_bytes_at_suspension: Option<i64>,
+    /// When the slot figures were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub slot_observed_at: Option<String>,
 }

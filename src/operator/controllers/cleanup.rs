@@ -1,0 +1,515 @@
+//! Deleting an ArchiveExport (`source.deletionPolicy: Delete`, the default): the finalizer
+//! `larch.dev/cleanup` holds the object while the operator stops its writers and runs a cleanup
+//! Job (`larch export cleanup`) that drops the replication slot(s) and publication(s) larch
+//! created. A failed attempt (the database unreachable, a wrong password) sets
+//! `Ready=False/CleanupFailed`, emits a `CleanupFailed` Event with the error and is retried
+//! with a backoff (10 s doubling to 5 min) until it succeeds or someone sets
+//! `larch.dev/skip-cleanup: "true"`, which removes the finalizer and leaves the objects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::context::{Context, Error, MANAGER_EXPORT};
+use crate::operator::builders::cleanup::{
+    CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
+};
+use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT};
+use crate::operator::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
+use crate::operator::crd::archive_export::{
+    ArchiveExport, CLEANUP_FINALIZER, CleanupStatus, DeletionPolicy, SKIP_CLEANUP_ANNOTATION,
+};
+
+fn has_finalizer(export: &ArchiveExport) -> bool {
+    export.finalizers().iter().any(|f| f == CLEANUP_FINALIZER)
+}
+
+/// Sets `metadata.finalizers` to `finalizers`, failing (409) if the object changed meanwhile:
+/// the resourceVersion makes the merge patch a compare-and-swap of the list.
+async fn set_finalizers(
+    ctx: &Context,
+    export: &ArchiveExport,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let api: Api<ArchiveExport> =
+        Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": export.resource_version(),
+    }});
+    api.patch(
+        &export.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Adds the finalizer when the policy is `Delete` (the default), removes it for `Retain`.
+/// Returns whether it changed the object (the watch brings the new version).
+pub async fn ensure_finalizer(export: &ArchiveExport, ctx: &Context) -> Result<bool, Error> {
+    let wanted = deletion_policy(export) == DeletionPolicy::Delete;
+    if wanted == has_finalizer(export) {
+        return Ok(false);
+    }
+    let mut finalizers: Vec<String> = export
+        .finalizers()
+        .iter()
+        .filter(|f| *f != CLEANUP_FINALIZER)
+        .cloned()
+        .collect();
+    if wanted {
+        finalizers.push(CLEANUP_FINALIZER.into());
+    }
+    set_finalizers(ctx, export, finalizers).await?;
+    Ok(true)
+}
+
+/// The slot/publication pairs of the export, for messages.
+fn objects(export: &ArchiveExport) -> String {
+    export
+        .spec
+        .source
+        .all_tables()
+        .iter()
+        .map(|t| {
+            let (s, p) = slot_and_publication(export, t);
+            format!("replication slot {s} and publication {p}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn backoff(attempts: i32) -> Duration {
+    let secs = 10u64.saturating_mul(1 << attempts.clamp(1, 6).saturating_sub(1) as u32);
+    Duration::from_secs(secs.min(300))
+}
+
+/// The deletion path of the reconcile: stop the export's pods, run the cleanup Job until it
+/// succeeds (or is given up), then let the object go.
+pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !has_finalizer(&export) {
+        return Ok(Action::await_change());
+    }
+    let ns = export.namespace().ok_or(Error::NoNamespace)?;
+    let name = export.name_any();
+    let client = ctx.client.clone();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let job_name = cleanup_job_name(&export);
+    let reference = export.object_ref(&());
+    let publish = |e: Event| {
+        let ctx = ctx.clone();
+        let reference = reference.clone();
+        async move {
+            if let Err(err) = ctx.recorder.publish(&e, &reference).await {
+                tracing::warn!(%err, "could not publish event");
+            }
+        }
+    };
+
+    let skip = export
+        .annotations()
+        .get(SKIP_CLEANUP_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if skip || deletion_policy(&export) == DeletionPolicy::Retain {
+        delete_if_present(&jobs, &job_name).await?;
+        publish(Event {
+            type_: EventType::Warning,
+            reason: "CleanupSkipped".into(),
+            note: Some(format!(
+                "{}: left on the source database ({}); drop them with `larch export cleanup`",
+                if skip {
+                    "larch.dev/skip-cleanup"
+                } else {
+                    "deletionPolicy Retain"
+                },
+                objects(&export)
+            )),
+            action: "Cleanup".into(),
+            secondary: None,
+        })
+        .await;
+        remove_finalizer(&ctx, &export).await?;
+        return Ok(Action::await_change());
+    }
+
+    // 1. Nothing may stream from the slot while it is dropped: stop the writers and runs.
+    if export_pods_running(&ctx, &export, &ns).await? {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+
+    // 2. The cleanup Job.
+    let now = ctx.now();
+    let mut cleanup = export
+        .status
+        .as_ref()
+        .and_then(|s| s.cleanup.clone())
+        .unwrap_or_default();
+    let job = jobs.get_opt(&job_name).await?;
+    let phase = job.as_ref().map(super::export::job_phase);
+    match phase {
+        None => {
+            let due = cleanup
+                .next_attempt_time
+                .as_deref()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .is_none_or(|t| t <= now);
+            if !due {
+                let wait = cleanup
+                    .next_attempt_time
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .map(|t| t.duration_since(now).as_secs().max(1) as u64)
+                    .unwrap_or(5);
+                return Ok(Action::requeue(Duration::from_secs(wait)));
+            }
+            match jobs
+                .create(&PostParams::default(), &cleanup_job(&export, &ctx.build))
+                .await
+            {
+                Ok(_) => {}
+                // Created by an earlier reconcile whose status write was lost.
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    return Ok(Action::requeue(Duration::from_secs(3)));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            cleanup.attempts += 1;
+            cleanup.last_attempt_time = Some(time_string(now));
+            cleanup.next_attempt_time = None;
+            let message = if cleanup.last_error.is_some() {
+                format!("cleanup attempt {} started", cleanup.attempts)
+            } else {
+                format!("dropping {}", objects(&export))
+            };
+            write_status(&ctx, &export, cleanup, &message).await?;
+            Ok(Action::requeue(Duration::from_secs(5)))
+        }
+        Some(JobPhase::Active) | Some(JobPhase::Missing) => {
+            Ok(Action::requeue(Duration::from_secs(3)))
+        }
+        Some(JobPhase::Succeeded) => {
+            let report = termination_message(&ctx, &ns, &name).await?;
+            let kept = kept_objects(&report);
+            publish(Event {
+                type_: if kept.is_empty() {
+                    EventType::Normal
+                } else {
+                    EventType::Warning
+                },
+                reason: "CleanupSucceeded".into(),
+                note: Some(
+                    if kept.is_empty() {
+                        format!("dropped what larch created: {}", dropped_objects(&report))
+                    } else {
+                        format!(
+                            "dropped: {}; kept (not created by larch): {}",
+                            dropped_objects(&report),
+                            kept.join("; ")
+                        )
+                    }
+                    .chars()
+                    .take(1000)
+                    .collect(),
+                ),
+                action: "Cleanup".into(),
+                secondary: None,
+            })
+            .await;
+            delete_if_present(&jobs, &job_name).await?;
+            remove_finalizer(&ctx, &export).await?;
+            Ok(Action::await_change())
+        }
+        Some(JobPhase::Failed) => {
+            let message = termination_message(&ctx, &ns, &name).await?;
+            let error = failure_text(&message, job.as_ref());
+            let delay = backoff(cleanup.attempts);
+            cleanup.last_error = Some(error.chars().take(2000).collect());
+            cleanup.next_attempt_time = Some(time_string(
+                now.checked_add(jiff::SignedDuration::from_secs(delay.as_secs() as i64))
+                    .unwrap_or(now),
+            ));
+            let note = format!(
+                "attempt {}: {error}; retrying in {}s. To give up and leave the slot(s) on the source: kubectl annotate archiveexport {name} {SKIP_CLEANUP_ANNOTATION}=true",
+                cleanup.attempts,
+                delay.as_secs()
+            );
+            publish(Event {
+                type_: EventType::Warning,
+                reason: "CleanupFailed".into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: "Cleanup".into(),
+                secondary: None,
+            })
+            .await;
+            write_status(&ctx, &export, cleanup, &note).await?;
+            delete_if_present(&jobs, &job_name).await?;
+            Ok(Action::requeue(delay))
+        }
+    }
+}
+
+async fn delete_if_present(jobs: &Api<Job>, name: &str) -> Result<(), Error> {
+    match jobs.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn remove_finalizer(ctx: &Context, export: &ArchiveExport) -> Result<(), Error> {
+    let rest: Vec<String> = export
+        .finalizers()
+        .iter()
+        .filter(|f| *f != CLEANUP_FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(ctx, export, rest).await
+}
+
+/// Deletes the export's workloads (writers, the slot monitor, CronJobs and run Jobs) and
+/// reports whether any of their pods is still there.
+async fn export_pods_running(
+    ctx: &Context,
+    export: &ArchiveExport,
+    ns: &str,
+) -> Result<bool, Error> {
+    let client = ctx.client.clone();
+    let name = export.name_any();
+    let all = format!("{LABEL_EXPORT}={name}");
+    let runs = format!("{all},{LABEL_COMPONENT}=export");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    for d in deployments
+        .list(&ListParams::default().labels(&all))
+        .await?
+    {
+        deployments
+            .delete(&d.name_any(), &DeleteParams::background())
+            .await?;
+    }
+    let cron: Api<CronJob> = Api::namespaced(client.clone(), ns);
+    for c in cron.list(&ListParams::default().labels(&all)).await? {
+        cron.delete(&c.name_any(), &DeleteParams::background())
+            .await?;
+    }
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    for j in jobs.list(&ListParams::default().labels(&runs)).await? {
+        jobs.delete(&j.name_any(), &DeleteParams::background())
+            .await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    let left = pods
+        .list(&ListParams::default().labels(&all))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.labels().get(LABEL_COMPONENT).map(String::as_str) != Some("cleanup"))
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded") | Some("Failed"))
+        })
+        .count();
+    Ok(left > 0)
+}
+
+/// The termination message of the newest finished cleanup container.
+async fn termination_message(ctx: &Context, ns: &str, name: &str) -> Result<String, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods
+        .list(
+            &ListParams::default()
+                .labels(&format!("{LABEL_EXPORT}={name},{LABEL_COMPONENT}=cleanup")),
+        )
+        .await?;
+    let mut newest: Option<(String, String)> = None;
+    for p in &listed.items {
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        for cs in statuses.into_iter().flatten() {
+            if cs.name != CLEANUP_CONTAINER {
+                continue;
+            }
+            let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+                continue;
+            };
+            let at = t
+                .finished_at
+                .as_ref()
+                .map(|f| time_string(f.0))
+                .unwrap_or_default();
+            let msg = t.message.clone().unwrap_or_else(|| {
+                format!(
+                    "exit code {} ({})",
+                    t.exit_code,
+                    t.reason.as_deref().unwrap_or("Error")
+                )
+            });
+            if newest.as_ref().is_none_or(|(a, _)| at > *a) {
+                newest = Some((at, msg));
+            }
+        }
+    }
+    Ok(newest.map(|(_, m)| m).unwrap_or_default())
+}
+
+fn report_json(message: &str) -> serde_json::Value {
+    message
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .unwrap_or_default()
+}
+
+/// Objects a successful cleanup kept, with the reason.
+pub fn kept_objects(message: &str) -> Vec<String> {
+    report_json(message)["objects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["outcome"] == "kept")
+        .map(|o| {
+            format!(
+                "{} {}: {}",
+                o["kind"].as_str().unwrap_or(""),
+                o["name"].as_str().unwrap_or(""),
+                o["reason"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+fn dropped_objects(message: &str) -> String {
+    let dropped: Vec<String> = report_json(message)["objects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["outcome"] == "dropped")
+        .map(|o| {
+            format!(
+                "{} {}",
+                o["kind"].as_str().unwrap_or(""),
+                o["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    if dropped.is_empty() {
+        "nothing (already gone)".into()
+    } else {
+        dropped.join(", ")
+    }
+}
+
+/// Why a cleanup attempt failed: the error the command wrote, else what Kubernetes says.
+pub fn failure_text(message: &str, job: Option<&Job>) -> String {
+    if let Some(e) = report_json(message)["error"].as_str() {
+        return e.to_string();
+    }
+    if !message.trim().is_empty() {
+        return message.trim().to_string();
+    }
+    job.and_then(|j| j.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Failed"))
+        .map(|c| {
+            format!(
+                "the cleanup Job failed: {} {}",
+                c.reason.as_deref().unwrap_or(""),
+                c.message.as_deref().unwrap_or("")
+            )
+        })
+        .unwrap_or_else(|| "the cleanup Job failed".into())
+}
+
+/// Status while deleting: `Ready=False` (reason `CleanupFailed` after a failure, else
+/// `Deleting`), `Reconciling=True`, plus `status.cleanup`.
+async fn write_status(
+    ctx: &Context,
+    export: &ArchiveExport,
+    cleanup: CleanupStatus,
+    message: &str,
+) -> Result<(), Error> {
+    let old = export.status.clone().unwrap_or_default();
+    let reason = if cleanup.last_error.is_some() {
+        "CleanupFailed"
+    } else {
+        "Deleting"
+    };
+    let desired = [
+        Cond {
+            type_: conditions::READY,
+            status: Status::False,
+            reason,
+            message: message.into(),
+        },
+        Cond {
+            type_: conditions::RECONCILING,
+            status: Status::True,
+            reason,
+            message: message.into(),
+        },
+        Cond {
+            type_: conditions::STALLED,
+            status: Status::False,
+            reason,
+            message: String::new(),
+        },
+    ];
+    let mut status = old.clone();
+    status.cleanup = Some(cleanup);
+    status.conditions = conditions::merge(
+        &old.conditions,
+        &desired,
+        &EXPORT_TYPES,
+        ctx.now(),
+        export.metadata.generation,
+    );
+    let api: Api<ArchiveExport> =
+        Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
+    let body = json!({
+        "apiVersion": ArchiveExport::api_version(&()),
+        "kind": ArchiveExport::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &export.name_any(),
+        &PatchParams::apply(MANAGER_EXPORT).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_and_failures_read_from_the_termination_message() {
+        let ok = r#"{"server":"db:5432/app as user u","objects":[{"kind":"slot","name":"s","outcome":"dropped"},{"kind":"publication","name":"p","outcome":"kept","reason":"not created by larch (no larch ownership comment)"}]}"#;
+        assert_eq!(
+            kept_objects(ok),
+            ["publication p: not created by larch (no larch ownership comment)"]
+        );
+        assert_eq!(dropped_objects(ok), "slot s");
+        let failed = r#"{"error":"cannot connect to PostgreSQL at db:5432/app as user u: connection refused"}"#;
+        assert!(failure_text(failed, None).starts_with("cannot connect"));
+        assert_eq!(failure_text("", None), "the cleanup Job failed");
+    }
+
+    #[test]
+    fn retries_back_off_to_five_minutes() {
+        let secs: Vec<u64> = (1..=8).map(|a| backoff(a).as_secs()).collect();
+        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300, 300]);
+    }
+}
