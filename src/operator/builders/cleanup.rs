@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::export::{DSN_DIR, DSN_FILE, TERMINATION_LOG, derived_slot_name};
-use super::pod::{self, HTTP_PORT};
+use super::export::{DSN_FILE, TERMINATION_LOG, derived_slot_name, source_mounts};
+use super::pod;
 use super::{
     BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY,
     child_meta, labels,
@@ -96,27 +96,11 @@ fn source_pod(
     container: &str,
     args: Vec<String>,
     ctx: &BuildContext,
+    labels: BTreeMap<String, String>,
     http: bool,
-) -> (PodSpec, Option<BTreeMap<String, String>>) {
+) -> PodTemplateSpec {
     let spec = &export.spec;
-    let mut mounts = vec![
-        pod::mount("source", DSN_DIR, true),
-        pod::mount("tmp", "/tmp", false),
-    ];
-    let mut volumes = vec![
-        pod::secret_file_volume(
-            "source",
-            &spec.source.connection_secret_ref.name,
-            &spec.source.connection_secret_ref.key,
-            "dsn",
-        ),
-        pod::empty_dir("tmp"),
-    ];
-    if let Some(ca) = &spec.source.ca_bundle {
-        let (v, m) = pod::ca_bundle("source-ca", pod::SOURCE_CA_DIR, ca);
-        volumes.push(v);
-        mounts.push(m);
-    }
+    let (mounts, volumes) = source_mounts(export);
     let c = Container {
         name: container.into(),
         image: Some(ctx.image.clone()),
@@ -127,22 +111,23 @@ fn source_pod(
         security_context: Some(pod::container_security()),
         termination_message_path: Some(TERMINATION_LOG.into()),
         termination_message_policy: Some("File".into()),
-        ports: http.then(|| {
-            vec![ContainerPort {
-                name: Some("http".into()),
-                container_port: HTTP_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]
-        }),
-        readiness_probe: http.then(|| pod::http_probe("/health/ready", 10, 3)),
-        liveness_probe: http.then(|| pod::http_probe("/health/live", 20, 6)),
         ..Default::default()
     };
+    let c = if http { pod::serving_http(c) } else { c };
     let mut pod_spec = pod::base_pod_spec(c, volumes, spec.service_account_name.as_ref());
+    if !http {
+        pod_spec.restart_policy = Some("Never".into());
+    }
     let annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).filter(|a| !a.is_empty());
-    (pod_spec, annotations)
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations,
+            ..Default::default()
+        }),
+        spec: Some(pod_spec),
+    }
 }
 
 /// The cleanup Job of a deletion. It has no owner reference on purpose: a foreground deletion
@@ -153,9 +138,14 @@ fn source_pod(
 /// attempt after a backoff.
 pub fn cleanup_job(export: &ArchiveExport, ctx: &BuildContext) -> Job {
     let l = component_labels(export, "cleanup");
-    let (mut pod_spec, annotations) =
-        source_pod(export, CLEANUP_CONTAINER, cleanup_args(export), ctx, false);
-    pod_spec.restart_policy = Some("Never".into());
+    let template = source_pod(
+        export,
+        CLEANUP_CONTAINER,
+        cleanup_args(export),
+        ctx,
+        l.clone(),
+        false,
+    );
     Job {
         metadata: ObjectMeta {
             name: Some(cleanup_job_name(export)),
@@ -167,14 +157,7 @@ pub fn cleanup_job(export: &ArchiveExport, ctx: &BuildContext) -> Job {
             backoff_limit: Some(0),
             active_deadline_seconds: Some(300),
             ttl_seconds_after_finished: Some(3600),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(l),
-                    annotations,
-                    ..Default::default()
-                }),
-                spec: Some(pod_spec),
-            },
+            template,
             ..Default::default()
         }),
         ..Default::default()
@@ -228,7 +211,7 @@ pub fn slot_monitor(export: &ArchiveExport, ctx: &BuildContext) -> Option<Deploy
         "10s".into(),
     ]);
     let l = component_labels(export, "slot-monitor");
-    let (pod_spec, annotations) = source_pod(export, MONITOR_CONTAINER, args, ctx, true);
+    let template = source_pod(export, MONITOR_CONTAINER, args, ctx, l.clone(), true);
     Some(Deployment {
         metadata: child_meta(export, slot_monitor_name(export), l.clone()),
         spec: DeploymentSpec {
@@ -241,14 +224,7 @@ pub fn slot_monitor(export: &ArchiveExport, ctx: &BuildContext) -> Option<Deploy
                 type_: Some("Recreate".into()),
                 ..Default::default()
             }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(l),
-                    annotations,
-                    ..Default::default()
-                }),
-                spec: Some(pod_spec),
-            },
+            template,
             ..Default::default()
         },
         ..Default::default()

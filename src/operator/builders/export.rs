@@ -10,15 +10,15 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy}
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec,
-    ServiceAccount, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ServiceAccount,
+    Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::pod::{self, HTTP_PORT};
+use super::pod;
 use super::{
     ANNOTATION_TABLE, BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME,
     LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
@@ -229,6 +229,31 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     a
 }
 
+/// What every pod talking to the source database mounts: the connection Secret, `/tmp`, and the
+/// CA bundle when there is one.
+pub fn source_mounts(export: &ArchiveExport) -> (Vec<VolumeMount>, Vec<Volume>) {
+    let src = &export.spec.source;
+    let mut mounts = vec![
+        pod::mount("source", DSN_DIR, true),
+        pod::mount("tmp", "/tmp", false),
+    ];
+    let mut volumes = vec![
+        pod::secret_file_volume(
+            "source",
+            &src.connection_secret_ref.name,
+            &src.connection_secret_ref.key,
+            "dsn",
+        ),
+        pod::empty_dir("tmp"),
+    ];
+    if let Some(ca) = &src.ca_bundle {
+        let (v, m) = pod::ca_bundle("source-ca", pod::SOURCE_CA_DIR, ca);
+        volumes.push(v);
+        mounts.push(m);
+    }
+    (mounts, volumes)
+}
+
 /// The pod template of one table's export.
 pub fn pod_template(
     export: &ArchiveExport,
@@ -238,26 +263,9 @@ pub fn pod_template(
 ) -> PodTemplateSpec {
     let spec = &export.spec;
     let access = pod::store_access(&spec.destination, &archive_claim_name(export), false);
-    let mut mounts = vec![
-        pod::mount("source", DSN_DIR, true),
-        pod::mount("tmp", "/tmp", false),
-    ];
+    let (mut mounts, mut volumes) = source_mounts(export);
     mounts.extend(access.mounts);
-    let mut volumes = vec![
-        pod::secret_file_volume(
-            "source",
-            &spec.source.connection_secret_ref.name,
-            &spec.source.connection_secret_ref.key,
-            "dsn",
-        ),
-        pod::empty_dir("tmp"),
-    ];
     volumes.extend(access.volumes);
-    if let Some(ca) = &spec.source.ca_bundle {
-        let (v, m) = pod::ca_bundle("source-ca", pod::SOURCE_CA_DIR, ca);
-        volumes.push(v);
-        mounts.push(m);
-    }
     let continuous = spec.mode == ExportMode::Continuous;
     let container = Container {
         name: CONTAINER.into(),
@@ -284,17 +292,12 @@ pub fn pod_template(
         security_context: Some(pod::container_security()),
         termination_message_path: Some(TERMINATION_LOG.into()),
         termination_message_policy: Some("File".into()),
-        ports: continuous.then(|| {
-            vec![ContainerPort {
-                name: Some("http".into()),
-                container_port: HTTP_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]
-        }),
-        readiness_probe: continuous.then(|| pod::http_probe("/health/ready", 10, 3)),
-        liveness_probe: continuous.then(|| pod::http_probe("/health/live", 20, 6)),
         ..Default::default()
+    };
+    let container = if continuous {
+        pod::serving_http(container)
+    } else {
+        container
     };
     let mut pod_spec = if continuous {
         // The exporter renews its Lease through the API: it needs its token.

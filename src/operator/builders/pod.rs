@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaimVolumeSource,
     PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
@@ -102,6 +102,21 @@ pub fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
         period_seconds: Some(period),
         failure_threshold: Some(failures),
         ..Default::default()
+    }
+}
+
+/// A container serving HTTP on port 8080 `http`, probed on `/health/ready` and `/health/live`.
+pub fn serving_http(c: Container) -> Container {
+    Container {
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: HTTP_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(http_probe("/health/ready", 10, 3)),
+        liveness_probe: Some(http_probe("/health/live", 20, 6)),
+        ..c
     }
 }
 
