@@ -1347,6 +1347,7 @@ fn s14_delete_while_postgres_is_down_cleans_up_once_it_is_back() {
         .to_string();
     let events = events_of(e, ns, "unreachable", "CleanupFailed");
     restart.now();
+    let back = std::time::Instant::now();
     assert!(
         message.contains("cannot connect to PostgreSQL")
             && message.contains("larch.dev/skip-cleanup"),
@@ -1367,6 +1368,10 @@ fn s14_delete_while_postgres_is_down_cleans_up_once_it_is_back() {
         "slot and publication dropped after the restart",
         180,
         || (slot_count(e, &slot) == 0 && publication_count(e, &slot) == 0).then_some(()),
+    );
+    eprintln!(
+        "e2e s14: PostgreSQL back → slot gone in {:.1}s (the next retry after its backoff)",
+        back.elapsed().as_secs_f64()
     );
     e.wait_for(ns, "the ArchiveExport gone", 60, || {
         e.get(&["archiveexport", "unreachable", "-n", ns])
