@@ -181,6 +181,20 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     return Ok(Action::requeue(Duration::from_secs(3)));
                 }
+                // The namespace is being deleted: Kubernetes admits no new pod (nor Event)
+                // there, so the cleanup can never run. Holding the object would keep the
+                // namespace terminating forever; say what stays and let it go.
+                Err(kube::Error::Api(e))
+                    if e.code == 403 && e.message.contains("being terminated") =>
+                {
+                    tracing::warn!(
+                        export = %format!("{ns}/{name}"),
+                        "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup`",
+                        objects(&export)
+                    );
+                    remove_finalizer(&ctx, &export).await?;
+                    return Ok(Action::await_change());
+                }
                 Err(e) => return Err(e.into()),
             }
             cleanup.attempts += 1;

@@ -1219,6 +1219,34 @@ mod lifecycle {
         );
     }
 
+    /// Kubernetes admits no pod in a terminating namespace: the finalizer goes (the namespace
+    /// must not stay terminating forever) and the slot stays.
+    #[tokio::test]
+    async fn a_terminating_namespace_lets_the_export_go() {
+        let (ctx, handle, _) = context(Arc::default());
+        let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+            "message": "jobs \"events-cleanup\" is forbidden: unable to create new content in namespace data because it is being terminated",
+            "metadata": {}});
+        let mut script = stop_workloads(vec![], vec![]);
+        script.extend([
+            expect(Method::GET, JOB, not_found()),
+            expect(
+                Method::POST,
+                "/apis/batch/v1/namespaces/data/jobs?",
+                Some(forbidden),
+            ),
+            expect_status(
+                &format!("{EXPORT}?"),
+                serde_json::to_value(deleting()).unwrap(),
+            ),
+        ]);
+        let n = script.len();
+        let server = tokio::spawn(serve(handle, script));
+        export::reconcile(Arc::new(deleting()), ctx).await.unwrap();
+        let bodies = server.await.unwrap();
+        assert_eq!(bodies[n - 1]["metadata"]["finalizers"], json!([]));
+    }
+
     #[tokio::test]
     async fn the_skip_annotation_gives_up_and_leaves_the_slot() {
         let (ctx, handle, _) = context(Arc::default());
