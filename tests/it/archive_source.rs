@@ -504,3 +504,65 @@ async fn a_compaction_epoch_on_our_chain_is_followed_without_a_rebaseline() {
         assert_eq!(s.info().epoch, Some(2));
     }
 }
+
+/// Issue 13: a diff chain that stops before the head. The baseline is the state the chain
+/// reaches and is reported as short (never passed off as the head); following waits at its end
+/// instead of re-baselining in a loop, until a new epoch replaces the archive (C1).
+#[tokio::test]
+async fn a_chain_short_of_the_head_is_reported_and_followed_without_a_rebaseline_loop() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut a = TestArchive::new(store.clone(), "public.t/", "public.t");
+    let snap = rows(1..=3, "s");
+    a.snapshot("0/10", &refs(&snap)).await;
+    a.diff(
+        "0/10",
+        "0/20",
+        &[(Action::Insert, None, Some(r#"{"id":4,"v":"d"}"#))],
+    )
+    .await;
+    // 0/20 -> 0/30 is missing.
+    a.diff(
+        "0/30",
+        "0/40",
+        &[(Action::Insert, None, Some(r#"{"id":5,"v":"d"}"#))],
+    )
+    .await;
+    let src = Arc::new(source(store.clone(), "public.t/", true));
+    src.init(&[table()]).await.unwrap();
+    let (got, position) = baseline(&src).await;
+    assert_eq!(position, "0/20");
+    assert_eq!(got.len(), 4, "the state the chain reaches: {got:?}");
+    let short = src.info().short_chain.expect("reported as short");
+    assert_eq!(
+        (short.reached.as_str(), short.head.as_str()),
+        ("0/20", "0/40")
+    );
+    assert!(short.reason.contains("no diff starts at 0/20"), "{short:?}");
+
+    let (tx, mut rx) = mpsc::channel(16);
+    let following = src.clone();
+    let stream = tokio::spawn(async move { following.stream(&position, tx).await });
+    // Several polls (50 ms each) pass without an event or a re-baseline.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err(),
+        "nothing to deliver past the end of the chain"
+    );
+    assert!(
+        !stream.is_finished(),
+        "no re-baseline while the chain is short"
+    );
+    assert!(src.info().short_chain.is_some());
+    // A new epoch replaces the archive: now the source asks for a re-baseline.
+    a.replace("0/50", &refs(&rows(1..=6, "n"))).await;
+    let err = tokio::time::timeout(Duration::from_secs(10), stream)
+        .await
+        .expect("the stream ends")
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, SourceError::ReBaselineRequired(_)), "{err}");
+    let (got, position) = baseline(&src).await;
+    assert_eq!((got.len(), position.as_str()), (6, "0/50"));
+    assert_eq!(src.info().short_chain, None);
+}
