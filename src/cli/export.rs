@@ -101,9 +101,9 @@ pub struct ExportArgs {
     /// drops them (0: keep all). One-shot and --follow alike.
     #[arg(long, default_value_t = 0)]
     pub keep_epochs: u32,
-    /// Also delete epochs that ended longer ago than this (`7d`... see --diff-interval for the
-    /// units; `24h`, `90m`): what any position of the last MAX_AGE needs is kept, and the
-    /// current epoch always is.
+    /// Also delete epochs that ended longer ago than this (e.g. `7d`, `36h`, `90m`): what any
+    /// position of the last MAX_AGE needs is kept, and so is the current epoch. One-shot and
+    /// --follow alike.
     #[arg(long, value_parser = parse_age)]
     pub max_age: Option<std::time::Duration>,
     /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow).
