@@ -1002,6 +1002,14 @@ mod lifecycle {
         )
     }
 
+    /// Reconciles `e` against `script`: the request bodies and the action.
+    async fn reconcile_with(e: ArchiveExport, script: Vec<Expect>) -> (Vec<Value>, Action) {
+        let (ctx, handle, _) = context(Arc::default());
+        let server = tokio::spawn(serve(handle, script));
+        let action = export::reconcile(Arc::new(e), ctx).await.unwrap();
+        (server.await.unwrap(), action)
+    }
+
     /// The workloads are deleted and listed again until no export pod is left.
     fn stop_workloads(pods: Vec<Value>, deployments: Vec<Value>) -> Vec<Expect> {
         let mut s = vec![expect(
@@ -1061,7 +1069,6 @@ mod lifecycle {
 
     #[tokio::test]
     async fn a_live_export_gets_the_finalizer_and_retain_removes_it() {
-        let (ctx, handle, _) = context(Arc::default());
         let mut e = export_fixture("export-continuous-s3");
         e.metadata.finalizers = Some(vec!["other.example/keep".into()]);
         e.metadata.resource_version = Some("5".into());
@@ -1069,15 +1076,12 @@ mod lifecycle {
             &format!("{EXPORT}?"),
             serde_json::to_value(&e).unwrap(),
         )];
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(e.clone()), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(e.clone(), script).await;
         assert_eq!(
             bodies[0],
             json!({"metadata": {"finalizers": ["other.example/keep", "larch.dev/cleanup"], "resourceVersion": "5"}})
         );
 
-        let (ctx, handle, _) = context(Arc::default());
         e.metadata.finalizers = Some(vec!["larch.dev/cleanup".into()]);
         e.spec.source.deletion_policy =
             Some(crate::operator::crd::archive_export::DeletionPolicy::Retain);
@@ -1085,28 +1089,22 @@ mod lifecycle {
             &format!("{EXPORT}?"),
             serde_json::to_value(&e).unwrap(),
         )];
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(e), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(e, script).await;
         assert_eq!(bodies[0]["metadata"]["finalizers"], json!([]));
     }
 
     #[tokio::test]
     async fn deleting_stops_the_writer_before_the_cleanup_job() {
-        let (ctx, handle, _) = context(Arc::default());
         let writer = json!({"metadata": {"name": "events", "namespace": "data"}, "spec": {"selector": {}, "template": {}}});
         let running = json!({"metadata": {"name": "events-abc", "namespace": "data",
             "labels": {"app.kubernetes.io/component": "export"}}, "status": {"phase": "Running"}});
         let script = stop_workloads(vec![running], vec![writer]);
-        let server = tokio::spawn(serve(handle, script));
-        let action = export::reconcile(Arc::new(deleting()), ctx).await.unwrap();
-        server.await.unwrap();
+        let (_, action) = reconcile_with(deleting(), script).await;
         assert_eq!(action, Action::requeue(Duration::from_secs(2)));
     }
 
     #[tokio::test]
     async fn the_cleanup_job_runs_with_the_exports_secret_and_no_owner() {
-        let (ctx, handle, _) = context(Arc::default());
         let mut script = stop_workloads(vec![], vec![]);
         script.extend([
             expect(Method::GET, JOB, not_found()),
@@ -1117,9 +1115,7 @@ mod lifecycle {
             ),
         ]);
         let n = script.len();
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(deleting()), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(deleting(), script).await;
         let job = &bodies[n - 2];
         assert!(job["metadata"]["ownerReferences"].is_null());
         let pod = &job["spec"]["template"]["spec"];
@@ -1138,7 +1134,6 @@ mod lifecycle {
 
     #[tokio::test]
     async fn a_failed_cleanup_is_reported_and_retried_with_backoff() {
-        let (ctx, handle, _) = context(Arc::default());
         let mut e = deleting();
         e.status = Some(crate::operator::crd::archive_export::ArchiveExportStatus {
             cleanup: Some(crate::operator::crd::archive_export::CleanupStatus {
@@ -1162,9 +1157,7 @@ mod lifecycle {
             expect(Method::DELETE, &format!("{JOB}?"), ok_status()),
         ]);
         let n = script.len();
-        let server = tokio::spawn(serve(handle, script));
-        let action = export::reconcile(Arc::new(e), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, action) = reconcile_with(e, script).await;
         assert_eq!(action, Action::requeue(Duration::from_secs(20)));
         let event = &bodies[n - 3];
         assert_eq!(event["reason"], "CleanupFailed");
@@ -1187,7 +1180,6 @@ mod lifecycle {
 
     #[tokio::test]
     async fn a_successful_cleanup_lets_the_export_go() {
-        let (ctx, handle, _) = context(Arc::default());
         let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data"},
             "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
         let report = r#"{"server":"db","objects":[{"kind":"slot","name":"larch_data_events","outcome":"dropped"},{"kind":"publication","name":"larch_data_events","outcome":"dropped"}]}"#;
@@ -1203,9 +1195,7 @@ mod lifecycle {
             ),
         ]);
         let n = script.len();
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(deleting()), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(deleting(), script).await;
         assert_eq!(bodies[n - 3]["reason"], "CleanupSucceeded");
         assert!(
             bodies[n - 3]["note"]
@@ -1223,7 +1213,6 @@ mod lifecycle {
     /// must not stay terminating forever) and the slot stays.
     #[tokio::test]
     async fn a_terminating_namespace_lets_the_export_go() {
-        let (ctx, handle, _) = context(Arc::default());
         let forbidden = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
             "message": "jobs \"events-cleanup\" is forbidden: unable to create new content in namespace data because it is being terminated",
             "metadata": {}});
@@ -1241,15 +1230,12 @@ mod lifecycle {
             ),
         ]);
         let n = script.len();
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(deleting()), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(deleting(), script).await;
         assert_eq!(bodies[n - 1]["metadata"]["finalizers"], json!([]));
     }
 
     #[tokio::test]
     async fn the_skip_annotation_gives_up_and_leaves_the_slot() {
-        let (ctx, handle, _) = context(Arc::default());
         let mut e = deleting();
         e.metadata.annotations =
             Some([("larch.dev/skip-cleanup".to_string(), "true".to_string())].into());
@@ -1258,9 +1244,7 @@ mod lifecycle {
             expect(Method::POST, EVENTS, None),
             expect_status(&format!("{EXPORT}?"), serde_json::to_value(&e).unwrap()),
         ];
-        let server = tokio::spawn(serve(handle, script));
-        export::reconcile(Arc::new(e), ctx).await.unwrap();
-        let bodies = server.await.unwrap();
+        let (bodies, _) = reconcile_with(e, script).await;
         assert_eq!(bodies[1]["reason"], "CleanupSkipped");
         assert!(
             bodies[1]["note"]
