@@ -167,6 +167,7 @@ impl SourceRunner {
             "head": info.head,
             "epoch": info.epoch,
             "lag_seconds": lag,
+            "head_time": info.head_time,
             "rebaselines": self.rebaselines(),
             "acked": info.acked,
             // The chain stops before the head: the state served is older than the archive's.

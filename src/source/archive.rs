@@ -76,6 +76,8 @@ pub struct ArchiveSourceInfo {
     /// The epoch of the newest snapshot we are on.
     pub epoch: Option<i64>,
     pub lag_seconds: Option<f64>,
+    /// When the head was written (the manifest's `updated_at`), RFC 3339 UTC to the second.
+    pub head_time: Option<String>,
     pub acked: Option<String>,
     /// Set while our position is the end of a diff chain that stops before the manifest head:
     /// the state served is older than the archive's head.
@@ -259,6 +261,10 @@ impl ArchiveSource {
             head: inner.head.clone(),
             epoch: inner.epoch,
             lag_seconds: inner.updated_at.map(lag_of).map(|d| d.as_secs_f64()),
+            head_time: inner.updated_at.map(|t| {
+                t.with_timezone(&Utc)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            }),
             acked: inner.acked.clone(),
             short_chain: inner.short_chain.clone(),
         }

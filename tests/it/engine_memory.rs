@@ -162,6 +162,15 @@ async fn replay_serves_the_folded_archive_over_http() {
     assert_eq!(s["epoch"], 1);
     assert_eq!(s["rebaselines"], 0);
     assert!(s["lag_seconds"].as_f64().unwrap() >= 0.0);
+    // The head's time (the manifest's updated_at, UTC): its age is the lag.
+    let head_time: jiff::Timestamp = s["head_time"].as_str().unwrap().parse().unwrap();
+    assert!(s["head_time"].as_str().unwrap().ends_with('Z'), "{s}");
+    let age = jiff::Timestamp::now().as_second() - head_time.as_second();
+    assert!(
+        (age as f64 - s["lag_seconds"].as_f64().unwrap()).abs() <= 2.0,
+        "head_time {head_time} vs lag {}",
+        s["lag_seconds"]
+    );
     let p = &status["pipelines"]["seed:public.events:memory"];
     assert_eq!(p["state"], "STREAMING");
     assert_eq!(p["row_count"], 250);
