@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use crate::operator::crd::archive_export::{ExportMode, RunStatus};
 use crate::operator::crd::common::Condition;
-use crate::operator::observe::{EngineSource, format_lag};
+use crate::operator::observe::EngineSource;
 
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
@@ -561,10 +561,10 @@ fn caught_up(engines: &[EngineSource]) -> Cond {
             let small_lag = e.lag_seconds.is_some_and(|l| l <= CAUGHT_UP_LAG_SECONDS);
             !(at_head || small_lag)
         })
-        .map(|e| {
-            e.lag_seconds
-                .map(|l| format!("lag {}", format_lag(l)))
-                .unwrap_or_else(|| "position behind head".into())
+        // Positions, not the age of the head: the message must not change by itself.
+        .map(|e| match (&e.position, &e.head) {
+            (Some(p), Some(h)) => format!("at {p}, head {h}"),
+            _ => "position behind head".into(),
         })
         .collect();
     if lagging.is_empty() {

@@ -13,6 +13,10 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub errors: IntCounterVec,
     pub duration: HistogramVec,
+    /// Write requests sent to the API server, by controller, kind and verb.
+    pub api_writes: IntCounterVec,
+    /// Applies skipped because the child already carried the desired hash.
+    pub applies_unchanged: IntCounterVec,
     /// Unix time of each export table's last successful export.
     pub export_last_success: GaugeVec,
     /// 1 while an export's last run (or last scheduled run) failed.
@@ -54,6 +58,22 @@ impl Default for Metrics {
             )
             .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             &["controller"],
+        )
+        .unwrap();
+        let api_writes = IntCounterVec::new(
+            Opts::new(
+                "larch_operator_api_writes_total",
+                "Write requests the operator sent to the API server (apply, apply-status, delete, Event create).",
+            ),
+            &["controller", "kind", "verb"],
+        )
+        .unwrap();
+        let applies_unchanged = IntCounterVec::new(
+            Opts::new(
+                "larch_operator_applies_unchanged_total",
+                "Applies not sent: the child already carried the hash of the desired object.",
+            ),
+            &["controller", "kind"],
         )
         .unwrap();
         let export_last_success = GaugeVec::new(
@@ -109,6 +129,8 @@ impl Default for Metrics {
             Box::new(export_retained_wal.clone()),
             Box::new(errors.clone()),
             Box::new(duration.clone()),
+            Box::new(api_writes.clone()),
+            Box::new(applies_unchanged.clone()),
             Box::new(export_last_success.clone()),
             Box::new(export_failing.clone()),
             Box::new(source_lag.clone()),
@@ -122,6 +144,8 @@ impl Default for Metrics {
             reconciles,
             errors,
             duration,
+            api_writes,
+            applies_unchanged,
             export_last_success,
             export_failing,
             source_lag,
@@ -254,6 +278,12 @@ mod tests {
         m.reconciles.with_label_values(&["export"]).inc();
         m.errors.with_label_values(&["source", "Kube"]).inc();
         m.duration.with_label_values(&["export"]).observe(0.2);
+        m.api_writes
+            .with_label_values(&["source", "StatefulSet", "apply"])
+            .inc();
+        m.applies_unchanged
+            .with_label_values(&["source", "Service"])
+            .inc();
         m.source_degraded.with_label_values(&["ns", "a"]).set(1.0);
         let text = m.render();
         assert!(
@@ -269,6 +299,12 @@ mod tests {
             )
         );
         assert!(text.contains("larch_archive_source_degraded{name=\"a\",namespace=\"ns\"} 1"));
+        assert!(text.contains(
+            "larch_operator_api_writes_total{controller=\"source\",kind=\"StatefulSet\",verb=\"apply\"} 1"
+        ));
+        assert!(text.contains(
+            "larch_operator_applies_unchanged_total{controller=\"source\",kind=\"Service\"} 1"
+        ));
         m.set_export_success("ns", "e", "public.t", 1.8e9);
         m.set_retained_wal("ns", "e", [("larch_s".to_string(), 4096)].into_iter());
         assert!(

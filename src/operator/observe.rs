@@ -148,6 +148,9 @@ pub struct EngineSource {
     pub epoch: Option<i64>,
     #[serde(default)]
     pub lag_seconds: Option<f64>,
+    /// When the head was written (RFC 3339 UTC).
+    #[serde(default)]
+    pub head_time: Option<String>,
     #[serde(default)]
     pub rebaselines: Option<i64>,
     #[serde(default)]
@@ -284,20 +287,6 @@ fn label_value(labels: &str, name: &str) -> Option<String> {
     None
 }
 
-/// Formats a lag in seconds for status and printer columns: `12s`, `5m3s`, `2h10m`.
-pub fn format_lag(seconds: f64) -> String {
-    let s = if seconds.is_finite() && seconds > 0.0 {
-        seconds.round() as u64
-    } else {
-        0
-    };
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{}s", s / 60, s % 60),
-        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,14 +390,5 @@ mod tests {
                      laredo_source_rebaseline_total{source=\"g/sales.b\"} 2\n\
                      laredo_source_rebaseline_total{source=\"gx\"} 5\n";
         assert_eq!(parse_rebaseline_total(group, "g"), Some(3.0));
-    }
-
-    #[test]
-    fn lag_formatting() {
-        assert_eq!(format_lag(0.2), "0s");
-        assert_eq!(format_lag(12.4), "12s");
-        assert_eq!(format_lag(303.0), "5m3s");
-        assert_eq!(format_lag(7800.0), "2h10m");
-        assert_eq!(format_lag(f64::NAN), "0s");
     }
 }

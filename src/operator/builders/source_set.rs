@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
@@ -51,11 +51,14 @@ pub fn selector_matches(sel: &NamespaceSelector, labels: &BTreeMap<String, Strin
 }
 
 /// Namespaces the set selects, sorted; terminating namespaces are left out (nothing can be
-/// created there).
-pub fn selected_namespaces(set: &ArchiveSourceSet, namespaces: &[Namespace]) -> Vec<String> {
+/// created there). Only metadata is read: full Namespaces or their metadata alone.
+pub fn selected_namespaces<'a, N: Resource + 'a>(
+    set: &ArchiveSourceSet,
+    namespaces: impl IntoIterator<Item = &'a N>,
+) -> Vec<String> {
     let mut out: Vec<String> = namespaces
-        .iter()
-        .filter(|ns| ns.metadata.deletion_timestamp.is_none())
+        .into_iter()
+        .filter(|ns| ns.meta().deletion_timestamp.is_none())
         .filter(|ns| selector_matches(&set.spec.namespace_selector, ns.labels()))
         .map(|ns| ns.name_any())
         .collect();
@@ -218,6 +221,8 @@ spec:
         }
         serde_json::from_value(v).unwrap()
     }
+
+    use k8s_openapi::api::core::v1::Namespace;
 
     fn ns(name: &str, labels: &[(&str, &str)], terminating: bool) -> Namespace {
         let mut n = Namespace::default();

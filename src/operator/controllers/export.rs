@@ -15,12 +15,12 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
+use super::apply::Applier;
 use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::export::{self as build, ExportChildren};
 use crate::operator::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
@@ -142,21 +142,24 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
     known
 }
 
-async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, Error> {
-    Ok(super::apply_as(api, obj, MANAGER_EXPORT).await?)
+/// Applies a child unless it is in place already; returns it as it now is.
+async fn apply<K: super::Child>(applier: &Applier<'_>, api: &Api<K>, obj: &K) -> Result<K, Error> {
+    Ok(applier.apply_read(api, obj.clone()).await?)
 }
 
 /// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule
 /// changed); returns how many. Jobs are left to their TTL.
-async fn prune<K>(api: &Api<K>, selector: &str, keep: &BTreeSet<String>) -> Result<usize, Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+async fn prune<K: super::Child>(
+    applier: &Applier<'_>,
+    api: &Api<K>,
+    selector: &str,
+    keep: &BTreeSet<String>,
+) -> Result<usize, Error> {
     let mut deleted = 0;
     for obj in api.list(&ListParams::default().labels(selector)).await? {
         let name = obj.name_any();
         if !keep.contains(&name) {
-            api.delete(&name, &DeleteParams::background()).await?;
+            applier.delete(api, &name).await?;
             deleted += 1;
         }
     }
@@ -176,6 +179,8 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
     let now = ctx.now();
     let client = ctx.client.clone();
     let old = export.status.clone().unwrap_or_default();
+    // Exports are few (not one per namespace): children are read back, not cached.
+    let applier = Applier::new(&ctx, "export", MANAGER_EXPORT);
     let mut status = ArchiveExportStatus {
         observed_generation: export.metadata.generation,
         ..old.clone()
@@ -222,6 +227,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         let children: ExportChildren = build::children(&export, new_run.as_deref(), &ctx.build);
         if let Some(pvc) = &children.pvc {
             apply(
+                &applier,
                 &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns),
                 pvc,
             )
@@ -229,7 +235,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         }
         let cron_api: Api<CronJob> = Api::namespaced(client.clone(), &ns);
         for cj in &children.cron_jobs {
-            apply(&cron_api, cj).await?;
+            apply(&applier, &cron_api, cj).await?;
         }
         // The Leases and the exporter's rights on them go first: a new pod finds them.
         let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -241,27 +247,28 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         let mut keep_roles = BTreeSet::new();
         if let Some(la) = &children.lease_access {
             if let Some(sa) = &la.service_account {
-                keep_sa.insert(apply(&sa_api, sa).await?.name_any());
+                keep_sa.insert(apply(&applier, &sa_api, sa).await?.name_any());
             }
-            keep_roles.insert(apply(&role_api, &la.role).await?.name_any());
-            apply(&binding_api, &la.role_binding).await?;
+            keep_roles.insert(apply(&applier, &role_api, &la.role).await?.name_any());
+            apply(&applier, &binding_api, &la.role_binding).await?;
             for l in &la.leases {
-                keep_leases.insert(apply(&lease_api, l).await?.name_any());
+                keep_leases.insert(apply(&applier, &lease_api, l).await?.name_any());
             }
         }
         let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
         let mut applied_deps = vec![];
         for d in &children.deployments {
-            applied_deps.push(apply(&dep_api, d).await?);
+            applied_deps.push(apply(&applier, &dep_api, d).await?);
         }
         if let Some(m) = &children.slot_monitor {
-            apply(&dep_api, m).await?;
+            apply(&applier, &dep_api, m).await?;
         }
         for j in &children.jobs {
-            apply(&jobs, j).await?;
+            apply(&applier, &jobs, j).await?;
         }
         let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<BTreeSet<_>>();
         prune(
+            &applier,
             &cron_api,
             &selector,
             &names(
@@ -274,6 +281,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         )
         .await?;
         let deployments_pruned = prune(
+            &applier,
             &dep_api,
             &selector,
             &names(
@@ -289,10 +297,10 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         // After the Deployments, so no exporter outlives its Lease rights. Only where some can
         // be stale: a continuous export (its tables changed) or one that just left that mode.
         if children.lease_access.is_some() || deployments_pruned > 0 {
-            prune(&lease_api, &selector, &keep_leases).await?;
-            prune(&binding_api, &selector, &keep_roles).await?;
-            prune(&role_api, &selector, &keep_roles).await?;
-            prune(&sa_api, &selector, &keep_sa).await?;
+            prune(&applier, &lease_api, &selector, &keep_leases).await?;
+            prune(&applier, &binding_api, &selector, &keep_roles).await?;
+            prune(&applier, &role_api, &selector, &keep_roles).await?;
+            prune(&applier, &sa_api, &selector, &keep_sa).await?;
         }
         if let Some(id) = &new_run {
             events.push(Event {
@@ -476,27 +484,15 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
                 .set_export_success(&ns, &name, &t.table, ts.as_second() as f64);
         }
     }
-    if export.status.as_ref() != Some(&status) {
-        let api: Api<ArchiveExport> = Api::namespaced(client.clone(), &ns);
-        let body = json!({
-            "apiVersion": ArchiveExport::api_version(&()),
-            "kind": ArchiveExport::kind(&()),
-            "status": status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(MANAGER_EXPORT).force(),
-            &Patch::Apply(&body),
+    applier
+        .status(
+            &Api::<ArchiveExport>::namespaced(client.clone(), &ns),
+            &*export,
+            export.status.as_ref(),
+            &status,
         )
         .await?;
-    }
-    let reference = export.object_ref(&());
-    for e in &events {
-        // Events are best effort: a failed publish must not fail the reconcile.
-        if let Err(err) = ctx.recorder.publish(e, &reference).await {
-            tracing::warn!(%err, export = %name, "could not publish event");
-        }
-    }
+    applier.events(&*export, &events).await;
     Ok(Action::requeue(requeue))
 }
 

@@ -1,9 +1,10 @@
 //! The kube-runtime controllers. Each owns its children (owner references, so child changes and
-//! deletions re-trigger the owner) and applies them with its own field manager. The one
-//! finalizer, `larch.dev/cleanup` on ArchiveExports, drops the source database's replication
-//! slots and publications larch created (see [`cleanup`]); archives and state volumes are kept
-//! (see docs/operator.md).
+//! deletions re-trigger the owner) and applies them with its own field manager, only where they
+//! differ from what is there (`apply`). The one finalizer, `larch.dev/cleanup` on
+//! ArchiveExports, drops the source database's replication slots and publications larch created
+//! (see [`cleanup`]); archives and state volumes are kept (see docs/operator.md).
 
+pub mod apply;
 pub mod cleanup;
 pub mod context;
 pub mod export;
@@ -23,9 +24,9 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use self::context::{Context, Error};
@@ -34,29 +35,21 @@ use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY,
 use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
 
 /// What the controllers apply: any Kubernetes object they can serialise and read back.
-pub(crate) trait Child:
-    kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug
+pub trait Child:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
 {
 }
 impl<K> Child for K where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
 {
-}
-
-/// Server-side apply of a child as field manager `manager`, forcing: the operator owns every
-/// field it sets on its children.
-pub(crate) async fn apply_as<K: Child>(
-    api: &Api<K>,
-    obj: &K,
-    manager: &str,
-) -> Result<K, kube::Error> {
-    let name = obj.meta().name.clone().expect("children have names");
-    api.patch(
-        &name,
-        &kube::api::PatchParams::apply(manager).force(),
-        &kube::api::Patch::Apply(obj),
-    )
-    .await
 }
 
 /// `spec.pod.affinity` is free-form in the schema: it must still parse as an Affinity.
@@ -120,43 +113,66 @@ where
     out
 }
 
+/// Drops what no reconcile reads and a cache would only hold: managed fields.
+fn slim<K: kube::Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
 /// The ArchiveSourceSet controller (cluster-scoped sets, children in any namespace). Triggers:
-/// the set, any namespace change (labels decide the selection), its ArchiveSources (by label),
-/// and Secrets by metadata only (the shared Secret, its copies, a per-namespace Secret the
-/// template names), so no Secret data is cached.
-async fn source_sets(ctx: Arc<Context>) {
+/// the set, any namespace change (labels decide the selection), its ArchiveSources (by label,
+/// status included: that updates the rollup, and re-applies nothing unchanged), and Secrets by
+/// metadata only (the shared Secret, its copies, a per-namespace Secret the template names), so
+/// no Secret data is cached. Each watch fills a cache the reconcile reads instead of listing.
+/// Reconciles of one set are debounced by a second: a burst of child changes (a rollout)
+/// collapses into few rollups.
+async fn source_sets(ctx: Arc<Context>, caches: SetCacheWriters) {
     let client = ctx.client.clone();
     let sets = Controller::new(
         Api::<ArchiveSourceSet>::all(client.clone()),
         watcher::Config::default().any_semantic(),
-    );
+    )
+    .with_config(controller::Config::default().debounce(Duration::from_secs(1)));
     let all_sets = sets.store();
     let secret_sets = all_sets.clone();
-    sets.watches(
+    let namespaces = watcher(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         watcher::Config::default(),
-        move |_| {
-            all_sets
-                .state()
-                .iter()
-                .map(|s| ObjectRef::from_obj(&**s))
-                .collect::<Vec<_>>()
-        },
     )
-    .watches(
-        Api::<PartialObjectMeta<ArchiveSource>>::all(client.clone()),
+    .default_backoff()
+    .modify(slim)
+    .reflect(caches.namespaces)
+    .touched_objects();
+    let children = watcher(
+        Api::<ArchiveSource>::all(client.clone()),
         watcher::Config::default().labels(LABEL_SOURCE_SET),
-        |s| {
-            s.labels()
-                .get(LABEL_SOURCE_SET)
-                .map(|n| ObjectRef::<ArchiveSourceSet>::new(n))
-        },
     )
-    .watches(
+    .default_backoff()
+    .modify(slim)
+    .reflect(caches.set_sources)
+    .touched_objects();
+    let secrets = watcher(
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
         watcher::Config::default(),
-        move |s| source_set::sets_for_secret(&secret_sets, &s),
     )
+    .default_backoff()
+    .modify(slim)
+    .reflect(caches.secrets)
+    .touched_objects();
+    sets.watches_stream(namespaces, move |_| {
+        all_sets
+            .state()
+            .iter()
+            .map(|s| ObjectRef::from_obj(&**s))
+            .collect::<Vec<_>>()
+    })
+    .watches_stream(children, |s: ArchiveSource| {
+        s.labels()
+            .get(LABEL_SOURCE_SET)
+            .map(|n| ObjectRef::<ArchiveSourceSet>::new(n))
+    })
+    .watches_stream(secrets, move |s| {
+        source_set::sets_for_secret(&secret_sets, &s)
+    })
     .shutdown_on_signal()
     .run(
         |o, c| measured("source-set", o, c, source_set::reconcile),
@@ -165,6 +181,13 @@ async fn source_sets(ctx: Arc<Context>) {
     )
     .for_each(|_| futures::future::ready(()))
     .await
+}
+
+/// The cache writers only the set controller fills.
+struct SetCacheWriters {
+    namespaces: Writer<PartialObjectMeta<Namespace>>,
+    set_sources: Writer<ArchiveSource>,
+    secrets: Writer<PartialObjectMeta<Secret>>,
 }
 
 /// Runs the controllers until a shutdown signal.
@@ -209,13 +232,44 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
         )
         .for_each(|_| futures::future::ready(()));
 
+    // The source controller's children fill the caches its reconciles compare against.
+    let writers = ctx
+        .cache_writers
+        .lock()
+        .unwrap()
+        .take()
+        .expect("controllers::run runs once per Context");
+    let stateful_sets = watcher(api::<StatefulSet>(&client, ns), owned.clone())
+        .default_backoff()
+        .modify(slim)
+        .reflect(writers.stateful_sets)
+        .touched_objects();
+    let config_maps = watcher(
+        api::<PartialObjectMeta<ConfigMap>>(&client, ns),
+        owned.clone(),
+    )
+    .default_backoff()
+    .modify(slim)
+    .reflect(writers.config_maps)
+    .touched_objects();
+    let services = watcher(api::<PartialObjectMeta<Service>>(&client, ns), owned)
+        .default_backoff()
+        .modify(slim)
+        .reflect(writers.services)
+        .touched_objects();
+    let set_writers = SetCacheWriters {
+        namespaces: writers.namespaces,
+        set_sources: writers.set_sources,
+        secrets: writers.secrets,
+    };
+
     let sources = Controller::new(api::<ArchiveSource>(&client, ns), cfg.clone());
     let store = sources.store();
     let source_store = store.clone();
     let sources = sources
-        .owns(api::<StatefulSet>(&client, ns), owned.clone())
-        .owns(api::<ConfigMap>(&client, ns), owned.clone())
-        .owns(api::<Service>(&client, ns), owned)
+        .owns_stream(stateful_sets)
+        .owns_stream(config_maps)
+        .owns_stream(services)
         // An ArchiveExport change (location, status key prefix) re-resolves the sources using it.
         .watches(
             api::<ArchiveExport>(&client, ns),
@@ -249,7 +303,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
     let set_ctx = ctx.clone();
     let sets = async move {
         match namespace {
-            None if source_sets => self::source_sets(set_ctx).await,
+            None if source_sets => self::source_sets(set_ctx, set_writers).await,
             None => {
                 tracing::info!("ArchiveSourceSet controller off (--disable-source-sets)");
                 futures::future::pending::<()>().await

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
+use kube::runtime::reflector::ObjectRef;
 
-use super::context::{Context, Error, MANAGER_SOURCE};
+use super::apply::Applier;
+use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
 use crate::operator::builders::engine_config::{resolve, source_id};
 use crate::operator::builders::{LABEL_SOURCE, source as build};
 use crate::operator::conditions::{
@@ -34,10 +35,6 @@ fn lsn(s: &str) -> Option<u64> {
 
 fn validate(source: &ArchiveSource) -> Option<String> {
     super::invalid_affinity(source.spec.pod.as_ref())
-}
-
-async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, Error> {
-    Ok(super::apply_as(api, obj, MANAGER_SOURCE).await?)
 }
 
 /// Events for re-baseline and readiness transitions (first visits only when abnormal).
@@ -66,6 +63,15 @@ fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
         });
     }
     out
+}
+
+/// The cache key of a child `obj` in namespace `ns`.
+fn cached<K, C: kube::Resource>(ns: &str, obj: &C) -> ObjectRef<K>
+where
+    K: kube::runtime::reflector::Lookup,
+    K::DynamicType: Default,
+{
+    ObjectRef::new(obj.meta().name.as_deref().unwrap_or_default()).within(ns)
 }
 
 /// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
@@ -100,6 +106,7 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
     let now = ctx.now();
     let client = ctx.client.clone();
     let old = source.status.clone().unwrap_or_default();
+    let applier = Applier::new(&ctx, "source", MANAGER_SOURCE);
     let mut status = ArchiveSourceStatus {
         observed_generation: source.metadata.generation,
         ..old.clone()
@@ -153,22 +160,42 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
     };
 
     if let (Some(archive), None) = (&resolved, &obs.invalid) {
+        let caches = &ctx.caches;
+        cache_ready(&caches.config_maps).await?;
+        cache_ready(&caches.services).await?;
+        cache_ready(&caches.stateful_sets).await?;
         let children = build::children(&source, archive, &ctx.build);
-        apply(
-            &Api::<ConfigMap>::namespaced(client.clone(), &ns),
-            &children.config_map,
-        )
-        .await?;
-        apply(
-            &Api::<Service>::namespaced(client.clone(), &ns),
-            &children.service,
-        )
-        .await?;
-        let sts = apply(
-            &Api::<StatefulSet>::namespaced(client.clone(), &ns),
-            &children.stateful_set,
-        )
-        .await?;
+        let cm = caches.config_maps.get(&cached(&ns, &children.config_map));
+        applier
+            .apply(
+                &Api::<ConfigMap>::namespaced(client.clone(), &ns),
+                children.config_map,
+                cm.as_ref().map(|o| &o.metadata),
+            )
+            .await?;
+        let svc = caches.services.get(&cached(&ns, &children.service));
+        applier
+            .apply(
+                &Api::<Service>::namespaced(client.clone(), &ns),
+                children.service,
+                svc.as_ref().map(|o| &o.metadata),
+            )
+            .await?;
+        let observed = caches
+            .stateful_sets
+            .get(&cached(&ns, &children.stateful_set));
+        let applied = applier
+            .apply(
+                &Api::<StatefulSet>::namespaced(client.clone(), &ns),
+                children.stateful_set,
+                observed.as_ref().map(|o| &o.metadata),
+            )
+            .await?;
+        let sts = match (applied, observed) {
+            (Some(s), _) => s,
+            (None, Some(s)) => (*s).clone(),
+            (None, None) => unreachable!("an apply is skipped only for an observed object"),
+        };
         let st = sts.status.clone().unwrap_or_default();
         obs.ready_replicas = st.ready_replicas.unwrap_or(0);
         obs.rolled_out = st.observed_generation.unwrap_or(0)
@@ -239,11 +266,13 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             .iter()
             .filter_map(|e| e.head.clone())
             .max_by_key(|p| lsn(p).unwrap_or(0));
+        // The time of the head, not its age: status changes when the head does, never by
+        // itself (kubectl shows the age in the HEAD AGE column).
+        status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
         let lag = engines
             .iter()
             .filter_map(|e| e.lag_seconds)
             .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
-        status.lag = lag.map(observe::format_lag);
         status.rows = rows.or_else(|| engines.iter().filter_map(|e| e.rows).max());
         obs.engines = engines;
         ctx.metrics
@@ -275,26 +304,15 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             },
         );
     let events = transition_events(&old.conditions, &status.conditions);
-    if source.status.as_ref() != Some(&status) {
-        let body = json!({
-            "apiVersion": ArchiveSource::api_version(&()),
-            "kind": ArchiveSource::kind(&()),
-            "status": status,
-        });
-        Api::<ArchiveSource>::namespaced(client.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::apply(MANAGER_SOURCE).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
-    }
-    let reference = source.object_ref(&());
-    for e in &events {
-        if let Err(err) = ctx.recorder.publish(e, &reference).await {
-            tracing::warn!(%err, source = %name, "could not publish event");
-        }
-    }
+    applier
+        .status(
+            &Api::<ArchiveSource>::namespaced(client.clone(), &ns),
+            &*source,
+            source.status.as_ref(),
+            &status,
+        )
+        .await?;
+    applier.events(&*source, &events).await;
     // Engines are polled for lag and re-baselines.
     Ok(Action::requeue(Duration::from_secs(30)))
 }

@@ -8,16 +8,16 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
-use serde_json::json;
 
-use super::context::{Context, Error, MANAGER_SOURCE_SET};
+use super::apply::Applier;
+use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
 use crate::operator::builders::source_set::{
     LABEL_SOURCE_SET, child_source, copy_name, credentials_digest, owned_by, per_namespace_secret,
     secret_copy, selected_namespaces, shares_credentials,
@@ -33,25 +33,6 @@ use crate::operator::crd::common::Condition;
 
 const MAX_FAILING: usize = 64;
 const MAX_MESSAGE: usize = 4096;
-
-async fn apply<K: super::Child>(api: &Api<K>, obj: &K) -> Result<K, kube::Error> {
-    super::apply_as(api, obj, MANAGER_SOURCE_SET).await
-}
-
-async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn by_name(name: &str) -> ListParams {
-    ListParams::default().fields(&format!("metadata.name={name}"))
-}
 
 fn problem(reason: &str, message: String) -> (String, String) {
     (reason.to_string(), message)
@@ -85,6 +66,7 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
         return Ok(Action::await_change());
     }
     let client = ctx.client.clone();
+    let applier = Applier::new(&ctx, "source-set", MANAGER_SOURCE_SET);
     let name = set.name_any();
     let now = ctx.now();
     let old = set.status.clone().unwrap_or_default();
@@ -114,24 +96,34 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
         .as_ref()
         .map(|s| credentials_digest(&set, &s.data.clone().unwrap_or_default()));
 
-    let namespaces = Api::<Namespace>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let selected = selected_namespaces(&set, &namespaces.items);
+    let caches = &ctx.caches;
+    cache_ready(&caches.namespaces).await?;
+    cache_ready(&caches.set_sources).await?;
+    cache_ready(&caches.secrets).await?;
+    let namespaces = caches.namespaces.state();
+    let selected = selected_namespaces(&set, namespaces.iter().map(|n| &**n));
     let is_selected: HashSet<&str> = selected.iter().map(String::as_str).collect();
 
-    // Objects with the names this set uses, in any namespace: its own, or someone else's.
-    let sources = Api::<ArchiveSource>::all(client.clone())
-        .list(&by_name(&name))
-        .await?;
-    let secrets = Api::<Secret>::all(client.clone());
-    let copies = secrets.list_metadata(&by_name(&copy_name(&set))).await?;
+    // Objects with the names this set uses, from the caches: the labelled ArchiveSources, the
+    // Secrets' metadata (copies, and the Secret the template names per namespace).
+    let sources = caches
+        .set_sources
+        .state_filter(|s| s.name_any() == name)
+        .into_iter()
+        .map(|s| (s.namespace().unwrap_or_default(), s))
+        .collect::<BTreeMap<_, _>>();
+    let copy = copy_name(&set);
+    let copies = caches
+        .secrets
+        .state_filter(|s| s.name_any() == copy)
+        .into_iter()
+        .map(|s| (s.namespace().unwrap_or_default(), s))
+        .collect::<BTreeMap<_, _>>();
     let per_ns_secret = per_namespace_secret(&set);
     let has_secret: HashSet<String> = match &per_ns_secret {
-        Some(n) => secrets
-            .list_metadata(&by_name(n))
-            .await?
-            .items
+        Some(n) => caches
+            .secrets
+            .state_filter(|s| &s.name_any() == n)
             .iter()
             .filter_map(|s| s.namespace())
             .collect(),
@@ -139,19 +131,21 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     };
 
     let mut problems: BTreeMap<String, (String, String)> = BTreeMap::new();
-    let mut children: BTreeMap<String, ArchiveSource> = BTreeMap::new();
-    for s in &sources.items {
-        if owned_by(s, &set) {
-            children.insert(s.namespace().unwrap_or_default(), s.clone());
-        }
-    }
+    let mut children: BTreeMap<String, ArchiveSource> = sources
+        .iter()
+        .filter(|(_, s)| owned_by(&***s, &set))
+        .map(|(ns, s)| (ns.clone(), (**s).clone()))
+        .collect();
     if invalid.is_none() {
         for ns in &selected {
-            let existing = sources
-                .items
-                .iter()
-                .find(|s| s.namespace().as_deref() == Some(ns));
-            if existing.is_some_and(|s| !owned_by(s, &set)) {
+            let api = Api::<ArchiveSource>::namespaced(client.clone(), ns);
+            // Not cached (the cache holds only labelled ones): before creating, make sure no
+            // ArchiveSource of that name exists that someone else made.
+            let existing = match sources.get(ns) {
+                Some(s) => Some((**s).clone()),
+                None => api.get_opt(&name).await?,
+            };
+            if existing.as_ref().is_some_and(|s| !owned_by(s, &set)) {
                 problems.insert(
                     ns.clone(),
                     problem(
@@ -162,23 +156,25 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
                 continue;
             }
             if let Some(secret) = &shared {
-                let copy = copy_name(&set);
-                let theirs = copies
-                    .items
-                    .iter()
-                    .any(|c| c.namespace().as_deref() == Some(ns) && !owned_by(c, &set));
-                if theirs {
-                    problems.insert(
-                        ns.clone(),
-                        problem(
-                            "SecretConflict",
-                            format!("a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"),
-                        ),
-                    );
-                    continue;
-                }
+                let ours = match copies.get(ns) {
+                    Some(c) if !owned_by(&**c, &set) => {
+                        problems.insert(
+                            ns.clone(),
+                            problem(
+                                "SecretConflict",
+                                format!("a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"),
+                            ),
+                        );
+                        continue;
+                    }
+                    c => c,
+                };
                 let api = Api::<Secret>::namespaced(client.clone(), ns);
-                if let Err(e) = apply(&api, &secret_copy(&set, ns, secret)).await {
+                let desired = secret_copy(&set, ns, secret);
+                if let Err(e) = applier
+                    .apply(&api, desired, ours.map(|c| &c.metadata))
+                    .await
+                {
                     problems.insert(
                         ns.clone(),
                         problem(
@@ -199,11 +195,15 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
                 );
                 // Applied anyway: the engines start once the Secret is there.
             }
-            let api = Api::<ArchiveSource>::namespaced(client.clone(), ns);
-            match apply(&api, &child_source(&set, ns, digest.as_deref())).await {
-                Ok(s) => {
+            let desired = child_source(&set, ns, digest.as_deref());
+            match applier
+                .apply(&api, desired, existing.as_ref().map(|s| &s.metadata))
+                .await
+            {
+                Ok(Some(s)) => {
                     children.insert(ns.clone(), s);
                 }
+                Ok(None) => {}
                 Err(e) => {
                     problems.insert(
                         ns.clone(),
@@ -218,22 +218,21 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     }
 
     // What this set owns outside the selection goes (and the copies once sharing is off).
-    for (ns, _) in children
-        .iter()
-        .filter(|(ns, _)| !is_selected.contains(ns.as_str()))
+    for ns in children
+        .keys()
+        .filter(|ns| !is_selected.contains(ns.as_str()))
     {
-        delete(&Api::<ArchiveSource>::namespaced(client.clone(), ns), &name).await?;
+        applier
+            .delete(&Api::<ArchiveSource>::namespaced(client.clone(), ns), &name)
+            .await?;
         tracing::info!(set = %name, namespace = %ns, "removed the ArchiveSource of a namespace no longer selected");
     }
     let sharing = shared.is_some() || (invalid.is_some() && shares_credentials(&set));
-    for c in copies.items.iter().filter(|c| owned_by(*c, &set)) {
-        let ns = c.namespace().unwrap_or_default();
+    for (ns, _) in copies.iter().filter(|(_, c)| owned_by(&***c, &set)) {
         if !sharing || !is_selected.contains(ns.as_str()) {
-            delete(
-                &Api::<Secret>::namespaced(client.clone(), &ns),
-                &c.name_any(),
-            )
-            .await?;
+            applier
+                .delete(&Api::<Secret>::namespaced(client.clone(), ns), &copy)
+                .await?;
         }
     }
 
@@ -273,26 +272,15 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
         failing_namespaces,
     };
     let events = transition_events(&old.conditions, &status.conditions);
-    if set.status.as_ref() != Some(&status) {
-        let body = json!({
-            "apiVersion": ArchiveSourceSet::api_version(&()),
-            "kind": ArchiveSourceSet::kind(&()),
-            "status": status,
-        });
-        Api::<ArchiveSourceSet>::all(client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(MANAGER_SOURCE_SET).force(),
-                &Patch::Apply(&body),
-            )
-            .await?;
-    }
-    let reference = set.object_ref(&());
-    for e in &events {
-        if let Err(err) = ctx.recorder.publish(e, &reference).await {
-            tracing::warn!(%err, set = %name, "could not publish event");
-        }
-    }
+    applier
+        .status(
+            &Api::<ArchiveSourceSet>::all(client.clone()),
+            &*set,
+            set.status.as_ref(),
+            &status,
+        )
+        .await?;
+    applier.events(&*set, &events).await;
     // Children, namespaces and Secrets trigger reconciles; this is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
 }

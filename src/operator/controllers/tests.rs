@@ -9,14 +9,20 @@ use std::time::Duration;
 
 use http::{Method, Request, Response};
 use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use kube::Client;
 use kube::client::Body;
+use kube::core::{ObjectMeta, PartialObjectMeta, PartialObjectMetaExt};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use prometheus::core::Collector;
 use serde_json::{Value, json};
 
-use super::context::Context;
+use super::context::{CacheWriters, Context};
 use super::{export, source, source_set};
 use crate::operator::builders::tests::{export_fixture, source_fixture};
-use crate::operator::crd::ArchiveExport;
+use crate::operator::crd::{ArchiveExport, ArchiveSource};
 use crate::operator::metrics::Metrics;
 use crate::operator::probe::Prober;
 
@@ -48,6 +54,18 @@ fn expect(method: Method, path: &str, answer: Option<Value>) -> Expect {
         answer,
         base: None,
     }
+}
+
+fn not_found() -> Option<Value> {
+    Some(
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// A child read before its apply; `None`: it does not exist.
+fn expect_read(patch_path: &str, answer: Option<Value>) -> Expect {
+    let path = patch_path.split_once('?').map_or(patch_path, |(p, _)| p);
+    expect(Method::GET, path, answer.or_else(not_found))
 }
 
 fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Option<Value> {
@@ -183,6 +201,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
 
     // 1. First reconcile: the Job is applied, stale kinds pruned, the run recorded, an Event sent.
     let script = vec![
+        expect_read(&job_path, None),
         expect(Method::PATCH, &job_path, None),
         expect(
             Method::GET,
@@ -249,7 +268,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
         .await
         .unwrap();
     let bodies = server.await.unwrap();
-    let job = &bodies[0];
+    let job = &bodies[1];
     assert_eq!(
         (job["apiVersion"].as_str(), job["kind"].as_str()),
         (Some("batch/v1"), Some("Job"))
@@ -262,7 +281,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
         job["spec"]["template"]["spec"]["containers"][0]["args"][0],
         "export"
     );
-    let status = &bodies[9];
+    let status = &bodies[10];
     assert_eq!(status["apiVersion"], "larch.dev/v1alpha1");
     assert_eq!(status["kind"], "ArchiveExport");
     let st = &status["status"];
@@ -273,7 +292,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     assert_eq!(cond(st, "LastExportSucceeded")["status"], "Unknown");
     assert_eq!(st["observedGeneration"], 1);
     assert_eq!(cond(st, "Ready")["observedGeneration"], 1);
-    assert_eq!(bodies[10]["reason"], "ExportStarted");
+    assert_eq!(bodies[11]["reason"], "ExportStarted");
 
     // 2. The Job completed and its pod wrote the summary: the run is recorded as succeeded.
     *now.lock().unwrap() = t(3);
@@ -366,12 +385,10 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     let run2 = crate::operator::builders::export::run_id(&e4, Some("again"));
     assert_ne!(run2, run);
     let (ctx4, handle4, _) = context(Arc::default());
+    let job2_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}");
     let script = vec![
-        expect(
-            Method::PATCH,
-            &format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}"),
-            None,
-        ),
+        expect_read(&job2_path, None),
+        expect(Method::PATCH, &job2_path, None),
         expect(
             Method::GET,
             &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
@@ -397,9 +414,9 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     let server = tokio::spawn(serve(handle4, script));
     export::reconcile(Arc::new(e4.clone()), ctx4).await.unwrap();
     let bodies = server.await.unwrap();
-    assert_eq!(bodies[4]["status"]["run"]["token"], "again");
+    assert_eq!(bodies[5]["status"]["run"]["token"], "again");
     assert_eq!(
-        bodies[4]["status"]["lastExport"]["position"], "0/016B3748",
+        bodies[5]["status"]["lastExport"]["position"], "0/016B3748",
         "the last export is kept"
     );
 }
@@ -428,13 +445,26 @@ fn engine_pod() -> Value {
            "status": {"podIP": "10.0.0.7"}})
 }
 
+fn export_get() -> Expect {
+    expect(
+        Method::GET,
+        "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users",
+        Some(serde_json::to_value(export_fixture("export-oneshot-s3")).unwrap()),
+    )
+}
+
+fn pods_list() -> Expect {
+    expect(
+        Method::GET,
+        "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
+        list("PodList", "v1", vec![engine_pod()]),
+    )
+}
+
+/// The requests of a first visit: the export read, the three children applied, the pods listed.
 fn source_script(ready: i32) -> Vec<Expect> {
     vec![
-        expect(
-            Method::GET,
-            "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users",
-            Some(serde_json::to_value(export_fixture("export-oneshot-s3")).unwrap()),
-        ),
+        export_get(),
         expect(
             Method::PATCH,
             &format!("/api/v1/namespaces/data/configmaps/users-cache-engine?{MANAGER_SOURCE_Q}"),
@@ -450,24 +480,81 @@ fn source_script(ready: i32) -> Vec<Expect> {
             &format!("/apis/apps/v1/namespaces/data/statefulsets/users-cache?{MANAGER_SOURCE_Q}"),
             Some(sts_answer(ready)),
         ),
-        expect(
-            Method::GET,
-            "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
-            list("PodList", "v1", vec![engine_pod()]),
-        ),
+        pods_list(),
     ]
+}
+
+/// Fills a cache as its watch does: one complete list, then ready.
+fn fill<K>(writer: &mut Writer<K>, objects: impl IntoIterator<Item = K>)
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// The metadata of an object as a metadata-only watch delivers it.
+fn meta_of<K: kube::Resource<DynamicType = ()>>(body: &Value) -> PartialObjectMeta<K> {
+    serde_json::from_value::<ObjectMeta>(body["metadata"].clone())
+        .unwrap()
+        .into_request_partial::<K>()
+}
+
+fn writers(ctx: &Context) -> CacheWriters {
+    ctx.cache_writers.lock().unwrap().take().unwrap()
+}
+
+/// Write requests counted by the operator's own metric.
+fn writes(ctx: &Context) -> u64 {
+    ctx.metrics
+        .api_writes
+        .collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric())
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+/// A second context on a new mock connection sharing the first one's caches, trackers, metrics
+/// and clock (what lives across reconciles in one operator process).
+fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handle) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let ctx2 = Arc::new(Context {
+        recorder: kube::runtime::events::Recorder::new(
+            client.clone(),
+            "larch-operator".to_string().into(),
+        ),
+        client,
+        build: ctx.build.clone(),
+        metrics: ctx.metrics.clone(),
+        prober,
+        trackers: Mutex::new(ctx.trackers.lock().unwrap().clone()),
+        clock: ctx.clock.clone(),
+        caches: ctx.caches.clone(),
+        cache_writers: Mutex::new(None),
+    });
+    (ctx2, handle)
 }
 
 #[tokio::test]
 async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
     let prober = Arc::new(FakeProber::default());
-    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
     prober.set(
         "10.0.0.7",
         "/metrics",
         "laredo_source_rebaseline_total{source=\"users-cache\"} 4\n",
     );
     let (ctx, handle, now) = context(prober.clone());
+    let mut caches = writers(&ctx);
+    fill(&mut caches.config_maps, []);
+    fill(&mut caches.services, []);
+    fill(&mut caches.stateful_sets, []);
     let s = source_fixture("source-exportref-memory");
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
@@ -498,6 +585,16 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     );
     assert_eq!(bodies[2]["spec"]["ports"][0]["name"], "http");
     assert_eq!(bodies[3]["kind"], "StatefulSet");
+    for child in &bodies[1..4] {
+        assert_eq!(
+            child["metadata"]["annotations"]["larch.dev/applied-hash"]
+                .as_str()
+                .map(str::len),
+            Some(16),
+            "every applied child carries its hash: {}",
+            child["kind"]
+        );
+    }
     let st = &bodies[5]["status"];
     assert_eq!(st["readyReplicas"], 1);
     assert_eq!(st["rows"], 42, "rows from the engine pipelines' row_count");
@@ -505,10 +602,11 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
         (
             st["position"].as_str(),
             st["head"].as_str(),
-            st["lag"].as_str()
+            st["headTime"].as_str()
         ),
-        (Some("0/10"), Some("0/10"), Some("1s"))
+        (Some("0/10"), Some("0/10"), Some("2027-01-15T07:59:59Z"))
     );
+    assert!(st.get("lag").is_none(), "no ever-growing age in status");
     assert_eq!(
         st["rebaselines"]["total"], 0,
         "the first counter sample is a baseline"
@@ -523,9 +621,21 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
         assert_eq!(cond(st, t)["status"], s, "{t}");
     }
     assert_eq!(bodies[6]["reason"], "Ready");
+    assert_eq!(writes(&ctx), 5, "3 applies, the status, the Event");
+
+    // The watches deliver what was applied (the StatefulSet with its status).
+    let mut sts = bodies[3].clone();
+    sts["status"] = sts_answer(1)["status"].clone();
+    sts["metadata"]["generation"] = json!(1);
+    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
+    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
+    fill(
+        &mut caches.stateful_sets,
+        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
+    );
 
     // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
-    // each with a Warning Event.
+    // each with a Warning Event; the children are in place, so none is applied.
     *now.lock().unwrap() = t(1);
     prober.set(
         "10.0.0.7",
@@ -534,59 +644,61 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     );
     let mut s2 = s.clone();
     s2.status = Some(serde_json::from_value(st.clone()).unwrap());
-    let (svc, handle2) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    // Same trackers, metrics and clock (the re-baseline memory lives there), a new mock
-    // connection for this round.
-    let client2 = Client::new(svc, "default");
-    let ctx2 = Arc::new(Context {
-        recorder: kube::runtime::events::Recorder::new(
-            client2.clone(),
-            "larch-operator".to_string().into(),
+    let (ctx2, handle2) = same_operator(&ctx, prober.clone());
+    let script = vec![
+        export_get(),
+        pods_list(),
+        expect_status(&status_path, serde_json::to_value(&s2).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
         ),
-        client: client2,
-        build: ctx.build.clone(),
-        metrics: ctx.metrics.clone(),
-        prober: prober.clone(),
-        trackers: Mutex::new(ctx.trackers.lock().unwrap().clone()),
-        clock: ctx.clock.clone(),
-    });
-    let mut script = source_script(1);
-    script.push(expect_status(
-        &status_path,
-        serde_json::to_value(&s2).unwrap(),
-    ));
-    script.push(expect(
-        Method::POST,
-        "/apis/events.k8s.io/v1/namespaces/data/events?",
-        None,
-    ));
-    script.push(expect(
-        Method::POST,
-        "/apis/events.k8s.io/v1/namespaces/data/events?",
-        None,
-    ));
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ];
     let server = tokio::spawn(serve(handle2, script));
     source::reconcile(Arc::new(s2.clone()), ctx2.clone())
         .await
         .unwrap();
     let bodies = server.await.unwrap();
-    let st = &bodies[5]["status"];
+    let st = &bodies[2]["status"];
     assert_eq!(st["rebaselines"]["total"], 3);
     assert_eq!(st["rebaselines"]["lastTime"], "2027-01-15T08:01:00Z");
+    assert_eq!(st["readyReplicas"], 1, "from the cached StatefulSet");
     assert_eq!(cond(st, "Rebaselining")["status"], "True");
     assert_eq!(cond(st, "Degraded")["status"], "True");
     assert_eq!(cond(st, "Degraded")["reason"], "FrequentRebaselines");
-    let reasons: Vec<&str> = bodies[6..]
+    let reasons: Vec<&str> = bodies[3..]
         .iter()
         .map(|b| b["reason"].as_str().unwrap())
         .collect();
     assert_eq!(reasons, ["Rebaselining", "FrequentRebaselines"]);
-    assert!(bodies[6..].iter().all(|b| b["type"] == "Warning"));
+    assert!(bodies[3..].iter().all(|b| b["type"] == "Warning"));
     assert!(
         ctx2.metrics
             .render()
             .contains("larch_archive_source_degraded{name=\"users-cache\",namespace=\"data\"} 1")
     );
+
+    // Nothing changed (the head only got older): the probe reads, nothing is written.
+    let before = writes(&ctx);
+    *now.lock().unwrap() = t(2);
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":121.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":7}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
+    let mut s3 = s.clone();
+    s3.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx3, handle3) = same_operator(&ctx2, prober.clone());
+    let server = tokio::spawn(serve(handle3, vec![export_get(), pods_list()]));
+    source::reconcile(Arc::new(s3), ctx3.clone()).await.unwrap();
+    let asked = server.await.unwrap();
+    assert_eq!(asked.len(), 2, "two reads, no write");
+    assert_eq!(writes(&ctx3), before, "no write request counted");
+    assert!(ctx3.metrics.render().contains(
+        "larch_operator_applies_unchanged_total{controller=\"source\",kind=\"StatefulSet\"} 2"
+    ));
 }
 
 #[tokio::test]
@@ -621,84 +733,32 @@ async fn archive_source_waits_for_a_missing_export() {
     );
 }
 
-#[tokio::test]
-async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() {
-    let prober = Arc::new(FakeProber::default());
-    prober.set(
-        "10.0.0.9",
-        "/status",
-        r#"{"table":"public.events","epoch":3,"head_position":"0/2A","buffer_depth":5,"last_snapshot_at":"2027-01-15T07:59:00Z"}"#,
-    );
-    let (ctx, handle, _) = context(prober);
-    let e = export_fixture("export-continuous-s3");
+/// What a reconcile of the `events` continuous export asks after its applies: the prune lists
+/// (its own Deployment and Lease kept), then its pods.
+fn continuous_lists(dep: &Value, leases: Vec<Value>) -> Vec<Expect> {
     let sel = "labelSelector=larch.dev%2Farchive-export%3Devents";
-    let mut dep = serde_json::to_value(crate::operator::builders::export::deployment(
-        &e,
-        &e.spec.source.all_tables()[0],
-        &crate::operator::builders::tests::ctx(),
-    ))
-    .unwrap();
-    dep["status"] = json!({"availableReplicas": 1, "readyReplicas": 1, "replicas": 1});
-    let script = vec![
-        // The exporter's Lease access first: Role, RoleBinding, Lease (the spec names the
-        // service account, so none is created).
-        expect(
-            Method::PATCH,
-            &format!(
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/events-export-lease?{MANAGER_EXPORT_Q}"
-            ),
-            None,
-        ),
-        expect(
-            Method::PATCH,
-            &format!(
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/events-export-lease?{MANAGER_EXPORT_Q}"
-            ),
-            None,
-        ),
-        expect(
-            Method::PATCH,
-            &format!(
-                "/apis/coordination.k8s.io/v1/namespaces/data/leases/events?{MANAGER_EXPORT_Q}"
-            ),
-            None,
-        ),
-        expect(
-            Method::PATCH,
-            &format!("/apis/apps/v1/namespaces/data/deployments/events?{MANAGER_EXPORT_Q}"),
-            Some(dep.clone()),
-        ),
+    vec![
         expect(
             Method::GET,
             &format!("/apis/batch/v1/namespaces/data/cronjobs?&{sel}"),
             list("CronJobList", "batch/v1", vec![]),
         ),
-        // Its own Deployment is listed and kept.
         expect(
             Method::GET,
             &format!("/apis/apps/v1/namespaces/data/deployments?&{sel}"),
-            list("DeploymentList", "apps/v1", vec![dep]),
+            list("DeploymentList", "apps/v1", vec![dep.clone()]),
         ),
-        // A Lease of a table no longer exported is pruned; its own are kept.
         expect(
             Method::GET,
             &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{sel}"),
-            list(
-                "LeaseList",
-                "coordination.k8s.io/v1",
-                vec![
-                    json!({"metadata": {"name": "events", "namespace": "data"}}),
-                    json!({"metadata": {"name": "events-stale", "namespace": "data"}}),
-                ],
-            ),
+            list("LeaseList", "coordination.k8s.io/v1", leases),
         ),
-        expect(
-            Method::DELETE,
-            "/apis/coordination.k8s.io/v1/namespaces/data/leases/events-stale?",
-            Some(
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
-            ),
-        ),
+    ]
+}
+
+fn continuous_tail() -> Vec<Expect> {
+    let sel = "labelSelector=larch.dev%2Farchive-export%3Devents";
+    vec![
         expect(
             Method::GET,
             &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{sel}"),
@@ -725,30 +785,87 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
                 ],
             ),
         ),
-        expect_status(
-            &format!(
-                "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events/status?{MANAGER_EXPORT_Q}"
-            ),
-            serde_json::to_value(&e).unwrap(),
-        ),
+    ]
+}
+
+#[tokio::test]
+async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() {
+    let prober = Arc::new(FakeProber::default());
+    prober.set(
+        "10.0.0.9",
+        "/status",
+        r#"{"table":"public.events","epoch":3,"head_position":"0/2A","buffer_depth":5,"last_snapshot_at":"2027-01-15T07:59:00Z"}"#,
+    );
+    let (ctx, handle, _) = context(prober.clone());
+    let e = export_fixture("export-continuous-s3");
+    let mut dep = serde_json::to_value(crate::operator::builders::export::deployment(
+        &e,
+        &e.spec.source.all_tables()[0],
+        &crate::operator::builders::tests::ctx(),
+    ))
+    .unwrap();
+    dep["status"] = json!({"availableReplicas": 1, "readyReplicas": 1, "replicas": 1});
+    let role = format!(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/events-export-lease?{MANAGER_EXPORT_Q}"
+    );
+    let binding = format!(
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/events-export-lease?{MANAGER_EXPORT_Q}"
+    );
+    let lease =
+        format!("/apis/coordination.k8s.io/v1/namespaces/data/leases/events?{MANAGER_EXPORT_Q}");
+    let deployment = format!("/apis/apps/v1/namespaces/data/deployments/events?{MANAGER_EXPORT_Q}");
+    let status_path = format!(
+        "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events/status?{MANAGER_EXPORT_Q}"
+    );
+    let mut script = vec![
+        // The exporter's Lease access first: Role, RoleBinding, Lease (the spec names the
+        // service account, so none is created). Each is read, then applied (none exists).
+        expect_read(&role, None),
+        expect(Method::PATCH, &role, None),
+        expect_read(&binding, None),
+        expect(Method::PATCH, &binding, None),
+        expect_read(&lease, None),
+        expect(Method::PATCH, &lease, None),
+        expect_read(&deployment, None),
+        expect(Method::PATCH, &deployment, Some(dep.clone())),
     ];
+    // A Lease of a table no longer exported is pruned; its own are kept.
+    script.extend(continuous_lists(
+        &dep,
+        vec![
+            json!({"metadata": {"name": "events", "namespace": "data"}}),
+            json!({"metadata": {"name": "events-stale", "namespace": "data"}}),
+        ],
+    ));
+    script.push(expect(
+        Method::DELETE,
+        "/apis/coordination.k8s.io/v1/namespaces/data/leases/events-stale?",
+        Some(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}})),
+    ));
+    script.extend(continuous_tail());
+    script.push(expect_status(
+        &status_path,
+        serde_json::to_value(&e).unwrap(),
+    ));
     let server = tokio::spawn(serve(handle, script));
-    export::reconcile(Arc::new(e), ctx).await.unwrap();
+    export::reconcile(Arc::new(e.clone()), ctx.clone())
+        .await
+        .unwrap();
     let bodies = server.await.unwrap();
-    let role = &bodies[0];
-    assert_eq!(role["rules"][0]["resourceNames"], json!(["events"]));
-    assert_eq!(role["rules"][0]["verbs"], json!(["get", "update"]));
-    assert_eq!(bodies[1]["subjects"][0]["name"], "exporter");
-    assert_eq!(bodies[2]["metadata"]["name"], "events");
-    let pod = &bodies[3]["spec"]["template"]["spec"];
+    let role_body = &bodies[1];
+    assert_eq!(role_body["rules"][0]["resourceNames"], json!(["events"]));
+    assert_eq!(role_body["rules"][0]["verbs"], json!(["get", "update"]));
+    assert_eq!(bodies[3]["subjects"][0]["name"], "exporter");
+    assert_eq!(bodies[5]["metadata"]["name"], "events");
+    let pod = &bodies[7]["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "exporter");
     assert_eq!(pod["automountServiceAccountToken"], true);
     let args = pod["containers"][0]["args"].as_array().unwrap();
-    let lease = args.iter().position(|a| a == "--lease").expect("--lease");
-    assert_eq!(args[lease + 1], "events");
-    assert_eq!(bodies[3]["spec"]["strategy"]["type"], "Recreate");
-    assert_eq!(bodies[3]["spec"]["replicas"], 1);
-    let st = &bodies[12]["status"];
+    let lease_arg = args.iter().position(|a| a == "--lease").expect("--lease");
+    assert_eq!(args[lease_arg + 1], "events");
+    assert_eq!(bodies[7]["spec"]["strategy"]["type"], "Recreate");
+    assert_eq!(bodies[7]["spec"]["replicas"], 1);
+    let st = &bodies[16]["status"];
     assert_eq!(st["writers"][0]["headPosition"], "0/2A");
     assert_eq!(st["writers"][0]["bufferDepth"], 5);
     assert_eq!(st["lastExport"]["position"], "0/2A");
@@ -757,6 +874,30 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     assert_eq!(cond(st, "Ready")["reason"], "Running");
     assert_eq!(cond(st, "LastExportSucceeded")["status"], "True");
     assert!(st.get("run").is_none(), "Continuous exports have no runs");
+    assert_eq!(writes(&ctx), 6, "4 applies, 1 delete, the status");
+
+    // The next reconcile finds every child as applied (each carries its hash) and the same
+    // writer status: reads only, no write request.
+    let mut applied_dep = bodies[7].clone();
+    applied_dep["status"] = dep["status"].clone();
+    let mut e2 = e.clone();
+    e2.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx2, handle2) = same_operator(&ctx, prober);
+    let mut script = vec![
+        expect_read(&role, Some(bodies[1].clone())),
+        expect_read(&binding, Some(bodies[3].clone())),
+        expect_read(&lease, Some(bodies[5].clone())),
+        expect_read(&deployment, Some(applied_dep.clone())),
+    ];
+    script.extend(continuous_lists(
+        &applied_dep,
+        vec![json!({"metadata": {"name": "events", "namespace": "data"}})],
+    ));
+    script.extend(continuous_tail());
+    let server = tokio::spawn(serve(handle2, script));
+    export::reconcile(Arc::new(e2), ctx2.clone()).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(writes(&ctx2), 6, "no write request in the second reconcile");
 }
 
 // ---- ArchiveSourceSet ----
@@ -768,86 +909,83 @@ fn set_owner() -> Value {
             "uid": "5e7-uid", "controller": true, "blockOwnerDeletion": true}])
 }
 
-fn meta_list(items: Vec<Value>) -> Option<Value> {
-    Some(
-        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-                "metadata": {"resourceVersion": "1"},
-                "items": items.into_iter().map(|m| json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": m})).collect::<Vec<_>>()}),
+fn namespace(name: &str, labelled: bool) -> PartialObjectMeta<Namespace> {
+    let labels = if labelled {
+        json!({"larch.dev/seed": "events"})
+    } else {
+        json!({})
+    };
+    meta_of(&json!({"metadata": {"name": name, "labels": labels}}))
+}
+
+fn shared_secret() -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "seed-reader", "namespace": "platform", "labels": {"team": "platform"}},
+        "type": "Opaque", "data": {"AWS_ACCESS_KEY_ID": "YQ==", "AWS_SECRET_ACCESS_KEY": "Yg=="}})
+}
+
+fn shared_secret_get() -> Expect {
+    expect(
+        Method::GET,
+        "/api/v1/namespaces/platform/secrets/seed-reader",
+        Some(shared_secret()),
     )
 }
+
+fn set_source_path(ns: &str) -> String {
+    format!("/apis/larch.dev/v1alpha1/namespaces/{ns}/archivesources/dev-seed?{MANAGER_SET_Q}")
+}
+
+fn copy_path(ns: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/secrets/dev-seed-credentials?{MANAGER_SET_Q}")
+}
+
+const SET_STATUS: &str = "/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/status?&force=true&fieldManager=larch-operator%2Fsource-set";
 
 #[tokio::test]
 async fn source_set_copies_applies_prunes_and_never_takes_over() {
     let (ctx, handle, _) = context(Arc::default());
     let set = crate::operator::builders::source_set::tests::set_fixture(true);
-    let ns = |name: &str, labelled: bool| {
-        let labels = if labelled {
-            json!({"larch.dev/seed": "events"})
-        } else {
-            json!({})
-        };
-        json!({"metadata": {"name": name, "labels": labels}})
-    };
     let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
-    let source = json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "seed-reader", "namespace": "platform", "labels": {"team": "platform"}},
-        "type": "Opaque", "data": {"AWS_ACCESS_KEY_ID": "YQ==", "AWS_SECRET_ACCESS_KEY": "Yg=="}});
+    let mut caches = writers(&ctx);
+    fill(
+        &mut caches.namespaces,
+        [
+            namespace("dev-a", true),
+            namespace("dev-b", true),
+            namespace("dev-old", false),
+            namespace("kube-system", false),
+        ],
+    );
+    // Ours, in a namespace no longer selected (labelled, so cached): deleted.
+    fill(
+        &mut caches.set_sources,
+        [serde_json::from_value(json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+               "metadata": {"name": "dev-seed", "namespace": "dev-old", "ownerReferences": set_owner(),
+                            "labels": {"larch.dev/source-set": "dev-seed"}},
+               "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}))
+        .unwrap()],
+    );
+    fill(
+        &mut caches.secrets,
+        [meta_of::<Secret>(
+            &json!({"metadata": {"name": "dev-seed-credentials", "namespace": "dev-old", "ownerReferences": set_owner()}}),
+        )],
+    );
     let script = vec![
-        expect(
-            Method::GET,
-            "/api/v1/namespaces/platform/secrets/seed-reader",
-            Some(source),
-        ),
-        expect(
-            Method::GET,
-            "/api/v1/namespaces?",
-            list(
-                "NamespaceList",
-                "v1",
-                vec![
-                    ns("dev-a", true),
-                    ns("dev-b", true),
-                    ns("dev-old", false),
-                    ns("kube-system", false),
-                ],
+        shared_secret_get(),
+        // Not cached: read before creating, in case someone else's has the name.
+        expect_read(&set_source_path("dev-a"), None),
+        expect(Method::PATCH, &copy_path("dev-a"), None),
+        expect(Method::PATCH, &set_source_path("dev-a"), None),
+        // Someone else's ArchiveSource of the same name (unlabelled): left alone.
+        expect_read(
+            &set_source_path("dev-b"),
+            Some(
+                json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+                   "metadata": {"name": "dev-seed", "namespace": "dev-b"},
+                   "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}),
             ),
-        ),
-        expect(
-            Method::GET,
-            "/apis/larch.dev/v1alpha1/archivesources?&fieldSelector=metadata.name%3Ddev-seed",
-            list(
-                "ArchiveSourceList",
-                "larch.dev/v1alpha1",
-                vec![
-                    // Someone else's ArchiveSource of the same name: left alone.
-                    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
-                           "metadata": {"name": "dev-seed", "namespace": "dev-b"},
-                           "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}),
-                    // Ours, in a namespace no longer selected: deleted.
-                    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
-                           "metadata": {"name": "dev-seed", "namespace": "dev-old", "ownerReferences": set_owner()},
-                           "spec": {"archive": {"exportRef": {"name": "x"}}, "target": {"memory": {}}}}),
-                ],
-            ),
-        ),
-        expect(
-            Method::GET,
-            "/api/v1/secrets?&fieldSelector=metadata.name%3Ddev-seed-credentials",
-            meta_list(vec![
-                json!({"name": "dev-seed-credentials", "namespace": "dev-old", "ownerReferences": set_owner()}),
-            ]),
-        ),
-        expect(
-            Method::PATCH,
-            &format!("/api/v1/namespaces/dev-a/secrets/dev-seed-credentials?{MANAGER_SET_Q}"),
-            None,
-        ),
-        expect(
-            Method::PATCH,
-            &format!(
-                "/apis/larch.dev/v1alpha1/namespaces/dev-a/archivesources/dev-seed?{MANAGER_SET_Q}"
-            ),
-            None,
         ),
         expect(
             Method::DELETE,
@@ -859,10 +997,7 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
             "/api/v1/namespaces/dev-old/secrets/dev-seed-credentials?",
             Some(ok),
         ),
-        expect_status(
-            &format!("/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/status?{MANAGER_SET_Q}"),
-            serde_json::to_value(&set).unwrap(),
-        ),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
         expect(
             Method::POST,
             "/apis/events.k8s.io/v1/namespaces/default/events?",
@@ -874,7 +1009,7 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
     let bodies = server.await.unwrap();
 
     // The copy: the source's data and type, none of its labels.
-    let copy = &bodies[4];
+    let copy = &bodies[2];
     assert_eq!(copy["data"]["AWS_ACCESS_KEY_ID"], "YQ==");
     assert_eq!(copy["type"], "Opaque");
     assert_eq!(
@@ -884,7 +1019,7 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
     assert!(copy["metadata"]["labels"]["team"].is_null());
     assert_eq!(copy["metadata"]["ownerReferences"], set_owner());
     // The ArchiveSource points at the copy and carries the digest.
-    let child = &bodies[5];
+    let child = &bodies[3];
     assert_eq!(
         child["spec"]["archive"]["s3"]["credentials"]["secretRef"]["name"],
         "dev-seed-credentials"
@@ -897,7 +1032,7 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
         16
     );
     // Status: two selected, none ready, dev-b failing with the conflict.
-    let st = &bodies[8]["status"];
+    let st = &bodies[7]["status"];
     assert_eq!(st["desiredNamespaces"], 2);
     assert_eq!(st["readyNamespaces"], 0);
     assert_eq!(st["failingNamespaces"][0]["namespace"], "dev-b");
@@ -906,10 +1041,13 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
     assert_eq!(cond(st, "Stalled")["status"], "True");
     assert_eq!(cond(st, "Reconciling")["status"], "True");
     assert_eq!(cond(st, "Ready")["reason"], "NamespacesFailing");
-    assert_eq!(bodies[9]["reason"], "NamespacesFailing");
-    assert_eq!(bodies[9]["type"], "Warning");
-    // No credential in the status or the Event.
-    let text = format!("{}{}", bodies[8], bodies[9]);
+    assert_eq!(bodies[8]["reason"], "NamespacesFailing");
+    assert_eq!(bodies[8]["type"], "Warning");
+    // No credential in the status, the Event or the copy's hash annotation.
+    let text = format!(
+        "{}{}{}",
+        bodies[7], bodies[8], copy["metadata"]["annotations"]
+    );
     assert!(!text.contains("YQ==") && !text.contains("Yg=="));
 }
 
@@ -918,41 +1056,23 @@ async fn source_set_without_its_secret_stalls_and_touches_nothing() {
     let (ctx, handle, _) = context(Arc::default());
     let mut set = crate::operator::builders::source_set::tests::set_fixture(true);
     set.metadata.generation = Some(1);
-    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+    let mut caches = writers(&ctx);
+    fill(&mut caches.namespaces, [namespace("dev-a", true)]);
+    fill(&mut caches.set_sources, []);
+    // An existing copy stays: running engines still use it.
+    fill(
+        &mut caches.secrets,
+        [meta_of::<Secret>(
+            &json!({"metadata": {"name": "dev-seed-credentials", "namespace": "dev-a", "ownerReferences": set_owner()}}),
+        )],
+    );
     let script = vec![
         expect(
             Method::GET,
             "/api/v1/namespaces/platform/secrets/seed-reader",
-            Some(not_found),
+            not_found(),
         ),
-        expect(
-            Method::GET,
-            "/api/v1/namespaces?",
-            list(
-                "NamespaceList",
-                "v1",
-                vec![
-                    json!({"metadata": {"name": "dev-a", "labels": {"larch.dev/seed": "events"}}}),
-                ],
-            ),
-        ),
-        expect(
-            Method::GET,
-            "/apis/larch.dev/v1alpha1/archivesources?&fieldSelector=metadata.name%3Ddev-seed",
-            list("ArchiveSourceList", "larch.dev/v1alpha1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            "/api/v1/secrets?&fieldSelector=metadata.name%3Ddev-seed-credentials",
-            meta_list(vec![
-                // An existing copy stays: running engines still use it.
-                json!({"name": "dev-seed-credentials", "namespace": "dev-a", "ownerReferences": set_owner()}),
-            ]),
-        ),
-        expect_status(
-            &format!("/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/status?{MANAGER_SET_Q}"),
-            serde_json::to_value(&set).unwrap(),
-        ),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
         expect(
             Method::POST,
             "/apis/events.k8s.io/v1/namespaces/default/events?",
@@ -962,7 +1082,7 @@ async fn source_set_without_its_secret_stalls_and_touches_nothing() {
     let server = tokio::spawn(serve(handle, script));
     source_set::reconcile(Arc::new(set), ctx).await.unwrap();
     let bodies = server.await.unwrap();
-    let st = &bodies[4]["status"];
+    let st = &bodies[1]["status"];
     assert_eq!(cond(st, "Stalled")["reason"], "CredentialsNotFound");
     assert!(
         cond(st, "Ready")["message"]
@@ -971,7 +1091,164 @@ async fn source_set_without_its_secret_stalls_and_touches_nothing() {
             .contains("platform/seed-reader")
     );
     assert_eq!(st["observedGeneration"], 1);
-    assert_eq!(bodies[5]["reason"], "CredentialsNotFound");
+    assert_eq!(bodies[2]["reason"], "CredentialsNotFound");
+}
+
+/// An applied child as its watch delivers it later: with a generation, and `ready` or not.
+fn observed_child(applied: &Value, ready: bool) -> ArchiveSource {
+    let mut c = applied.clone();
+    c["metadata"]["generation"] = json!(1);
+    let status = if ready { "True" } else { "False" };
+    c["status"] = json!({"observedGeneration": 1, "conditions": [
+        {"type": "Ready", "status": status, "reason": "EnginesReady", "message": "1/1 engines ready",
+         "lastTransitionTime": "2027-01-15T08:00:00Z"},
+        {"type": "Stalled", "status": "False", "reason": "EnginesReady", "message": "",
+         "lastTransitionTime": "2027-01-15T08:00:00Z"}]});
+    serde_json::from_value(c).unwrap()
+}
+
+/// A set over 50 namespaces: the first reconcile copies and applies 50 of each; once the
+/// children are in place and ready, a reconcile writes nothing; a child's status change writes
+/// only the rollup; a template change re-applies each ArchiveSource once (no copy: the data is
+/// the same).
+#[tokio::test]
+async fn source_set_of_50_namespaces_writes_only_what_changed() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut set = crate::operator::builders::source_set::tests::set_fixture(true);
+    set.metadata.generation = Some(1);
+    let names: Vec<String> = (0..50).map(|i| format!("dev-{i:02}")).collect();
+    let mut caches = writers(&ctx);
+    fill(
+        &mut caches.namespaces,
+        names.iter().map(|n| namespace(n, true)),
+    );
+    fill(&mut caches.set_sources, []);
+    fill(&mut caches.secrets, []);
+
+    // 1. Creation: per namespace a read (no such ArchiveSource), the copy, the ArchiveSource.
+    let mut script = vec![shared_secret_get()];
+    for ns in &names {
+        script.push(expect_read(&set_source_path(ns), None));
+        script.push(expect(Method::PATCH, &copy_path(ns), None));
+        script.push(expect(Method::PATCH, &set_source_path(ns), None));
+    }
+    script.push(expect_status(
+        SET_STATUS,
+        serde_json::to_value(&set).unwrap(),
+    ));
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set.clone()), ctx.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(
+        writes(&ctx),
+        101,
+        "50 copies, 50 ArchiveSources, the status"
+    );
+    let copies: Vec<&Value> = bodies.iter().filter(|b| b["kind"] == "Secret").collect();
+    let children: Vec<&Value> = bodies
+        .iter()
+        .filter(|b| b["kind"] == "ArchiveSource")
+        .collect();
+    assert_eq!((copies.len(), children.len()), (50, 50));
+    let status = bodies.last().unwrap()["status"].clone();
+    assert_eq!(status["readyNamespaces"], 0);
+
+    // The watches deliver the copies and the children, which become ready.
+    let observe = |set_sources: &mut Writer<ArchiveSource>, not_ready: Option<usize>| {
+        fill(
+            set_sources,
+            children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| observed_child(c, Some(i) != not_ready)),
+        )
+    };
+    fill(
+        &mut caches.secrets,
+        copies.iter().map(|c| meta_of::<Secret>(c)),
+    );
+    observe(&mut caches.set_sources, None);
+
+    // 2. All ready: the rollup changes (one status write), nothing else is written.
+    let mut seen = set.clone();
+    seen.status = Some(serde_json::from_value(status).unwrap());
+    let (ctx2, handle2) = same_operator(&ctx, Arc::default());
+    let script = vec![
+        shared_secret_get(),
+        expect_status(SET_STATUS, serde_json::to_value(&seen).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle2, script));
+    source_set::reconcile(Arc::new(seen.clone()), ctx2.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    let status = bodies[1]["status"].clone();
+    assert_eq!(status["readyNamespaces"], 50);
+    assert_eq!(bodies[2]["reason"], "Ready");
+    assert_eq!(writes(&ctx), 103, "the rollup and its Ready Event only");
+
+    // 3. Unchanged: one read (the shared Secret's data), no write.
+    seen.status = Some(serde_json::from_value(status).unwrap());
+    let (ctx3, handle3) = same_operator(&ctx, Arc::default());
+    let server = tokio::spawn(serve(handle3, vec![shared_secret_get()]));
+    source_set::reconcile(Arc::new(seen.clone()), ctx3)
+        .await
+        .unwrap();
+    server.await.unwrap();
+    assert_eq!(writes(&ctx), 103, "an unchanged set of 50 writes nothing");
+
+    // 4. One child stops being ready: the rollup is written, no child is re-applied.
+    observe(&mut caches.set_sources, Some(7));
+    let (ctx4, handle4) = same_operator(&ctx, Arc::default());
+    let script = vec![
+        shared_secret_get(),
+        expect_status(SET_STATUS, serde_json::to_value(&seen).unwrap()),
+    ];
+    let server = tokio::spawn(serve(handle4, script));
+    source_set::reconcile(Arc::new(seen.clone()), ctx4)
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(bodies[1]["status"]["readyNamespaces"], 49);
+    assert_eq!(writes(&ctx), 104, "one status write for one child's change");
+    observe(&mut caches.set_sources, None);
+
+    // 5. The template changes: each ArchiveSource is applied once; the copies stay.
+    let mut changed = seen.clone();
+    changed.metadata.generation = Some(2);
+    changed.spec.template.spec.replicas = Some(2);
+    let (ctx5, handle5) = same_operator(&ctx, Arc::default());
+    let mut script = vec![shared_secret_get()];
+    for ns in &names {
+        script.push(expect(Method::PATCH, &set_source_path(ns), None));
+    }
+    script.push(expect_status(
+        SET_STATUS,
+        serde_json::to_value(&changed).unwrap(),
+    ));
+    let server = tokio::spawn(serve(handle5, script));
+    source_set::reconcile(Arc::new(changed), ctx5)
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    assert!(
+        bodies
+            .iter()
+            .filter(|b| b["kind"] == "ArchiveSource")
+            .all(|b| b["spec"]["replicas"] == 2)
+    );
+    assert_eq!(
+        writes(&ctx),
+        104 + 51,
+        "50 ArchiveSources and the status (observedGeneration)"
+    );
 }
 
 /// Issue 13: the finalizer, the deletion's cleanup Job and the suspended export's kept slot.

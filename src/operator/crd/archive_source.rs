@@ -23,7 +23,7 @@ use super::common_pod::{PodOverrides, Resources};
     doc = "Replays a laredo-compatible archive into a live engine (in-memory tables or PostgreSQL).",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Position", type_ = "string", json_path = ".status.position"),
-    printcolumn(name = "Lag", type_ = "string", json_path = ".status.lag"),
+    printcolumn(name = "Head Age", type_ = "date", json_path = ".status.headTime"),
     printcolumn(name = "Rebaselines", type_ = "integer", json_path = ".status.rebaselines.total"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.readyReplicas", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -227,10 +227,12 @@ pub struct ArchiveSourceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub head: Option<String>,
-    /// Replay lag (highest across replicas), e.g. `12s`.
+    /// When the archive's head was last written (its manifest's `updated_at`, the newest any
+    /// engine has read), RFC 3339. A time, not an age, so status changes only when the head
+    /// does; `kubectl get` shows its age as HEAD AGE.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 32))]
-    pub lag: Option<String>,
+    #[schemars(length(max = 64))]
+    pub head_time: Option<String>,
     /// Rows held by the engine, where reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<i64>,
