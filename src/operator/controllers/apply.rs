@@ -5,9 +5,12 @@
 //! write is counted here, where the client issues it: `larch_operator_api_writes_total` and
 //! `larch_operator_applies_unchanged_total`, by controller and kind.
 
+use std::sync::Arc;
+
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::ObjectMeta;
 use kube::runtime::events::Event;
+use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -100,6 +103,29 @@ impl<'a> Applier<'a> {
         Ok(Some(out))
     }
 
+    /// [`Self::apply`] against the cached copy of the child (same namespace and name); returns
+    /// what was applied (`None`: nothing sent) and the cached copy.
+    pub async fn apply_cached<K: Child, C>(
+        &self,
+        api: &Api<K>,
+        desired: K,
+        cache: &Store<C>,
+    ) -> Result<(Option<K>, Option<Arc<C>>), kube::Error>
+    where
+        C: Lookup + Resource + Clone + 'static,
+        <C as Lookup>::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let mut key = ObjectRef::<C>::new(&desired.name_any());
+        if let Some(ns) = ResourceExt::namespace(&desired) {
+            key = key.within(&ns);
+        }
+        let observed = cache.get(&key);
+        let applied = self
+            .apply(api, desired, observed.as_ref().map(|o| o.meta()))
+            .await?;
+        Ok((applied, observed))
+    }
+
     /// [`Self::apply`] of a child no cache holds: reads it first; returns it as it now is.
     pub async fn apply_read<K: Child>(&self, api: &Api<K>, desired: K) -> Result<K, kube::Error> {
         let observed = api.get_opt(&desired.name_any()).await?;
@@ -113,34 +139,35 @@ impl<'a> Applier<'a> {
     }
 
     /// Applies the status of `obj` (as this field manager) when it differs from the observed
-    /// one; returns whether it wrote.
-    pub async fn status<K, S>(
+    /// one, then publishes `events` about it.
+    pub async fn report<K, S>(
         &self,
         api: &Api<K>,
         obj: &K,
         observed: Option<&S>,
         status: &S,
-    ) -> Result<bool, kube::Error>
+        events: &[Event],
+    ) -> Result<(), kube::Error>
     where
         K: Child,
         S: serde::Serialize + PartialEq,
     {
-        if observed == Some(status) {
-            return Ok(false);
+        if observed != Some(status) {
+            let body = json!({
+                "apiVersion": K::api_version(&()),
+                "kind": K::kind(&()),
+                "status": status,
+            });
+            self.wrote(&K::kind(&()), "apply-status");
+            api.patch_status(
+                &obj.name_any(),
+                &PatchParams::apply(self.manager).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
         }
-        let body = json!({
-            "apiVersion": K::api_version(&()),
-            "kind": K::kind(&()),
-            "status": status,
-        });
-        self.wrote(&K::kind(&()), "apply-status");
-        api.patch_status(
-            &obj.name_any(),
-            &PatchParams::apply(self.manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
-        Ok(true)
+        self.events(obj, events).await;
+        Ok(())
     }
 
     /// Deletes a child (in the background); one already gone is fine.
@@ -154,7 +181,7 @@ impl<'a> Applier<'a> {
     }
 
     /// Publishes Events about `obj` (best effort: a failed publish does not fail the reconcile).
-    pub async fn events<K: Resource<DynamicType = ()>>(&self, obj: &K, events: &[Event]) {
+    async fn events<K: Resource<DynamicType = ()>>(&self, obj: &K, events: &[Event]) {
         let reference = obj.object_ref(&());
         for e in events {
             self.wrote("Event", "create");

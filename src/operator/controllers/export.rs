@@ -485,14 +485,14 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         }
     }
     applier
-        .status(
+        .report(
             &Api::<ArchiveExport>::namespaced(client.clone(), &ns),
             &*export,
             export.status.as_ref(),
             &status,
+            &events,
         )
         .await?;
-    applier.events(&*export, &events).await;
     Ok(Action::requeue(requeue))
 }
 

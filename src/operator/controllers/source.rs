@@ -11,7 +11,6 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 
 use super::apply::Applier;
 use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
@@ -63,15 +62,6 @@ fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
         });
     }
     out
-}
-
-/// The cache key of a child `obj` in namespace `ns`.
-fn cached<K, C: kube::Resource>(ns: &str, obj: &C) -> ObjectRef<K>
-where
-    K: kube::runtime::reflector::Lookup,
-    K::DynamicType: Default,
-{
-    ObjectRef::new(obj.meta().name.as_deref().unwrap_or_default()).within(ns)
 }
 
 /// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
@@ -165,33 +155,28 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         cache_ready(&caches.services).await?;
         cache_ready(&caches.stateful_sets).await?;
         let children = build::children(&source, archive, &ctx.build);
-        let cm = caches.config_maps.get(&cached(&ns, &children.config_map));
         applier
-            .apply(
+            .apply_cached(
                 &Api::<ConfigMap>::namespaced(client.clone(), &ns),
                 children.config_map,
-                cm.as_ref().map(|o| &o.metadata),
+                &caches.config_maps,
             )
             .await?;
-        let svc = caches.services.get(&cached(&ns, &children.service));
         applier
-            .apply(
+            .apply_cached(
                 &Api::<Service>::namespaced(client.clone(), &ns),
                 children.service,
-                svc.as_ref().map(|o| &o.metadata),
+                &caches.services,
             )
             .await?;
-        let observed = caches
-            .stateful_sets
-            .get(&cached(&ns, &children.stateful_set));
-        let applied = applier
-            .apply(
+        let sts = match applier
+            .apply_cached(
                 &Api::<StatefulSet>::namespaced(client.clone(), &ns),
                 children.stateful_set,
-                observed.as_ref().map(|o| &o.metadata),
+                &caches.stateful_sets,
             )
-            .await?;
-        let sts = match (applied, observed) {
+            .await?
+        {
             (Some(s), _) => s,
             (None, Some(s)) => (*s).clone(),
             (None, None) => unreachable!("an apply is skipped only for an observed object"),
@@ -305,14 +290,14 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         );
     let events = transition_events(&old.conditions, &status.conditions);
     applier
-        .status(
+        .report(
             &Api::<ArchiveSource>::namespaced(client.clone(), &ns),
             &*source,
             source.status.as_ref(),
             &status,
+            &events,
         )
         .await?;
-    applier.events(&*source, &events).await;
     // Engines are polled for lag and re-baselines.
     Ok(Action::requeue(Duration::from_secs(30)))
 }

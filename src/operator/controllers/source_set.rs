@@ -273,14 +273,14 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     };
     let events = transition_events(&old.conditions, &status.conditions);
     applier
-        .status(
+        .report(
             &Api::<ArchiveSourceSet>::all(client.clone()),
             &*set,
             set.status.as_ref(),
             &status,
+            &events,
         )
         .await?;
-    applier.events(&*set, &events).await;
     // Children, namespaces and Secrets trigger reconciles; this is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
 }
