@@ -61,7 +61,8 @@ impl<'a> Applier<'a> {
         }
     }
 
-    fn wrote(&self, kind: &str, verb: &str) {
+    /// Counts a write request this controller sends itself (one the Applier does not send).
+    pub fn count(&self, kind: &str, verb: &str) {
         self.ctx
             .metrics
             .api_writes
@@ -92,7 +93,7 @@ impl<'a> Applier<'a> {
             .annotations_mut()
             .insert(ANNOTATION_APPLIED_HASH.into(), hash);
         let name = desired.name_any();
-        self.wrote(&kind, "apply");
+        self.count(&kind, "apply");
         let out = api
             .patch(
                 &name,
@@ -158,7 +159,7 @@ impl<'a> Applier<'a> {
                 "kind": K::kind(&()),
                 "status": status,
             });
-            self.wrote(&K::kind(&()), "apply-status");
+            self.count(&K::kind(&()), "apply-status");
             api.patch_status(
                 &obj.name_any(),
                 &PatchParams::apply(self.manager).force(),
@@ -172,7 +173,7 @@ impl<'a> Applier<'a> {
 
     /// Deletes a child (in the background); one already gone is fine.
     pub async fn delete<K: Child>(&self, api: &Api<K>, name: &str) -> Result<(), Error> {
-        self.wrote(&K::kind(&()), "delete");
+        self.count(&K::kind(&()), "delete");
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -184,7 +185,7 @@ impl<'a> Applier<'a> {
     async fn events<K: Resource<DynamicType = ()>>(&self, obj: &K, events: &[Event]) {
         let reference = obj.object_ref(&());
         for e in events {
-            self.wrote("Event", "create");
+            self.count("Event", "create");
             if let Err(err) = self.ctx.recorder.publish(e, &reference).await {
                 tracing::warn!(%err, controller = self.controller, object = %obj.name_any(), "could not publish event");
             }

@@ -12,12 +12,13 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::apply::Applier;
 use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::cleanup::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
@@ -27,6 +28,11 @@ use crate::operator::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, ti
 use crate::operator::crd::archive_export::{
     ArchiveExport, CLEANUP_FINALIZER, CleanupStatus, DeletionPolicy, SKIP_CLEANUP_ANNOTATION,
 };
+
+/// The export controller's writes (counted in `larch_operator_api_writes_total`).
+fn writes(ctx: &Context) -> Applier<'_> {
+    Applier::new(ctx, "export", MANAGER_EXPORT)
+}
 
 fn has_finalizer(export: &ArchiveExport) -> bool {
     export.finalizers().iter().any(|f| f == CLEANUP_FINALIZER)
@@ -45,6 +51,7 @@ async fn set_finalizers(
         "finalizers": finalizers,
         "resourceVersion": export.resource_version(),
     }});
+    writes(ctx).count("ArchiveExport", "patch");
     api.patch(
         &export.name_any(),
         &PatchParams::default(),
@@ -110,6 +117,7 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         let ctx = ctx.clone();
         let reference = reference.clone();
         async move {
+            writes(&ctx).count("Event", "create");
             if let Err(err) = ctx.recorder.publish(&e, &reference).await {
                 tracing::warn!(%err, "could not publish event");
             }
@@ -121,7 +129,7 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         .get(SKIP_CLEANUP_ANNOTATION)
         .is_some_and(|v| v == "true");
     if skip || deletion_policy(&export) == DeletionPolicy::Retain {
-        delete_if_present(&jobs, &job_name).await?;
+        writes(&ctx).delete(&jobs, &job_name).await?;
         publish(Event {
             type_: EventType::Warning,
             reason: "CleanupSkipped".into(),
@@ -172,6 +180,7 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                     .unwrap_or(5);
                 return Ok(Action::requeue(Duration::from_secs(wait)));
             }
+            writes(&ctx).count("Job", "create");
             match jobs
                 .create(&PostParams::default(), &cleanup_job(&export, &ctx.build))
                 .await
@@ -239,7 +248,7 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 secondary: None,
             })
             .await;
-            delete_if_present(&jobs, &job_name).await?;
+            writes(&ctx).delete(&jobs, &job_name).await?;
             remove_finalizer(&ctx, &export).await?;
             Ok(Action::await_change())
         }
@@ -266,17 +275,9 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
             })
             .await;
             write_status(&ctx, &export, cleanup, &note).await?;
-            delete_if_present(&jobs, &job_name).await?;
+            writes(&ctx).delete(&jobs, &job_name).await?;
             Ok(Action::requeue(delay))
         }
-    }
-}
-
-async fn delete_if_present(jobs: &Api<Job>, name: &str) -> Result<(), Error> {
-    match jobs.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -306,19 +307,15 @@ async fn export_pods_running(
         .list(&ListParams::default().labels(&all))
         .await?
     {
-        deployments
-            .delete(&d.name_any(), &DeleteParams::background())
-            .await?;
+        writes(ctx).delete(&deployments, &d.name_any()).await?;
     }
     let cron: Api<CronJob> = Api::namespaced(client.clone(), ns);
     for c in cron.list(&ListParams::default().labels(&all)).await? {
-        cron.delete(&c.name_any(), &DeleteParams::background())
-            .await?;
+        writes(ctx).delete(&cron, &c.name_any()).await?;
     }
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     for j in jobs.list(&ListParams::default().labels(&runs)).await? {
-        jobs.delete(&j.name_any(), &DeleteParams::background())
-            .await?;
+        writes(ctx).delete(&jobs, &j.name_any()).await?;
     }
     let pods: Api<Pod> = Api::namespaced(client, ns);
     let left = pods
@@ -490,17 +487,9 @@ async fn write_status(
     );
     let api: Api<ArchiveExport> =
         Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
-    let body = json!({
-        "apiVersion": ArchiveExport::api_version(&()),
-        "kind": ArchiveExport::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &export.name_any(),
-        &PatchParams::apply(MANAGER_EXPORT).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    writes(ctx)
+        .report(&api, export, export.status.as_ref(), &status, &[])
+        .await?;
     Ok(())
 }
 
