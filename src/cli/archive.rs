@@ -5,10 +5,10 @@ use std::io::Write;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::{StoreArgs, parse_formats, parse_list};
+use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
 use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
-use crate::archive::model::effective_key_fields;
+use crate::archive::model::{TableId, effective_key_fields};
 use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreferenced, remove};
 use crate::archive::plan::{broken_link_reason, plan_as_of, plan_head, short_chain};
 use crate::archive::reader::ArchiveReader;
@@ -19,53 +19,42 @@ pub enum ArchiveCommand {
     /// Print the table's rows at the head or as of a position.
     Reconstruct(ReconstructArgs),
     /// Describe an archive: table, epochs, head, artifacts, columns, chain health.
-    Inspect(ArchiveArgs),
+    Inspect(InspectArgs),
     /// Check every object, size, checksum, record count and chain link; exit 1 listing problems.
     /// Also lists objects the manifest does not reference (orphans), which do not fail it.
-    Verify(ArchiveArgs),
+    Verify(VerifyArgs),
     /// Remove orphans: objects of epochs the manifest no longer lists, older than the manifest.
     /// A dry run unless --delete.
     Gc(GcArgs),
+    /// `larch export` under laredo's name (`laredo archive export`): the same flags.
+    Export(Box<super::export::ExportArgs>),
 }
 
-#[derive(Args, Debug)]
-pub struct GcArgs {
-    #[command(flatten)]
-    pub archive: ArchiveArgs,
-    /// Delete (without it, only print what would be deleted).
-    #[arg(long)]
-    pub delete: bool,
-    /// Also remove unreferenced uploads in epochs the manifest still lists (left by a writer
-    /// killed before its commit). Only when no writer is running on the prefix.
-    #[arg(long)]
-    pub include_listed_epochs: bool,
-}
-
+/// Which archive: a store, and the key prefix of one table's archive on it.
 #[derive(Args, Debug)]
 pub struct ArchiveArgs {
     #[command(flatten)]
     pub store: StoreArgs,
-    /// The archive's key prefix (the manifest is at KEY_PREFIX + manifest.json).
-    #[arg(long, default_value = "")]
-    pub key_prefix: String,
+    /// The archive's key prefix (the manifest is at KEY_PREFIX + manifest.json). Default:
+    /// `<schema>.<table>/` with --table, else the store root.
+    #[arg(long, conflicts_with = "table")]
+    pub key_prefix: Option<String>,
+    /// The table whose archive to read, `[schema.]name` (schema `public` when omitted): reads
+    /// the key prefix `<schema>.<table>/` that `larch export` writes by default.
+    #[arg(long, value_name = "[SCHEMA.]NAME", value_parser = parse_table_arg)]
+    pub table: Option<TableId>,
     /// Formats to read, in preference order.
     #[arg(long, default_value = "jsonl,protobuf,jsonl+zstd")]
     pub format: String,
-    /// Print JSON instead of text (inspect).
-    #[arg(long)]
-    pub json: bool,
-    /// verify, gc: an object counts as older than the manifest only when modified this much
-    /// before its `updated_at` (S3 times have whole seconds; clocks differ).
-    #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
-    pub clock_allowance: std::time::Duration,
 }
 
-/// A duration, where zero is allowed (`0`, `0s`).
-fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    if s.trim_end_matches(['s', 'm', 'h']).trim_end_matches('m') == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    crate::engine::config::parse_duration(s)
+/// `--clock-allowance` of the commands that judge orphans by age.
+#[derive(Args, Debug)]
+pub struct ClockAllowanceArgs {
+    /// An object counts as older than the manifest only when modified this much before its
+    /// `updated_at` (S3 times have whole seconds; clocks differ).
+    #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
+    pub clock_allowance: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -84,12 +73,61 @@ pub struct ReconstructArgs {
     pub allow_partial: bool,
 }
 
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+    #[command(flatten)]
+    pub clock: ClockAllowanceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+    #[command(flatten)]
+    pub clock: ClockAllowanceArgs,
+    /// Delete (without it, only print what would be deleted).
+    #[arg(long)]
+    pub delete: bool,
+    /// Also remove unreferenced uploads in epochs the manifest still lists (left by a writer
+    /// killed before its commit). Only when no writer is running on the prefix.
+    #[arg(long)]
+    pub include_listed_epochs: bool,
+}
+
+/// A duration, where zero is allowed (`0`, `0s`).
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim_end_matches(['s', 'm', 'h']).trim_end_matches('m') == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    crate::engine::config::parse_duration(s)
+}
+
 impl ArchiveArgs {
+    /// The key prefix: `--key-prefix`, else `<schema>.<table>/` of `--table`, else the root.
+    pub fn key_prefix(&self) -> String {
+        match (&self.key_prefix, &self.table) {
+            (Some(p), _) => p.clone(),
+            (None, Some(t)) => format!("{t}/"),
+            (None, None) => String::new(),
+        }
+    }
+
     async fn reader(&self) -> anyhow::Result<ArchiveReader> {
         let store = self.store.spec().open().await?;
         let formats: Vec<Format> =
             parse_formats(&self.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
-        Ok(ArchiveReader::new(store, &self.key_prefix, formats)?)
+        Ok(ArchiveReader::new(store, self.key_prefix(), formats)?)
     }
 }
 
@@ -99,6 +137,7 @@ pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
         ArchiveCommand::Inspect(a) => inspect(a).await,
         ArchiveCommand::Verify(a) => run_verify(a).await,
         ArchiveCommand::Gc(a) => gc(a).await,
+        ArchiveCommand::Export(a) => super::export::run(*a).await,
     }
 }
 
@@ -149,8 +188,8 @@ async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn inspect(args: ArchiveArgs) -> anyhow::Result<i32> {
-    let reader = args.reader().await?;
+async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
+    let reader = args.archive.reader().await?;
     let manifest = reader.load_manifest().await?;
     let plan = plan_head(&manifest);
     let key_fields = effective_key_fields(&[], &manifest.columns);
@@ -268,14 +307,14 @@ fn describe_unreferenced(o: &UnreferencedObject) -> String {
     )
 }
 
-async fn run_verify(args: ArchiveArgs) -> anyhow::Result<i32> {
-    let reader = args.reader().await?;
+async fn run_verify(args: VerifyArgs) -> anyhow::Result<i32> {
+    let reader = args.archive.reader().await?;
     let (manifest, report) = verify(&reader).await?;
     let unreferenced = find_unreferenced(
         reader.store().as_ref(),
         reader.key_prefix(),
         &manifest,
-        args.clock_allowance,
+        args.clock.clock_allowance,
     )
     .await?;
     for o in &unreferenced {
@@ -310,7 +349,7 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         store,
         reader.key_prefix(),
         &manifest,
-        args.archive.clock_allowance,
+        args.clock.clock_allowance,
     )
     .await?;
     let mut classes = vec![Unreferenced::Orphan];

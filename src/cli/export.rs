@@ -42,9 +42,12 @@ pub struct ExportArgs {
     pub command: Option<super::slot::ExportCommand>,
     #[command(flatten)]
     pub connection: ConnectionArgs,
-    #[arg(long, default_value = "public")]
-    pub schema: String,
-    #[arg(long, required = true)]
+    /// Schema of the table [default: public, or the SCHEMA of `--table SCHEMA.NAME`]. With
+    /// --schema, --table is the table's name as it is, dots included.
+    #[arg(long)]
+    pub schema: Option<String>,
+    /// The table to export, `[schema.]name`.
+    #[arg(long, required = true, value_name = "[SCHEMA.]NAME")]
     pub table: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
@@ -223,13 +226,21 @@ impl ConnectionArgs {
     }
 }
 
+/// `--schema S --table T`, or `--table [S.]T`.
+fn table_id(args: &ExportArgs) -> anyhow::Result<TableId> {
+    let table = args.table.as_deref().expect("clap requires --table");
+    match &args.schema {
+        Some(schema) if !table.is_empty() => Ok(TableId::new(schema.clone(), table)),
+        _ => super::parse_table_arg(table).map_err(|e| anyhow!("--table: {e}")),
+    }
+}
+
 pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     if let Some(command) = args.command {
         return super::slot::run(command).await;
     }
     let dsn = args.connection.dsn()?;
-    let table_name = args.table.clone().expect("clap requires --table");
-    let table = TableId::new(args.schema.clone(), table_name);
+    let table = table_id(&args)?;
     let formats = parse_formats(&args.format).map_err(|e| anyhow!("--format: {e}"))?;
     let key_fields = args
         .key_fields

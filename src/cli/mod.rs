@@ -82,6 +82,18 @@ pub fn parse_formats(s: &str) -> Result<Vec<Format>, String> {
     Format::parse_list(s).map_err(|e| e.to_string())
 }
 
+/// Parses `--table [schema.]name`: `public` when the schema is omitted.
+pub fn parse_table_arg(s: &str) -> Result<crate::archive::model::TableId, String> {
+    use crate::archive::model::TableId;
+    match s.split_once('.') {
+        None if !s.is_empty() => Ok(TableId::new("public", s)),
+        Some((schema, table)) if !schema.is_empty() && !table.is_empty() => {
+            Ok(TableId::new(schema, table))
+        }
+        _ => Err(format!("{s:?} is not a table name: expected [schema.]name")),
+    }
+}
+
 /// Parses `--key-fields a,b`.
 pub fn parse_list(s: &str) -> Vec<String> {
     s.split(',')

@@ -312,3 +312,114 @@ async fn reconstruct_refuses_a_chain_short_of_the_head() {
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["row_count"], 2);
 }
+
+/// The long flags `larch ARGS --help` lists.
+fn flags_of(args: &[&str]) -> Vec<String> {
+    let out = larch().args(args).arg("--help").output().unwrap();
+    assert!(out.status.success(), "{args:?} --help: {out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut flags: Vec<String> = text
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("--") || l.starts_with("-h, --"))
+        .filter_map(|l| {
+            let l = l.trim_start_matches("-h, ");
+            l.split([' ', ',', '=']).next().map(str::to_string)
+        })
+        .collect();
+    flags.sort();
+    flags
+}
+
+#[test]
+fn each_archive_subcommand_shows_only_its_own_flags() {
+    let location = [
+        "--bucket",
+        "--endpoint",
+        "--format",
+        "--help",
+        "--key-prefix",
+        "--path",
+        "--path-style",
+        "--prefix",
+        "--region",
+        "--store",
+        "--table",
+    ];
+    let with = |extra: &[&str]| {
+        let mut v: Vec<String> = location
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        flags_of(&["archive", "reconstruct"]),
+        with(&["--allow-partial", "--at", "--key-fields"])
+    );
+    assert_eq!(flags_of(&["archive", "inspect"]), with(&["--json"]));
+    assert_eq!(
+        flags_of(&["archive", "verify"]),
+        with(&["--clock-allowance"])
+    );
+    assert_eq!(
+        flags_of(&["archive", "gc"]),
+        with(&["--clock-allowance", "--delete", "--include-listed-epochs"])
+    );
+}
+
+/// `larch archive export` is `larch export`, and takes every flag of `laredo archive export`
+/// (laredo's cmd/laredo/archive.go) under the same name.
+#[test]
+fn archive_export_is_export_with_laredos_flag_names() {
+    let export = flags_of(&["export"]);
+    assert_eq!(flags_of(&["archive", "export"]), export);
+    for laredo in [
+        "--connection",
+        "--schema",
+        "--table",
+        "--store",
+        "--path",
+        "--bucket",
+        "--prefix",
+        "--region",
+        "--key-prefix",
+        "--format",
+        "--follow",
+        "--diff-interval",
+    ] {
+        assert!(
+            export.contains(&laredo.to_string()),
+            "{laredo} missing: {export:?}"
+        );
+    }
+}
+
+/// `--table [schema.]name` reads the `<schema>.<table>/` prefix `larch export` writes.
+#[test]
+fn archive_commands_default_the_key_prefix_from_table() {
+    let (_, dir, case) = cases().into_iter().find(|c| c.0 == "writer-jsonl").unwrap();
+    assert_eq!(case["key_prefix"], "public.events/");
+    for table in ["events", "public.events"] {
+        let out = larch()
+            .args(["archive", "inspect", "--json", "--table", table, "--path"])
+            .arg(dir.join("archive"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "--table {table}: {out:?}");
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["head_position"], case["head"], "--table {table}");
+    }
+    let out = larch()
+        .args(["archive", "inspect", "--table", ".x", "--path"])
+        .arg(dir.join("archive"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected [schema.]name"),
+        "{out:?}"
+    );
+}
