@@ -11,8 +11,7 @@
 #   LARCH_BIN          the larch binary the `larch` image maps to (required)
 #   LARCH_FAKE_KUBELET the larch-fake-kubelet binary (required)
 #   LARCH_SAMPLE_ROWS  rows of public.events (default 2000)
-#   LARCH_EVENTS_SQL   the sample script (default: shared/bench/events.sql next to the repository
-#                      or next to the main checkout of a git worktree)
+#   LARCH_EVENTS_SQL   the sample script (default: scripts/sample/events.sql)
 #
 # DIR/env afterwards: KUBECONFIG, KUBECTL, HELM, LARCH_E2E_PG_PORT, LARCH_E2E_PG_DSN (database
 # `app`, user postgres, trust), LARCH_E2E_S3_ENDPOINT (any access key pair is accepted),
@@ -80,15 +79,8 @@ wait_node_ready() {
 cmd_up() {
   [ -x "${LARCH_BIN:-}" ] || die "LARCH_BIN must name the larch binary"
   [ -x "${LARCH_FAKE_KUBELET:-}" ] || die "LARCH_FAKE_KUBELET must name the larch-fake-kubelet binary"
-  local sql=${LARCH_EVENTS_SQL:-}
-  if [ -z "$sql" ]; then
-    # next to the repository, or next to the main checkout of a git worktree
-    local common; common=$(git -C "$here" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-    for sql in "$here/../shared/bench/events.sql" "${common%/.git}/../shared/bench/events.sql"; do
-      [ -f "$sql" ] && break
-    done
-  fi
-  [ -f "$sql" ] || die "sample script shared/bench/events.sql not found next to the repository (set LARCH_EVENTS_SQL)"
+  local sql=${LARCH_EVENTS_SQL:-$here/scripts/sample/events.sql}
+  [ -f "$sql" ] || die "sample script $sql not found (LARCH_EVENTS_SQL)"
   local rows=${LARCH_SAMPLE_ROWS:-2000}
   # Pods mount an emptyDir on /tmp: volume sources of the fake kubelet under /tmp would be hidden
   # from the pod's own later bind mounts.

@@ -1,4 +1,4 @@
-//! Benchmark: the engine's baseline of a 1M-row archive shaped like `shared/bench/events.sql`
+//! Benchmark: the engine's baseline of a 1M-row archive shaped like `scripts/sample/events.sql`
 //! into a memory target (time, peak RSS), next to `ArchiveReader::reconstruct` on the same
 //! archive in the same run; then the follow latency from a diff's commit to the row being
 //! visible through the HTTP API (p50/p99) at `poll_interval: 1s`.

@@ -1,4 +1,4 @@
-//! Benchmark: reconstruct a 1M-row JSONL archive shaped like `shared/bench/events.sql`, next to
+//! Benchmark: reconstruct a 1M-row JSONL archive shaped like `scripts/sample/events.sql`, next to
 //! the time serde_json takes only to parse the same bytes, in the same run.
 //!
 //! `cargo run --release --example bench_reconstruct -- [ROWS]` (default 1,000,000). Each phase

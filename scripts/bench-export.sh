@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Export benchmark (printed figures, not a timed test):
-#   one-shot `larch export` of shared/bench/events.sql next to
+#   one-shot `larch export` of scripts/sample/events.sql (or $LARCH_EVENTS_SQL) next to
 #   `COPY (SELECT row_to_json(e) FROM public.events e) TO STDOUT` in the same run, with peak RSS;
 #   then a continuous export under a steady update load with --diff-interval 1s and its
 #   commit-to-archive lag (p50/p99 from larch_export_commit_lag_seconds).
@@ -22,7 +22,7 @@ trap cleanup EXIT
 bash "$here/scripts/postgres.sh" start "$work/pg" "$port"
 export PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=postgres
 echo "loading $rows rows of events.sql ..."
-psql -q -v rows="$rows" -f "$here/../shared/bench/events.sql" >/dev/null
+psql -q -v rows="$rows" -f "${LARCH_EVENTS_SQL:-$here/scripts/sample/events.sql}" >/dev/null
 dsn="host=127.0.0.1 port=$port user=postgres dbname=postgres"
 
 measure() { # label, command...: prints seconds and peak RSS (KiB)

@@ -1,4 +1,4 @@
-//! Shared by the benchmark examples: rows shaped like `shared/bench/events.sql` (as larch's
+//! Shared by the benchmark examples: rows shaped like `scripts/sample/events.sql` (as larch's
 //! PostgreSQL mapping renders them), the process's peak RSS, the reconstruct phase every
 //! benchmark measures against, and running a phase in a child process (its own peak RSS).
 

@@ -1,4 +1,4 @@
-//! Every laredo fixture under `shared/fixtures/laredo`, through the library.
+//! Every laredo fixture under `tests/fixtures/laredo`, through the library.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,19 +11,8 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 pub fn fixtures_dir() -> PathBuf {
-    // `shared/` sits beside the repository; from a git worktree, beside one of its ancestors.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = root
-        .ancestors()
-        .skip(1)
-        .map(|a| a.join("shared/fixtures/laredo"))
-        .find(|d| d.is_dir())
-        .unwrap_or_else(|| root.join("../shared/fixtures/laredo"));
-    assert!(
-        dir.is_dir(),
-        "fixtures not found at {} (shared/ must sit beside the repository)",
-        dir.display()
-    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/laredo");
+    assert!(dir.is_dir(), "fixtures not found at {}", dir.display());
     dir
 }
 
