@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
@@ -17,14 +17,18 @@ use crate::archive::verify::verify;
 #[derive(Subcommand, Debug)]
 pub enum ArchiveCommand {
     /// Print the table's rows at the head or as of a position.
+    #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Reconstruct(ReconstructArgs),
     /// Describe an archive: table, epochs, head, artifacts, columns, chain health.
+    #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Inspect(InspectArgs),
     /// Check every object, size, checksum, record count and chain link; exit 1 listing problems.
     /// Also lists objects the manifest does not reference (orphans), which do not fail it.
+    #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Verify(VerifyArgs),
     /// Remove orphans: objects of epochs the manifest no longer lists, older than the manifest.
     /// A dry run unless --delete.
+    #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Gc(GcArgs),
     /// `larch export` under laredo's name (`laredo archive export`): the same flags.
     Export(Box<super::export::ExportArgs>),
@@ -123,13 +127,83 @@ impl ArchiveArgs {
         }
     }
 
+    /// A reader on an existing archive. Creates nothing: a missing local root or manifest is an
+    /// error naming what was tried and which archives the store does hold.
     async fn reader(&self) -> anyhow::Result<ArchiveReader> {
-        let store = self.store.spec().open().await?;
+        if self.store.store == "local"
+            && let Some(path) = &self.store.path
+            && !path.is_dir()
+        {
+            bail!(
+                "--path {}: no such directory (the local store root)",
+                path.display()
+            );
+        }
+        let store = self.store.spec().open_for_reading().await?;
         let formats: Vec<Format> =
             parse_formats(&self.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
-        Ok(ArchiveReader::new(store, self.key_prefix(), formats)?)
+        let reader = ArchiveReader::new(store, self.key_prefix(), formats)?;
+        if reader.try_load_manifest().await?.is_none() {
+            return Err(self.manifest_not_found(&reader).await);
+        }
+        Ok(reader)
+    }
+
+    /// `manifest not found`, with the prefix tried, where it came from, and the nearest
+    /// prefixes of the store that do hold a manifest.
+    async fn manifest_not_found(&self, reader: &ArchiveReader) -> anyhow::Error {
+        let prefix = reader.key_prefix();
+        let origin = match (&self.key_prefix, &self.table) {
+            (Some(_), _) => "from --key-prefix".to_string(),
+            (None, Some(t)) => format!("from --table {t}"),
+            (None, None) => {
+                "the store root: neither --key-prefix nor --table was given, and `larch export` writes <schema>.<table>/".to_string()
+            }
+        };
+        let mut message = format!(
+            "manifest not found: {} has no {} (key prefix {prefix:?}, {origin})",
+            reader.store().name(),
+            reader.manifest_key()
+        );
+        match reader.store().list("").await {
+            Ok(objects) => {
+                let mut held: Vec<String> = objects
+                    .iter()
+                    .filter_map(|o| o.key.strip_suffix(MANIFEST_FILE))
+                    .filter(|p| p.is_empty() || p.ends_with('/'))
+                    .map(str::to_string)
+                    .collect();
+                held.sort_by_key(|p| (strsim::levenshtein(p, prefix), p.clone()));
+                if held.is_empty() {
+                    message.push_str(
+                        "; the store holds no archive (no manifest.json under any prefix)",
+                    );
+                } else {
+                    let shown: Vec<String> = held
+                        .iter()
+                        .take(NEAREST_SHOWN)
+                        .map(|p| format!("{p:?}"))
+                        .collect();
+                    let more = held.len().saturating_sub(NEAREST_SHOWN);
+                    message.push_str(&format!(
+                        "; nearest archives in this store: key prefix {}{} (pass --key-prefix PREFIX, or --table SCHEMA.TABLE for <schema>.<table>/)",
+                        shown.join(", "),
+                        if more > 0 { format!(" and {more} more") } else { String::new() }
+                    ));
+                }
+            }
+            Err(e) => message.push_str(&format!(
+                "; listing the store to suggest a prefix failed: {e}"
+            )),
+        }
+        anyhow::anyhow!(message)
     }
 }
+
+/// The manifest's object name under a key prefix.
+const MANIFEST_FILE: &str = "manifest.json";
+/// How many existing prefixes `manifest not found` suggests.
+const NEAREST_SHOWN: usize = 3;
 
 pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
     match cmd {
@@ -330,10 +404,11 @@ async fn run_verify(args: VerifyArgs) -> anyhow::Result<i32> {
         );
         return Ok(0);
     }
+    // The problems are the result: stdout, like `ok` (stderr is for errors that stop it).
     for p in &report.problems {
-        eprintln!("problem: {p}");
+        println!("problem: {p}");
     }
-    eprintln!(
+    println!(
         "{} problem(s) in {}",
         report.problems.len(),
         reader.manifest_key()

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 
+use super::env_help::{CRASH, KUBE, LOG, PG, S3};
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::retention::Retention;
@@ -18,6 +19,10 @@ use crate::lease::LeaderElector;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
 use k8s_openapi::api::coordination::v1::Lease;
+
+fn export_env() -> String {
+    super::env_section(&[PG, S3, KUBE, LOG, CRASH])
+}
 
 /// What each mode leaves on the source database, for `larch export --help`.
 const SLOTS_HELP: &str = "Replication slots and publications on the source database:
@@ -35,7 +40,8 @@ that is the record cleanup goes by; it never drops anything that record does not
 #[command(
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_long_help = SLOTS_HELP
+    after_help = export_env(),
+    after_long_help = format!("{SLOTS_HELP}\n\n{}", export_env())
 )]
 pub struct ExportArgs {
     #[command(subcommand)]
@@ -109,8 +115,9 @@ pub struct ExportArgs {
     /// --follow alike.
     #[arg(long, value_parser = parse_age)]
     pub max_age: Option<std::time::Duration>,
-    /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow).
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow). Loopback
+    /// by default; port 0 picks a free port (printed on stderr).
+    #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// --follow: when the replication slot is lost (invalidated by max_slot_wal_keep_size, or
     /// dropped), wait up to this long for a /status read before the re-baseline, so whoever

@@ -10,11 +10,57 @@ use clap::{Args, Parser, Subcommand};
 use crate::archive::format::Format;
 use crate::archive::store::spec::StoreSpec;
 
+/// Environment variables, per command, shown in `--help` (`LARCH_*`, libpq's, the AWS SDK's).
+pub mod env_help {
+    pub const S3: &str = "  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
+                      S3 credentials (--store s3) when no key files are configured; also
+                      AWS_PROFILE, AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE, and
+                      AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN (the SDK's ambient chain)
+  AWS_REGION, AWS_DEFAULT_REGION
+                      S3 region when --region is not given (then the profile, then us-east-1)";
+    pub const LOG: &str =
+        "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
+                      info); logs are JSON lines on stderr";
+    pub const CRASH: &str =
+        "  LARCH_CRASH_AT      tests only: POINT[@N] kills the process at a crash point
+                      (docs/archive.md); never set it in production";
+    pub const PG: &str =
+        "  LARCH_PG_DSN        the PostgreSQL connection string when neither --connection nor
+                      --connection-file is given
+  PGUSER, PGPASSWORD  user and password when the connection string names none";
+    pub const KUBE: &str =
+        "  KUBECONFIG          Kubernetes client configuration (in a pod: its service account)
+  HOSTNAME            the holder identity when neither --lease-identity nor POD_NAME is set";
+}
+
+use env_help::{CRASH, KUBE, LOG, PG, S3};
+
+/// The `Environment:` section of a command's `--help`.
+pub fn env_section(blocks: &[&str]) -> String {
+    format!("Environment:\n{}", blocks.join("\n"))
+}
+
+fn all_env() -> String {
+    env_section(&[
+        PG,
+        S3,
+        KUBE,
+        "  LARCH_EXPORT_LEASE, POD_NAME, POD_NAMESPACE
+                      export: --lease, --lease-identity, --lease-namespace
+  LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS
+                      operator: --image, --namespace, --leader-election,
+                      --disable-source-sets",
+        LOG,
+        CRASH,
+    ])
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "larch",
     version,
-    about = "PostgreSQL tables into laredo-compatible archives, archives into live engines"
+    about = "PostgreSQL tables into laredo-compatible archives, archives into live engines",
+    after_help = all_env()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -113,6 +159,15 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// Commands whose output is a result on stdout, as opposed to a server's.
+fn prints_a_result(command: &Command) -> bool {
+    match command {
+        Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
+        Command::Archive(_) | Command::Crd => true,
+        Command::Engine(_) | Command::Operator(_) => false,
+    }
+}
+
 /// Runs the CLI and returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -120,6 +175,15 @@ pub fn main() -> i32 {
     // default by itself: install ring for every Kubernetes client (the operator's, and the
     // Lease of a continuous export).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if prints_a_result(&cli.command) {
+        // `larch archive inspect | head`: end quietly when the reader goes away, as other
+        // Unix tools do, instead of panicking on EPIPE. Sockets are unaffected (Rust sends
+        // with MSG_NOSIGNAL).
+        // SAFETY: called before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -97,7 +97,7 @@ async fn build_source(
     sc: &SourceConfig,
     metrics: &Metrics,
 ) -> anyhow::Result<(SourceRunner, Option<Arc<MemoryTarget>>)> {
-    let store = sc.store.open().await.context("store")?;
+    let store = sc.store.open_for_reading().await.context("store")?;
     let reader = ArchiveReader::new(store, &sc.key_prefix, sc.formats.clone())?;
     let mut opts = ArchiveSourceOptions::new(&sc.id, sc.table.clone());
     opts.key_fields = sc.key_fields.clone();

@@ -22,12 +22,18 @@ pub fn crd() -> i32 {
 
 /// Flags of `larch operator`.
 #[derive(Args, Debug, Clone)]
+#[command(after_help = crate::cli::env_section(&[
+    "  POD_NAME            this replica's name, the leader Lease holder (default: HOSTNAME)",
+    crate::cli::env_help::KUBE,
+    crate::cli::env_help::LOG,
+]))]
 pub struct OperatorArgs {
     /// Image of the pods the operator creates (runs `larch export` / `larch engine`).
     #[arg(long, env = "LARCH_IMAGE")]
     pub image: String,
-    /// Address of the operator's health and metrics endpoints.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    /// Address of the operator's health and metrics endpoints (loopback by default; the chart
+    /// passes the pod IP).
+    #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "LARCH_NAMESPACE")]

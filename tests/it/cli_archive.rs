@@ -423,3 +423,247 @@ fn archive_commands_default_the_key_prefix_from_table() {
         "{out:?}"
     );
 }
+
+/// Copies a fixture's archive prefix into `root/<prefix>`.
+fn copy_archive(fixture: &str, prefix: &str, root: &std::path::Path) {
+    let (_, dir, case) = cases().into_iter().find(|c| c.0 == fixture).unwrap();
+    let from = dir
+        .join("archive")
+        .join(case["key_prefix"].as_str().unwrap());
+    let to = root.join(prefix);
+    for entry in walk(&from) {
+        let rel = entry.strip_prefix(&from).unwrap();
+        std::fs::create_dir_all(to.join(rel).parent().unwrap()).unwrap();
+        std::fs::copy(&entry, to.join(rel)).unwrap();
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn manifest_not_found_names_what_was_tried_and_the_nearest_prefixes() {
+    let store = tempfile::tempdir().unwrap();
+    copy_archive("writer-jsonl", "public.events/", store.path());
+    copy_archive("export-oneshot", "public.users/", store.path());
+    let run = |extra: &[&str]| {
+        let out = larch()
+            .args(["archive", "inspect", "--path"])
+            .arg(store.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{extra:?}: nothing on stdout");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let root = run(&[]);
+    assert!(
+        root.contains("has no manifest.json (key prefix \"\", the store root: neither --key-prefix nor --table was given, and `larch export` writes <schema>.<table>/)"),
+        "{root}"
+    );
+    assert!(
+        root.contains(&format!(
+            "local:{}",
+            store.path().canonicalize().unwrap().display()
+        )),
+        "names the store: {root}"
+    );
+    assert!(
+        root.contains(
+            "nearest archives in this store: key prefix \"public.users/\", \"public.events/\""
+        ) || root.contains(
+            "nearest archives in this store: key prefix \"public.events/\", \"public.users/\""
+        ),
+        "{root}"
+    );
+    let typo = run(&["--table", "evnts"]);
+    assert!(
+        typo.contains("has no public.evnts/manifest.json (key prefix \"public.evnts/\", from --table public.evnts)"),
+        "{typo}"
+    );
+    assert!(
+        typo.contains("key prefix \"public.events/\", \"public.users/\""),
+        "the nearest first: {typo}"
+    );
+    let prefix = run(&["--key-prefix", "events/"]);
+    assert!(
+        prefix.contains("(key prefix \"events/\", from --key-prefix)"),
+        "{prefix}"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = larch()
+        .args(["archive", "verify", "--table", "events", "--path"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("the store holds no archive (no manifest.json under any prefix)"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn read_only_commands_create_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no/such/dir");
+    let commands: [&[&str]; 5] = [
+        &["inspect"],
+        &["verify"],
+        &["reconstruct"],
+        &["gc"],
+        &["gc", "--delete"],
+    ];
+    for cmd in commands {
+        let out = larch()
+            .arg("archive")
+            .args(cmd)
+            .args(["--table", "public.events", "--path"])
+            .arg(&missing)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr)
+                .contains(&format!("--path {}: no such directory", missing.display())),
+            "{cmd:?}: {out:?}"
+        );
+        assert!(
+            !tmp.path().join("no").exists(),
+            "{cmd:?} created a directory"
+        );
+        // An existing root stays as it was, whatever the key prefix.
+        let out = larch()
+            .arg("archive")
+            .args(cmd)
+            .args(["--key-prefix", "a/b/c/", "--path"])
+            .arg(tmp.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}: {out:?}");
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "{cmd:?} wrote into the store"
+        );
+    }
+}
+
+#[test]
+fn verify_reports_on_stdout_ok_or_problems() {
+    let args = |fixture: &str| {
+        let (_, dir, case) = cases().into_iter().find(|c| c.0 == fixture).unwrap();
+        let mut a = vec!["archive".to_string(), "verify".into(), "--path".into()];
+        a.push(dir.join("archive").display().to_string());
+        a.push("--key-prefix".into());
+        a.push(case["key_prefix"].as_str().unwrap().into());
+        a
+    };
+    let good = larch().args(args("writer-jsonl")).output().unwrap();
+    assert!(good.status.success());
+    assert!(String::from_utf8_lossy(&good.stdout).starts_with("ok: "));
+    assert!(good.stderr.is_empty(), "{good:?}");
+
+    let bad = larch().args(args("bad-missing-object")).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&bad.stdout);
+    assert!(stdout.contains("problem: "), "{stdout}");
+    assert!(stdout.contains("problem(s) in t/manifest.json"), "{stdout}");
+    assert!(bad.stderr.is_empty(), "the report is the result: {bad:?}");
+}
+
+/// Every environment variable larch reads is shown in `larch --help` and in the `--help` of a
+/// command that reads it.
+#[test]
+fn every_environment_variable_is_in_help() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = std::collections::BTreeSet::new();
+    for file in walk(&root.join("src")) {
+        let test_only = file.file_name().is_some_and(|n| n == "tests.rs")
+            || file.components().any(|c| c.as_os_str() == "tests");
+        if file.extension().and_then(|e| e.to_str()) != Some("rs") || test_only {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        // unit tests at the end of a file (`#[cfg(test)] mod tests`) read test-only variables
+        let text = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+        for pattern in [
+            "env::var(\"",
+            "env::var_os(\"",
+            "env = \"",
+            "try_from_env(\"",
+        ] {
+            for (i, _) in text.match_indices(pattern) {
+                let rest = &text[i + pattern.len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if !name.is_empty() && rest[name.len()..].starts_with('"') {
+                    names.insert(name);
+                }
+            }
+        }
+    }
+    for expected in [
+        "LARCH_PG_DSN",
+        "LARCH_LOG",
+        "PGPASSWORD",
+        "POD_NAME",
+        "LARCH_CRASH_AT",
+    ] {
+        assert!(names.contains(expected), "the scan found {names:?}");
+    }
+    let help = |args: &[&str]| {
+        let out = larch().args(args).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let top = help(&[]);
+    let commands: Vec<String> = [
+        &["export"][..],
+        &["engine"],
+        &["operator"],
+        &["archive", "inspect"],
+        &["archive", "verify"],
+        &["archive", "reconstruct"],
+        &["archive", "gc"],
+    ]
+    .iter()
+    .map(|c| help(c))
+    .collect();
+    for name in &names {
+        assert!(
+            top.contains(name.as_str()),
+            "{name} missing from larch --help"
+        );
+        assert!(
+            commands.iter().any(|h| h.contains(name.as_str())),
+            "{name} missing from every command's --help"
+        );
+    }
+}
+
+#[test]
+fn http_listeners_default_to_loopback() {
+    for cmd in [&["export"][..], &["engine"], &["operator"]] {
+        let out = larch().args(cmd).arg("--help").output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("[default: 127.0.0.1:8080]") && !text.contains("0.0.0.0:8080]"),
+            "{cmd:?}: {text}"
+        );
+    }
+}

@@ -31,6 +31,19 @@ impl LocalStore {
         Ok(LocalStore { root })
     }
 
+    /// A store for reading only: `root` is never created. A missing root reads as an empty
+    /// store (a following engine waits for the archive to appear).
+    pub fn for_reading(root: impl AsRef<Path>) -> Result<LocalStore> {
+        let root = root.as_ref();
+        let root = match fs::canonicalize(root) {
+            Ok(r) => r,
+            Err(e) if e.kind() == ErrorKind::NotFound => std::path::absolute(root)
+                .map_err(|e| ArchiveError::io(format!("resolving {}", root.display()), e))?,
+            Err(e) => return Err(ArchiveError::io(format!("resolving {}", root.display()), e)),
+        };
+        Ok(LocalStore { root })
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -293,5 +306,28 @@ impl Store for LocalStore {
         })
         .await
         .expect("blocking task")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_for_reading_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("not/yet");
+        let store = LocalStore::for_reading(&root).unwrap();
+        assert!(store.get("t/manifest.json").await.unwrap().is_none());
+        assert!(store.open("t/manifest.json").await.unwrap().is_none());
+        assert!(store.list("").await.unwrap().is_empty());
+        assert!(!tmp.path().join("not").exists(), "the root was created");
+        // Once the archive appears, the same store reads it.
+        LocalStore::new(&root)
+            .unwrap()
+            .put("t/manifest.json", b"{}")
+            .await
+            .unwrap();
+        assert!(store.get("t/manifest.json").await.unwrap().is_some());
     }
 }

@@ -85,10 +85,22 @@ impl StoreSpec {
         Ok(())
     }
 
+    /// Opens the store for writing (a local root is created when missing).
     pub async fn open(&self) -> Result<Arc<dyn Store>> {
         self.validate()?;
         match self.kind.as_str() {
             "local" => Ok(Arc::new(LocalStore::new(
+                self.path.as_ref().expect("validated"),
+            )?)),
+            _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),
+        }
+    }
+
+    /// Opens the store for readers: creates nothing (a missing local root reads as empty).
+    pub async fn open_for_reading(&self) -> Result<Arc<dyn Store>> {
+        self.validate()?;
+        match self.kind.as_str() {
+            "local" => Ok(Arc::new(LocalStore::for_reading(
                 self.path.as_ref().expect("validated"),
             )?)),
             _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),

@@ -237,6 +237,34 @@ fn every_generated_pod_is_pod_security_restricted() {
     }
 }
 
+/// `larch engine` and `larch export --follow` listen on loopback unless told otherwise: every
+/// pod that serves HTTP passes its pod IP explicitly, so probes and scrapes reach it.
+#[test]
+fn every_serving_container_passes_listen_explicitly() {
+    let mut serving = 0;
+    for (what, spec) in all_pod_specs() {
+        for c in &spec.containers {
+            let args = c.args.clone().unwrap_or_default();
+            let serves = args.first().map(String::as_str) == Some("engine")
+                || args.iter().any(|a| a == "--follow");
+            if !serves {
+                continue;
+            }
+            serving += 1;
+            let listen = args
+                .iter()
+                .position(|a| a == "--listen")
+                .and_then(|i| args.get(i + 1));
+            assert_eq!(
+                listen.map(String::as_str),
+                Some("$(POD_IP):8080"),
+                "{what}: {args:?}"
+            );
+        }
+    }
+    assert!(serving >= 3, "engines and continuous exports covered");
+}
+
 fn all_children_json() -> Vec<Value> {
     let mut out: Vec<Value> = vec![];
     for name in EXPORTS {
