@@ -1,5 +1,6 @@
-//! `larch engine` configuration: YAML, validated at load time. Every error names the file and
-//! the field path (`engine.yaml: sources.seed.type: unknown source type "kafka" ...`).
+//! `larch engine` configuration: YAML, or laredo's HOCON (`laredo_config`), validated at load
+//! time. Every error names the file and the field path
+//! (`engine.yaml: sources.seed.type: unknown source type "kafka" ...`).
 //! The shape is documented in `docs/engine.md` and relied upon by the operator.
 
 use std::collections::BTreeMap;
@@ -205,6 +206,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// The syntax of an engine configuration file, by its name: laredo's HOCON for `.conf` and
+/// `.hocon`, larch's YAML otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syntax {
+    Yaml,
+    LaredoHocon,
+}
+
+impl Syntax {
+    pub fn of(path: &Path) -> Syntax {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("conf" | "hocon") => Syntax::LaredoHocon,
+            _ => Syntax::Yaml,
+        }
+    }
+}
+
 impl EngineConfig {
     pub fn load(path: &Path) -> Result<EngineConfig, ConfigError> {
         let file = path.display().to_string();
@@ -212,17 +230,43 @@ impl EngineConfig {
             file: file.clone(),
             message: format!("cannot read: {e}"),
         })?;
-        EngineConfig::parse(&file, &text)
+        match Syntax::of(path) {
+            Syntax::Yaml => EngineConfig::parse(&file, &text),
+            Syntax::LaredoHocon => EngineConfig::parse_hocon(&file, &text, path.parent()),
+        }
     }
 
     /// Parses and validates YAML text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<EngineConfig, ConfigError> {
+        let raw: RawConfig = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
+            file: file.to_string(),
+            message: e.to_string(),
+        })?;
+        EngineConfig::from_raw(file, raw)
+    }
+
+    /// Parses laredo's HOCON (archive sources, memory targets; see `laredo_config`), then
+    /// validates it as YAML is. `base_dir` resolves `include`s.
+    pub fn parse_hocon(
+        file: &str,
+        text: &str,
+        base_dir: Option<&Path>,
+    ) -> Result<EngineConfig, ConfigError> {
         let err = |message: String| ConfigError {
             file: file.to_string(),
             message,
         };
-        let raw: RawConfig = serde_yaml_ng::from_str(text).map_err(|e| err(e.to_string()))?;
-        let mut config = validate(raw).map_err(err)?;
+        let doc = super::laredo_config::parse_hocon(text, base_dir).map_err(err)?;
+        let larch = super::laredo_config::translate(&doc).map_err(err)?;
+        let raw: RawConfig = serde_json::from_value(larch).map_err(|e| err(e.to_string()))?;
+        EngineConfig::from_raw(file, raw)
+    }
+
+    fn from_raw(file: &str, raw: RawConfig) -> Result<EngineConfig, ConfigError> {
+        let mut config = validate(raw).map_err(|message| ConfigError {
+            file: file.to_string(),
+            message,
+        })?;
         config.file = file.to_string();
         Ok(config)
     }

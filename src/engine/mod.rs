@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod http;
+pub mod laredo_config;
 pub mod metrics;
 pub mod pipeline;
 pub mod targets;

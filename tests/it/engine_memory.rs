@@ -8,7 +8,7 @@ use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
 
 use crate::archive_build::TestArchive;
-use crate::engine_support::{all_rows, get, get_json, metric, start_engine, wait_ready};
+use crate::engine_support::{CliEngine, all_rows, get, get_json, metric, start_engine, wait_ready};
 
 fn yaml(root: &std::path::Path, extra: &str) -> String {
     format!(
@@ -226,46 +226,15 @@ async fn not_ready_until_the_archive_exists() {
 
 #[tokio::test]
 async fn the_cli_serves_until_sigterm_and_exits_0() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("a")).unwrap());
     let mut a = TestArchive::new(store, "public.events/", "public.events");
     a.snapshot("0/1", &[r#"{"id":1,"tenant":"a"}"#]).await;
     let config = dir.path().join("engine.yaml");
     std::fs::write(&config, yaml(&dir.path().join("a"), "")).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
-        .args(["engine", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let addr = tokio::task::spawn_blocking(move || {
-        let mut lines = std::io::BufReader::new(stderr).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("the engine prints its address")
-                .unwrap();
-            if let Some(a) = line.strip_prefix("larch engine listening on ") {
-                break a.parse::<std::net::SocketAddr>().unwrap();
-            }
-        };
-        // Keep draining so the child never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        addr
-    })
-    .await
-    .unwrap();
-    wait_ready(addr).await;
-    assert_eq!(all_rows(addr, "public.events", 10).await.len(), 1);
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
+    let engine = CliEngine::spawn(&config).await;
+    wait_ready(engine.addr).await;
+    assert_eq!(all_rows(engine.addr, "public.events", 10).await.len(), 1);
+    let status = engine.stop().await;
     assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
 }

@@ -13,6 +13,64 @@ pub async fn start_engine(yaml: &str) -> RunningEngine {
     start(&config, "127.0.0.1:0").await.unwrap()
 }
 
+/// `larch engine --listen 127.0.0.1:0 --config FILE` as a child process, and the address it
+/// printed.
+pub struct CliEngine {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl CliEngine {
+    pub async fn spawn(config: &std::path::Path) -> CliEngine {
+        CliEngine::spawn_with_env(config, &[]).await
+    }
+
+    pub async fn spawn_with_env(
+        config: &std::path::Path,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> CliEngine {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+            .args(["engine", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .envs(env.iter().copied())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let addr = tokio::task::spawn_blocking(move || {
+            let mut lines = std::io::BufReader::new(stderr).lines();
+            let addr = loop {
+                let line = lines
+                    .next()
+                    .expect("the engine prints its address")
+                    .unwrap();
+                if let Some(a) = line.strip_prefix("larch engine listening on ") {
+                    break a.parse::<SocketAddr>().unwrap();
+                }
+            };
+            // Keep draining so the child never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            addr
+        })
+        .await
+        .unwrap();
+        CliEngine { child, addr }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn stop(mut self) -> std::process::ExitStatus {
+        let kill = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        tokio::task::spawn_blocking(move || self.child.wait().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
 /// One request; returns (status, body).
 pub async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
