@@ -20,6 +20,7 @@ mod postgres_export;
 mod postgres_lifecycle;
 mod postgres_source;
 mod postgres_tls;
+mod quickstart;
 mod s3_protocol;
 mod self_contained;
 mod store_conformance;
