@@ -312,6 +312,36 @@ mod tests {
         translate(&parse_hocon(text, None)?)
     }
 
+    /// docs/laredo.md names every key this translation knows, accepted or refused.
+    #[test]
+    fn the_mapping_doc_names_every_key() {
+        let doc = include_str!("../../docs/laredo.md");
+        let refused = [
+            SOURCE_REFUSED,
+            STORE_CONFIG_REFUSED,
+            TABLE_REFUSED,
+            TARGET_COMMON_REFUSED,
+            TOP_LEVEL_REFUSED,
+        ];
+        let keys = SOURCE_KEYS
+            .iter()
+            .chain(STORE_CONFIG_KEYS)
+            .chain(TABLE_KEYS)
+            .copied()
+            .chain(refused.iter().flat_map(|r| r.iter().map(|(k, _)| *k)))
+            .chain(["indexed-memory", "lookup_fields", "additional_indexes"])
+            .chain(["compiled-memory", "http-sync", "replication-fanout"]);
+        for key in keys {
+            assert!(
+                doc.contains(&format!("`{key}"))
+                    || doc.contains(&format!("{key}`"))
+                    || doc.contains(&format!("{key},"))
+                    || doc.contains(&format!(" {key} ")),
+                "docs/laredo.md does not mention {key}"
+            );
+        }
+    }
+
     #[test]
     fn hocon_values_become_json() {
         let v = parse_hocon(
