@@ -87,22 +87,25 @@ impl StoreSpec {
 
     /// Opens the store for writing (a local root is created when missing).
     pub async fn open(&self) -> Result<Arc<dyn Store>> {
-        self.validate()?;
-        match self.kind.as_str() {
-            "local" => Ok(Arc::new(LocalStore::new(
-                self.path.as_ref().expect("validated"),
-            )?)),
-            _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),
-        }
+        self.open_as(true).await
     }
 
     /// Opens the store for readers: creates nothing (a missing local root reads as empty).
     pub async fn open_for_reading(&self) -> Result<Arc<dyn Store>> {
+        self.open_as(false).await
+    }
+
+    async fn open_as(&self, writer: bool) -> Result<Arc<dyn Store>> {
         self.validate()?;
         match self.kind.as_str() {
-            "local" => Ok(Arc::new(LocalStore::for_reading(
-                self.path.as_ref().expect("validated"),
-            )?)),
+            "local" => {
+                let root = self.path.as_ref().expect("validated");
+                Ok(Arc::new(if writer {
+                    LocalStore::new(root)?
+                } else {
+                    LocalStore::for_reading(root)?
+                }))
+            }
             _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),
         }
     }
