@@ -216,6 +216,65 @@ fn wait_engine_matches(e: &Env, ns: &str, name: &str, table: &str) {
 
 /// The one-shot export shared by scenarios 3 and 4: namespace `e2e-oneshot`, export `events`
 /// of public.events into bucket `oneshot`, succeeded.
+/// Scenario 13 (the image contract): a generated engine pod's process is this build's `larch`, runs
+/// as UID and GID 65532 on a read-only root filesystem (the fake kubelet applies runAsUser and
+/// readOnlyRootFilesystem as a kubelet does): writing to `/` fails there, its emptyDir `/tmp` takes
+/// writes, and the engine serves the table all the same.
+#[test]
+fn s13_pods_run_as_65532_on_a_read_only_root() {
+    let _g = serial();
+    oneshot_exported();
+    let e = env();
+    let ns = "e2e-oneshot";
+    e.apply(&source_manifest(ns, "events-cache", "events"));
+    wait_source_ready(e, ns, "events-cache");
+    wait_engine_matches(e, ns, "events-cache", "events");
+    let pod = get_cr(e, "pod", ns, "events-cache-0");
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .expect("containerID");
+    let pid: u32 = id
+        .strip_prefix("fake://")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("containerID {id}"));
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for id in ["Uid", "Gid"] {
+        assert!(
+            proc_status.contains(&format!("{id}:\t65532\t65532\t65532\t65532\n")),
+            "{id} of pid {pid}: {proc_status}"
+        );
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let larch = std::fs::canonicalize(&e.vars["LARCH_E2E_LARCH"]).unwrap();
+    assert_eq!(std::fs::canonicalize(exe).unwrap(), larch);
+    // mountinfo: ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS …; the last "/" is the one on top
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some("/"))
+        .expect("a root mount");
+    let options = root.split(' ').nth(5).unwrap();
+    assert!(options.split(',').any(|o| o == "ro"), "{root}");
+    let in_pod = |path: &str| {
+        std::process::Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "touch", path])
+            .output()
+            .expect("nsenter (util-linux)")
+    };
+    let denied = in_pod("/larch-e2e-write-probe");
+    assert!(!denied.status.success(), "{denied:?}");
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("Read-only file system"),
+        "{denied:?}"
+    );
+    let tmp = in_pod("/tmp/larch-e2e-write-probe");
+    assert!(
+        tmp.status.success(),
+        "the emptyDir on /tmp is writable: {tmp:?}"
+    );
+    assert!(!std::path::Path::new("/larch-e2e-write-probe").exists());
+}
+
 fn oneshot_exported() -> &'static Value {
     static DONE: OnceLock<Value> = OnceLock::new();
     DONE.get_or_init(|| {

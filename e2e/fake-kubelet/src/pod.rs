@@ -525,6 +525,9 @@ fn plan_container(
             gid: gid.or(uid.map(|_| 0)),
             groups,
             hostname,
+            read_only_root: csc
+                .and_then(|s| s.read_only_root_filesystem)
+                .unwrap_or(false),
         },
         log_path: log_dir.join(format!("{}.log", c.name)),
         term_path,

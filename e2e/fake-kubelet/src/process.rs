@@ -1,6 +1,7 @@
 //! Starting a container's process: its own session (process group), a private mount namespace
 //! (and UTS namespace, hostname = pod name) in which every prepared volume is bind-mounted at its
-//! `mountPath`, then setgid/setgroups/setuid and `PR_SET_PDEATHSIG` so it dies with the kubelet.
+//! `mountPath` (the root itself remounted read-only for `readOnlyRootFilesystem`), then
+//! setgid/setgroups/setuid and `PR_SET_PDEATHSIG` so it dies with the kubelet.
 //! All of this happens in `pre_exec`, between fork and exec, using raw syscalls only on data
 //! prepared before the fork.
 
@@ -32,6 +33,9 @@ pub struct Launch {
     pub gid: Option<u32>,
     pub groups: Vec<u32>,
     pub hostname: String,
+    /// `securityContext.readOnlyRootFilesystem`: `/` is read-only in the pod's mount namespace
+    /// (volumes, /proc and /dev stay as they are).
+    pub read_only_root: bool,
 }
 
 struct PreparedMount {
@@ -97,6 +101,7 @@ pub fn spawn(l: &Launch, log: &File) -> io::Result<Child> {
     let uid = l.uid;
     let gid = l.gid;
     let groups: Vec<libc::gid_t> = l.groups.clone();
+    let read_only_root = l.read_only_root;
     let parent = std::process::id() as libc::pid_t;
 
     let mut cmd = Command::new(&l.program);
@@ -168,6 +173,18 @@ pub fn spawn(l: &Launch, log: &File) -> io::Result<Child> {
                 {
                     return Err(os_err("read-only remount of a volume"));
                 }
+            }
+            // Only this namespace's copy of the root mount; the mounts on top keep their flags.
+            if read_only_root
+                && libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(os_err("read-only remount of the root filesystem"));
             }
             if let Some(gid) = gid {
                 if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
@@ -309,6 +326,51 @@ mod tests {
             ancestors(Path::new("/dev/termination-log"), false),
             vec![PathBuf::from("/dev")]
         );
+    }
+
+    /// A process with `read_only_root` cannot write to `/` but can to its volumes, and the host's
+    /// root stays writable (needs root, as the kubelet itself).
+    #[tokio::test]
+    async fn read_only_root_filesystem() {
+        let tmp = std::env::temp_dir().join(format!("fake-kubelet-ro-{}", std::process::id()));
+        let vol = tmp.join("vol");
+        let target = tmp.join("pod/data");
+        std::fs::create_dir_all(&vol).unwrap();
+        let script = format!(
+            "touch {tmp}/probe 2>/dev/null && echo root-writable || echo root-read-only; touch {t}/ok && echo volume-writable",
+            tmp = tmp.display(),
+            t = target.display()
+        );
+        for (read_only_root, want) in [(true, "root-read-only"), (false, "root-writable")] {
+            let log_path = tmp.join(format!("log-{read_only_root}"));
+            let log = File::create(&log_path).unwrap();
+            let launch = Launch {
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), script.clone()],
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+                working_dir: None,
+                mounts: vec![Mount {
+                    source: vol.clone(),
+                    target: target.clone(),
+                    read_only: false,
+                }],
+                uid: None,
+                gid: None,
+                groups: vec![],
+                hostname: "ro-test".into(),
+                read_only_root,
+            };
+            let status = spawn(&launch, &log).unwrap().wait().await.unwrap();
+            assert!(status.success());
+            let out = std::fs::read_to_string(&log_path).unwrap();
+            assert_eq!(
+                out,
+                format!("{want}\nvolume-writable\n"),
+                "read_only_root={read_only_root}"
+            );
+            assert!(vol.join("ok").exists());
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

@@ -1,0 +1,205 @@
+//! The container image's contract (`Dockerfile`), checked without Docker (none on the project's
+//! machines): the build stage's context — exactly what it `COPY`s, minus `.dockerignore` — is
+//! enough to build the binary offline from the cargo cache; the binary links only libraries the
+//! runtime base image (`gcr.io/distroless/cc-debian12`) has, with glibc symbol versions its glibc
+//! (2.36) provides. That it runs as UID 65532 on a read-only root filesystem is e2e scenario 13.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Shared libraries of gcr.io/distroless/cc-debian12: glibc (libc6), libssl3, libgcc-s1,
+/// libgomp1, libstdc++6, plus the kernel's vDSO.
+const BASE_IMAGE_LIBRARIES: &[&str] = &[
+    "linux-vdso.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+    "libc.so.6",
+    "libm.so.6",
+    "libpthread.so.0",
+    "libdl.so.2",
+    "librt.so.1",
+    "libutil.so.1",
+    "libresolv.so.2",
+    "libanl.so.1",
+    "libssl.so.3",
+    "libcrypto.so.3",
+    "libgcc_s.so.1",
+    "libgomp.so.1",
+    "libstdc++.so.6",
+];
+/// glibc of Debian 12, the runtime image's distribution.
+const BASE_IMAGE_GLIBC: (u32, u32) = (2, 36);
+
+/// The sources of the build stage's `COPY` instructions (not `COPY --from`), in order.
+fn build_stage_copies(dockerfile: &str) -> Vec<String> {
+    let mut stage = 0;
+    let mut out = Vec::new();
+    for line in dockerfile.lines().map(str::trim) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.first().map(|w| w.to_ascii_uppercase()).as_deref() {
+            Some("FROM") => stage += 1,
+            Some("COPY") if stage == 1 => {
+                let args: Vec<&str> = words[1..]
+                    .iter()
+                    .copied()
+                    .filter(|w| !w.starts_with("--"))
+                    .collect();
+                assert!(
+                    !words.iter().any(|w| w.starts_with("--from")),
+                    "COPY --from in the build stage: {line}"
+                );
+                out.extend(args[..args.len() - 1].iter().map(|s| s.to_string()));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `*`-only glob on one path segment, as .dockerignore's top-level patterns.
+fn glob(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, tail)) => {
+            name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)
+        }
+    }
+}
+
+/// Whether `.dockerignore` leaves the top-level entry `name` out of the context.
+fn ignored(dockerignore: &str, name: &str) -> bool {
+    let mut out = false;
+    for p in dockerignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        match p.strip_prefix('!') {
+            Some(p) if glob(p.trim_start_matches('/'), name) => out = false,
+            None if glob(p.trim_start_matches('/'), name) => out = true,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The target directory this test binary was built into (`…/target/debug/deps/it-…`).
+fn target_dir() -> PathBuf {
+    let exe = Path::new(env!("CARGO_BIN_EXE_larch"));
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+#[test]
+fn dockerfile_parsing() {
+    let d = "FROM rust AS build\nCOPY a b ./\nCOPY --chown=1:1 src ./src\nFROM base\nCOPY --from=build /out/x /x\n";
+    assert_eq!(build_stage_copies(d), ["a", "b", "src"]);
+    let ignore = "target\n*.md\n!README.md\n";
+    assert!(ignored(ignore, "target") && ignored(ignore, "NOTES.md"));
+    assert!(!ignored(ignore, "README.md") && !ignored(ignore, "src"));
+}
+
+/// Builds the binary from a copy of the Docker build context only. The copy keeps modification
+/// times and lives at a fixed place with its own target directory, so a second run rebuilds
+/// nothing that did not change (the first one compiles every dependency once).
+#[test]
+fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let dockerignore = std::fs::read_to_string(root.join(".dockerignore")).unwrap_or_default();
+    assert!(
+        dockerfile.contains("FROM gcr.io/distroless/cc-debian12"),
+        "the allowlist is for distroless/cc-debian12"
+    );
+    let copies = build_stage_copies(&dockerfile);
+    assert_eq!(
+        copies,
+        ["Cargo.toml", "Cargo.lock", "src"],
+        "update this test with the Dockerfile"
+    );
+
+    let work = target_dir().join("image-context");
+    let context = work.join("context");
+    if context.exists() {
+        std::fs::remove_dir_all(&context).unwrap();
+    }
+    std::fs::create_dir_all(&context).unwrap();
+    for src in &copies {
+        assert!(
+            !ignored(&dockerignore, src),
+            "{src} is copied but .dockerignore leaves it out"
+        );
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(root.join(src))
+            .arg(&context)
+            .status()
+            .unwrap();
+        assert!(status.success(), "copying {src}");
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let t0 = std::time::Instant::now();
+    let out = Command::new(cargo)
+        .args(["build", "--offline", "--locked", "--bin", "larch"])
+        .current_dir(&context)
+        .env("CARGO_TARGET_DIR", work.join("target"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo build in the Docker context failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "built from the Docker context in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let binary = work.join("target/debug/larch");
+    let version = Command::new(&binary).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("larch {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let ldd = Command::new("ldd").arg(&binary).output().expect("ldd");
+    assert!(ldd.status.success(), "{ldd:?}");
+    let ldd = String::from_utf8(ldd.stdout).unwrap();
+    let libraries: Vec<&str> = ldd
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|l| l.rsplit('/').next().unwrap())
+        .collect();
+    assert!(libraries.contains(&"libc.so.6"), "{ldd}");
+    for lib in &libraries {
+        assert!(
+            BASE_IMAGE_LIBRARIES.contains(lib),
+            "{lib} is not in gcr.io/distroless/cc-debian12:\n{ldd}"
+        );
+    }
+
+    let symbols = Command::new("objdump")
+        .arg("-T")
+        .arg(&binary)
+        .output()
+        .expect("objdump (binutils)");
+    assert!(symbols.status.success());
+    let newest = String::from_utf8_lossy(&symbols.stdout)
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let (major, minor) = v.split_once('.')?;
+            Some((
+                major.parse::<u32>().ok()?,
+                minor.split('.').next()?.parse::<u32>().ok()?,
+            ))
+        })
+        .max()
+        .expect("glibc symbol versions");
+    assert!(
+        newest <= BASE_IMAGE_GLIBC,
+        "needs GLIBC_{}.{}, the base image has {}.{}",
+        newest.0,
+        newest.1,
+        BASE_IMAGE_GLIBC.0,
+        BASE_IMAGE_GLIBC.1
+    );
+}
