@@ -216,12 +216,12 @@ fn wait_engine_matches(e: &Env, ns: &str, name: &str, table: &str) {
 
 /// The one-shot export shared by scenarios 3 and 4: namespace `e2e-oneshot`, export `events`
 /// of public.events into bucket `oneshot`, succeeded.
-/// Scenario 13 (the image contract): a generated engine pod's process is this build's `larch`, runs
+/// Scenario 17 (the image contract): a generated engine pod's process is this build's `larch`, runs
 /// as UID and GID 65532 on a read-only root filesystem (the fake kubelet applies runAsUser and
 /// readOnlyRootFilesystem as a kubelet does): writing to `/` fails there, its emptyDir `/tmp` takes
 /// writes, and the engine serves the table all the same.
 #[test]
-fn s13_pods_run_as_65532_on_a_read_only_root() {
+fn s17_pods_run_as_65532_on_a_read_only_root() {
     let _g = serial();
     oneshot_exported();
     let e = env();

@@ -2,7 +2,7 @@
 //! machines): the build stage's context — exactly what it `COPY`s, minus `.dockerignore` — is
 //! enough to build the binary offline from the cargo cache; the binary links only libraries the
 //! runtime base image (`gcr.io/distroless/cc-debian12`) has, with glibc symbol versions its glibc
-//! (2.36) provides. That it runs as UID 65532 on a read-only root filesystem is e2e scenario 13.
+//! (2.36) provides. That it runs as UID 65532 on a read-only root filesystem is e2e scenario 17.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
