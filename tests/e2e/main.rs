@@ -1424,16 +1424,22 @@ fn s13_delete_drops_the_slot_and_the_publication() {
     );
     let ok = events_of(e, ns, "dropped", "CleanupSucceeded");
     assert!(!ok.is_empty(), "a CleanupSucceeded Event");
-    assert!(
+    // The operator deletes the Job right after it lets the object go.
+    e.wait_for(ns, "the cleanup Job removed", 60, || {
         e.list(&[
             "jobs",
             "-n",
             ns,
             "-l",
-            "app.kubernetes.io/component=cleanup"
+            "app.kubernetes.io/component=cleanup",
         ])
-        .is_empty(),
-        "the cleanup Job is removed"
+        .is_empty()
+        .then_some(())
+    });
+    assert_eq!(
+        ok.len(),
+        1,
+        "one cleanup, so one CleanupSucceeded Event: {ok:?}"
     );
 }
 
@@ -1610,12 +1616,12 @@ fn s15_suspend_keeps_the_slot_and_retain_keeps_it_after_delete() {
         180,
         || (archive_row_count(e, "suspend", "public.paused/") == table).then_some(()),
     );
-    let o = get_cr(e, "archiveexport", ns, "paused");
-    assert_eq!(
-        o["status"]["writers"][0]["epoch"].as_i64(),
-        Some(epoch),
-        "resumed, no new baseline"
-    );
+    // The resumed writer reports its epoch a little after it starts writing.
+    let resumed = e.wait_for(ns, "the resumed writer's epoch in status", 120, || {
+        let o = e.get(&["archiveexport", "paused", "-n", ns])?;
+        o["status"]["writers"][0]["epoch"].as_i64()
+    });
+    assert_eq!(resumed, epoch, "resumed, no new baseline");
     e.wait_for(ns, "the slot monitor gone", 60, || {
         e.get(&["deployment", "paused-slot-monitor", "-n", ns])
             .is_none()

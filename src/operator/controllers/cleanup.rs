@@ -103,13 +103,21 @@ fn backoff(attempts: i32) -> Duration {
 
 /// The deletion path of the reconcile: stop the export's pods, run the cleanup Job until it
 /// succeeds (or is given up), then let the object go.
-pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !has_finalizer(&export) {
+pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !has_finalizer(&cached) {
         return Ok(Action::await_change());
     }
-    let ns = export.namespace().ok_or(Error::NoNamespace)?;
-    let name = export.name_any();
+    let ns = cached.namespace().ok_or(Error::NoNamespace)?;
+    let name = cached.name_any();
     let client = ctx.client.clone();
+    // The cache can lag a finished deletion (the watch has not brought the finalizer's
+    // removal yet): acting on it would start a second cleanup Job that nobody deletes. Read
+    // the object itself; its resourceVersion also makes the finalizer patch succeed.
+    let exports: Api<ArchiveExport> = Api::namespaced(client.clone(), &ns);
+    let export = match exports.get_opt(&name).await? {
+        Some(live) if live.uid() == cached.uid() && has_finalizer(&live) => live,
+        _ => return Ok(Action::await_change()),
+    };
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let job_name = cleanup_job_name(&export);
     let reference = export.object_ref(&());
@@ -248,8 +256,12 @@ pub async fn finalize(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 secondary: None,
             })
             .await;
-            writes(&ctx).delete(&jobs, &job_name).await?;
+            // The finalizer first: were the Job deleted first and the patch then refused, the
+            // retry would find no Job and run the cleanup again.
             remove_finalizer(&ctx, &export).await?;
+            if let Err(err) = writes(&ctx).delete(&jobs, &job_name).await {
+                tracing::warn!(%err, job = %format!("{ns}/{job_name}"), "could not delete the finished cleanup Job (its TTL removes it)");
+            }
             Ok(Action::await_change())
         }
         Some(JobPhase::Failed) => {
