@@ -1287,13 +1287,22 @@ mod lifecycle {
         (server.await.unwrap(), action)
     }
 
-    /// The workloads are deleted and listed again until no export pod is left.
+    /// The deletion path reads the object itself first (the cache may lag a finished cleanup).
+    fn live(e: &ArchiveExport) -> Expect {
+        expect(Method::GET, EXPORT, Some(serde_json::to_value(e).unwrap()))
+    }
+
+    /// The live read, then the workloads are deleted and listed again until no export pod is
+    /// left.
     fn stop_workloads(pods: Vec<Value>, deployments: Vec<Value>) -> Vec<Expect> {
-        let mut s = vec![expect(
-            Method::GET,
-            &format!("/apis/apps/v1/namespaces/data/deployments?&{SEL}"),
-            list("DeploymentList", "apps/v1", deployments.clone()),
-        )];
+        let mut s = vec![
+            live(&deleting()),
+            expect(
+                Method::GET,
+                &format!("/apis/apps/v1/namespaces/data/deployments?&{SEL}"),
+                list("DeploymentList", "apps/v1", deployments.clone()),
+            ),
+        ];
         for d in &deployments {
             s.push(expect(
                 Method::DELETE,
@@ -1423,6 +1432,7 @@ mod lifecycle {
             "status": {"conditions": [{"type": "Failed", "status": "True"}]}});
         let error = r#"{"error":"cannot connect to PostgreSQL at 127.0.0.1:5432/app as user postgres: Connection refused (os error 111) (is the server running and reachable?)"}"#;
         let mut script = stop_workloads(vec![cleanup_pod(1, error)], vec![]);
+        script[0] = live(&e);
         script.extend([
             expect(Method::GET, JOB, Some(failed)),
             cleanup_pods(cleanup_pod(1, error)),
@@ -1465,11 +1475,12 @@ mod lifecycle {
             expect(Method::GET, JOB, Some(done)),
             cleanup_pods(cleanup_pod(0, report)),
             expect(Method::POST, EVENTS, None),
-            expect(Method::DELETE, &format!("{JOB}?"), ok_status()),
+            // The finalizer before the Job: a refused patch retries with the Job still there.
             expect_status(
                 &format!("{EXPORT}?"),
                 serde_json::to_value(deleting()).unwrap(),
             ),
+            expect(Method::DELETE, &format!("{JOB}?"), ok_status()),
         ]);
         let n = script.len();
         let (bodies, _) = reconcile_with(deleting(), script).await;
@@ -1481,9 +1492,23 @@ mod lifecycle {
                 .contains("slot larch_data_events, publication larch_data_events")
         );
         assert_eq!(
-            bodies[n - 1],
+            bodies[n - 2],
             json!({"metadata": {"finalizers": [], "resourceVersion": "7"}})
         );
+    }
+
+    /// A reconcile from a cache that has not seen the finalizer go (the cleanup already ran):
+    /// the live object has no finalizer, so no second cleanup Job.
+    #[tokio::test]
+    async fn a_stale_cache_does_not_start_a_second_cleanup() {
+        let mut gone = deleting();
+        gone.metadata.finalizers = Some(vec![]);
+        let (bodies, action) = reconcile_with(deleting(), vec![live(&gone)]).await;
+        assert_eq!(bodies.len(), 1);
+        assert_eq!(action, Action::await_change());
+        let (_, action) =
+            reconcile_with(deleting(), vec![expect(Method::GET, EXPORT, not_found())]).await;
+        assert_eq!(action, Action::await_change());
     }
 
     /// Kubernetes admits no pod in a terminating namespace: the finalizer goes (the namespace
@@ -1517,18 +1542,19 @@ mod lifecycle {
         e.metadata.annotations =
             Some([("larch.dev/skip-cleanup".to_string(), "true".to_string())].into());
         let script = vec![
+            live(&e),
             expect(Method::DELETE, &format!("{JOB}?"), not_found()),
             expect(Method::POST, EVENTS, None),
             expect_status(&format!("{EXPORT}?"), serde_json::to_value(&e).unwrap()),
         ];
         let (bodies, _) = reconcile_with(e, script).await;
-        assert_eq!(bodies[1]["reason"], "CleanupSkipped");
+        assert_eq!(bodies[2]["reason"], "CleanupSkipped");
         assert!(
-            bodies[1]["note"]
+            bodies[2]["note"]
                 .as_str()
                 .unwrap()
                 .contains("replication slot larch_data_events")
         );
-        assert_eq!(bodies[2]["metadata"]["finalizers"], json!([]));
+        assert_eq!(bodies[3]["metadata"]["finalizers"], json!([]));
     }
 }
