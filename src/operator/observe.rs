@@ -90,7 +90,8 @@ pub fn parse_writer_status(body: &str) -> Option<WriterStatus> {
     let w: WriterJson = serde_json::from_str(body).ok()?;
     let mut out = WriterStatus {
         table: w.table,
-        epoch: w.epoch,
+        // 0 until the writer has opened the archive (epochs start at 1): not an epoch yet.
+        epoch: w.epoch.filter(|e| *e > 0),
         head_position: w.head_position,
         buffer_depth: w.buffer_depth,
         last_snapshot_at: w.last_snapshot_at,
@@ -321,6 +322,9 @@ mod tests {
         assert_eq!((w.epoch, w.buffer_depth), (Some(4), Some(12)));
         assert_eq!(w.head_position.as_deref(), Some("0/1A"));
         assert!(parse_writer_status("not json").is_none());
+        // Before the writer opened the archive: no epoch to show.
+        let starting = parse_writer_status(r#"{"table":"public.events","epoch":0}"#).unwrap();
+        assert_eq!(starting.epoch, None);
         let w = parse_writer_status(
             r#"{"table":"public.events","epoch":4,"slot":{"name":"larch_a","exists":true,"wal_status":"reserved","retained_wal_bytes":81920,"lag_bytes":56},"slot_losses":1,"last_slot_loss":{"at":"t","reason":"replication slot larch_a was invalidated"}}"#,
         )
