@@ -2,11 +2,13 @@
 # Build the end-to-end test binaries from Go modules (no binary downloads):
 #   larch-cp  (e2e/controlplane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl)
 #   helm      (e2e/helm: the upstream helm v3 CLI)
+#   larch-gitops (e2e/gitops: kstatus from sigs.k8s.io/cli-utils and Argo CD health Lua run in
+#                 github.com/yuin/gopher-lua, what Flux and Argo CD compute)
 # into ${LARCH_CACHE:-$HOME/.cache/larch}/bin/, with GOMODCACHE and GOCACHE under ${LARCH_CACHE}/go/.
 # A binary is rebuilt only when the sha256 of its module's go.mod + go.sum + *.go + the Go version
 # differs from the stamp stored beside it. LARCH_E2E_FORCE_BUILD=1 forces a rebuild.
 #
-# usage: e2e/build.sh [larch-cp|helm]...     (default: both)
+# usage: e2e/build.sh [larch-cp|helm|larch-gitops]...     (default: all three)
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -78,8 +80,11 @@ build_one() { # NAME MODDIR PACKAGE LDFLAGS_FN
   echo "build.sh: $name built in $((SECONDS - t0))s (download $((t1 - t0))s, compile+link $((SECONDS - t1))s), $(du -h "$bin/$name" | cut -f1)"
 }
 
+# not named ldflags_*: the stamps hash those functions, and a new one would rebuild larch-cp
+gitops_ldflags() { echo "-s -w"; }   # library versions: the build info (larch-gitops version)
+
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(larch-cp helm)
+[[ ${#targets[@]} -gt 0 ]] || targets=(larch-cp helm larch-gitops)
 start=$SECONDS
 for t in "${targets[@]}"; do
   case "$t" in
@@ -88,7 +93,8 @@ for t in "${targets[@]}"; do
       ln -sfn larch-cp "$bin/kubectl"   # `kubectl` on PATH for scripts and helm-less use
       ;;
     helm) build_one helm "$here/helm" helm.sh/helm/v3/cmd/helm ldflags_helm ;;
-    *) echo "build.sh: unknown target $t (larch-cp|helm)" >&2; exit 2 ;;
+    larch-gitops) build_one larch-gitops "$here/gitops" . gitops_ldflags ;;
+    *) echo "build.sh: unknown target $t (larch-cp|helm|larch-gitops)" >&2; exit 2 ;;
   esac
 done
 echo "build.sh: done in $((SECONDS - start))s; binaries in $bin"

@@ -18,7 +18,11 @@ echo "== fake kubelet (e2e/fake-kubelet): fmt, clippy, unit tests"
 cargo fmt --manifest-path e2e/fake-kubelet/Cargo.toml --all -- --check
 cargo clippy --manifest-path e2e/fake-kubelet/Cargo.toml --all-targets --locked -- -D warnings
 cargo test --manifest-path e2e/fake-kubelet/Cargo.toml --locked
-echo "== e2e/build.sh (larch-cp, helm: ~16 min cold, then cached under $LARCH_CACHE/bin)"
+echo "== e2e/build.sh (larch-cp, helm: ~16 min cold; larch-gitops: seconds; then cached under $LARCH_CACHE/bin)"
 bash e2e/build.sh
+echo "== e2e/gitops (larch-gitops): go vet, go test"
+(cd e2e/gitops && export PATH="$(dirname "$(bash ../../scripts/go.sh find)"):$PATH" \
+   GOMODCACHE="$LARCH_CACHE/go/mod" GOCACHE="$LARCH_CACHE/go/build" GOTOOLCHAIN=local \
+   GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 && go vet ./... && go test ./...)
 echo "== cargo test (unit, integration, end-to-end: tests/e2e)"
 cargo test --locked --all-targets
