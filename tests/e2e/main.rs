@@ -6,9 +6,9 @@
 //! One environment per test process (see `support`); scenarios run one at a time.
 //! Run: `cargo test --test e2e` (needs `bash e2e/build.sh` once; see e2e/README.md).
 
+mod gitops;
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -735,61 +735,7 @@ fn s09_restricted_namespace_admits_generated_pods() {
     wait_source_ready(e, ns, "cache");
 }
 
-/// Scenario 10: kstatus, as Flux and Argo CD read it: InProgress while reconciling, Current once Ready.
-#[test]
-fn s10_kstatus() {
-    let _g = serial();
-    let e = env_with_operator();
-    let ns = "e2e-kstatus";
-    e.namespace(ns, &[]);
-    e.bucket("kstatus");
-    e.apply(&export_manifest(
-        e, ns, "ks", "events", "OneShot", "kstatus",
-    ));
-    e.apply(&source_manifest(ns, "ks-cache", "ks"));
-    let mut seen: BTreeMap<&str, Vec<KStatus>> = BTreeMap::new();
-    e.wait_for(ns, "both Current", 300, || {
-        let mut all = true;
-        for (kind, name) in [("archiveexport", "ks"), ("archivesource", "ks-cache")] {
-            let o = e.get(&[kind, name, "-n", ns])?;
-            let s = kstatus(&o);
-            let v = seen.entry(kind).or_default();
-            if v.last() != Some(&s) {
-                v.push(s);
-            }
-            if s == KStatus::Current {
-                assert!(condition_is(&o, "Ready", "True"));
-                assert_eq!(
-                    o["status"]["observedGeneration"],
-                    o["metadata"]["generation"]
-                );
-            }
-            all &= s == KStatus::Current;
-        }
-        all.then_some(())
-    });
-    for (kind, v) in &seen {
-        assert_eq!(v.first(), Some(&KStatus::InProgress), "{kind}: {v:?}");
-        assert_eq!(v.last(), Some(&KStatus::Current), "{kind}: {v:?}");
-        assert!(!v.contains(&KStatus::Failed), "{kind}: {v:?}");
-    }
-    // A spec change makes it InProgress until observed again, then Current.
-    e.kubectl(&[
-        "patch",
-        "archivesource",
-        "ks-cache",
-        "-n",
-        ns,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"pollInterval":"3s"}}"#,
-    ]);
-    e.wait_for(ns, "Current after a spec change", 180, || {
-        let o = e.get(&["archivesource", "ks-cache", "-n", ns])?;
-        (o["metadata"]["generation"].as_i64() == Some(2) && kstatus(&o) == KStatus::Current)
-            .then_some(())
-    });
-}
+// Scenario 10 (kstatus and Argo CD health of the three kinds) and the no-drift scenario: gitops.rs.
 
 /// Table `public.<name>` as a copy of the first `rows` events, and a Continuous ArchiveExport
 /// `<name>` of it (diffs every second) into `bucket`, Ready.

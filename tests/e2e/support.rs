@@ -510,28 +510,100 @@ pub fn condition_is(obj: &Value, type_: &str, status: &str) -> bool {
     condition(obj, type_).is_some_and(|c| c["status"] == status)
 }
 
-/// kstatus as Flux and Argo CD read a custom resource.
+/// kstatus as Flux reads an object: computed by `sigs.k8s.io/cli-utils` `pkg/kstatus/status`
+/// itself (`larch-gitops kstatus`, e2e/gitops), not by a re-implementation of its rules.
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 pub enum KStatus {
     Current,
     InProgress,
     Failed,
+    Terminating,
+    Unknown,
+}
+
+/// What a GitOps tool's library says of one object: its status and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub status: String,
+    pub message: String,
 }
 
 pub fn kstatus(obj: &Value) -> KStatus {
-    let generation = obj["metadata"]["generation"].as_i64();
-    let observed = obj["status"]["observedGeneration"].as_i64();
-    if observed.is_none() || observed != generation {
-        return KStatus::InProgress;
+    let v = kstatus_verdict(obj);
+    match v.status.as_str() {
+        "Current" => KStatus::Current,
+        "InProgress" => KStatus::InProgress,
+        "Failed" => KStatus::Failed,
+        "Terminating" => KStatus::Terminating,
+        "Unknown" => KStatus::Unknown,
+        other => panic!("kstatus {other:?} ({}) for {obj}", v.message),
     }
-    if condition_is(obj, "Stalled", "True") {
-        return KStatus::Failed;
+}
+
+/// kstatus with its message (e.g. "Resource is Ready", the Stalled condition's message).
+pub fn kstatus_verdict(obj: &Value) -> Verdict {
+    gitops_tool(&["kstatus"], obj)
+}
+
+/// The Argo CD checks users install (deploy/argocd/argocd-cm.yaml).
+pub const ARGOCD_CM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/argocd/argocd-cm.yaml");
+
+/// Argo CD's health of a larch object: the repository's `argocd-cm` health Lua for its kind,
+/// run by `larch-gitops argocd-health` in gopher-lua with Argo CD's sandbox.
+pub fn argocd_health(obj: &Value) -> Verdict {
+    gitops_tool(&["argocd-health", "--argocd-cm", ARGOCD_CM], obj)
+}
+
+static GITOPS_TOOL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// `larch-gitops`, built (or found up to date by its stamp) by `e2e/build.sh larch-gitops` on
+/// first use: a few seconds from the Go module cache, nothing when the stamp matches.
+fn gitops_tool_path() -> &'static Path {
+    let built = GITOPS_TOOL.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(Path::new(REPO).join("e2e/build.sh"))
+            .arg("larch-gitops")
+            .env("LARCH_CACHE", cache_dir())
+            .output()
+            .map_err(|e| format!("running e2e/build.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "e2e/build.sh larch-gitops failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(cache_dir().join("bin/larch-gitops"))
+    });
+    match built {
+        Ok(p) => p,
+        Err(e) => panic!("{e}"),
     }
-    if condition_is(obj, "Reconciling", "True") {
-        return KStatus::InProgress;
+}
+
+fn gitops_tool(args: &[&str], obj: &Value) -> Verdict {
+    let mut child = Command::new(gitops_tool_path())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running larch-gitops");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(obj.to_string().as_bytes())
+        .expect("writing larch-gitops stdin");
+    let out = child.wait_with_output().expect("waiting for larch-gitops");
+    assert!(
+        out.status.success(),
+        "larch-gitops {args:?} failed: {} (object: {obj})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("larch-gitops JSON");
+    Verdict {
+        status: r["status"].as_str().unwrap_or_default().to_string(),
+        message: r["message"].as_str().unwrap_or_default().to_string(),
     }
-    if condition_is(obj, "Ready", "True") {
-        return KStatus::Current;
-    }
-    KStatus::InProgress
 }
