@@ -287,6 +287,198 @@ spec:
     e.kubectl(&["delete", "namespace", ns, dev, "--wait=false"]);
 }
 
+/// What the operator may write on a user's larch object besides status (docs/gitops.md): the
+/// cleanup finalizer of an ArchiveExport.
+const OPERATOR_FINALIZERS: [&str; 1] = ["larch.dev/cleanup"];
+
+/// Every field of `managed` (a managedFields `fieldsV1`) as a path, e.g. `f:spec.f:replicas`.
+fn field_paths(prefix: &str, fields: &Value, out: &mut Vec<String>) {
+    let Some(map) = fields.as_object() else {
+        return;
+    };
+    for (k, v) in map {
+        if k == "." {
+            continue;
+        }
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if v.as_object().is_some_and(|m| m.keys().any(|k| k != ".")) {
+            field_paths(&path, v, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+/// Scenario 18: no drift. Every example (examples/ adapted by e2e/examples.sh, and the fleet
+/// example) applied server-side as Git holds it: once the operator has reconciled (run done,
+/// engines Ready), each larch object's spec, labels and annotations are what was applied, the
+/// operator's field managers own only status and its documented finalizer, and a server-side
+/// diff of the live objects against the manifest is empty (no default filled in behind Git).
+#[test]
+fn s18_examples_do_not_drift() {
+    let _g = serial();
+    let e = env_with_operator();
+    let ns = "e2e-drift";
+    e.namespace(ns, &[]);
+    let examples: Value = serde_json::from_str(&super::examples_for(e, ns)).unwrap();
+    // The fleet example as it is (cluster-scoped; it selects no namespace here).
+    e.kubectl(&["create", "namespace", "platform"]);
+    // `kubectl create --dry-run -o json` prints one JSON document per object.
+    let fleet = e.kubectl(&[
+        "create",
+        "--dry-run=client",
+        "-o",
+        "json",
+        "-f",
+        &format!("{}/examples/fleet/", super::support::REPO),
+    ]);
+    let mut items = examples["items"].as_array().unwrap().clone();
+    for o in serde_json::Deserializer::from_str(&fleet).into_iter::<Value>() {
+        let o = o.expect("kubectl JSON");
+        match o["kind"].as_str() {
+            Some("List") => items.extend(o["items"].as_array().unwrap().iter().cloned()),
+            _ => items.push(o),
+        }
+    }
+    let manifest =
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    e.apply(&manifest);
+
+    let applied: Vec<&Value> = items
+        .iter()
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("larch.dev/"))
+        })
+        .collect();
+    assert!(
+        applied.len() >= 4,
+        "the examples hold larch objects: {applied:?}"
+    );
+    let live = |o: &Value| -> Value {
+        let kind = o["kind"].as_str().unwrap().to_lowercase();
+        let name = o["metadata"]["name"].as_str().unwrap();
+        let mut args = vec![kind.as_str(), name, "--show-managed-fields"];
+        if kind != "archivesourceset" {
+            args.extend(["-n", ns]);
+        }
+        e.get(&args)
+            .unwrap_or_else(|| panic!("{kind} {name} not found"))
+    };
+    // Reconciled: every object observed and Ready (the one-shot run done, its engines serving);
+    // the continuous example's export and engine need nothing outside the cluster either.
+    super::wait_export_succeeded(e, ns, "users", None);
+    super::wait_source_ready(e, ns, "users-cache");
+    for o in &applied {
+        let what = format!("{} {}", o["kind"], o["metadata"]["name"]);
+        e.wait_for(
+            ns,
+            &format!("{what} observed and Ready or Stalled"),
+            300,
+            || {
+                let l = live(o);
+                (l["status"]["observedGeneration"] == l["metadata"]["generation"]
+                    && super::condition(&l, "Ready").is_some_and(|c| c["status"] != "Unknown"))
+                .then_some(())
+            },
+        );
+    }
+
+    let mut report = String::new();
+    for o in &applied {
+        let l = live(o);
+        let what = format!(
+            "{} {}",
+            o["kind"].as_str().unwrap(),
+            o["metadata"]["name"].as_str().unwrap()
+        );
+        assert_eq!(l["spec"], o["spec"], "{what}: the spec is what was applied");
+        for key in ["labels", "annotations"] {
+            let want = o["metadata"].get(key).cloned().unwrap_or(Value::Null);
+            let got = l["metadata"].get(key).cloned().unwrap_or(Value::Null);
+            assert_eq!(got, want, "{what}: metadata.{key} is what was applied");
+        }
+        for f in l["metadata"]["finalizers"].as_array().into_iter().flatten() {
+            assert!(
+                OPERATOR_FINALIZERS.contains(&f.as_str().unwrap()),
+                "{what}: finalizer {f} is not one the operator documents"
+            );
+        }
+        assert_eq!(
+            l["metadata"]["generation"], 1,
+            "{what}: nobody changed the spec"
+        );
+        for m in l["metadata"]["managedFields"].as_array().unwrap() {
+            let manager = m["manager"].as_str().unwrap();
+            let sub = m["subresource"].as_str().unwrap_or("");
+            let mut paths = Vec::new();
+            field_paths("", &m["fieldsV1"], &mut paths);
+            report.push_str(&format!(
+                "{what}: {manager} ({} {sub}): {}\n",
+                m["operation"].as_str().unwrap(),
+                paths.join(", ")
+            ));
+            if manager == "larch-e2e" {
+                assert_eq!(m["operation"], "Apply", "{what}: {m}");
+                continue;
+            }
+            if sub == "status" {
+                assert!(
+                    paths.iter().all(|p| p.starts_with("f:status")),
+                    "{what}: {m}"
+                );
+                continue;
+            }
+            assert!(
+                paths
+                    .iter()
+                    .all(|p| p == "f:metadata.f:finalizers"
+                        || p.starts_with("f:metadata.f:finalizers.")),
+                "{what}: {manager} writes more than the finalizer: {paths:?}"
+            );
+        }
+    }
+    eprintln!("field managers of every field:\n{report}");
+
+    // What a GitOps tool's server-side diff of the live objects against Git shows: nothing.
+    let diff = e.kubectl_out(
+        &[
+            "diff",
+            "--server-side",
+            "--field-manager=larch-e2e",
+            "-f",
+            "-",
+        ],
+        Some(&manifest),
+    );
+    assert_eq!(
+        diff.status.code(),
+        Some(0),
+        "kubectl diff --server-side: {}{}",
+        String::from_utf8_lossy(&diff.stdout),
+        String::from_utf8_lossy(&diff.stderr)
+    );
+    assert!(
+        diff.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+
+    e.kubectl(&[
+        "delete",
+        "archivesourceset",
+        "dev-seed",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    e.kubectl(&["delete", "namespace", ns, "platform", "--wait=false"]);
+}
+
 /// The argocd-cm users install carries the health files the e2e scenarios run, byte for byte.
 #[test]
 fn argocd_cm_holds_the_health_files_byte_for_byte() {

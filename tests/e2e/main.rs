@@ -340,6 +340,22 @@ fn s01_helm_install_operator_ready() {
     assert!(without.contains("--disable-source-sets"), "{without}");
 }
 
+/// examples/*.yaml adapted to this environment by e2e/examples.sh, for namespace `ns`: a List.
+fn examples_for(e: &Env, ns: &str) -> String {
+    let out = std::process::Command::new("bash")
+        .arg(format!("{}/e2e/examples.sh", support::REPO))
+        .arg(&e.dir)
+        .arg(ns)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Scenario 2: The CRDs apply server-side (over helm's copies, no conflicts: the same content), and the
 /// examples apply unchanged apart from the environment's endpoints and Secret values
 /// (e2e/examples.sh); the one-shot example exports, its ArchiveSource becomes Ready.
@@ -369,18 +385,7 @@ fn s02_apply_crds_and_examples() {
 
     let ns = "e2e-examples";
     e.namespace(ns, &[]);
-    let out = std::process::Command::new("bash")
-        .arg(format!("{}/e2e/examples.sh", support::REPO))
-        .arg(&e.dir)
-        .arg(ns)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    e.apply(&String::from_utf8(out.stdout).unwrap());
+    e.apply(&examples_for(e, ns));
     let exports = e.list(&["archiveexports", "-n", ns]);
     let sources = e.list(&["archivesources", "-n", ns]);
     assert!(
