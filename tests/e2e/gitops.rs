@@ -22,7 +22,7 @@ fn seen(o: &Value) -> Seen {
     let k = kstatus_verdict(o);
     let Verdict { status, message } = argocd_health(o);
     Seen {
-        kstatus: super::support::kstatus(o),
+        kstatus: KStatus::of(&k),
         kstatus_message: k.message,
         health: status,
         health_message: message,
@@ -291,6 +291,13 @@ spec:
 /// cleanup finalizer of an ArchiveExport.
 const OPERATOR_FINALIZERS: [&str; 1] = ["larch.dev/cleanup"];
 
+/// The operator's field managers (one per controller).
+const OPERATOR_MANAGERS: [&str; 3] = [
+    "larch-operator/export",
+    "larch-operator/source",
+    "larch-operator/source-set",
+];
+
 /// Every field of `managed` (a managedFields `fieldsV1`) as a path, e.g. `f:spec.f:replicas`.
 fn field_paths(prefix: &str, fields: &Value, out: &mut Vec<String>) {
     let Some(map) = fields.as_object() else {
@@ -427,6 +434,10 @@ fn s18_examples_do_not_drift() {
                 assert_eq!(m["operation"], "Apply", "{what}: {m}");
                 continue;
             }
+            assert!(
+                OPERATOR_MANAGERS.contains(&manager),
+                "{what}: a field manager that is neither Git's nor the operator's: {m}"
+            );
             if sub == "status" {
                 assert!(
                     paths.iter().all(|p| p.starts_with("f:status")),
@@ -434,6 +445,7 @@ fn s18_examples_do_not_drift() {
                 );
                 continue;
             }
+            assert_eq!(manager, "larch-operator/export", "{what}: {m}");
             assert!(
                 paths
                     .iter()

@@ -529,14 +529,20 @@ pub struct Verdict {
 }
 
 pub fn kstatus(obj: &Value) -> KStatus {
-    let v = kstatus_verdict(obj);
-    match v.status.as_str() {
-        "Current" => KStatus::Current,
-        "InProgress" => KStatus::InProgress,
-        "Failed" => KStatus::Failed,
-        "Terminating" => KStatus::Terminating,
-        "Unknown" => KStatus::Unknown,
-        other => panic!("kstatus {other:?} ({}) for {obj}", v.message),
+    KStatus::of(&kstatus_verdict(obj))
+}
+
+impl KStatus {
+    /// The status of a `larch-gitops kstatus` verdict.
+    pub fn of(v: &Verdict) -> KStatus {
+        match v.status.as_str() {
+            "Current" => KStatus::Current,
+            "InProgress" => KStatus::InProgress,
+            "Failed" => KStatus::Failed,
+            "Terminating" => KStatus::Terminating,
+            "Unknown" => KStatus::Unknown,
+            other => panic!("kstatus {other:?} ({})", v.message),
+        }
     }
 }
 

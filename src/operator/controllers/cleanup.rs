@@ -52,12 +52,13 @@ async fn set_finalizers(
         "resourceVersion": export.resource_version(),
     }});
     writes(ctx).count("ArchiveExport", "patch");
-    api.patch(
-        &export.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
+    // Named, so managedFields tell whose the finalizer is (not "unknown").
+    let params = PatchParams {
+        field_manager: Some(MANAGER_EXPORT.into()),
+        ..PatchParams::default()
+    };
+    api.patch(&export.name_any(), &params, &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 

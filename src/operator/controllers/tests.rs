@@ -171,6 +171,8 @@ fn context(prober: Arc<FakeProber>) -> (Arc<Context>, Handle, Arc<Mutex<Timestam
 
 const MANAGER_EXPORT_Q: &str = "&force=true&fieldManager=larch-operator%2Fexport";
 const MANAGER_SOURCE_Q: &str = "&force=true&fieldManager=larch-operator%2Fsource";
+/// The export's finalizer merge patch: named, not forced (a compare-and-swap on resourceVersion).
+const FINALIZER_Q: &str = "&fieldManager=larch-operator%2Fexport";
 const EXPORT_SEL: &str = "labelSelector=larch.dev%2Farchive-export%3Dusers";
 
 fn users_export() -> ArchiveExport {
@@ -1359,7 +1361,7 @@ mod lifecycle {
         e.metadata.finalizers = Some(vec!["other.example/keep".into()]);
         e.metadata.resource_version = Some("5".into());
         let script = vec![expect_status(
-            &format!("{EXPORT}?"),
+            &format!("{EXPORT}?{FINALIZER_Q}"),
             serde_json::to_value(&e).unwrap(),
         )];
         let (bodies, _) = reconcile_with(e.clone(), script).await;
@@ -1372,7 +1374,7 @@ mod lifecycle {
         e.spec.source.deletion_policy =
             Some(crate::operator::crd::archive_export::DeletionPolicy::Retain);
         let script = vec![expect_status(
-            &format!("{EXPORT}?"),
+            &format!("{EXPORT}?{FINALIZER_Q}"),
             serde_json::to_value(&e).unwrap(),
         )];
         let (bodies, _) = reconcile_with(e, script).await;
@@ -1477,7 +1479,7 @@ mod lifecycle {
             expect(Method::POST, EVENTS, None),
             // The finalizer before the Job: a refused patch retries with the Job still there.
             expect_status(
-                &format!("{EXPORT}?"),
+                &format!("{EXPORT}?{FINALIZER_Q}"),
                 serde_json::to_value(deleting()).unwrap(),
             ),
             expect(Method::DELETE, &format!("{JOB}?"), ok_status()),
@@ -1527,7 +1529,7 @@ mod lifecycle {
                 Some(forbidden),
             ),
             expect_status(
-                &format!("{EXPORT}?"),
+                &format!("{EXPORT}?{FINALIZER_Q}"),
                 serde_json::to_value(deleting()).unwrap(),
             ),
         ]);
@@ -1545,7 +1547,10 @@ mod lifecycle {
             live(&e),
             expect(Method::DELETE, &format!("{JOB}?"), not_found()),
             expect(Method::POST, EVENTS, None),
-            expect_status(&format!("{EXPORT}?"), serde_json::to_value(&e).unwrap()),
+            expect_status(
+                &format!("{EXPORT}?{FINALIZER_Q}"),
+                serde_json::to_value(&e).unwrap(),
+            ),
         ];
         let (bodies, _) = reconcile_with(e, script).await;
         assert_eq!(bodies[2]["reason"], "CleanupSkipped");
