@@ -7,6 +7,10 @@
 //! `writer.after-commit` (manifest swapped, pruned objects not yet deleted),
 //! `engine.after-checkpoint` (targets committed a checkpoint, the source's state file not yet
 //! written).
+//!
+//! Pause points hold a race window open instead: `LARCH_PAUSE_AT=<point>=<milliseconds>` makes
+//! the first arrival at `<point>` wait that long. Points: `baseline.before-lock` (the slot's
+//! snapshot imported, the table not yet locked: a DDL may commit in between).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,5 +54,22 @@ pub fn crash_point(point: &str) {
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
+    }
+}
+
+/// Waits at `point` when `LARCH_PAUSE_AT` names it (the first time only).
+pub async fn pause_point(point: &str) {
+    static ARMED: OnceLock<Option<(String, u64, AtomicU64)>> = OnceLock::new();
+    let armed = ARMED.get_or_init(|| {
+        let spec = std::env::var("LARCH_PAUSE_AT").ok()?;
+        let (point, ms) = spec.split_once('=')?;
+        Some((point.to_string(), ms.parse().ok()?, AtomicU64::new(0)))
+    });
+    let Some((armed_point, ms, hits)) = armed else {
+        return;
+    };
+    if armed_point == point && hits.fetch_add(1, Ordering::Relaxed) == 0 {
+        eprintln!("LARCH_PAUSE_AT: pausing {ms} ms at {point}");
+        tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
     }
 }

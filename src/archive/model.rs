@@ -88,7 +88,9 @@ pub struct Change {
     pub new: Option<Row>,
 }
 
-/// A manifest `columns[]` entry, serialised with laredo's PascalCase names, every field present.
+/// A manifest `columns[]` entry, serialised with laredo's PascalCase names, every laredo field
+/// present. `SqlType` is larch's additive field (laredo ignores it): the full SQL type with its
+/// modifier, as `format_type` prints it (`numeric(12,2)`), written only when known.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct ColumnDefinition {
@@ -103,6 +105,8 @@ pub struct ColumnDefinition {
     pub max_length: i64,
     #[serde(rename = "TypeOID")]
     pub type_oid: u32,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub sql_type: String,
 }
 
 /// Key fields by rule R4: configured, else the primary-key columns by ordinal, else `id`.

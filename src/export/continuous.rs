@@ -23,7 +23,7 @@ use crate::archive::model::TableId;
 use crate::archive::plan::plan_head;
 use crate::archive::position::{compare, same};
 use crate::archive::writer::{ArchiveWriter, FlushOutcome};
-use crate::source::postgres::PostgresSource;
+use crate::source::postgres::{PostgresSource, SchemaChange, schema_change};
 use crate::source::{SourceError, SourceEvent, SyncSource};
 
 /// What `/status` shows.
@@ -308,21 +308,71 @@ impl ContinuousExport {
         s.last_snapshot_at = Some(format_time(&Utc::now().fixed_offset()));
     }
 
-    /// A new baseline from PostgreSQL written as a snapshot at a new epoch; returns its position.
-    async fn baseline(&mut self) -> anyhow::Result<String> {
+    /// A new baseline from PostgreSQL written as a snapshot at a new epoch (with the table's
+    /// columns as the baseline found them); returns its position. `reason` labels the metric.
+    async fn baseline(&mut self, reason: &str) -> anyhow::Result<String> {
         let artifact =
             super::snapshot_from_source(self.source.clone(), &self.table, &mut self.writer).await?;
         let position = artifact.to_position.clone();
-        tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, "baseline snapshot committed");
-        self.note_snapshot("baseline");
+        tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, reason, "baseline snapshot committed");
+        self.note_snapshot(reason);
+        Ok(position)
+    }
+
+    /// How the table's columns now differ from those the archive is written with. A metadata
+    /// change (a default, NOT NULL added) is recorded with the next commit; a shape change is
+    /// returned (see [`Self::schema_epoch`]). A failed look-up is retried at the next interval.
+    async fn schema_shape_change(&mut self) -> Option<String> {
+        let recorded = self.writer.manifest().columns.clone();
+        let found = self
+            .source
+            .schema_change(&self.table, &recorded, self.writer.key_fields())
+            .await;
+        match found {
+            Ok((SchemaChange::Shape(why), _)) => Some(why),
+            Ok((SchemaChange::Metadata, now)) => {
+                tracing::info!(table = %self.table, "column metadata changed (no row changes): recorded with the next commit");
+                self.writer.set_columns(now.columns);
+                None
+            }
+            Ok((SchemaChange::None, _)) => None,
+            Err(e) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "could not read the table's schema; checking again at the next interval"
+                );
+                None
+            }
+        }
+    }
+
+    /// A shape change (a DDL): the whole transactions received before it go into a last diff
+    /// of this epoch, then a new epoch starts from a fresh consistent snapshot with the new
+    /// columns (a new slot, like a lost one), so followers re-baseline and rows no change
+    /// touched get the new columns too. Returns the new snapshot's position.
+    async fn schema_epoch(
+        &mut self,
+        why: &str,
+        last_position: &mut String,
+        commit_times: &mut Vec<DateTime<Utc>>,
+    ) -> anyhow::Result<String> {
+        let started = Instant::now();
+        tracing::warn!(table = %self.table, change = %why, "the table's schema changed: committing what is buffered, then a new epoch from a fresh snapshot");
+        self.flush(last_position, commit_times).await?;
+        let position = self.baseline("schema_change").await?;
+        last_position.clear();
+        tracing::info!(
+            epoch = self.writer.epoch(),
+            seconds = started.elapsed().as_secs_f64(),
+            "schema change: new epoch committed"
+        );
         Ok(position)
     }
 
     /// Runs until `shutdown` flips; then flushes a final diff and returns.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
-        self.writer
-            .set_columns(schemas.get(&self.table).cloned().unwrap_or_default());
+        let columns = schemas.get(&self.table).cloned().unwrap_or_default();
         if let Some(why) = self.source.take_slot_lost_at_init() {
             self.report_slot_loss(&why).await;
         }
@@ -330,15 +380,33 @@ impl ContinuousExport {
         let manifest = self.writer.manifest();
         let chain_ok =
             manifest.epoch > 0 && same(&plan_head(manifest).head_position, &manifest.head_position);
-        // Resume only when the slot survived and the archive's chain reaches its head; the
-        // stream may then re-deliver changes the archive already holds (committed, not yet
-        // acknowledged): they are skipped by position.
-        let (mut from, mut skip_through) = match acked {
-            Some(a) if self.source.supports_resume() && chain_ok => {
+        // A DDL while the export was stopped: the archived rows have the old columns.
+        let ddl = match self.source.table_schema(&self.table) {
+            Some(now) if !manifest.columns.is_empty() => match schema_change::classify(
+                &manifest.columns,
+                self.writer.key_fields(),
+                &now.columns,
+                &now.key_fields,
+            ) {
+                SchemaChange::Shape(why) => Some(why),
+                SchemaChange::None | SchemaChange::Metadata => None,
+            },
+            _ => None,
+        };
+        // Resume only when the slot survived, the archive's chain reaches its head and the
+        // table kept its shape; the stream may then re-deliver changes the archive already
+        // holds (committed, not yet acknowledged): they are skipped by position.
+        let (mut from, mut skip_through) = match (acked, &ddl) {
+            (Some(a), None) if self.source.supports_resume() && chain_ok => {
                 tracing::info!(slot_position = %a, head = %self.writer.head(), "resuming from the persistent slot");
+                self.writer.set_columns(columns);
                 (a, Some(self.writer.head().to_string()))
             }
-            _ => (self.baseline().await?, None),
+            (_, Some(why)) => {
+                tracing::warn!(table = %self.table, change = %why, "the table's schema changed while the export was stopped: a new epoch from a fresh snapshot");
+                (self.baseline("schema_change").await?, None)
+            }
+            (_, None) => (self.baseline("baseline").await?, None),
         };
         self.shared.ready.send_replace(true);
         self.publish("STREAMING");
@@ -365,6 +433,13 @@ impl ContinuousExport {
                         }
                     },
                     _ = tick.tick() => {
+                        // A DDL with no row change after it sends nothing down the stream.
+                        if let Some(why) = self.schema_shape_change().await {
+                            stream.abort();
+                            let _ = (&mut stream).await;
+                            stream_result = Some(Err(SourceError::SchemaChanged(why)));
+                            break false;
+                        }
                         self.flush(&last_position, &mut commit_times).await?;
                         self.publish("STREAMING");
                     }
@@ -394,7 +469,15 @@ impl ContinuousExport {
                     tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
                     self.report_slot_loss(&why).await;
                     self.flush(&last_position, &mut commit_times).await?;
-                    from = self.baseline().await?;
+                    from = self.baseline("baseline").await?;
+                    last_position.clear();
+                    skip_through = None;
+                    self.publish("STREAMING");
+                }
+                Err(SourceError::SchemaChanged(why)) => {
+                    from = self
+                        .schema_epoch(&why, &mut last_position, &mut commit_times)
+                        .await?;
                     skip_through = None;
                     self.publish("STREAMING");
                 }

@@ -19,7 +19,8 @@ use crate::source::postgres::PostgresSource;
 /// Takes a consistent baseline of `table` and writes it as a snapshot at a new epoch, rows
 /// streaming from COPY straight into the upload (bounded memory). The snapshot is named after the
 /// slot's consistent point, known before the first row, and commits only if the whole baseline
-/// succeeded: a failed baseline leaves the archive as it was.
+/// succeeded: a failed baseline leaves the archive as it was. The manifest's columns become the
+/// ones the baseline copied (discovered under its lock, so a DDL just before it is included).
 pub async fn snapshot_from_source(
     source: Arc<PostgresSource>,
     table: &TableId,
@@ -30,7 +31,9 @@ pub async fn snapshot_from_source(
     let (pos_tx, pos_rx) = oneshot::channel::<String>();
     let (verdict_tx, verdict_rx) = oneshot::channel();
     let tables = [table.clone()];
+    let baseline_source = source.clone();
     tokio::spawn(async move {
+        let source = baseline_source;
         let forward = async {
             while let Some((_, row)) = src_rx.recv().await {
                 if row_tx.send(row).await.is_err() {
@@ -58,7 +61,19 @@ pub async fn snapshot_from_source(
             });
         }
     };
-    Ok(writer
+    let previous = writer.manifest().columns.clone();
+    if let Some(schema) = source.table_schema(table) {
+        writer.set_columns(schema.columns);
+    }
+    match writer
         .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
-        .await?)
+        .await
+    {
+        Ok(artifact) => Ok(artifact),
+        Err(e) => {
+            // The archive keeps the epoch it had, and the columns that describe it.
+            writer.set_columns(previous);
+            Err(e.into())
+        }
+    }
 }

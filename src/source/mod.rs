@@ -72,6 +72,10 @@ pub enum SourceError {
     /// The source cannot continue from the consumer's position: take a new baseline.
     #[error("re-baseline required: {0}")]
     ReBaselineRequired(String),
+    /// A followed table's columns changed (a DDL): what is delivered so far is consistent, what
+    /// follows has other columns. Take a new baseline with the new schema.
+    #[error("schema changed: {0}")]
+    SchemaChanged(String),
     /// The consumer went away (receiver dropped) or the source was closed.
     #[error("source stopped")]
     Stopped,

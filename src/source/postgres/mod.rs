@@ -15,6 +15,7 @@ mod config;
 mod lifecycle;
 mod pgoutput;
 mod schema;
+pub mod schema_change;
 mod snapshot;
 mod stream;
 mod types;
@@ -34,6 +35,7 @@ pub use lifecycle::{
     slot_usage,
 };
 pub use schema::TableSchema;
+pub use schema_change::SchemaChange;
 pub use types::{Kind, to_json};
 
 use crate::archive::model::{ColumnDefinition, TableId};
@@ -117,8 +119,9 @@ impl PostgresSource {
     }
 
     /// [`SyncSource::baseline`] that also reports the baseline's position as soon as the slot
-    /// exists, before the first row: a consumer that names its output after the position (an
-    /// archive snapshot) can start writing while rows stream.
+    /// exists and the tables' schemas are known (rediscovered under the baseline's lock, see
+    /// [`PostgresSource::table_schema`]), before the first row: a consumer that names its
+    /// output after the position (an archive snapshot) can start writing while rows stream.
     pub async fn baseline_reporting(
         &self,
         tables: &[TableId],
@@ -154,6 +157,21 @@ impl PostgresSource {
     /// Why the persistent slot could not be resumed at `init` (it was invalidated), once.
     pub fn take_slot_lost_at_init(&self) -> Option<String> {
         self.inner.lost_at_init.lock().unwrap().take()
+    }
+
+    /// How `table`'s schema now differs from the columns an archive was written with (and the
+    /// key fields it uses), with the schema now.
+    pub async fn schema_change(
+        &self,
+        table: &TableId,
+        recorded: &[ColumnDefinition],
+        recorded_keys: &[String],
+    ) -> anyhow::Result<(SchemaChange, TableSchema)> {
+        let client = self.inner.client().await?;
+        let now = schema::discover(&client, table, &self.inner.config.key_fields).await?;
+        let change =
+            schema_change::classify(recorded, recorded_keys, &now.columns, &now.key_fields);
+        Ok((change, now))
     }
 
     /// Refreshes the lag from the server now.
@@ -244,6 +262,10 @@ impl SyncSource for PostgresSource {
             let schemas = inner.discover_all(&tables).await?;
             if !inner.config.snapshot_only {
                 schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
+                for s in schemas.values() {
+                    schema::check_published_columns(&client, &inner.config.publication_name, s)
+                        .await?;
+                }
             }
             let slot = &inner.config.slot_name;
             match schema::slot_info(&client, slot).await? {
@@ -417,57 +439,43 @@ impl SyncSource for PostgresSource {
     }
 }
 
+/// Rounds of a baseline whose table was rewritten between the slot's snapshot and the copy.
+const BASELINE_ATTEMPTS: u32 = 5;
+
 async fn baseline(
     inner: &Inner,
     tables: &[TableId],
     rows: mpsc::Sender<(TableId, Row)>,
-    report: Option<oneshot::Sender<String>>,
+    mut report: Option<oneshot::Sender<String>>,
 ) -> Result<String, SourceError> {
     let tables: Vec<TableId> = if tables.is_empty() {
         inner.tables()
     } else {
         tables.to_vec()
     };
-    let mut schemas: BTreeMap<TableId, TableSchema> = inner.schemas.lock().unwrap().clone();
-    if tables.iter().any(|t| !schemas.contains_key(t)) {
-        // Not initialised (or a new table): discover now.
-        schemas.extend(inner.discover_all(&tables).await?);
-        *inner.schemas.lock().unwrap() = schemas.clone();
-    }
-    // A previous baseline's session (and its temporary slot) is replaced.
-    inner.pending.lock().await.take();
-    let client = inner.client().await?;
-    let slot = &inner.config.slot_name;
-    if let Some(info) = wait_slot_idle(&client, slot).await? {
-        if inner.config.slot_mode == SlotMode::Temporary || info.temporary {
-            return Err(anyhow!(
-                "replication slot {slot} already exists and belongs to another session"
-            )
-            .into());
+    let mut attempt = 1;
+    let (created, copy_client, schemas) = loop {
+        let (created, copy_client) = new_slot_and_snapshot(inner).await?;
+        match lock_and_discover(inner, &copy_client, &tables).await? {
+            Ok(schemas) => break (created, copy_client, schemas),
+            Err(rewritten) if attempt < BASELINE_ATTEMPTS => {
+                tracing::warn!(table = %rewritten, attempt, "the table was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) after the slot's snapshot was taken, so that snapshot sees it empty: taking another");
+                drop(copy_client);
+                drop(created);
+                attempt += 1;
+            }
+            Err(rewritten) => {
+                return Err(anyhow!(
+                    "table {rewritten} was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) during each of {BASELINE_ATTEMPTS} baselines in a row; retry when the DDL is done"
+                )
+                .into());
+            }
         }
-        if let Some(pid) = info.active_pid {
-            return Err(anyhow!(
-                "replication slot {slot} is in use by another process (pid {pid})"
-            )
-            .into());
-        }
-        // A new baseline needs a new snapshot: the old slot's position is obsolete.
-        snapshot::drop_slot(&client, slot).await?;
-    }
-    let created = snapshot::create_slot(&inner.config).await?;
+    };
     let position = Lsn(created.consistent_point).to_string();
-    if let Some(report) = report {
+    if let Some(report) = report.take() {
         let _ = report.send(position.clone());
     }
-
-    let copy_client = schema::connect(&inner.config).await?;
-    copy_client
-        .batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-            config::literal(&created.snapshot)
-        ))
-        .await
-        .map_err(|e| anyhow!("importing the slot's snapshot: {}", schema::db_message(&e)))?;
     let kinds = inner.kinds.lock().await.clone();
     for t in &tables {
         let s = &schemas[t];
@@ -489,6 +497,81 @@ async fn baseline(
     );
     *inner.pending.lock().await = Some(created);
     Ok(position)
+}
+
+/// A new slot (replacing the old one: a new baseline needs a new snapshot) and a connection in
+/// a REPEATABLE READ transaction that imports the slot's snapshot.
+async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), SourceError> {
+    // A previous baseline's session (and its temporary slot) is replaced.
+    inner.pending.lock().await.take();
+    let client = inner.client().await?;
+    let slot = &inner.config.slot_name;
+    if let Some(info) = wait_slot_idle(&client, slot).await? {
+        if inner.config.slot_mode == SlotMode::Temporary || info.temporary {
+            return Err(anyhow!(
+                "replication slot {slot} already exists and belongs to another session"
+            )
+            .into());
+        }
+        if let Some(pid) = info.active_pid {
+            return Err(anyhow!(
+                "replication slot {slot} is in use by another process (pid {pid})"
+            )
+            .into());
+        }
+        snapshot::drop_slot(&client, slot).await?;
+    }
+    let created = snapshot::create_slot(&inner.config).await?;
+    let copy_client = schema::connect(&inner.config).await?;
+    copy_client
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+            config::literal(&created.snapshot)
+        ))
+        .await
+        .map_err(|e| anyhow!("importing the slot's snapshot: {}", schema::db_message(&e)))?;
+    Ok((created, copy_client))
+}
+
+/// Locks the tables in the snapshot's transaction (no DDL can change them until the copy is
+/// done), then discovers their schemas as they are now: the copy reads the rows of the snapshot
+/// through the current columns, so those are the columns of the baseline. `Err(table)`: the
+/// table was rewritten after the snapshot, which then sees it empty (PostgreSQL's rewrites are
+/// not MVCC-safe): the caller takes another snapshot.
+async fn lock_and_discover(
+    inner: &Inner,
+    copy_client: &Client,
+    tables: &[TableId],
+) -> Result<Result<BTreeMap<TableId, TableSchema>, TableId>, SourceError> {
+    crate::crashpoint::pause_point("baseline.before-lock").await;
+    for t in tables {
+        let table = config::qualified(t);
+        copy_client
+            .batch_execute(&format!("LOCK TABLE {table} IN ACCESS SHARE MODE"))
+            .await
+            .map_err(|e| anyhow!("locking table {t}: {}", schema::db_message(&e)))?;
+        // The snapshot's pg_class row against the current one.
+        let same_file: bool = copy_client
+            .query_one(
+                "SELECT coalesce(relfilenode = pg_relation_filenode(oid), true) FROM pg_class WHERE oid = $1::text::regclass",
+                &[&table],
+            )
+            .await
+            .map_err(|e| anyhow!("inspecting table {t}: {}", schema::db_message(&e)))?
+            .get(0);
+        if !same_file {
+            return Ok(Err(t.clone()));
+        }
+    }
+    let schemas = inner.discover_all(tables).await?;
+    if !inner.config.snapshot_only {
+        let client = inner.client().await?;
+        for s in schemas.values() {
+            schema::check_published_columns(&client, &inner.config.publication_name, s).await?;
+        }
+    }
+    inner.schemas.lock().unwrap().extend(schemas.clone());
+    Ok(Ok(schemas))
 }
 
 /// The slot's state once no session holds it, waiting up to 10 s: a session that just ended

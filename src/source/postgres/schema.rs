@@ -14,9 +14,12 @@ use crate::archive::model::{ColumnDefinition, TableId, effective_key_fields};
 pub struct TableSchema {
     pub id: TableId,
     pub columns: Vec<ColumnDefinition>,
-    /// Per column (same order): type oid and `format_type(atttypid, atttypmod)`.
+    /// Per column (same order): type oid, `atttypmod` and `format_type(atttypid, atttypmod)`.
     pub type_oids: Vec<u32>,
+    pub type_mods: Vec<i32>,
     pub sql_types: Vec<String>,
+    /// Generated columns, which pgoutput does not send.
+    pub generated: Vec<bool>,
     /// Key fields: the configured ones, else the primary key by ordinal (empty: none).
     pub key_fields: Vec<String>,
     pub has_primary_key: bool,
@@ -123,7 +126,9 @@ pub async fn discover(
                     COALESCE(pk.ord, 0)::int8 AS pk_ordinal,
                     a.atttypid::int8,
                     format_type(a.atttypid, a.atttypmod) AS sql_type,
-                    bt.typname::text AS base_udt
+                    bt.typname::text AS base_udt,
+                    a.atttypmod,
+                    a.attgenerated <> '' AS generated
                FROM pg_attribute a
                JOIN pg_type t ON t.oid = a.atttypid
                LEFT JOIN pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
@@ -143,26 +148,34 @@ pub async fn discover(
     }
     let mut columns = Vec::with_capacity(rows.len());
     let mut type_oids = Vec::with_capacity(rows.len());
+    let mut type_mods = Vec::with_capacity(rows.len());
     let mut sql_types = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter().enumerate() {
+    let mut generated = Vec::with_capacity(rows.len());
+    for row in &rows {
         let pk_ordinal: i64 = row.get(6);
         // information_schema reports a domain's underlying type as udt_name.
         let udt: String = row.get(1);
         let base: Option<String> = row.get(9);
+        let sql_type: String = row.get(8);
         columns.push(ColumnDefinition {
             name: row.get(0),
             type_name: base.unwrap_or(udt),
             nullable: row.get(2),
             primary_key: pk_ordinal > 0,
-            ordinal_position: i as i64 + 1,
+            // information_schema's ordinal_position (laredo's source) is the attnum: a column
+            // dropped and added again under the same name gets a new one.
+            ordinal_position: row.get(5),
             primary_key_ordinal: pk_ordinal,
             default_value: row.get(3),
             max_length: row.get(4),
             type_oid: 0,
+            sql_type: sql_type.clone(),
         });
         let type_oid: i64 = row.get(7);
         type_oids.push(type_oid as u32);
-        sql_types.push(row.get(8));
+        type_mods.push(row.get(10));
+        sql_types.push(sql_type);
+        generated.push(row.get(11));
     }
     let has_primary_key = columns.iter().any(|c| c.primary_key);
     let key_fields = if configured_keys.is_empty() {
@@ -180,7 +193,9 @@ pub async fn discover(
         replica_identity: replica_identity.chars().next().unwrap_or('d'),
         columns,
         type_oids,
+        type_mods,
         sql_types,
+        generated,
         key_fields,
     };
     Ok(schema)
@@ -346,6 +361,49 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         },
         wanted
     )
+}
+
+/// Fails when the publication sends only some columns of a table (PostgreSQL 15 column lists):
+/// larch archives whole rows, and its stream would see another column list than its schema.
+pub async fn check_published_columns(
+    client: &Client,
+    publication: &str,
+    schema: &TableSchema,
+) -> anyhow::Result<()> {
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await
+        .context("reading server_version_num")?
+        .get(0);
+    if version < 150000 {
+        return Ok(()); // no column lists before PostgreSQL 15
+    }
+    let row = client
+        .query_opt(
+            "SELECT attnames::text[] FROM pg_publication_tables
+              WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &schema.id.schema, &schema.id.table],
+        )
+        .await
+        .with_context(|| format!("reading the columns publication {publication} sends"))?;
+    let Some(row) = row else { return Ok(()) };
+    let published: Vec<String> = row.get::<_, Option<Vec<String>>>(0).unwrap_or_default();
+    let missing: Vec<&str> = schema
+        .columns
+        .iter()
+        .zip(&schema.generated)
+        .filter(|(c, generated)| !**generated && !published.contains(&c.name))
+        .map(|(c, _)| c.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "publication {publication} sends only some columns of table {} (not {}): larch \
+             archives whole rows; publish the table without a column list",
+            schema.id,
+            missing.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// A server error's message (with detail), else the error's text.

@@ -338,7 +338,9 @@ mod tests {
                 })
                 .collect(),
             type_oids: (0..cases.len() as u32).collect(),
+            type_mods: vec![],
             sql_types: vec![],
+            generated: vec![],
             key_fields: vec![],
             has_primary_key: false,
             replica_identity: 'd',

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::config::{SlotMode, ident, qualified};
 use super::pgoutput::{self, Cell, Message, OldTuple, RelationColumn};
 use super::schema::{self, TableSchema};
+use super::schema_change::{self, SchemaChange};
 use super::snapshot::replication_error;
 use super::types::{Kind, to_json};
 use super::{Inner, remember_end};
@@ -353,6 +354,11 @@ async fn handle(
     if let Message::Relation(r) = msg {
         let table = TableId::new(r.namespace.clone(), r.name.clone());
         let tracked = inner.tables().contains(&table);
+        if tracked && let Some(why) = schema_drift(inner, &table, &r).await? {
+            return Err(Failure::Fatal(SourceError::SchemaChanged(format!(
+                "table {table}: {why}"
+            ))));
+        }
         let oids: Vec<u32> = r.columns.iter().map(|c| c.type_oid).collect();
         let kinds = if tracked {
             let client = inner.client().await.map_err(Failure::Transient)?;
@@ -450,6 +456,38 @@ async fn handle(
         deliver(events, SourceEvent::Change(ev), closed).await?;
     }
     Ok(())
+}
+
+/// Checks a followed table's Relation message (pgoutput sends one before the first change
+/// after a DDL, and at each session's first change) against the schema being archived, then
+/// the catalog now, which also knows the primary key and each column's identity (a column
+/// dropped and added again). Only a shape change counts (see [`schema_change`]).
+async fn schema_drift(
+    inner: &Inner,
+    table: &TableId,
+    rel: &pgoutput::Relation,
+) -> Result<Option<String>, Failure> {
+    let Some(recorded) = inner.schemas.lock().unwrap().get(table).cloned() else {
+        return Ok(None);
+    };
+    if let Some(why) = schema_change::relation_differs(rel, &recorded) {
+        return Ok(Some(why));
+    }
+    let client = inner.client().await.map_err(Failure::Transient)?;
+    let now = schema::discover(&client, table, &inner.config.key_fields)
+        .await
+        .map_err(Failure::Transient)?;
+    Ok(
+        match schema_change::classify(
+            &recorded.columns,
+            &recorded.key_fields,
+            &now.columns,
+            &now.key_fields,
+        ) {
+            SchemaChange::Shape(why) => Some(why),
+            SchemaChange::None | SchemaChange::Metadata => None,
+        },
+    )
 }
 
 /// Sends one event, waiting for room (backpressure) but not past `close()`.
