@@ -231,6 +231,14 @@ impl SourceRunner {
                         first = false;
                         backoff = Duration::from_millis(200);
                     }
+                    Err(e)
+                        if e.downcast_ref::<SourceError>()
+                            .is_some_and(SourceError::is_rebaseline) =>
+                    {
+                        // The archive moved on between init and baseline (a new schema): again.
+                        tracing::info!(source = %self.id, reason = format!("{e:#}"), "baseline superseded; initialising again");
+                        continue;
+                    }
                     Err(e) => {
                         tracing::error!(source = %self.id, error = format!("{e:#}"), "baseline failed; retrying in {backoff:?}");
                         self.set_state(PipelineState::Error);
@@ -300,6 +308,10 @@ impl SourceRunner {
         }
         if let Some(p) = self.pipelines.iter().find(|p| !p.target.is_durable()) {
             tracing::info!(source = %self.id, pipeline = %p.id, "a non-durable target holds nothing after a restart: taking a baseline");
+            return Ok(None);
+        }
+        if let Some(p) = self.pipelines.iter().find(|p| p.target.needs_baseline()) {
+            tracing::info!(source = %self.id, pipeline = %p.id, "the target's table differs from the archive's columns: taking a baseline that alters it");
             return Ok(None);
         }
         let mut stored = Vec::new();

@@ -86,6 +86,8 @@ pub struct ArchiveSourceInfo {
 
 #[derive(Default)]
 struct Inner {
+    /// The manifest's columns when `init` last handed them to the targets.
+    init_columns: Option<Vec<ColumnDefinition>>,
     position: Option<String>,
     head: Option<String>,
     epoch: Option<i64>,
@@ -477,7 +479,10 @@ impl SyncSource for ArchiveSource {
         }
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
-            Some(m) => self.columns(&m).await?,
+            Some(m) => {
+                self.inner.lock().expect("lock").init_columns = Some(m.columns.clone());
+                self.columns(&m).await?
+            }
             None => {
                 return Err(ArchiveError::ManifestNotFound {
                     key: self.reader.manifest_key(),
@@ -515,6 +520,14 @@ impl SyncSource for ArchiveSource {
                 .context(format!("source {}", self.opts.id)),
             ));
         };
+        // A new epoch with other columns landed since `init`: the targets must be initialised
+        // with the columns of the rows they are about to get.
+        let init_columns = self.inner.lock().expect("lock").init_columns.clone();
+        if init_columns.is_some_and(|c| c != m.columns) {
+            return Err(SourceError::ReBaselineRequired(
+                "the archive's columns changed since the targets were initialised".into(),
+            ));
+        }
         let key_fields = self.key_fields(&m);
         let head_plan = plan(&m, "");
         let (position, epoch) = match &head_plan {

@@ -251,9 +251,11 @@ pub const MAX_PAGE: usize = 10_000;
 pub struct MemoryTarget {
     table: TableId,
     index_fields: Arc<[String]>,
-    key_fields: Mutex<Arc<[String]>>,
+    /// Key fields and columns for the next baseline (from `init`); they become the live ones
+    /// with it, so a re-baseline with another schema swaps table and schema together (C2).
+    next: Mutex<(Arc<[String]>, Vec<ColumnDefinition>)>,
     live: RwLock<TableData>,
-    aside: Mutex<Option<TableData>>,
+    aside: Mutex<Option<(TableData, Vec<ColumnDefinition>)>>,
     meta: Mutex<Meta>,
 }
 
@@ -265,7 +267,7 @@ impl MemoryTarget {
             table,
             live: RwLock::new(TableData::new(key_fields.clone(), index_fields.clone())),
             index_fields,
-            key_fields: Mutex::new(key_fields),
+            next: Mutex::new((key_fields, Vec::new())),
             aside: Mutex::new(None),
             meta: Mutex::new(Meta::default()),
         }
@@ -300,11 +302,12 @@ impl MemoryTarget {
 
     /// `GET /tables/{t}`.
     pub fn describe(&self) -> serde_json::Value {
+        let key_fields = self.live.read().expect("lock").key_fields.clone();
         let meta = self.meta.lock().expect("lock");
         serde_json::json!({
             "table": self.table.to_string(),
             "columns": meta.columns,
-            "primary_key": &*self.key_fields.lock().expect("lock").clone(),
+            "primary_key": &*key_fields,
             "index_fields": &*self.index_fields,
             "row_count": self.len(),
             "position": meta.position,
@@ -406,7 +409,8 @@ impl MemoryTarget {
 
     /// `GET /tables/{t}/row?<pk>=<value>...`: the row's exact text, `None` when absent.
     pub fn get(&self, params: &[(String, String)]) -> Result<Option<String>, QueryError> {
-        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let data = self.live.read().expect("lock");
+        let key_fields = data.key_fields.clone();
         for (k, _) in params {
             if !key_fields.contains(k) {
                 return Err(QueryError(format!(
@@ -427,13 +431,7 @@ impl MemoryTarget {
         }
         let refs: Vec<Option<&RawValue>> = values.iter().map(|v| Some(&**v)).collect();
         let id = SortKey::new(identity_of(&refs).expect("every key value present"));
-        Ok(self
-            .live
-            .read()
-            .expect("lock")
-            .rows
-            .get(&id)
-            .map(|r| r.as_str().to_string()))
+        Ok(data.rows.get(&id).map(|r| r.as_str().to_string()))
     }
 }
 
@@ -471,21 +469,22 @@ impl Target for MemoryTarget {
         columns: &[ColumnDefinition],
         key_fields: &[String],
     ) -> anyhow::Result<()> {
-        *self.key_fields.lock().expect("lock") = key_fields.to_vec().into();
-        self.meta.lock().expect("lock").columns = columns.to_vec();
+        *self.next.lock().expect("lock") = (key_fields.to_vec().into(), columns.to_vec());
         Ok(())
     }
 
     async fn begin_baseline(&self) -> anyhow::Result<()> {
-        let key_fields = self.key_fields.lock().expect("lock").clone();
-        *self.aside.lock().expect("lock") =
-            Some(TableData::new(key_fields, self.index_fields.clone()));
+        let (key_fields, columns) = self.next.lock().expect("lock").clone();
+        *self.aside.lock().expect("lock") = Some((
+            TableData::new(key_fields, self.index_fields.clone()),
+            columns,
+        ));
         Ok(())
     }
 
     async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let mut aside = self.aside.lock().expect("lock");
-        let data = aside
+        let (data, _) = aside
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
         for r in rows {
@@ -495,7 +494,7 @@ impl Target for MemoryTarget {
     }
 
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
-        let new = self
+        let (new, columns) = self
             .aside
             .lock()
             .expect("lock")
@@ -504,6 +503,7 @@ impl Target for MemoryTarget {
         let old = {
             let mut live = self.live.write().expect("lock");
             let mut meta = self.meta.lock().expect("lock");
+            meta.columns = columns;
             meta.position = Some(position.to_string());
             meta.baselines += 1;
             if meta.baselines > 1 {

@@ -3,6 +3,7 @@
 
 pub mod memory;
 pub mod postgres;
+pub mod postgres_alter;
 
 use async_trait::async_trait;
 
@@ -22,6 +23,11 @@ pub trait Target: Send + Sync {
     /// The table's columns and effective key fields (called before every baseline).
     async fn init(&self, columns: &[ColumnDefinition], key_fields: &[String])
     -> anyhow::Result<()>;
+    /// This target cannot resume: only a baseline may bring it in line with the archive (the
+    /// PostgreSQL target's table must change to the archive's columns, atomically with rows).
+    fn needs_baseline(&self) -> bool {
+        false
+    }
     /// The position this target durably holds, if it records one (C3: wins over the state file).
     async fn resume_position(&self) -> anyhow::Result<Option<String>> {
         Ok(None)

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
-use super::Target;
+use super::{Target, postgres_alter};
 use crate::archive::identity::{Identity, change_identity, row_identity};
 use crate::archive::model::{Action, Change, ColumnDefinition, TableId};
 use crate::archive::value::Row;
@@ -157,7 +157,13 @@ pub struct PostgresTarget {
     source_id: String,
     conn: Mutex<Option<Conn>>,
     key_fields: std::sync::Mutex<Vec<String>>,
+    /// The archive's columns (from `init`), which the next baseline gives the table.
+    columns: std::sync::Mutex<Vec<ColumnDefinition>>,
+    /// The table does not match the archive's columns: only a baseline may change it (C2).
+    needs_alter: std::sync::atomic::AtomicBool,
     statements: std::sync::Mutex<Option<Statements>>,
+    /// The statements of the table before a baseline altered it (restored on abort).
+    statements_before: std::sync::Mutex<Option<Statements>>,
     pending: std::sync::Mutex<Pending>,
 }
 
@@ -169,7 +175,10 @@ impl PostgresTarget {
             source_id,
             conn: Mutex::new(None),
             key_fields: std::sync::Mutex::new(vec!["id".into()]),
+            columns: std::sync::Mutex::new(Vec::new()),
+            needs_alter: std::sync::atomic::AtomicBool::new(false),
             statements: std::sync::Mutex::new(None),
+            statements_before: std::sync::Mutex::new(None),
             pending: std::sync::Mutex::new(Pending::default()),
         }
     }
@@ -412,9 +421,26 @@ impl Target for PostgresTarget {
             tracing::info!(table = %self.table, "created the destination table");
         }
         *self.key_fields.lock().expect("lock") = key_fields.to_vec();
-        let st = self.prepare(client, key_fields).await?;
-        *self.statements.lock().expect("lock") = Some(st);
+        *self.columns.lock().expect("lock") = columns.to_vec();
+        let shape = postgres_alter::read_shape(client, &qualified(&self.table)).await?;
+        let alters = postgres_alter::alter_statements(&self.table, &shape, columns, key_fields);
+        self.needs_alter
+            .store(!alters.is_empty(), std::sync::atomic::Ordering::SeqCst);
+        if !alters.is_empty() {
+            tracing::info!(table = %self.table, changes = ?alters, "the destination table differs from the archive's columns: the next baseline alters it");
+        }
+        // The table as it is, while it still has the key fields (the baseline re-prepares).
+        let st = match self.prepare(client, key_fields).await {
+            Ok(st) => Some(st),
+            Err(_) if !alters.is_empty() => None,
+            Err(e) => return Err(e),
+        };
+        *self.statements.lock().expect("lock") = st;
         Ok(())
+    }
+
+    fn needs_baseline(&self) -> bool {
+        self.needs_alter.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     async fn resume_position(&self) -> anyhow::Result<Option<String>> {
@@ -434,14 +460,39 @@ impl Target for PostgresTarget {
     }
 
     async fn begin_baseline(&self) -> anyhow::Result<()> {
-        let st = self.statements()?;
         let mut guard = self.conn().await?;
         let conn = guard.as_mut().expect("connected");
         conn.client
-            .batch_execute(&format!("BEGIN; {}", st.truncate))
+            .batch_execute(&format!("BEGIN; TRUNCATE {}", qualified(&self.table)))
             .await
             .with_context(|| format!("postgres target {}: starting the baseline", self.table))?;
         conn.in_tx = true;
+        let altered = async {
+            let columns = self.columns.lock().expect("lock").clone();
+            let key_fields = self.key_fields.lock().expect("lock").clone();
+            let shape = postgres_alter::read_shape(&conn.client, &qualified(&self.table)).await?;
+            let alters =
+                postgres_alter::alter_statements(&self.table, &shape, &columns, &key_fields);
+            if alters.is_empty() {
+                return anyhow::Ok(());
+            }
+            for sql in &alters {
+                conn.client.batch_execute(sql).await.with_context(|| {
+                    format!("postgres target {}: altering the table to the archive's columns: {sql}", self.table)
+                })?;
+            }
+            tracing::info!(table = %self.table, changes = ?alters, "altered the destination table to the archive's columns (committed with the baseline)");
+            let st = self.prepare(&conn.client, &key_fields).await?;
+            let before = self.statements.lock().expect("lock").replace(st);
+            *self.statements_before.lock().expect("lock") = before;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = altered {
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            conn.in_tx = false;
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -474,6 +525,9 @@ impl Target for PostgresTarget {
             .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
         conn.in_tx = false;
         *self.pending.lock().expect("lock") = Pending::default();
+        self.statements_before.lock().expect("lock").take();
+        self.needs_alter
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
@@ -484,6 +538,10 @@ impl Target for PostgresTarget {
         {
             let _ = conn.client.batch_execute("ROLLBACK").await;
             conn.in_tx = false;
+        }
+        // The rollback undid any ALTER: back to the statements of the table as it is.
+        if let Some(before) = self.statements_before.lock().expect("lock").take() {
+            *self.statements.lock().expect("lock") = Some(before);
         }
     }
 
