@@ -23,6 +23,7 @@ mod postgres_source;
 mod postgres_tls;
 mod quickstart;
 mod s3_protocol;
+mod schema_changes;
 mod self_contained;
 mod store_conformance;
 mod support;
