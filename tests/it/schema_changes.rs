@@ -199,6 +199,12 @@ async fn await_schema_epoch(db: &Database, f: &Follow, dir: &Path, epoch: i64, w
     .await;
 }
 
+/// The primary key's columns of table `$1`, in key order.
+const PRIMARY_KEY: &str = "SELECT string_agg(a.attname, ', ' ORDER BY k.ord)
+      FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
+     WHERE i.indrelid = $1::text::regclass AND i.indisprimary
+       AND a.attrelid = i.indrelid AND a.attnum = k.attnum";
+
 /// Everything equals the table: the archive's head, the memory target, the PostgreSQL target
 /// (rows, column types, primary key, and the checkpoint at the archive's head).
 async fn assert_all_equal(
@@ -238,10 +244,7 @@ async fn assert_all_equal(
     let shape = "SELECT string_agg(a.attname || ' ' || t.typname, ', ' ORDER BY a.attname)
                    FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                   WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped";
-    let key = "SELECT string_agg(a.attname, ', ' ORDER BY k.ord)
-                 FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
-                WHERE i.indrelid = $1::text::regclass AND i.indisprimary
-                  AND a.attrelid = i.indrelid AND a.attnum = k.attnum";
+    let key = PRIMARY_KEY;
     for sql in [shape, key] {
         let source: String = db.client.query_one(sql, &[&"items"]).await.unwrap().get(0);
         let dest: String = target
@@ -265,6 +268,22 @@ async fn assert_all_equal(
         key_now,
         "{what}: the memory target's key"
     );
+}
+
+/// A fresh database with `items` made by `setup`, and `larch export --follow` on it (slot
+/// `larch_<name>_<database>`, the given diff interval), ready.
+async fn follow_new_table(
+    setup: &str,
+    name: &str,
+    interval: &str,
+) -> (Database, tempfile::TempDir, String, Follow) {
+    let db = new_database().await;
+    db.client.batch_execute(setup).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("larch_{name}_{}", db.name);
+    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", interval]);
+    f.ready().await;
+    (db, dir, slot, f)
 }
 
 #[tokio::test]
@@ -384,18 +403,13 @@ async fn every_ddl_under_load_reaches_the_archive_and_both_engine_targets() {
 async fn a_constant_default_without_writes_reaches_the_archive_within_a_diff_interval() {
     // The issue's case: PostgreSQL writes nothing to WAL for the existing rows, and no row
     // changes after the DDL, so no Relation message ever comes.
-    let db = new_database().await;
-    db.client
-        .batch_execute(
-            "CREATE TABLE items (id int8 PRIMARY KEY, name text);
+    let (db, dir, _, f) = follow_new_table(
+        "CREATE TABLE items (id int8 PRIMARY KEY, name text);
              INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 200) g;",
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("larch_default_{}", db.name);
-    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "300ms"]);
-    f.ready().await;
+        "default",
+        "300ms",
+    )
+    .await;
     db.client
         .batch_execute("ALTER TABLE items ADD COLUMN extra int4 DEFAULT 7")
         .await
@@ -411,18 +425,13 @@ async fn a_constant_default_without_writes_reaches_the_archive_within_a_diff_int
 
 #[tokio::test]
 async fn a_ddl_while_the_export_is_stopped_starts_a_new_epoch_on_restart() {
-    let db = new_database().await;
-    db.client
-        .batch_execute(
-            "CREATE TABLE items (id int8 PRIMARY KEY, name text, amount numeric(10,2), qty int4);
+    let (db, dir, slot, f) = follow_new_table(
+        "CREATE TABLE items (id int8 PRIMARY KEY, name text, amount numeric(10,2), qty int4);
              INSERT INTO items SELECT g, 'n' || g, g / 8.0, g FROM generate_series(1, 200) g;",
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("larch_stopped_{}", db.name);
-    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "200ms"]);
-    f.ready().await;
+        "stopped",
+        "200ms",
+    )
+    .await;
     assert_eq!(f.terminate(), 0);
     // Neither changes a column's name or udt: only the type modifier (every amount gets two
     // more digits) and the column's identity (qty is a new column) tell.
@@ -548,17 +557,11 @@ async fn the_postgres_target_alters_its_table_atomically_with_the_new_rows() {
     }
     let key: String = target
         .client
-        .query_one(
-            "SELECT string_agg(a.attname, ',' ORDER BY k.ord)
-               FROM pg_index i, unnest(i.indkey) WITH ORDINALITY k(attnum, ord), pg_attribute a
-              WHERE i.indrelid = 'public.items'::regclass AND i.indisprimary
-                AND a.attrelid = i.indrelid AND a.attnum = k.attnum",
-            &[],
-        )
+        .query_one(PRIMARY_KEY, &[&"public.items"])
         .await
         .unwrap()
         .get(0);
-    assert_eq!(key, "id,k");
+    assert_eq!(key, "id, k");
     let at: String = target
         .client
         .query_one("SELECT position FROM public.larch_checkpoint", &[])
@@ -572,18 +575,13 @@ async fn the_postgres_target_alters_its_table_atomically_with_the_new_rows() {
 #[tokio::test]
 async fn a_relation_message_ends_the_epoch_at_once_after_a_last_diff_of_whole_transactions() {
     // No diff interval passes during the test: only the stream can notice the DDL.
-    let db = new_database().await;
-    db.client
-        .batch_execute(
-            "CREATE TABLE items (id int8 PRIMARY KEY, name text);
+    let (db, dir, slot, f) = follow_new_table(
+        "CREATE TABLE items (id int8 PRIMARY KEY, name text);
              INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 200) g;",
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("larch_relation_{}", db.name);
-    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "1h"]);
-    f.ready().await;
+        "relation",
+        "1h",
+    )
+    .await;
     let before: String = db
         .client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
