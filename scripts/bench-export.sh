@@ -72,3 +72,54 @@ def q(p):
 print(f"commit-to-archive lag over {count} changes: p50 <= {q(0.5)} s, p99 <= {q(0.99)} s (histogram bucket bounds)")
 PY
 kill -TERM "$follow_pid"; wait "$follow_pid" || true; follow_pid=
+
+
+# --- Schema-change epoch (issue #13): under the same update load, a fresh `--follow` export, then
+# two DDLs; for each, the time from its commit to the new epoch committed (the exporter's /status
+# epoch), next to the one-shot export above, and the exporter's peak RSS during it (VmHWM, reset
+# before each DDL). ADD COLUMN ... DEFAULT 7 writes nothing to WAL; ALTER COLUMN ... TYPE rewrites.
+echo "schema-change epoch: a fresh --follow export under 200 updates/s, then two DDLs ..."
+LARCH_PG_DSN=$dsn LARCH_LOG=info "$larch" export --follow --table events --store local --path "$work/schema" \
+  --diff-interval 1s --listen 127.0.0.1:0 --slot bench_schema 2>"$work/schema.log" &
+schema_pid=$!
+schema_load_pid=
+trap '{ [ -n "$schema_load_pid" ] && kill "$schema_load_pid"; kill "$schema_pid"; } 2>/dev/null || true; cleanup' EXIT
+schema_addr=
+for _ in $(seq 1 1200); do
+  schema_addr=$(sed -n 's/.*status on http:\/\/\([^)]*\)).*/\1/p' "$work/schema.log" | head -1)
+  [ -n "$schema_addr" ] && curl -sf "http://$schema_addr/health/ready" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+[ -n "$schema_addr" ] || { cat "$work/schema.log" >&2; exit 1; }
+pgbench -n -c 2 -T 3600 -R 200 -D rows="$rows" -f "$work/update.sql" postgres >/dev/null 2>&1 &
+schema_load_pid=$!
+sleep 2
+python3 - "$schema_addr" "$schema_pid" "$export_secs" <<'PY'
+import json, subprocess, sys, time, urllib.request
+addr, pid, export_secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def epoch():
+    with urllib.request.urlopen(f"http://{addr}/status") as r:
+        return json.load(r)["epoch"]
+def hwm_mib():
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+for ddl in ["ALTER TABLE public.events ADD COLUMN extra int4 DEFAULT 7",
+            "ALTER TABLE public.events ALTER COLUMN amount TYPE numeric(14,4)"]:
+    before = epoch()
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS: the peak below is this epoch's
+    t0 = time.monotonic()
+    subprocess.run(["psql", "-q", "-c", ddl], check=True)
+    committed = time.monotonic()
+    while epoch() == before:
+        time.sleep(0.05)
+    secs = time.monotonic() - committed
+    print(f"{ddl}\n  DDL itself {committed - t0:6.2f} s; DDL commit -> epoch {before + 1} committed "
+          f"{secs:6.2f} s (ratio to the one-shot export {secs / export_secs:.2f}); "
+          f"exporter peak RSS {hwm_mib():.1f} MiB")
+PY
+kill "$schema_load_pid" 2>/dev/null || true; wait "$schema_load_pid" 2>/dev/null || true; schema_load_pid=
+echo "of which, the exporter's own account (from seeing the change to the new epoch committed):"
+grep 'schema change: new epoch committed' "$work/schema.log" | grep -o '"seconds":[0-9.]*' | sed 's/^/  /' || true
+kill -TERM "$schema_pid"; wait "$schema_pid" || true
