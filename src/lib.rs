@@ -6,6 +6,7 @@ pub mod cli;
 pub mod crashpoint;
 pub mod engine;
 pub mod export;
+pub mod failure;
 pub mod lease;
 pub mod operator;
 pub mod postgres_connection;

@@ -22,6 +22,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::failure::{self, Reason};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SslMode {
     Disable,
@@ -67,6 +69,10 @@ impl PgDsn {
     /// Parses `dsn`; errors name the parameter at fault and never repeat the string (it may
     /// hold a password).
     pub fn parse(dsn: &str) -> anyhow::Result<PgDsn> {
+        Self::parse_checked(dsn).map_err(|e| failure::tag(Reason::InvalidConfig, e))
+    }
+
+    fn parse_checked(dsn: &str) -> anyhow::Result<PgDsn> {
         let (rest, tls) = take_tls_params(dsn)?;
         let mut config = tokio_postgres::Config::from_str(&rest)
             .map_err(|e| anyhow!("invalid PostgreSQL connection string: {e}"))?;
@@ -100,8 +106,14 @@ impl PgDsn {
         Ok(dsn)
     }
 
-    /// The TLS connector for tokio-postgres (used only when `ssl_mode` is not `disable`).
+    /// The TLS connector for tokio-postgres (used only when `ssl_mode` is not `disable`); a
+    /// CA or client certificate that cannot be read is a configuration error.
     pub fn tls(&self) -> anyhow::Result<MakeRustlsConnect> {
+        self.tls_checked()
+            .map_err(|e| failure::tag(Reason::InvalidConfig, e))
+    }
+
+    fn tls_checked(&self) -> anyhow::Result<MakeRustlsConnect> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()

@@ -21,6 +21,12 @@ impl TableId {
             table: table.into(),
         }
     }
+
+    /// Whether `part` can be a schema or table name of an archive: `<schema>.<table>/` is its
+    /// key prefix, so neither `/` nor `..` (nor nothing) may be in it.
+    pub fn is_valid_part(part: &str) -> bool {
+        !part.is_empty() && !part.contains('/') && !part.contains("..")
+    }
 }
 
 impl fmt::Display for TableId {

@@ -24,6 +24,10 @@ pub struct EngineArgs {
     /// Validate the configuration and exit.
     #[arg(long)]
     pub check: bool,
+    /// On a fatal error, write `{"reason": …, "error": …}` here (on Kubernetes:
+    /// /dev/termination-log, which the operator reads).
+    #[arg(long)]
+    pub termination_log: Option<PathBuf>,
 }
 
 pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {

@@ -15,6 +15,7 @@ use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::retention::Retention;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
+use crate::failure::{self, Reason};
 use crate::lease::LeaderElector;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
@@ -66,7 +67,8 @@ pub struct ExportArgs {
     /// Key fields for a table without a primary key (comma-separated).
     #[arg(long)]
     pub key_fields: Option<String>,
-    /// Also write the summary JSON to this file.
+    /// Also write the summary JSON to this file; on a failure, `{"reason": …, "error": …}`
+    /// instead (Kubernetes: /dev/termination-log, which the operator reads).
     #[arg(long)]
     pub summary_file: Option<PathBuf>,
     /// Replication slot name (default `larch_<schema>_<table>`).
@@ -142,13 +144,17 @@ pub struct ExportArgs {
 }
 
 /// Exit status of a continuous export that lost its Lease (W9): it stopped writing at once.
-pub const EXIT_LEASE_LOST: i32 = 3;
+pub const EXIT_LEASE_LOST: i32 = failure::EXIT_LEASE_LOST;
 
 /// The export's Lease holder, from `--lease*`.
 async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderElector> {
-    let client = kube::Client::try_default()
-        .await
-        .context("--lease: no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
+    let client = kube::Client::try_default().await.map_err(|e| {
+        failure::tag(
+            Reason::InvalidConfig,
+            anyhow::Error::from(e)
+                .context("--lease: no Kubernetes client configuration (in-cluster or KUBECONFIG)"),
+        )
+    })?;
     let ns = args
         .lease_namespace
         .clone()
@@ -159,7 +165,10 @@ async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderEl
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("larch-export-{}", std::process::id()));
     if args.lease_duration < std::time::Duration::from_secs(3) {
-        bail!("--lease-duration must be at least 3s");
+        failure::bail!(
+            Reason::InvalidConfig,
+            "--lease-duration must be at least 3s"
+        );
     }
     Ok(LeaderElector {
         api: kube::Api::<Lease>::namespaced(client, &ns),
@@ -203,6 +212,11 @@ pub struct ConnectionArgs {
 impl ConnectionArgs {
     /// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
     pub fn dsn(&self) -> anyhow::Result<String> {
+        self.read_dsn()
+            .map_err(|e| failure::tag(Reason::InvalidConfig, e))
+    }
+
+    fn read_dsn(&self) -> anyhow::Result<String> {
         if let Some(c) = &self.connection {
             return Ok(c.clone());
         }
@@ -247,8 +261,9 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         return super::slot::run(command).await;
     }
     let dsn = args.connection.dsn()?;
-    let table = table_id(&args)?;
-    let formats = parse_formats(&args.format).map_err(|e| anyhow!("--format: {e}"))?;
+    let table = table_id(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    let formats = parse_formats(&args.format)
+        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
     let key_fields = args
         .key_fields
         .as_deref()
@@ -258,6 +273,9 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .key_prefix
         .clone()
         .unwrap_or_else(|| format!("{table}/"));
+    // The same rule the readers and the operator apply: no `..`, no leading `/`.
+    crate::archive::store::check_key_prefix(&key_prefix)
+        .map_err(|e| anyhow::Error::from(e).context("--key-prefix"))?;
     let slot = args
         .slot
         .clone()
@@ -267,7 +285,8 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
     config.slot_mode = match args.slot_mode.as_deref() {
-        Some("persistent") if !args.follow => bail!(
+        Some("persistent") if !args.follow => failure::bail!(
+            Reason::InvalidConfig,
             "--slot-mode persistent needs --follow: a one-shot export always uses a temporary slot \
              (a persistent one would keep WAL on the server after the export)"
         ),
@@ -387,7 +406,9 @@ async fn follow(
         max_churn_records: args.max_churn_records.unwrap_or(0),
         max_churn_fraction: args.max_churn_fraction.unwrap_or(0.0),
     };
-    policy.validate().map_err(|e| anyhow!("policy: {e}"))?;
+    policy
+        .validate()
+        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("policy: {e}")))?;
     let mut wc = WriterConfig::new(table.to_string(), key_prefix);
     wc.key_fields = key_fields;
     wc.snapshot_formats = formats.clone();
@@ -454,7 +475,7 @@ async fn follow(
             left_behind(&args.connection, &source).await;
             return Err(failed);
         }
-        () = &mut kept => return Ok(lease_lost()),
+        () = &mut kept => return Ok(lease_lost(args.summary_file.as_deref())),
         () = crate::engine::wait_for_signal() => {}
     }
     // Stop: the export flushes a final diff and acknowledges it before we exit — still only
@@ -462,7 +483,7 @@ async fn follow(
     stop_tx.send_replace(true);
     let stopped = tokio::select! {
         r = &mut run => r.map_err(|e| anyhow!("export task: {e}")).and_then(|r| r),
-        () = &mut kept => return Ok(lease_lost()),
+        () = &mut kept => return Ok(lease_lost(args.summary_file.as_deref())),
     };
     left_behind(&args.connection, &source).await;
     stopped?;
@@ -525,12 +546,16 @@ async fn left_behind(connection: &ConnectionArgs, source: &PostgresSource) {
 }
 
 /// Lease lost: stop writing now — no final diff, no further request from any task — by
-/// exiting the process with [`EXIT_LEASE_LOST`] (W9).
-fn lease_lost() -> i32 {
-    tracing::error!(
-        "lost the export lease: stopped writing; exiting so the Lease holder is the only writer"
+/// exiting the process with [`EXIT_LEASE_LOST`] (W9), the reason in the termination message.
+fn lease_lost(termination_file: Option<&std::path::Path>) -> i32 {
+    let why =
+        "lost the export lease: stopped writing; exiting so the Lease holder is the only writer";
+    tracing::error!("{why}");
+    let code = failure::report(
+        termination_file,
+        &failure::tag(Reason::LeaseLost, anyhow!(why)),
     );
-    std::process::exit(EXIT_LEASE_LOST)
+    std::process::exit(code)
 }
 
 async fn acquire_logging_holder(e: &LeaderElector) {

@@ -168,9 +168,40 @@ fn prints_a_result(command: &Command) -> bool {
     }
 }
 
-/// Runs the CLI and returns the process exit code.
+impl Command {
+    /// Where a failure is reported for whoever runs the process (Kubernetes reads
+    /// `/dev/termination-log`): see [`crate::failure`].
+    fn termination_file(&self) -> Option<std::path::PathBuf> {
+        let export = |a: &export::ExportArgs| match &a.command {
+            Some(slot::ExportCommand::Cleanup(c)) => c.summary_file.clone(),
+            Some(slot::ExportCommand::SlotStatus(_)) => None,
+            None => a.summary_file.clone(),
+        };
+        match self {
+            Command::Export(a) | Command::Archive(archive::ArchiveCommand::Export(a)) => export(a),
+            Command::Engine(a) => a.termination_log.clone(),
+            _ => None,
+        }
+    }
+
+    /// Exits by the failure's reason (2: someone must act, 1: may clear by itself).
+    fn classified(&self) -> bool {
+        matches!(
+            self,
+            Command::Export(_)
+                | Command::Archive(archive::ArchiveCommand::Export(_))
+                | Command::Engine(_)
+        )
+    }
+}
+
+/// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
+/// archive export`) and `larch engine` the failure's (see [`crate::failure`]: 2 needs someone
+/// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    let termination_file = cli.command.termination_file();
+    let classified = cli.command.classified();
     // Both ring (kube) and aws-lc-rs (the S3 SDK) are linked, so rustls cannot pick a process
     // default by itself: install ring for every Kubernetes client (the operator's, and the
     // Lease of a continuous export).
@@ -204,7 +235,8 @@ pub fn main() -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            1
+            let code = crate::failure::report(termination_file.as_deref(), &e);
+            if classified { code } else { 1 }
         }
     }
 }

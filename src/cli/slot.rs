@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -81,7 +81,8 @@ fn config(connection: &ConnectionArgs) -> anyhow::Result<PostgresConfig> {
 
 async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
     if args.publication.is_some() && args.slots.len() > 1 {
-        bail!(
+        crate::failure::bail!(
+            crate::failure::Reason::InvalidConfig,
             "--publication applies to a single --slot; with several, each slot's publication is named like the slot"
         );
     }
@@ -96,17 +97,8 @@ async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
         })
         .collect();
     let config = config(&args.connection)?;
-    let report = match cleanup(&config, &pairs, args.wait).await {
-        Ok(r) => r,
-        Err(e) => {
-            // The operator reads the error from the termination message.
-            if let Some(path) = &args.summary_file {
-                let doc = serde_json::json!({"error": format!("{e:#}")});
-                let _ = std::fs::write(path, format!("{doc}\n"));
-            }
-            return Err(e);
-        }
-    };
+    // An error goes to --summary-file as the termination message (cli::main).
+    let report = cleanup(&config, &pairs, args.wait).await?;
     for o in &report.objects {
         let kind = if o.kind == "slot" {
             "replication slot"

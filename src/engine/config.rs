@@ -292,7 +292,7 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
             if v.is_empty() {
                 return Err(format!("{path}.{field}: required"));
             }
-            if v.contains('/') || v.contains("..") {
+            if !TableId::is_valid_part(v) {
                 return Err(format!("{path}.{field}: {v:?} is not a valid name"));
             }
         }

@@ -146,6 +146,9 @@ pub struct RunningEngine {
     pub shared: Arc<Shared>,
     shutdown: CancellationToken,
     runners: Vec<JoinHandle<()>>,
+    /// Cancelled when a runner ended with an error no retry fixes (kept in `fatal`).
+    failed: CancellationToken,
+    fatal: Arc<std::sync::Mutex<Option<anyhow::Error>>>,
     server: JoinHandle<std::io::Result<()>>,
     ticker: JoinHandle<()>,
 }
@@ -165,10 +168,21 @@ pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<Runnin
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
+    let failed = CancellationToken::new();
+    let fatal = Arc::new(std::sync::Mutex::new(None));
     let runners = shared
         .runners
         .iter()
-        .map(|r| tokio::spawn(r.clone().run(shutdown.clone())))
+        .map(|r| {
+            let (runner, stop) = (r.clone(), shutdown.clone());
+            let (failed, fatal) = (failed.clone(), fatal.clone());
+            tokio::spawn(async move {
+                if let Err(e) = runner.run(stop).await {
+                    fatal.lock().expect("lock").get_or_insert(e);
+                    failed.cancel();
+                }
+            })
+        })
         .collect();
     let (s, stop) = (shared.clone(), shutdown.clone());
     let ticker = tokio::spawn(async move {
@@ -186,12 +200,25 @@ pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<Runnin
         shared,
         shutdown,
         runners,
+        failed,
+        fatal,
         server,
         ticker,
     })
 }
 
 impl RunningEngine {
+    /// Resolves with the error of the first source that cannot go on (a configuration its
+    /// archive cannot serve); pending while every source runs or retries.
+    pub async fn failure(&self) -> anyhow::Error {
+        self.failed.cancelled().await;
+        self.fatal
+            .lock()
+            .expect("lock")
+            .take()
+            .unwrap_or_else(|| anyhow::anyhow!("a source stopped"))
+    }
+
     /// Stops sources, waits for the runners, sends final acks, closes the listener.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
@@ -207,13 +234,23 @@ impl RunningEngine {
     }
 }
 
-/// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly.
+/// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly; or until a source cannot
+/// go on, then stops and fails with its error.
 pub async fn run(config: &EngineConfig, listen: &str) -> anyhow::Result<()> {
     let engine = start(config, listen).await?;
     eprintln!("larch engine listening on {}", engine.addr);
-    wait_for_signal().await;
-    tracing::info!("signal received: stopping");
-    engine.stop().await
+    let failure = tokio::select! {
+        () = wait_for_signal() => {
+            tracing::info!("signal received: stopping");
+            None
+        }
+        e = engine.failure() => Some(e),
+    };
+    let stopped = engine.stop().await;
+    match failure {
+        Some(e) => Err(e),
+        None => stopped,
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

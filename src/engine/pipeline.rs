@@ -7,7 +7,9 @@
 //! * Resume: only when every target is durable; a target's own checkpoint wins over the state
 //!   file (C3). Memory targets always start from a baseline.
 //! * Errors never end a runner: a failed baseline or stream marks the pipelines ERROR and is
-//!   retried with backoff (C5); only shutdown stops it.
+//!   retried with backoff (C5); only shutdown stops it — and a configuration the archive
+//!   cannot serve ([`ColumnMismatch`]: an index or key field that is not one of its columns),
+//!   which retrying cannot fix: the runner ends with it and the engine exits.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,12 +22,50 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Metrics, PipelineState};
 use super::targets::Target;
-use crate::archive::model::{TableId, effective_key_fields};
+use crate::archive::model::{ColumnDefinition, TableId, effective_key_fields};
 use crate::archive::value::Row;
 use crate::source::archive::ArchiveSource;
 use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
 
 const BATCH: usize = 1024;
+
+/// An index or key field that is not a column of the archive's manifest: the table cannot be
+/// served as configured, whatever the retries.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ColumnMismatch(pub String);
+
+/// Refuses configured fields that are not `columns`, when the manifest declares its columns.
+/// Without them (laredo archives may have none) the source infers them from the first row of
+/// the snapshot, as laredo does: such columns carry no type and may miss a field that is null
+/// there, so they are not judged.
+fn check_fields(
+    source: &str,
+    table: &TableId,
+    columns: &[ColumnDefinition],
+    fields: &[(&str, &[String])],
+) -> Result<(), ColumnMismatch> {
+    let declared = !columns.is_empty() && columns.iter().any(|c| !c.type_name.is_empty());
+    if !declared {
+        return Ok(());
+    }
+    for (what, names) in fields {
+        if let Some(bad) = names
+            .iter()
+            .find(|f| !columns.iter().any(|c| &c.name == *f))
+        {
+            let mut known: Vec<&str> = columns.iter().take(20).map(|c| c.name.as_str()).collect();
+            if columns.len() > 20 {
+                known.push("…");
+            }
+            return Err(ColumnMismatch(format!(
+                "source {source}: {what} {bad:?} is not a column of table {table} in the archive (its columns: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// One source → one target.
 pub struct Pipeline {
@@ -198,8 +238,8 @@ impl SourceRunner {
         (source, pipelines)
     }
 
-    /// Runs until `shutdown`; never returns early on errors.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Runs until `shutdown`; returns early only with a [`ColumnMismatch`].
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut position: Option<String> = None;
         let mut need_baseline = true;
         let mut first = true;
@@ -238,6 +278,12 @@ impl SourceRunner {
                         // The archive moved on between init and baseline (a new schema): again.
                         tracing::info!(source = %self.id, reason = format!("{e:#}"), "baseline superseded; initialising again");
                         continue;
+                    }
+                    Err(e) if e.chain().any(|c| c.is::<ColumnMismatch>()) => {
+                        tracing::error!(source = %self.id, error = format!("{e:#}"), "the archive cannot be served as configured");
+                        self.set_state(PipelineState::Error);
+                        self.source.close().await;
+                        return Err(e);
                     }
                     Err(e) => {
                         tracing::error!(source = %self.id, error = format!("{e:#}"), "baseline failed; retrying in {backoff:?}");
@@ -283,6 +329,7 @@ impl SourceRunner {
         }
         self.source.close().await;
         self.set_state(PipelineState::Stopped);
+        Ok(())
     }
 
     async fn init_targets(&self) -> anyhow::Result<()> {
@@ -292,6 +339,20 @@ impl SourceRunner {
             .await
             .with_context(|| format!("source {}: init", self.id))?;
         let columns = all.remove(&self.table).unwrap_or_default();
+        check_fields(
+            &self.id,
+            &self.table,
+            &columns,
+            &[("key field", &self.key_fields)],
+        )?;
+        for p in &self.pipelines {
+            check_fields(
+                &self.id,
+                &self.table,
+                &columns,
+                &[("index field", p.target.index_fields())],
+            )?;
+        }
         let key_fields = effective_key_fields(&self.key_fields, &columns);
         for p in &self.pipelines {
             p.target

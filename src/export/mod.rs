@@ -14,6 +14,7 @@ use crate::archive::manifest::Artifact;
 use crate::archive::model::TableId;
 use crate::archive::value::Row;
 use crate::archive::writer::ArchiveWriter;
+use crate::failure;
 use crate::source::postgres::PostgresSource;
 
 /// Takes a consistent baseline of `table` and writes it as a snapshot at a new epoch, rows
@@ -30,6 +31,10 @@ pub async fn snapshot_from_source(
     let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
     let (pos_tx, pos_rx) = oneshot::channel::<String>();
     let (verdict_tx, verdict_rx) = oneshot::channel();
+    // The verdict is an ArchiveError (the writer's type), a string of the source's error: its
+    // reason (a missing privilege, a dropped connection) is kept here for the caller.
+    let source_reason = Arc::new(std::sync::OnceLock::new());
+    let reason_slot = source_reason.clone();
     let tables = [table.clone()];
     let baseline_source = source.clone();
     tokio::spawn(async move {
@@ -45,18 +50,23 @@ pub async fn snapshot_from_source(
             source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
             forward
         );
-        let _ = verdict_tx.send(
-            result
-                .map(|_| ())
-                .map_err(|e| ArchiveError::Invalid(format!("baseline failed: {e:#}"))),
-        );
+        let _ = verdict_tx.send(result.map(|_| ()).map_err(|e| {
+            if let crate::source::SourceError::Other(cause) = &e
+                && let reason = failure::classify(cause)
+                && reason != failure::Reason::Failed
+            {
+                let _ = reason_slot.set(reason);
+            }
+            ArchiveError::Invalid(format!("baseline failed: {e:#}"))
+        }));
     });
+    let with_reason = |e: anyhow::Error| failure::tag_opt(source_reason.get().copied(), e);
     let position = match pos_rx.await {
         Ok(p) => p,
         // The baseline failed before it had a position: report why.
         Err(_) => {
             return Err(match verdict_rx.await {
-                Ok(Err(e)) => e.into(),
+                Ok(Err(e)) => with_reason(e.into()),
                 _ => anyhow!("the baseline ended before it had a position"),
             });
         }
@@ -73,7 +83,7 @@ pub async fn snapshot_from_source(
         Err(e) => {
             // The archive keeps the epoch it had, and the columns that describe it.
             writer.set_columns(previous);
-            Err(e.into())
+            Err(with_reason(e.into()))
         }
     }
 }

@@ -204,8 +204,10 @@ fn bad_configs_name_the_file_and_the_field() {
     }
 }
 
+/// A configuration error is one no restart fixes: exit 2, and the reason in
+/// `--termination-log` for the operator.
 #[test]
-fn the_cli_reports_config_errors_and_exits_1() {
+fn the_cli_reports_config_errors_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("engine.yaml");
     std::fs::write(
@@ -213,12 +215,25 @@ fn the_cli_reports_config_errors_and_exits_1() {
         format!("sources:\n  seed: {{type: kafka, store: {{type: local, path: /d}}}}\n{TABLE}"),
     )
     .unwrap();
+    let termination = dir.path().join("termination-log");
     let out = larch()
         .args(["engine", "--config"])
         .arg(&path)
+        .arg("--termination-log")
+        .arg(&termination)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&termination).unwrap()).unwrap();
+    assert_eq!(doc["reason"], "InvalidConfig");
+    assert!(
+        doc["error"]
+            .as_str()
+            .unwrap()
+            .contains("sources.seed.type: unknown source type \"kafka\""),
+        "{doc}"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(

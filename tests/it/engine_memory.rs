@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use larch::archive::model::{Action, ColumnDefinition};
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
@@ -237,4 +239,82 @@ async fn the_cli_serves_until_sigterm_and_exits_0() {
     assert_eq!(all_rows(engine.addr, "public.events", 10).await.len(), 1);
     let status = engine.stop().await;
     assert_eq!(status.code(), Some(0), "clean exit on SIGTERM");
+}
+
+/// Runs `larch engine` on `config` until it exits by itself (at most 30 s); its exit status
+/// and termination message.
+async fn engine_exits(config: &std::path::Path, termination: &std::path::Path) -> (i32, Value) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+        .args(["engine", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .arg("--termination-log")
+        .arg(termination)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the engine kept running with a configuration its archive cannot serve");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let doc = serde_json::from_str(&std::fs::read_to_string(termination).unwrap()).unwrap();
+    (status.code().unwrap_or(-1), doc)
+}
+
+/// Index or key fields that are not columns of the archive's manifest cannot work: the engine
+/// stops at start with exit status 2 and reason ColumnNotFound in its termination message,
+/// naming the field and the columns. A manifest without columns (laredo's may have none) is
+/// not judged (the other tests serve such archives with index fields).
+#[tokio::test]
+async fn the_engine_refuses_fields_that_are_not_columns_of_the_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("a");
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&root).unwrap());
+    let mut a = TestArchive::new(store, "public.events/", "public.events")
+        .with_columns(crate::archive_build::id_name_columns());
+    a.snapshot("0/1", &[r#"{"id":1,"name":"a"}"#]).await;
+    let config = dir.path().join("engine.yaml");
+    let termination = dir.path().join("termination-log");
+    // yaml() indexes tenant and kind: neither is a column here.
+    std::fs::write(&config, yaml(&root, "")).unwrap();
+    let (code, doc) = engine_exits(&config, &termination).await;
+    assert_eq!(
+        (code, doc["reason"].as_str()),
+        (2, Some("ColumnNotFound")),
+        "{doc}"
+    );
+    let error = doc["error"].as_str().unwrap();
+    assert!(
+        error.contains("index field \"tenant\" is not a column of table public.events")
+            && error.contains("its columns: id, name"),
+        "{error}"
+    );
+    let keyed = yaml(&root, "key_fields: [nope]")
+        .replace("index_fields: [tenant, kind]", "index_fields: [name]");
+    std::fs::write(&config, keyed).unwrap();
+    let (code, doc) = engine_exits(&config, &termination).await;
+    assert_eq!(
+        (code, doc["reason"].as_str()),
+        (2, Some("ColumnNotFound")),
+        "{doc}"
+    );
+    assert!(
+        doc["error"]
+            .as_str()
+            .unwrap()
+            .contains("key field \"nope\""),
+        "{doc}"
+    );
+    // Fields that are columns: served.
+    let fine = yaml(&root, "").replace("index_fields: [tenant, kind]", "index_fields: [name]");
+    let engine = start_engine(&fine).await;
+    wait_ready(engine.addr).await;
+    assert_eq!(all_rows(engine.addr, "public.events", 10).await.len(), 1);
+    engine.stop().await.unwrap();
 }

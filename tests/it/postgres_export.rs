@@ -156,7 +156,7 @@ async fn export_errors_are_clear() {
     let (code, _, stderr) = run(larch()
         .args(["export", "--table", "t", "--store", "local", "--path"])
         .arg(dir.path()));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2, "needs someone to act: exit 2");
     assert!(
         stderr.contains(
             "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
@@ -177,7 +177,7 @@ async fn export_errors_are_clear() {
             "--path",
         ])
         .arg(dir.path()));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         stderr.contains("table public.missing does not exist"),
         "{stderr}"
@@ -199,7 +199,7 @@ async fn export_errors_are_clear() {
             "--path",
         ])
         .arg(dir.path()));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         stderr.contains("table public.nopk has no primary key"),
         "{stderr}"
@@ -225,6 +225,165 @@ async fn export_errors_are_clear() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("\"row_count\": 1"), "{stdout}");
     assert_eq!(leftovers(&db).await.1, 0);
+}
+
+/// Every failure of `larch export` ends with its reason in the termination message
+/// (`--summary-file`: `{"reason", "error"}`) and an exit status by it: 2 for what needs someone
+/// to act, 1 for what may clear by itself. The reasons the operator turns into conditions.
+#[tokio::test]
+async fn export_failures_write_their_reason_to_the_summary_file() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE events (id int8 PRIMARY KEY, v text); INSERT INTO events VALUES (1, 'a');
+             CREATE TABLE nopk (a int4);
+             DROP ROLE IF EXISTS larch_no_replication; CREATE ROLE larch_no_replication LOGIN",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let summary = dir.path().join("termination-log");
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let base = db.dsn.clone();
+    let other_db = base.replace(&format!("dbname={}", db.name), "dbname=larch_no_such_db");
+    let unknown_role = base.replace("user=postgres", "user=larch_nobody");
+    let no_replication = base.replace("user=postgres", "user=larch_no_replication");
+    let refused =
+        format!("host=127.0.0.1 port={closed_port} user=postgres dbname=x connect_timeout=5");
+    // (connection, table, extra args, exit status, reason, words of the error)
+    type Case<'a> = (&'a str, &'a str, Vec<&'a str>, i32, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            &base,
+            "missing",
+            vec![],
+            2,
+            "TableNotFound",
+            "table public.missing does not exist",
+        ),
+        (
+            &base,
+            "events; DROP TABLE events",
+            vec![],
+            2,
+            "TableNotFound",
+            "events; DROP TABLE events",
+        ),
+        (
+            &other_db,
+            "events",
+            vec![],
+            2,
+            "DatabaseNotFound",
+            "larch_no_such_db",
+        ),
+        (
+            &unknown_role,
+            "events",
+            vec![],
+            2,
+            "AuthenticationFailed",
+            "larch_nobody",
+        ),
+        (
+            &no_replication,
+            "events",
+            vec![],
+            2,
+            "PermissionDenied",
+            "replication",
+        ),
+        (
+            &refused,
+            "events",
+            vec![],
+            1,
+            "ConnectionFailed",
+            "is the server running and reachable?",
+        ),
+        (
+            &base,
+            "nopk",
+            vec![],
+            2,
+            "InvalidConfig",
+            "has no primary key",
+        ),
+        (
+            &base,
+            "events",
+            vec!["--key-fields", "nope"],
+            2,
+            "ColumnNotFound",
+            "key field \"nope\" is not a column",
+        ),
+        (
+            &base,
+            "events",
+            vec!["--key-prefix", "../../etc/"],
+            2,
+            "InvalidConfig",
+            "--key-prefix",
+        ),
+        (
+            &base,
+            "events",
+            vec!["--slot-mode", "persistent"],
+            2,
+            "InvalidConfig",
+            "--slot-mode persistent needs --follow",
+        ),
+    ];
+    for (connection, table, extra, want_code, want_reason, words) in cases {
+        let _ = std::fs::remove_file(&summary);
+        let (code, _, stderr) = run(larch()
+            .args(["export", "--connection", connection, "--table", table])
+            .args(&extra)
+            .args(["--store", "local", "--path"])
+            .arg(dir.path().join("archive"))
+            .arg("--summary-file")
+            .arg(&summary));
+        let doc: Value = serde_json::from_str(
+            std::fs::read_to_string(&summary)
+                .unwrap_or_else(|e| {
+                    panic!("{table} {extra:?}: no termination message ({e}); {stderr}")
+                })
+                .trim(),
+        )
+        .unwrap();
+        assert_eq!(
+            (code, doc["reason"].as_str()),
+            (want_code, Some(want_reason)),
+            "{table} {extra:?}: {doc} {stderr}"
+        );
+        let error = doc["error"].as_str().unwrap();
+        assert!(
+            error.contains(words),
+            "{table} {extra:?}: {error:?} lacks {words:?}"
+        );
+        assert!(stderr.contains(error.lines().next().unwrap()), "{stderr}");
+    }
+    // Nothing was dropped by the quoted name.
+    let n: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // A successful export still writes its summary there.
+    let (code, _, stderr) = run(larch()
+        .args(["export", "--connection", &base, "--table", "events"])
+        .args(["--store", "local", "--path"])
+        .arg(dir.path().join("archive"))
+        .arg("--summary-file")
+        .arg(&summary));
+    assert_eq!(code, 0, "{stderr}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(doc["row_count"], 1);
 }
 
 #[tokio::test]

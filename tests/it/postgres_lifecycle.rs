@@ -225,7 +225,7 @@ async fn cleanup_with_a_wrong_password_or_a_dropped_database_fails_clearly_and_d
         "--slot",
         "larch_bad",
     ]));
-    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(code, 2, "a wrong password needs someone to act: {stderr}");
     assert!(stdout.is_empty());
     assert!(
         stderr.contains("cannot connect to PostgreSQL at 127.0.0.1:")
@@ -246,15 +246,16 @@ async fn cleanup_with_a_wrong_password_or_a_dropped_database_fails_clearly_and_d
         "--summary-file",
         summary.path().to_str().unwrap(),
     ]));
-    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(code, 2, "a missing database needs someone to act: {stderr}");
     assert!(stderr.contains("(the database does not exist)"), "{stderr}");
-    // The operator reads the error from the termination message.
+    // The operator reads the error and its reason from the termination message.
     let doc: Value =
         serde_json::from_str(&std::fs::read_to_string(summary.path()).unwrap()).unwrap();
     assert!(
         doc["error"].as_str().unwrap().contains("does not exist"),
         "{doc}"
     );
+    assert_eq!(doc["reason"], "DatabaseNotFound", "{doc}");
     let (code, _, stderr) = run(larch(&db).args([
         "export",
         "cleanup",
@@ -265,7 +266,7 @@ async fn cleanup_with_a_wrong_password_or_a_dropped_database_fails_clearly_and_d
         "--publication",
         "p",
     ]));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         stderr.contains("--publication applies to a single --slot"),
         "{stderr}"
@@ -324,7 +325,7 @@ async fn a_one_shot_export_leaves_nothing_and_removes_a_publication_a_killed_one
             "--path",
         ])
         .arg(dir.path()));
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         stderr.contains("--slot-mode persistent needs --follow"),
         "{stderr}"

@@ -530,6 +530,10 @@ impl Target for MemoryTarget {
         Ok(())
     }
 
+    fn index_fields(&self) -> &[String] {
+        &self.index_fields
+    }
+
     fn row_count(&self) -> Option<u64> {
         Some(self.len() as u64)
     }

@@ -48,4 +48,8 @@ pub trait Target: Send + Sync {
     fn row_count(&self) -> Option<u64> {
         None
     }
+    /// The configured fields this target indexes (each must be a column of the table).
+    fn index_fields(&self) -> &[String] {
+        &[]
+    }
 }

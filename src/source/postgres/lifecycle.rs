@@ -10,12 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::config::{PostgresConfig, ident, literal};
-use super::schema::{self, db_message};
+use super::schema::{self, db_error};
 
 const OWNER_COMMENT_PREFIX: &str = "larch: created for replication slot ";
 
@@ -135,7 +135,7 @@ async fn drop_publication(client: &Client, name: &str) -> anyhow::Result<()> {
     client
         .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", ident(name)))
         .await
-        .map_err(|e| anyhow!("dropping publication {name}: {}", db_message(&e)))
+        .map_err(|e| db_error(format!("dropping publication {name}"), &e))
 }
 
 /// One object cleanup looked at.
@@ -281,10 +281,7 @@ async fn cleanup_slot(
         Err(e) if e.as_db_error().is_some_and(|d| d.code().code() == "42704") => {
             Ok(absent("slot", slot))
         }
-        Err(e) => Err(anyhow!(
-            "dropping replication slot {slot}: {}",
-            db_message(&e)
-        )),
+        Err(e) => Err(db_error(format!("dropping replication slot {slot}"), &e)),
     }
 }
 

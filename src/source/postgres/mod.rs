@@ -482,12 +482,10 @@ async fn baseline(
         let n = snapshot::copy_table(&copy_client, s, &kinds, &rows).await?;
         tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
     }
-    copy_client.batch_execute("COMMIT").await.map_err(|e| {
-        anyhow!(
-            "finishing the baseline transaction: {}",
-            schema::db_message(&e)
-        )
-    })?;
+    copy_client
+        .batch_execute("COMMIT")
+        .await
+        .map_err(|e| schema::db_error("finishing the baseline transaction", &e))?;
     inner.ends.lock().unwrap().clear();
     inner.acked_end.store(0, Ordering::SeqCst);
     *inner.last_acked.lock().unwrap() = None;

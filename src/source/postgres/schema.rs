@@ -8,6 +8,7 @@ use tokio_postgres::Client;
 use super::config::{PostgresConfig, describe, ident, literal, qualified};
 use super::types::Kind;
 use crate::archive::model::{ColumnDefinition, TableId, effective_key_fields};
+use crate::failure::{self, Reason};
 
 /// A discovered table.
 #[derive(Clone, Debug)]
@@ -57,9 +58,12 @@ fn connect_error(cfg: &tokio_postgres::Config, e: &tokio_postgres::Error) -> any
             "3D000" => " (the database does not exist)",
             _ => "",
         };
-        return anyhow!(
-            "cannot connect to PostgreSQL at {server}: {}{hint}",
-            db.message()
+        return failure::tag_opt(
+            failure::of_postgres(e),
+            anyhow!(
+                "cannot connect to PostgreSQL at {server}: {}{hint}",
+                db.message()
+            ),
         );
     }
     let mut text = e.to_string();
@@ -71,8 +75,11 @@ fn connect_error(cfg: &tokio_postgres::Config, e: &tokio_postgres::Error) -> any
         }
         source = s.source();
     }
-    anyhow!(
-        "cannot connect to PostgreSQL at {server}: {text} (is the server running and reachable?)"
+    failure::tag(
+        Reason::ConnectionFailed,
+        anyhow!(
+            "cannot connect to PostgreSQL at {server}: {text} (is the server running and reachable?)"
+        ),
     )
 }
 
@@ -84,7 +91,8 @@ pub async fn check_wal_level(client: &Client, config: &PostgresConfig) -> anyhow
         .context("reading wal_level")?;
     let level: String = row.get(0);
     if level != "logical" {
-        bail!(
+        failure::bail!(
+            Reason::ReplicationNotEnabled,
             "PostgreSQL at {} runs with wal_level = {level}; logical replication needs \
              wal_level = logical: run `ALTER SYSTEM SET wal_level = logical` (or set it in \
              postgresql.conf) and restart PostgreSQL",
@@ -109,7 +117,7 @@ pub async fn discover(
         .await
         .with_context(|| format!("looking up table {table}"))?;
     let Some(exists) = exists else {
-        bail!("table {table} does not exist");
+        failure::bail!(Reason::TableNotFound, "table {table} does not exist");
     };
     let oid: i64 = exists.get(0);
     let replica_identity: String = exists.get(1);
@@ -206,14 +214,19 @@ pub async fn discover(
 /// makes PostgreSQL refuse its UPDATE and DELETE statements).
 pub fn check_key_fields(schema: &TableSchema) -> anyhow::Result<()> {
     if schema.key_fields.is_empty() {
-        bail!(
+        failure::bail!(
+            Reason::InvalidConfig,
             "table {} has no primary key: give the key fields explicitly (--key-fields a,b)",
             schema.id
         );
     }
     for k in &schema.key_fields {
         if schema.column_index(k).is_none() {
-            bail!("key field {k:?} is not a column of table {}", schema.id);
+            failure::bail!(
+                Reason::ColumnNotFound,
+                "key field {k:?} is not a column of table {}",
+                schema.id
+            );
         }
     }
     let t = &schema.id;
@@ -315,7 +328,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
                 literal(&owner_comment)
             ))
             .await
-            .map_err(|e| anyhow!("creating publication {name}: {}", db_message(&e)))?;
+            .map_err(|e| db_error(format!("creating publication {name}"), &e))?;
         return Ok(true);
     };
     let all_tables: bool = existing.get(0);
@@ -347,7 +360,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
                 wanted_sql.join(", ")
             ))
             .await
-            .map_err(|e| anyhow!("updating publication {name}: {}", db_message(&e)))?;
+            .map_err(|e| db_error(format!("updating publication {name}"), &e))?;
         return Ok(false);
     }
     let have_list: Vec<&String> = have.iter().collect();
@@ -404,6 +417,14 @@ pub async fn check_published_columns(
         );
     }
     Ok(())
+}
+
+/// `what: <the server's message>`, tagged with the reason of its SQLSTATE.
+pub fn db_error(what: impl std::fmt::Display, e: &tokio_postgres::Error) -> anyhow::Error {
+    failure::tag_opt(
+        failure::of_postgres(e),
+        anyhow!("{what}: {}", db_message(e)),
+    )
 }
 
 /// A server error's message (with detail), else the error's text.

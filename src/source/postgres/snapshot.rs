@@ -12,11 +12,12 @@ use pgwire_replication::ReplicationClient;
 use tokio::sync::mpsc;
 
 use super::config::{PostgresConfig, SlotMode, ident, qualified};
-use super::schema::{TableSchema, db_message};
+use super::schema::{TableSchema, db_error};
 use super::types::{Kind, write_json, write_string};
 use crate::archive::model::TableId;
 use crate::archive::position::Lsn;
 use crate::archive::value::Row;
+use crate::failure;
 use crate::source::SourceError;
 
 /// A freshly created slot whose session is still open.
@@ -42,11 +43,8 @@ pub async fn create_slot(config: &PostgresConfig) -> anyhow::Result<CreatedSlot>
         }
     );
     let rows = session.simple_query(&sql).await.map_err(|e| {
-        anyhow!(
-            "creating replication slot {}: {}",
-            config.slot_name,
-            replication_error(config, &e)
-        )
+        replication_error(config, &e)
+            .context(format!("creating replication slot {}", config.slot_name))
     })?;
     let row = rows
         .first()
@@ -75,7 +73,7 @@ pub async fn drop_slot(client: &tokio_postgres::Client, slot: &str) -> anyhow::R
     client
         .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
         .await
-        .map_err(|e| anyhow!("dropping replication slot {slot}: {}", db_message(&e)))?;
+        .map_err(|e| db_error(format!("dropping replication slot {slot}"), &e))?;
     Ok(())
 }
 
@@ -86,7 +84,7 @@ pub fn replication_error(
 ) -> anyhow::Error {
     use pgwire_replication::PgWireError as E;
     let server = config.describe();
-    match e {
+    let err = match e {
         E::Auth(m) => anyhow!(
             "cannot connect to PostgreSQL at {server}: {m} (check the user name and password)"
         ),
@@ -94,7 +92,8 @@ pub fn replication_error(
             "cannot connect to PostgreSQL at {server}: {io} (is the server running and reachable?)"
         ),
         other => anyhow!("replication connection to {server}: {other}"),
-    }
+    };
+    failure::tag_opt(failure::of_replication(e), err)
 }
 
 /// Copies every row of `schema` as of `snapshot` into `rows`. Returns the number of rows.
@@ -113,15 +112,14 @@ pub async fn copy_table(
     let stream = client
         .copy_out(&sql)
         .await
-        .map_err(|e| anyhow!("copying table {}: {}", schema.id, db_message(&e)))?;
+        .map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
     futures::pin_mut!(stream);
     let encoder = RowEncoder::new(schema, kinds);
     let mut scratch = Scratch::default();
     let mut pending: Vec<u8> = Vec::new();
     let mut count = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| anyhow!("copying table {}: {}", schema.id, db_message(&e)))?;
+        let chunk = chunk.map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
         pending.extend_from_slice(&chunk);
         let mut start = 0;
         while let Some(nl) = pending[start..].iter().position(|&b| b == b'\n') {

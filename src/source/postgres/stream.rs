@@ -166,10 +166,14 @@ async fn backoff(
 ) -> Result<(), SourceError> {
     let policy = &inner.config.reconnect;
     if policy.max_attempts != 0 && *attempt >= policy.max_attempts {
-        return Err(anyhow!(
-            "replication from slot {} failed after {} reconnect attempts: {error:#}",
-            inner.config.slot_name,
-            attempt
+        let reason = crate::failure::classify(error);
+        return Err(crate::failure::tag(
+            reason,
+            anyhow!(
+                "replication from slot {} failed after {} reconnect attempts: {error:#}",
+                inner.config.slot_name,
+                attempt
+            ),
         )
         .into());
     }
@@ -683,10 +687,9 @@ async fn fetch_columns(
         .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
         .collect();
     let row = client.query_opt(&sql, &refs).await.map_err(|e| {
-        Failure::Transient(anyhow!(
-            "reading unchanged TOASTed columns of {}: {}",
-            r.table,
-            schema::db_message(&e)
+        Failure::Transient(schema::db_error(
+            format!("reading unchanged TOASTed columns of {}", r.table),
+            &e,
         ))
     })?;
     Ok(row.map(|row| {
