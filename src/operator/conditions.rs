@@ -16,7 +16,7 @@ pub const CAUGHT_UP: &str = "CaughtUp";
 pub const REBASELINING: &str = "Rebaselining";
 pub const DEGRADED: &str = "Degraded";
 
-pub const EXPORT_TYPES: [&str; 4] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED];
+pub const EXPORT_TYPES: [&str; 5] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED, DEGRADED];
 pub const SOURCE_SET_TYPES: [&str; 3] = [READY, RECONCILING, STALLED];
 pub const SOURCE_TYPES: [&str; 6] = [
     READY,
@@ -49,22 +49,92 @@ impl Status {
 pub struct Cond {
     pub type_: &'static str,
     pub status: Status,
-    pub reason: &'static str,
+    pub reason: String,
     pub message: String,
 }
 
 fn c(
     type_: &'static str,
     status: Status,
-    reason: &'static str,
+    reason: impl Into<String>,
     message: impl Into<String>,
 ) -> Cond {
     Cond {
         type_,
         status,
-        reason,
+        reason: reason.into(),
         message: message.into(),
     }
+}
+
+/// Something that keeps a custom resource from working, with its reason: what the spec names
+/// is missing, the spec cannot work, the API server refused a child, or a pod fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub reason: String,
+    pub message: String,
+    /// Clears by itself (the database restarts): `Degraded` and still `Reconciling`, never
+    /// `Stalled`.
+    pub transient: bool,
+}
+
+impl Problem {
+    pub fn new(reason: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem {
+            reason: reason.into(),
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    /// A failing pod: `what` names its role (`writer`, `engine`, `export`).
+    pub fn of_pod(what: &str, f: &crate::operator::pod_failure::PodFailure) -> Problem {
+        Problem {
+            reason: f.reason.clone(),
+            message: f.describe(what),
+            transient: f.transient,
+        }
+    }
+}
+
+/// `Ready`, `Reconciling`, `Stalled` (and `Degraded`) of a custom resource that cannot be
+/// built: nothing is applied until someone acts.
+fn blocked(p: &Problem) -> Vec<Cond> {
+    use Status::*;
+    vec![
+        c(READY, False, &p.reason, p.message.clone()),
+        c(RECONCILING, False, &p.reason, ""),
+        c(STALLED, True, &p.reason, p.message.clone()),
+        c(DEGRADED, False, &p.reason, ""),
+    ]
+}
+
+/// The summary conditions of a failing pod: a transient failure is still being worked on
+/// (`Reconciling`, kstatus InProgress), any other is `Stalled` (kstatus Failed); both are
+/// `Degraded` with the pod's reason.
+fn failing(p: &Problem) -> [Cond; 4] {
+    use Status::*;
+    let (reconciling, stalled) = if p.transient {
+        (
+            c(RECONCILING, True, &p.reason, p.message.clone()),
+            c(STALLED, False, &p.reason, ""),
+        )
+    } else {
+        (
+            c(RECONCILING, False, &p.reason, ""),
+            c(STALLED, True, &p.reason, p.message.clone()),
+        )
+    };
+    [
+        c(READY, False, &p.reason, p.message.clone()),
+        reconciling,
+        stalled,
+        c(DEGRADED, True, &p.reason, p.message.clone()),
+    ]
+}
+
+fn not_degraded() -> Cond {
+    c(DEGRADED, Status::False, "AsExpected", "")
 }
 
 /// RFC 3339 at second precision, as Kubernetes writes times.
@@ -94,7 +164,7 @@ pub fn merge(
                 (Some(w), prev) => Condition {
                     type_: w.type_.into(),
                     status: w.status.as_str().into(),
-                    reason: w.reason.into(),
+                    reason: w.reason,
                     message: w.message,
                     last_transition_time: match prev {
                         Some(p) if p.status == w.status.as_str() => p.last_transition_time.clone(),
@@ -147,7 +217,11 @@ pub enum JobPhase {
 /// What the export controller observed, reduced to what conditions depend on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExportObservation {
-    pub invalid: Option<String>,
+    /// Nothing could be built: a missing reference, an invalid spec, a refused child.
+    pub blocked: Option<Problem>,
+    /// The export pods' failure: the current run's newest failed pod (OneShot), the last
+    /// scheduled run's, or a failing writer (Continuous).
+    pub pod_failure: Option<Problem>,
     pub mode: ExportMode,
     pub scheduled: bool,
     pub suspended: bool,
@@ -175,19 +249,21 @@ pub fn run_outcome(jobs: &[JobPhase]) -> Option<bool> {
 }
 
 pub fn export_conditions(o: &ExportObservation) -> Vec<Cond> {
-    use Status::*;
-    if let Some(msg) = &o.invalid {
-        return vec![
-            c(READY, False, "InvalidSpec", msg.clone()),
-            c(RECONCILING, False, "InvalidSpec", ""),
-            c(STALLED, True, "InvalidSpec", msg.clone()),
-        ];
+    if let Some(p) = &o.blocked {
+        return blocked(p);
     }
-    match o.mode {
+    let mut out = match o.mode {
         ExportMode::Continuous => continuous_conditions(o),
         ExportMode::OneShot if o.scheduled => scheduled_conditions(o),
         ExportMode::OneShot => oneshot_conditions(o),
+    };
+    if !out.iter().any(|c| c.type_ == DEGRADED) {
+        out.push(match &o.pod_failure {
+            Some(p) if !o.suspended => c(DEGRADED, Status::True, &p.reason, p.message.clone()),
+            _ => not_degraded(),
+        });
     }
+    out
 }
 
 fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
@@ -247,8 +323,13 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
             ),
         ],
         _ => {
+            // The reason the pod gave (TableNotFound...), else the generic one.
+            let (reason, why) = match &o.pod_failure {
+                Some(p) => (p.reason.as_str(), format!(": {}", p.message)),
+                None => ("ExportFailed", String::new()),
+            };
             let msg = format!(
-                "run {} failed; fix the cause and set the larch.dev/run-requested annotation to a new value to retry",
+                "run {} failed{why}; fix the cause and set the larch.dev/run-requested annotation to a new value to retry",
                 run.id
             );
             let detail = o
@@ -257,9 +338,9 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
                 .map(|(_, m)| m.clone())
                 .unwrap_or_default();
             vec![
-                c(READY, False, "ExportFailed", msg.clone()),
-                c(RECONCILING, False, "ExportFailed", ""),
-                c(STALLED, True, "ExportFailed", msg),
+                c(READY, False, reason, msg.clone()),
+                c(RECONCILING, False, reason, ""),
+                c(STALLED, True, reason, msg),
                 c(LAST_EXPORT_SUCCEEDED, False, "ExportFailed", detail),
             ]
         }
@@ -269,7 +350,22 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
 fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
     use Status::*;
     let running = o.run_jobs.contains(&JobPhase::Active);
-    let mut out = vec![c(STALLED, False, "Scheduled", "")];
+    // The last run failed for a reason that will not clear by itself: the next runs will
+    // fail alike until someone acts.
+    let stuck = o
+        .pod_failure
+        .as_ref()
+        .filter(|p| !p.transient && !o.suspended)
+        .filter(|_| matches!(o.last_outcome, Some((false, _))));
+    let mut out = vec![match stuck {
+        Some(p) => c(
+            STALLED,
+            True,
+            &p.reason,
+            format!("the last scheduled export failed: {}", p.message),
+        ),
+        None => c(STALLED, False, "Scheduled", ""),
+    }];
     out.push(if running {
         c(
             RECONCILING,
@@ -298,7 +394,7 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
             c(
                 READY,
                 False,
-                "LastExportFailed",
+                stuck.map_or("LastExportFailed", |p| p.reason.as_str()),
                 format!("the last scheduled export failed: {m}"),
             ),
             Some(c(LAST_EXPORT_SUCCEEDED, False, "ExportFailed", m.clone())),
@@ -368,6 +464,11 @@ fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {
             c(STALLED, False, "Suspended", ""),
         ];
     }
+    if let Some(p) = &o.pod_failure {
+        let mut out = failing(p).to_vec();
+        out.push(snapshot);
+        return out;
+    }
     if stalled {
         let msg =
             "a writer Deployment exceeded its progress deadline (see its pods' events and logs)";
@@ -410,9 +511,11 @@ pub const DEFAULT_MAX_REBASELINES_PER_HOUR: u64 = 3;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceObservation {
-    pub invalid: Option<String>,
-    /// A dependency that is not there yet (the referenced ArchiveExport).
-    pub waiting_for: Option<String>,
+    /// Nothing could be built: the referenced ArchiveExport or a Secret is missing, the spec
+    /// cannot work, the API server refused a child.
+    pub blocked: Option<Problem>,
+    /// The first failing engine pod (crash-looping, cannot start).
+    pub pod_failure: Option<Problem>,
     pub suspended: bool,
     pub desired_replicas: i32,
     pub ready_replicas: i32,
@@ -431,20 +534,10 @@ pub struct SourceObservation {
 pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
     use Status::*;
     let mut out = vec![];
-    if let Some(msg) = &o.invalid {
-        return vec![
-            c(READY, False, "InvalidSpec", msg.clone()),
-            c(RECONCILING, False, "InvalidSpec", ""),
-            c(STALLED, True, "InvalidSpec", msg.clone()),
-        ];
+    if let Some(p) = &o.blocked {
+        return blocked(p);
     }
-    if let Some(msg) = &o.waiting_for {
-        return vec![
-            c(READY, False, "ExportNotFound", msg.clone()),
-            c(RECONCILING, True, "ExportNotFound", msg.clone()),
-            c(STALLED, False, "ExportNotFound", ""),
-        ];
-    }
+    let pod_failure = o.pod_failure.as_ref().filter(|_| !o.suspended);
     if o.suspended {
         out.extend([
             c(READY, True, "Suspended", "scaled to zero"),
@@ -465,6 +558,8 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             c(RECONCILING, False, "PodCreationFailed", ""),
             c(STALLED, True, "PodCreationFailed", msg),
         ]);
+    } else if let Some(p) = pod_failure {
+        out.extend(failing(p).into_iter().take(3));
     } else if o.ready_replicas >= o.desired_replicas && o.rolled_out {
         let msg = format!("{}/{} engines ready", o.ready_replicas, o.desired_replicas);
         out.extend([
@@ -505,7 +600,10 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             )
         })
         .collect();
-    out.push(if let Some(first) = short.first() {
+    out.push(if let Some(p) = pod_failure {
+        // Worse than anything the running engines report: an engine does not run.
+        c(DEGRADED, True, &p.reason, p.message.clone())
+    } else if let Some(first) = short.first() {
         // Worse than frequent re-baselines: the engines serve an older state than the head.
         c(
             DEGRADED,
@@ -672,9 +770,9 @@ pub fn source_set_conditions(o: &SetObservation) -> Vec<Cond> {
     use Status::*;
     if let Some((reason, msg)) = &o.invalid {
         return vec![
-            c(READY, False, reason, msg.clone()),
-            c(RECONCILING, False, reason, ""),
-            c(STALLED, True, reason, msg.clone()),
+            c(READY, False, *reason, msg.clone()),
+            c(RECONCILING, False, *reason, ""),
+            c(STALLED, True, *reason, msg.clone()),
         ];
     }
     let desired = o.namespaces.len();

@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
-use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
+use k8s_openapi::api::batch::v1::{
+    CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec, PodFailurePolicy,
+    PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ServiceAccount,
@@ -290,8 +293,9 @@ pub fn pod_template(
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),
+        // The exporter writes its summary or its failure there; a crash leaves the log's end.
         termination_message_path: Some(TERMINATION_LOG.into()),
-        termination_message_policy: Some("File".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
     let container = if continuous {
@@ -346,6 +350,19 @@ fn job_spec(
 ) -> JobSpec {
     JobSpec {
         backoff_limit: Some(export.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
+        // Exit status 2 is a failure no retry fixes (a missing table, a wrong password, a bad
+        // configuration: see crate::failure): the Job fails at once instead of retrying.
+        pod_failure_policy: Some(PodFailurePolicy {
+            rules: vec![PodFailurePolicyRule {
+                action: "FailJob".into(),
+                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                    container_name: Some(CONTAINER.into()),
+                    operator: "In".into(),
+                    values: vec![crate::failure::EXIT_PERMANENT],
+                }),
+                on_pod_conditions: None,
+            }],
+        }),
         ttl_seconds_after_finished: Some(
             export
                 .spec

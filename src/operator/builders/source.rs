@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::engine_config::{ResolvedArchive, TARGET_DSN_DIR, engine_config, engine_yaml};
+use super::export::TERMINATION_LOG;
 use super::pod::{self, HTTP_PORT, STATE_DIR};
 use super::{
     ANNOTATION_CONFIG_HASH, BuildContext, LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_NAME,
@@ -114,6 +115,8 @@ pub fn children(
             CONFIG_FILE.into(),
             "--listen".into(),
             pod::listen_arg(),
+            "--termination-log".into(),
+            TERMINATION_LOG.into(),
         ]),
         env: {
             // POD_IP first: `--listen $(POD_IP):8080` refers to it.
@@ -132,6 +135,8 @@ pub fn children(
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),
+        // The engine writes why it stopped there; a crash leaves the log's end.
+        termination_message_path: Some(TERMINATION_LOG.into()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };

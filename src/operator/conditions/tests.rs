@@ -11,14 +11,18 @@ fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
     cs.iter().find(|c| c.type_ == t).unwrap()
 }
 
-fn status_of(cs: &[Cond], t: &str) -> (Status, &'static str) {
-    let c = cs.iter().find(|c| c.type_ == t).unwrap();
-    (c.status, c.reason)
+fn status_of<'a>(cs: &'a [Cond], t: &str) -> (Status, &'a str) {
+    let c = cs
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no {t} in {cs:?}"));
+    (c.status, c.reason.as_str())
 }
 
 fn export_obs() -> ExportObservation {
     ExportObservation {
-        invalid: None,
+        blocked: None,
+        pod_failure: None,
         mode: ExportMode::OneShot,
         scheduled: false,
         suspended: false,
@@ -37,7 +41,7 @@ fn export_obs() -> ExportObservation {
 #[test]
 fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
     let first = merge(&[], &[], &EXPORT_TYPES, t(0), Some(1));
-    assert_eq!(first.len(), 4);
+    assert_eq!(first.len(), 5);
     assert!(
         first
             .iter()
@@ -142,10 +146,99 @@ fn run_outcome_folds_job_phases() {
 #[test]
 fn invalid_spec_stalls() {
     let mut o = export_obs();
-    o.invalid = Some("affinity is not a valid Affinity".into());
+    o.blocked = Some(Problem::new(
+        "InvalidSpec",
+        "affinity is not a valid Affinity",
+    ));
     let cs = export_conditions(&o);
     assert_eq!(status_of(&cs, STALLED), (Status::True, "InvalidSpec"));
     assert_eq!(status_of(&cs, READY).0, Status::False);
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+}
+
+fn pod_problem(reason: &str, transient: bool) -> Problem {
+    Problem {
+        reason: reason.into(),
+        message: format!("writer pod w-0: exited with status 2: {reason}"),
+        transient,
+    }
+}
+
+/// A failing writer: permanent → Stalled (kstatus Failed), transient → Reconciling (kstatus
+/// InProgress); Degraded either way, with the pod's reason and message.
+#[test]
+fn a_failing_writer_is_stalled_or_degraded_by_its_reason() {
+    let mut c = export_obs();
+    c.mode = ExportMode::Continuous;
+    c.run = None;
+    c.run_jobs = vec![];
+    c.writers = (0, 1, false);
+    c.pod_failure = Some(pod_problem("TableNotFound", false));
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+    assert_eq!(status_of(&cs, READY), (Status::False, "TableNotFound"));
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "TableNotFound"));
+    assert!(get_cond(&cs, STALLED).message.contains("writer pod w-0"));
+    c.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, "ConnectionFailed")
+    );
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
+    // Recovered: Degraded goes back to False.
+    c.pod_failure = None;
+    c.writers = (1, 1, false);
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, DEGRADED), (Status::False, "AsExpected"));
+    assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
+}
+
+fn get_cond<'a>(cs: &'a [Cond], t: &str) -> &'a Cond {
+    cs.iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[test]
+fn a_failed_run_stalls_with_the_pods_reason() {
+    let mut o = export_obs();
+    // Still running, a pod failed: the Job retries, the export is Degraded meanwhile.
+    o.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, RECONCILING), (Status::True, "ExportRunning"));
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
+    // The run failed.
+    o.run_jobs = vec![JobPhase::Failed];
+    o.run.as_mut().unwrap().succeeded = Some(false);
+    o.pod_failure = Some(pod_problem("TableNotFound", false));
+    o.last_outcome = Some((false, "pod x exited 2".into()));
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
+    let msg = &get_cond(&cs, STALLED).message;
+    assert!(
+        msg.starts_with("run abcd1234 failed: writer pod w-0: exited with status 2")
+            && msg.contains("larch.dev/run-requested"),
+        "{msg}"
+    );
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::False, "ExportFailed")
+    );
+    // Scheduled: a permanent failure stalls, a transient one only degrades.
+    let mut s = export_obs();
+    s.scheduled = true;
+    s.run = None;
+    s.run_jobs = vec![];
+    s.last_outcome = Some((false, "pod x exited 2".into()));
+    s.pod_failure = Some(pod_problem("PermissionDenied", false));
+    let cs = export_conditions(&s);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "PermissionDenied"));
+    assert_eq!(status_of(&cs, READY), (Status::False, "PermissionDenied"));
+    s.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&s);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
 }
 
 #[test]
@@ -201,8 +294,8 @@ fn scheduled_and_continuous() {
 
 fn source_obs() -> SourceObservation {
     SourceObservation {
-        invalid: None,
-        waiting_for: None,
+        blocked: None,
+        pod_failure: None,
         suspended: false,
         desired_replicas: 2,
         ready_replicas: 2,
@@ -253,10 +346,47 @@ fn source_readiness_and_caught_up() {
         status_of(&source_conditions(&o), CAUGHT_UP),
         (Status::True, "CaughtUp")
     );
-    o.waiting_for = Some("ArchiveExport users not found".into());
+    o.blocked = Some(Problem::new(
+        "ExportNotFound",
+        "ArchiveExport data/users (named in spec.archive.exportRef) does not exist",
+    ));
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, "ExportNotFound"));
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "ExportNotFound"));
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+}
+
+/// An engine that refuses its configuration (exits 2, ColumnNotFound) stalls the source over
+/// everything the running engines report; a transient one keeps it reconciling.
+#[test]
+fn a_failing_engine_stalls_or_degrades_the_source() {
+    let mut o = source_obs();
+    o.ready_replicas = 0;
+    o.rebaselines_last_hour = 9;
+    o.pod_failure = Some(Problem {
+        reason: "ColumnNotFound".into(),
+        message: "engine pod s-0: exited with status 2: index field \"x\" is not a column".into(),
+        transient: false,
+    });
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "ColumnNotFound"));
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ColumnNotFound"));
+    assert_eq!(status_of(&cs, READY), (Status::False, "ColumnNotFound"));
+    o.pod_failure.as_mut().unwrap().transient = true;
+    o.pod_failure.as_mut().unwrap().reason = "ConnectionFailed".into();
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
     assert_eq!(
-        status_of(&source_conditions(&o), READY),
-        (Status::False, "ExportNotFound")
+        status_of(&cs, RECONCILING),
+        (Status::True, "ConnectionFailed")
+    );
+    // Suspended: no engine runs, nothing fails.
+    o.suspended = true;
+    let cs = source_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::True, "Suspended"));
+    assert_eq!(
+        status_of(&cs, DEGRADED),
+        (Status::True, "FrequentRebaselines")
     );
 }
 

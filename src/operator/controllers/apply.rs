@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Child;
-use super::context::{Context, Error};
+use super::context::{Context, Error, Rejected};
 use crate::operator::builders::short_hash;
 
 /// Annotation on every applied child: the hash of the applied object (without this annotation).
@@ -72,13 +72,14 @@ impl<'a> Applier<'a> {
 
     /// Server-side apply of `desired` (forcing: the operator owns every field it sets), unless
     /// `observed` (the child's metadata, from a cache or a read) carries its hash already.
-    /// Returns the applied object, or `None` when nothing was sent.
+    /// Returns the applied object, or `None` when nothing was sent. A child the API server
+    /// refuses (400, 403, 422) is [`Rejected`], and the same child is not sent again.
     pub async fn apply<K: Child>(
         &self,
         api: &Api<K>,
         mut desired: K,
         observed: Option<&ObjectMeta>,
-    ) -> Result<Option<K>, kube::Error> {
+    ) -> Result<Option<K>, Error> {
         let kind = K::kind(&()).to_string();
         let hash = applied_hash(&desired);
         if observed.is_some_and(|o| is_current(o, &hash)) {
@@ -89,19 +90,44 @@ impl<'a> Applier<'a> {
                 .inc();
             return Ok(None);
         }
+        let name = desired.name_any();
+        let key = format!(
+            "{kind}/{}/{name}",
+            ResourceExt::namespace(&desired).unwrap_or_default()
+        );
+        if let Some((refused, why)) = self.ctx.rejected.lock().unwrap().get(&key)
+            && *refused == hash
+        {
+            return Err(why.clone().into());
+        }
         desired
             .annotations_mut()
-            .insert(ANNOTATION_APPLIED_HASH.into(), hash);
-        let name = desired.name_any();
+            .insert(ANNOTATION_APPLIED_HASH.into(), hash.clone());
         self.count(&kind, "apply");
-        let out = api
+        let applied = api
             .patch(
                 &name,
                 &PatchParams::apply(self.manager).force(),
                 &Patch::Apply(&desired),
             )
-            .await?;
-        Ok(Some(out))
+            .await;
+        let mut rejected = self.ctx.rejected.lock().unwrap();
+        match applied {
+            Ok(out) => {
+                rejected.remove(&key);
+                Ok(Some(out))
+            }
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 422) => {
+                let why = Rejected {
+                    kind,
+                    name,
+                    message: s.message.clone(),
+                };
+                rejected.insert(key, (hash, why.clone()));
+                Err(why.into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// [`Self::apply`] against the cached copy of the child (same namespace and name); returns
@@ -111,7 +137,7 @@ impl<'a> Applier<'a> {
         api: &Api<K>,
         desired: K,
         cache: &Store<C>,
-    ) -> Result<(Option<K>, Option<Arc<C>>), kube::Error>
+    ) -> Result<(Option<K>, Option<Arc<C>>), Error>
     where
         C: Lookup + Resource + Clone + 'static,
         <C as Lookup>::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -128,7 +154,7 @@ impl<'a> Applier<'a> {
     }
 
     /// [`Self::apply`] of a child no cache holds: reads it first; returns it as it now is.
-    pub async fn apply_read<K: Child>(&self, api: &Api<K>, desired: K) -> Result<K, kube::Error> {
+    pub async fn apply_read<K: Child>(&self, api: &Api<K>, desired: K) -> Result<K, Error> {
         let observed = api.get_opt(&desired.name_any()).await?;
         match self
             .apply(api, desired, observed.as_ref().map(|o| o.meta()))

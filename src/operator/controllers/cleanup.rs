@@ -473,19 +473,19 @@ async fn write_status(
         Cond {
             type_: conditions::READY,
             status: Status::False,
-            reason,
+            reason: reason.into(),
             message: message.into(),
         },
         Cond {
             type_: conditions::RECONCILING,
             status: Status::True,
-            reason,
+            reason: reason.into(),
             message: message.into(),
         },
         Cond {
             type_: conditions::STALLED,
             status: Status::False,
-            reason,
+            reason: reason.into(),
             message: String::new(),
         },
     ];

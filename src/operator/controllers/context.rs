@@ -108,6 +108,9 @@ pub struct Context {
     pub caches: Caches,
     /// Taken by `controllers::run` (or a test) to fill `caches`.
     pub cache_writers: Mutex<Option<CacheWriters>>,
+    /// Children the API server refused, by `kind/namespace/name`: the hash refused and why.
+    /// The same child is not sent again (a failing reconcile writes nothing); a changed one is.
+    pub rejected: Mutex<HashMap<String, (String, Rejected)>>,
 }
 
 impl Context {
@@ -131,6 +134,7 @@ impl Context {
             metrics,
             prober,
             trackers: Mutex::default(),
+            rejected: Mutex::default(),
             clock: Arc::new(Timestamp::now),
         }
     }
@@ -140,11 +144,23 @@ impl Context {
     }
 }
 
+/// A child the API server refused (invalid, forbidden by an admission policy or a quota):
+/// not retried until it changes, reported as a condition with the server's message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the API server refused {kind} {name}: {message}")]
+pub struct Rejected {
+    pub kind: String,
+    pub name: String,
+    pub message: String,
+}
+
 /// Reconcile errors; the variant name is the `error` label of the error metric.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
     #[error("object has no namespace")]
     NoNamespace,
     #[error("the operator's watch caches did not fill within 30s")]
@@ -155,6 +171,7 @@ impl Error {
     pub fn label(&self) -> &'static str {
         match self {
             Error::Kube(_) => "Kube",
+            Error::Rejected(_) => "Rejected",
             Error::NoNamespace => "NoNamespace",
             Error::CacheNotReady => "CacheNotReady",
         }

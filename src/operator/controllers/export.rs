@@ -1,5 +1,7 @@
-//! The ArchiveExport controller: dereference → validate → build → apply (server-side apply, one
-//! field manager) → observe (Jobs, pods' termination messages, writers' `/status`) → status.
+//! The ArchiveExport controller: dereference (the Secrets, keys, CA bundles and claim the spec
+//! names) → validate (what the schema cannot check) → build → apply (server-side apply, one
+//! field manager; a refused child is a condition) → observe (Jobs, pods' termination messages
+//! and failures, writers' `/status`) → status, with Events on failure transitions.
 //!
 //! OneShot runs: a run is identified by a hash of the spec and the `larch.dev/run-requested`
 //! token. Its Jobs are created once, when the run is new; the run is then recorded in status, and
@@ -25,24 +27,15 @@ use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::export::{self as build, ExportChildren};
 use crate::operator::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::operator::conditions::{
-    self, EXPORT_TYPES, ExportObservation, JobPhase, export_conditions, run_outcome, time_string,
+    self, EXPORT_TYPES, ExportObservation, JobPhase, Problem, export_conditions, run_outcome,
+    time_string,
 };
 use crate::operator::crd::archive_export::{
     ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
     RunStatus, WriterStatus,
 };
-use crate::operator::observe;
-
-/// Spec checks the schema cannot express.
-pub fn validate(export: &ArchiveExport) -> Option<String> {
-    if let Some(e) = super::invalid_affinity(export.spec.pod.as_ref()) {
-        return Some(e);
-    }
-    if export.spec.source.all_tables().is_empty() {
-        return Some("set spec.source.table or spec.source.tables".into());
-    }
-    None
-}
+use crate::operator::pod_failure::{self, PodFailure};
+use crate::operator::{dereference, observe, validate};
 
 /// The run the spec and token ask for: always one without a schedule; with a schedule only
 /// when the run-requested annotation is set.
@@ -128,6 +121,35 @@ fn read_pods(pods: &[Pod]) -> PodFindings {
     out
 }
 
+/// The failure of the newest finished export container among `pods`, if that one failed.
+fn newest_failure<'a>(pods: impl Iterator<Item = &'a Pod>) -> Option<PodFailure> {
+    let mut newest: Option<(String, Option<PodFailure>)> = None;
+    for pod in pods {
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        for cs in statuses
+            .into_iter()
+            .flatten()
+            .filter(|c| c.name == build::CONTAINER)
+        {
+            let Some(term) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+                continue;
+            };
+            let at = term
+                .finished_at
+                .as_ref()
+                .map(|t| time_string(t.0))
+                .unwrap_or_default();
+            if newest.as_ref().is_none_or(|(t, _)| at > *t) {
+                newest = Some((at, pod_failure::of_terminated(&pod.name_any(), term)));
+            }
+        }
+    }
+    newest.and_then(|(_, f)| f)
+}
+
 /// Keeps the newest summary per table.
 fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Vec<ExportSummary> {
     for s in new {
@@ -144,7 +166,7 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
 
 /// Applies a child unless it is in place already; returns it as it now is.
 async fn apply<K: super::Child>(applier: &Applier<'_>, api: &Api<K>, obj: &K) -> Result<K, Error> {
-    Ok(applier.apply_read(api, obj.clone()).await?)
+    applier.apply_read(api, obj.clone()).await
 }
 
 /// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule
@@ -187,7 +209,8 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
     };
     let suspended = export.spec.suspend == Some(true);
     let mut obs = ExportObservation {
-        invalid: validate(&export),
+        blocked: None,
+        pod_failure: None,
         mode: export.spec.mode,
         scheduled: export.spec.schedule.is_some(),
         suspended,
@@ -201,259 +224,300 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
     let mut events: Vec<Event> = vec![];
     let mut requeue = Duration::from_secs(300);
 
-    if obs.invalid.is_none() {
-        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let selector = format!("{LABEL_EXPORT}={name}");
-        let tables = export.spec.source.all_tables();
+    // Dereference, then validate: nothing is built while what the spec names is missing or
+    // the spec cannot work.
+    let references = dereference::export_references(&export);
+    if let Some(missing) = dereference::check(&client, &ns, &references).await? {
+        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
+        requeue = dereference::RECHECK;
+    } else if let Err(message) = validate::export(&export) {
+        obs.blocked = Some(Problem::new("InvalidSpec", message));
+    }
 
-        // Which run, if any, is new and needs its Jobs created.
-        let mut new_run = None;
-        if let Some((id, token)) = wanted_run(&export)
-            && old.run.as_ref().is_none_or(|r| r.id != id)
-            && !suspended
-        {
-            new_run = Some(id.clone());
-            status.run = Some(RunStatus {
-                id,
-                token,
-                start_time: Some(time_string(now)),
-                completion_time: None,
-                succeeded: None,
-            });
-        }
+    if obs.blocked.is_none() {
+        let built: Result<Duration, Error> = async {
+            let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let selector = format!("{LABEL_EXPORT}={name}");
+            let tables = export.spec.source.all_tables();
 
-        // Build and apply.
-        let children: ExportChildren = build::children(&export, new_run.as_deref(), &ctx.build);
-        if let Some(pvc) = &children.pvc {
-            apply(
-                &applier,
-                &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns),
-                pvc,
-            )
-            .await?;
-        }
-        let cron_api: Api<CronJob> = Api::namespaced(client.clone(), &ns);
-        for cj in &children.cron_jobs {
-            apply(&applier, &cron_api, cj).await?;
-        }
-        // The Leases and the exporter's rights on them go first: a new pod finds them.
-        let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-        let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-        let role_api: Api<Role> = Api::namespaced(client.clone(), &ns);
-        let binding_api: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
-        let mut keep_leases = BTreeSet::new();
-        let mut keep_sa = BTreeSet::new();
-        let mut keep_roles = BTreeSet::new();
-        if let Some(la) = &children.lease_access {
-            if let Some(sa) = &la.service_account {
-                keep_sa.insert(apply(&applier, &sa_api, sa).await?.name_any());
-            }
-            keep_roles.insert(apply(&applier, &role_api, &la.role).await?.name_any());
-            apply(&applier, &binding_api, &la.role_binding).await?;
-            for l in &la.leases {
-                keep_leases.insert(apply(&applier, &lease_api, l).await?.name_any());
-            }
-        }
-        let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-        let mut applied_deps = vec![];
-        for d in &children.deployments {
-            applied_deps.push(apply(&applier, &dep_api, d).await?);
-        }
-        if let Some(m) = &children.slot_monitor {
-            apply(&applier, &dep_api, m).await?;
-        }
-        for j in &children.jobs {
-            apply(&applier, &jobs, j).await?;
-        }
-        let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<BTreeSet<_>>();
-        prune(
-            &applier,
-            &cron_api,
-            &selector,
-            &names(
-                children
-                    .cron_jobs
-                    .iter()
-                    .map(|c| c.metadata.name.clone())
-                    .collect(),
-            ),
-        )
-        .await?;
-        let deployments_pruned = prune(
-            &applier,
-            &dep_api,
-            &selector,
-            &names(
-                children
-                    .deployments
-                    .iter()
-                    .chain(&children.slot_monitor)
-                    .map(|c| c.metadata.name.clone())
-                    .collect(),
-            ),
-        )
-        .await?;
-        // After the Deployments, so no exporter outlives its Lease rights. Only where some can
-        // be stale: a continuous export (its tables changed) or one that just left that mode.
-        if children.lease_access.is_some() || deployments_pruned > 0 {
-            prune(&applier, &lease_api, &selector, &keep_leases).await?;
-            prune(&applier, &binding_api, &selector, &keep_roles).await?;
-            prune(&applier, &role_api, &selector, &keep_roles).await?;
-            prune(&applier, &sa_api, &selector, &keep_sa).await?;
-        }
-        if let Some(id) = &new_run {
-            events.push(Event {
-                type_: EventType::Normal,
-                reason: "ExportStarted".into(),
-                note: Some(format!("run {id}: {} Job(s) created", children.jobs.len())),
-                action: "CreateJobs".into(),
-                secondary: None,
-            });
-        }
-
-        // Observe the current run's Jobs.
-        if let Some(run) = status.run.clone().filter(|r| r.succeeded.is_none()) {
-            if new_run.is_some() {
-                obs.run_jobs = vec![JobPhase::Active; tables.len()];
-            } else {
-                let listed = jobs
-                    .list(
-                        &ListParams::default()
-                            .labels(&format!("{selector},{LABEL_RUN}={}", run.id)),
-                    )
-                    .await?;
-                obs.run_jobs = tables
-                    .iter()
-                    .map(|t| {
-                        let want = build::job_name(&export, t, &run.id);
-                        listed
-                            .items
-                            .iter()
-                            .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                            .map(job_phase)
-                            .unwrap_or(JobPhase::Missing)
-                    })
-                    .collect();
-                if let Some(ok) = run_outcome(&obs.run_jobs)
-                    && !obs.run_jobs.contains(&JobPhase::Missing)
-                {
-                    let r = status.run.as_mut().expect("run exists");
-                    r.succeeded = Some(ok);
-                    r.completion_time = Some(time_string(now));
-                    events.push(Event {
-                        type_: if ok {
-                            EventType::Normal
-                        } else {
-                            EventType::Warning
-                        },
-                        reason: if ok {
-                            "ExportSucceeded"
-                        } else {
-                            "ExportFailed"
-                        }
-                        .into(),
-                        note: Some(format!("run {}", run.id)),
-                        action: "Export".into(),
-                        secondary: None,
-                    });
-                }
-            }
-            requeue = Duration::from_secs(60);
-        }
-        obs.run = status.run.clone();
-
-        // Summaries and outcomes from the export pods' termination messages.
-        if export.spec.mode == ExportMode::OneShot {
-            let listed = pods.list(&ListParams::default().labels(&selector)).await?;
-            let found = read_pods(&listed.items);
-            obs.last_outcome = found.newest.map(|(_, ok, msg)| (ok, msg));
-            status.tables = merge_summaries(std::mem::take(&mut status.tables), found.summaries);
-            status.last_export = status
-                .tables
-                .iter()
-                .max_by(|a, b| a.time.cmp(&b.time))
-                .cloned();
-        }
-
-        // Continuous writers: Deployment status and each ready pod's /status.
-        if export.spec.mode == ExportMode::Continuous {
-            let desired = if suspended { 0 } else { tables.len() as i32 };
-            let ready: i32 = applied_deps
-                .iter()
-                .map(|d| {
-                    d.status
-                        .as_ref()
-                        .and_then(|s| s.available_replicas)
-                        .unwrap_or(0)
-                        .min(1)
-                })
-                .sum();
-            let stalled = applied_deps.iter().any(|d| {
-                d.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| {
-                        cs.iter().any(|c| {
-                            c.type_.as_deref() == Some("Progressing")
-                                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-                        })
-                    })
-            });
-            obs.writers = (ready, desired, stalled);
-            let listed = pods.list(&ListParams::default().labels(&selector)).await?;
-            let mut writers: Vec<WriterStatus> = vec![];
-            let mut monitor = None;
-            for pod in &listed.items {
-                let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-                    continue;
-                };
-                let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
-                    continue;
-                };
-                if let Some(w) = observe::parse_writer_status(&body) {
-                    writers.push(w);
-                } else if let Some(m) = observe::parse_slot_monitor(&body) {
-                    monitor = Some(m);
-                }
-            }
-            writers.sort_by(|a, b| a.table.cmp(&b.table));
-            writers.truncate(32);
-            let writers =
-                super::slots::merge_writers(&export, &old.writers, writers, monitor, suspended);
-            events.extend(super::slots::slot_events(&old.writers, &writers));
-            if suspended {
-                obs.suspended_slots = super::slots::suspended_slots(&export, &writers);
-            }
-            ctx.metrics.set_retained_wal(
-                &ns,
-                &name,
-                writers
-                    .iter()
-                    .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
-            );
-            obs.writers_with_snapshot = writers
-                .iter()
-                .filter(|w| w.last_snapshot_at.is_some())
-                .count();
-            // The printer columns show the newest snapshot of any writer.
-            if let Some(w) = writers
-                .iter()
-                .filter(|w| w.last_snapshot_at.is_some())
-                .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))
+            // Which run, if any, is new and needs its Jobs created.
+            let mut new_run = None;
+            if let Some((id, token)) = wanted_run(&export)
+                && old.run.as_ref().is_none_or(|r| r.id != id)
+                && !suspended
             {
-                status.last_export = Some(ExportSummary {
-                    table: w.table.clone(),
-                    key_prefix: None,
-                    position: w.head_position.clone(),
-                    row_count: None,
-                    epoch: w.epoch,
-                    time: w.last_snapshot_at.clone(),
-                    pod: None,
+                new_run = Some(id.clone());
+                status.run = Some(RunStatus {
+                    id,
+                    token,
+                    start_time: Some(time_string(now)),
+                    completion_time: None,
+                    succeeded: None,
                 });
             }
-            status.writers = writers;
-            requeue = Duration::from_secs(30);
+
+            // Build and apply.
+            let children: ExportChildren = build::children(&export, new_run.as_deref(), &ctx.build);
+            if let Some(pvc) = &children.pvc {
+                apply(
+                    &applier,
+                    &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns),
+                    pvc,
+                )
+                .await?;
+            }
+            let cron_api: Api<CronJob> = Api::namespaced(client.clone(), &ns);
+            for cj in &children.cron_jobs {
+                apply(&applier, &cron_api, cj).await?;
+            }
+            // The Leases and the exporter's rights on them go first: a new pod finds them.
+            let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
+            let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+            let role_api: Api<Role> = Api::namespaced(client.clone(), &ns);
+            let binding_api: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+            let mut keep_leases = BTreeSet::new();
+            let mut keep_sa = BTreeSet::new();
+            let mut keep_roles = BTreeSet::new();
+            if let Some(la) = &children.lease_access {
+                if let Some(sa) = &la.service_account {
+                    keep_sa.insert(apply(&applier, &sa_api, sa).await?.name_any());
+                }
+                keep_roles.insert(apply(&applier, &role_api, &la.role).await?.name_any());
+                apply(&applier, &binding_api, &la.role_binding).await?;
+                for l in &la.leases {
+                    keep_leases.insert(apply(&applier, &lease_api, l).await?.name_any());
+                }
+            }
+            let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+            let mut applied_deps = vec![];
+            for d in &children.deployments {
+                applied_deps.push(apply(&applier, &dep_api, d).await?);
+            }
+            if let Some(m) = &children.slot_monitor {
+                apply(&applier, &dep_api, m).await?;
+            }
+            for j in &children.jobs {
+                apply(&applier, &jobs, j).await?;
+            }
+            let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<BTreeSet<_>>();
+            prune(
+                &applier,
+                &cron_api,
+                &selector,
+                &names(
+                    children
+                        .cron_jobs
+                        .iter()
+                        .map(|c| c.metadata.name.clone())
+                        .collect(),
+                ),
+            )
+            .await?;
+            let deployments_pruned = prune(
+                &applier,
+                &dep_api,
+                &selector,
+                &names(
+                    children
+                        .deployments
+                        .iter()
+                        .chain(&children.slot_monitor)
+                        .map(|c| c.metadata.name.clone())
+                        .collect(),
+                ),
+            )
+            .await?;
+            // After the Deployments, so no exporter outlives its Lease rights. Only where some can
+            // be stale: a continuous export (its tables changed) or one that just left that mode.
+            if children.lease_access.is_some() || deployments_pruned > 0 {
+                prune(&applier, &lease_api, &selector, &keep_leases).await?;
+                prune(&applier, &binding_api, &selector, &keep_roles).await?;
+                prune(&applier, &role_api, &selector, &keep_roles).await?;
+                prune(&applier, &sa_api, &selector, &keep_sa).await?;
+            }
+            if let Some(id) = &new_run {
+                events.push(Event {
+                    type_: EventType::Normal,
+                    reason: "ExportStarted".into(),
+                    note: Some(format!("run {id}: {} Job(s) created", children.jobs.len())),
+                    action: "CreateJobs".into(),
+                    secondary: None,
+                });
+            }
+
+            // Observe the current run's Jobs.
+            if let Some(run) = status.run.clone().filter(|r| r.succeeded.is_none()) {
+                if new_run.is_some() {
+                    obs.run_jobs = vec![JobPhase::Active; tables.len()];
+                } else {
+                    let listed = jobs
+                        .list(
+                            &ListParams::default()
+                                .labels(&format!("{selector},{LABEL_RUN}={}", run.id)),
+                        )
+                        .await?;
+                    obs.run_jobs = tables
+                        .iter()
+                        .map(|t| {
+                            let want = build::job_name(&export, t, &run.id);
+                            listed
+                                .items
+                                .iter()
+                                .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
+                                .map(job_phase)
+                                .unwrap_or(JobPhase::Missing)
+                        })
+                        .collect();
+                    if let Some(ok) = run_outcome(&obs.run_jobs)
+                        && !obs.run_jobs.contains(&JobPhase::Missing)
+                    {
+                        let r = status.run.as_mut().expect("run exists");
+                        r.succeeded = Some(ok);
+                        r.completion_time = Some(time_string(now));
+                        events.push(Event {
+                            type_: if ok {
+                                EventType::Normal
+                            } else {
+                                EventType::Warning
+                            },
+                            reason: if ok {
+                                "ExportSucceeded"
+                            } else {
+                                "ExportFailed"
+                            }
+                            .into(),
+                            note: Some(format!("run {}", run.id)),
+                            action: "Export".into(),
+                            secondary: None,
+                        });
+                    }
+                }
+                requeue = Duration::from_secs(60);
+            }
+            obs.run = status.run.clone();
+
+            // Summaries and outcomes from the export pods' termination messages.
+            if export.spec.mode == ExportMode::OneShot {
+                let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+                let found = read_pods(&listed.items);
+                obs.last_outcome = found.newest.map(|(_, ok, msg)| (ok, msg));
+                // Why the newest attempt failed: of the current run (a scheduled export's last
+                // run is its newest pod).
+                let run_id = status.run.as_ref().map(|r| r.id.clone());
+                let attempts = listed.items.iter().filter(|p| {
+                    export.spec.schedule.is_some()
+                        || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
+                });
+                obs.pod_failure = newest_failure(attempts).map(|f| Problem::of_pod("export", &f));
+                status.tables =
+                    merge_summaries(std::mem::take(&mut status.tables), found.summaries);
+                status.last_export = status
+                    .tables
+                    .iter()
+                    .max_by(|a, b| a.time.cmp(&b.time))
+                    .cloned();
+            }
+
+            // Continuous writers: Deployment status and each ready pod's /status.
+            if export.spec.mode == ExportMode::Continuous {
+                let desired = if suspended { 0 } else { tables.len() as i32 };
+                let ready: i32 = applied_deps
+                    .iter()
+                    .map(|d| {
+                        d.status
+                            .as_ref()
+                            .and_then(|s| s.available_replicas)
+                            .unwrap_or(0)
+                            .min(1)
+                    })
+                    .sum();
+                let stalled = applied_deps.iter().any(|d| {
+                    d.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c.type_.as_deref() == Some("Progressing")
+                                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                            })
+                        })
+                });
+                obs.writers = (ready, desired, stalled);
+                let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+                if !suspended {
+                    obs.pod_failure =
+                        pod_failure::first_failure(&listed.items, build::CONTAINER, now)
+                            .map(|f| Problem::of_pod("writer", &f));
+                }
+                let mut writers: Vec<WriterStatus> = vec![];
+                let mut monitor = None;
+                for pod in &listed.items {
+                    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+                        continue;
+                    };
+                    let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+                        continue;
+                    };
+                    if let Some(w) = observe::parse_writer_status(&body) {
+                        writers.push(w);
+                    } else if let Some(m) = observe::parse_slot_monitor(&body) {
+                        monitor = Some(m);
+                    }
+                }
+                writers.sort_by(|a, b| a.table.cmp(&b.table));
+                writers.truncate(32);
+                let writers =
+                    super::slots::merge_writers(&export, &old.writers, writers, monitor, suspended);
+                events.extend(super::slots::slot_events(&old.writers, &writers));
+                if suspended {
+                    obs.suspended_slots = super::slots::suspended_slots(&export, &writers);
+                }
+                ctx.metrics.set_retained_wal(
+                    &ns,
+                    &name,
+                    writers
+                        .iter()
+                        .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
+                );
+                obs.writers_with_snapshot = writers
+                    .iter()
+                    .filter(|w| w.last_snapshot_at.is_some())
+                    .count();
+                // The printer columns show the newest snapshot of any writer.
+                if let Some(w) = writers
+                    .iter()
+                    .filter(|w| w.last_snapshot_at.is_some())
+                    .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))
+                {
+                    status.last_export = Some(ExportSummary {
+                        table: w.table.clone(),
+                        key_prefix: None,
+                        position: w.head_position.clone(),
+                        row_count: None,
+                        epoch: w.epoch,
+                        time: w.last_snapshot_at.clone(),
+                        pod: None,
+                    });
+                }
+                status.writers = writers;
+                requeue = Duration::from_secs(30);
+            }
+            Ok(requeue)
+        }
+        .await;
+        match built {
+            Ok(r) => requeue = r,
+            // A child the API server refused: nothing of this run started.
+            Err(Error::Rejected(r)) => {
+                status.run = old.run.clone();
+                obs.run = old.run.clone();
+                obs.run_jobs = vec![];
+                events.clear();
+                obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
+                requeue = Duration::from_secs(60);
+            }
+            Err(e) => return Err(e),
         }
     }
 
@@ -466,6 +530,7 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         now,
         export.metadata.generation,
     );
+    events.extend(super::failure_events(&old.conditions, &status.conditions));
     let failing = status
         .conditions
         .iter()

@@ -52,14 +52,48 @@ impl<K> Child for K where
 {
 }
 
-/// `spec.pod.affinity` is free-form in the schema: it must still parse as an Affinity.
-pub(crate) fn invalid_affinity(
-    pod: Option<&crate::operator::crd::common_pod::PodOverrides>,
-) -> Option<String> {
-    let a = pod?.affinity.as_ref()?;
-    serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
-        .err()
-        .map(|e| format!("spec.pod.affinity is not a valid Affinity: {e}"))
+/// Events for the failure conditions' transitions: `Stalled=True` (its reason, Warning),
+/// `Degraded=True` without `Stalled` (its reason, Warning), and `Recovered` once a failure
+/// that was reported clears. First visits only when abnormal; nothing while unchanged.
+pub(crate) fn failure_events(
+    before: &[crate::operator::crd::common::Condition],
+    after: &[crate::operator::crd::common::Condition],
+) -> Vec<kube::runtime::events::Event> {
+    use crate::operator::conditions::{DEGRADED, STALLED, is_true, transitions};
+    use kube::runtime::events::{Event, EventType};
+    let event = |type_, reason: &str, note: &str| Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let was_failing = is_true(before, STALLED) || is_true(before, DEGRADED);
+    let failing = is_true(after, STALLED) || is_true(after, DEGRADED);
+    let changed = transitions(before, after);
+    // Turned True, or True for another reason (one cause fixed, the next one found).
+    let newly_true = |t: &str| {
+        after.iter().find(|c| {
+            c.type_ == t
+                && c.status == "True"
+                && (changed.iter().any(|x| x.type_ == t)
+                    || before.iter().any(|b| b.type_ == t && b.reason != c.reason))
+        })
+    };
+    if let Some(s) = newly_true(STALLED) {
+        return vec![event(EventType::Warning, &s.reason, &s.message)];
+    }
+    if let Some(d) = newly_true(DEGRADED).filter(|_| !is_true(after, STALLED)) {
+        return vec![event(EventType::Warning, &d.reason, &d.message)];
+    }
+    if was_failing && !failing {
+        return vec![event(
+            EventType::Normal,
+            "Recovered",
+            "the failure reported before has cleared",
+        )];
+    }
+    vec![]
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>

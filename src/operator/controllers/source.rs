@@ -1,6 +1,7 @@
-//! The ArchiveSource controller: dereference (`exportRef`) → validate → build → apply
-//! (server-side apply, one field manager) → observe (StatefulSet, engines' `/status` and
-//! `/metrics`) → status, with Events on re-baseline transitions.
+//! The ArchiveSource controller: dereference (`exportRef`, the Secrets, keys and CA bundles
+//! the engines mount) → validate → build → apply (server-side apply, one field manager; a
+//! refused child is a condition) → observe (StatefulSet, engine pods' failures, engines'
+//! `/status` and `/metrics`) → status, with Events on failure and re-baseline transitions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +18,16 @@ use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
 use crate::operator::builders::engine_config::{resolve, source_id};
 use crate::operator::builders::{LABEL_SOURCE, source as build};
 use crate::operator::conditions::{
-    self, DEFAULT_MAX_REBASELINES_PER_HOUR, SOURCE_TYPES, SourceObservation, source_conditions,
-    time_string,
+    self, DEFAULT_MAX_REBASELINES_PER_HOUR, Problem, SOURCE_TYPES, SourceObservation,
+    source_conditions, time_string,
 };
 use crate::operator::crd::archive_export::ArchiveExport;
 use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
 use crate::operator::crd::common::Condition;
+use crate::operator::dereference::{self, Missing};
 use crate::operator::observe::{self, EngineSource};
 use crate::operator::rebaseline::RebaselineTracker;
+use crate::operator::{pod_failure, validate};
 
 /// Parses an LSN (`16/B374D848`) for ordering.
 fn lsn(s: &str) -> Option<u64> {
@@ -32,25 +35,40 @@ fn lsn(s: &str) -> Option<u64> {
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
 
-fn validate(source: &ArchiveSource) -> Option<String> {
-    super::invalid_affinity(source.spec.pod.as_ref())
-}
-
-/// Events for re-baseline and readiness transitions (first visits only when abnormal).
+/// Events for failure, re-baseline and readiness transitions (first visits only when
+/// abnormal).
 fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
     let mut out = vec![];
-    for c in conditions::transitions(before, after) {
-        let first = !before.iter().any(|b| b.type_ == c.type_);
+    let changed = conditions::transitions(before, after);
+    // A failure's own Event says why it is not ready.
+    let failing = changed.iter().any(|c| {
+        c.status == "True" && (c.type_ == conditions::STALLED || c.type_ == conditions::DEGRADED)
+    });
+    let was = |t: &str| before.iter().find(|b| b.type_ == t);
+    for c in changed {
+        let first = was(&c.type_).is_none();
         let (type_, reason) = match (c.type_.as_str(), c.status.as_str()) {
             (conditions::REBASELINING, "True") => (EventType::Warning, "Rebaselining"),
             (conditions::REBASELINING, "False") if !first => {
                 (EventType::Normal, "RebaselineSettled")
             }
-            // The condition's reason: FrequentRebaselines or ShortChain.
-            (conditions::DEGRADED, "True") => (EventType::Warning, c.reason.as_str()),
-            (conditions::DEGRADED, "False") if !first => (EventType::Normal, "RebaselinesNormal"),
+            // The condition's reason: a failing engine's, FrequentRebaselines or ShortChain.
+            (conditions::STALLED, "True") => (EventType::Warning, c.reason.as_str()),
+            (conditions::DEGRADED, "True") if !conditions::is_true(after, conditions::STALLED) => {
+                (EventType::Warning, c.reason.as_str())
+            }
+            (conditions::DEGRADED, "False") if !first => {
+                let rebaselines = was(conditions::DEGRADED)
+                    .is_some_and(|d| d.reason == "FrequentRebaselines" || d.reason == "ShortChain");
+                let reason = if rebaselines {
+                    "RebaselinesNormal"
+                } else {
+                    "Recovered"
+                };
+                (EventType::Normal, reason)
+            }
             (conditions::READY, "True") => (EventType::Normal, "Ready"),
-            (conditions::READY, "False") if !first => (EventType::Warning, "NotReady"),
+            (conditions::READY, "False") if !first && !failing => (EventType::Warning, "NotReady"),
             _ => continue,
         };
         out.push(Event {
@@ -115,8 +133,8 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         .map(|m| m as u64)
         .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR);
     let mut obs = SourceObservation {
-        invalid: validate(&source),
-        waiting_for: None,
+        blocked: None,
+        pod_failure: None,
         suspended,
         desired_replicas,
         ready_replicas: 0,
@@ -128,7 +146,12 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         max_per_hour,
     };
 
-    // Dereference.
+    // Engines are polled for lag and re-baselines.
+    let mut requeue = Duration::from_secs(30);
+
+    // Dereference (the export, then what the engines mount), then validate: nothing is built
+    // while something is missing or the spec cannot work. The ArchiveExport watch brings an
+    // export that appears; Secrets and ConfigMaps are looked at again after RECHECK.
     let export = match &source.spec.archive.export_ref {
         Some(r) => {
             Api::<ArchiveExport>::namespaced(client.clone(), &ns)
@@ -137,50 +160,80 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         }
         None => None,
     };
-    let resolved = match resolve(&source, export.as_ref()) {
-        Ok(r) => Some(r),
-        Err(msg) if source.spec.archive.export_ref.is_some() && export.is_none() => {
-            obs.waiting_for = Some(msg);
-            None
-        }
-        Err(msg) => {
-            obs.invalid.get_or_insert(msg);
-            None
-        }
+    let references = dereference::source_references(&source, export.as_ref());
+    if let (Some(r), None) = (&source.spec.archive.export_ref, &export) {
+        let missing = Missing::Export {
+            name: r.name.clone(),
+        };
+        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
+    } else if let Some(missing) = dereference::check(&client, &ns, &references).await? {
+        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
+        requeue = dereference::RECHECK;
+    } else if let Err(message) = validate::source(&source) {
+        obs.blocked = Some(Problem::new("InvalidSpec", message));
+    }
+    let resolved = match obs.blocked {
+        Some(_) => None,
+        None => match resolve(&source, export.as_ref()) {
+            Ok(r) => Some(r),
+            Err(message) => {
+                obs.blocked = Some(Problem::new("InvalidSpec", message));
+                None
+            }
+        },
     };
 
-    if let (Some(archive), None) = (&resolved, &obs.invalid) {
+    let mut applied = None;
+    if let Some(archive) = &resolved {
         let caches = &ctx.caches;
         cache_ready(&caches.config_maps).await?;
         cache_ready(&caches.services).await?;
         cache_ready(&caches.stateful_sets).await?;
         let children = build::children(&source, archive, &ctx.build);
-        applier
-            .apply_cached(
-                &Api::<ConfigMap>::namespaced(client.clone(), &ns),
-                children.config_map,
-                &caches.config_maps,
+        let result: Result<StatefulSet, Error> = async {
+            applier
+                .apply_cached(
+                    &Api::<ConfigMap>::namespaced(client.clone(), &ns),
+                    children.config_map,
+                    &caches.config_maps,
+                )
+                .await?;
+            applier
+                .apply_cached(
+                    &Api::<Service>::namespaced(client.clone(), &ns),
+                    children.service,
+                    &caches.services,
+                )
+                .await?;
+            Ok(
+                match applier
+                    .apply_cached(
+                        &Api::<StatefulSet>::namespaced(client.clone(), &ns),
+                        children.stateful_set,
+                        &caches.stateful_sets,
+                    )
+                    .await?
+                {
+                    (Some(s), _) => s,
+                    (None, Some(s)) => (*s).clone(),
+                    (None, None) => {
+                        unreachable!("an apply is skipped only for an observed object")
+                    }
+                },
             )
-            .await?;
-        applier
-            .apply_cached(
-                &Api::<Service>::namespaced(client.clone(), &ns),
-                children.service,
-                &caches.services,
-            )
-            .await?;
-        let sts = match applier
-            .apply_cached(
-                &Api::<StatefulSet>::namespaced(client.clone(), &ns),
-                children.stateful_set,
-                &caches.stateful_sets,
-            )
-            .await?
-        {
-            (Some(s), _) => s,
-            (None, Some(s)) => (*s).clone(),
-            (None, None) => unreachable!("an apply is skipped only for an observed object"),
-        };
+        }
+        .await;
+        match result {
+            Ok(sts) => applied = Some(sts),
+            Err(Error::Rejected(r)) => {
+                obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
+                requeue = Duration::from_secs(60);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    if let Some(sts) = applied {
         let st = sts.status.clone().unwrap_or_default();
         obs.ready_replicas = st.ready_replicas.unwrap_or(0);
         obs.rolled_out = st.observed_generation.unwrap_or(0)
@@ -198,6 +251,10 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         let pods = Api::<Pod>::namespaced(client.clone(), &ns)
             .list(&ListParams::default().labels(&format!("{LABEL_SOURCE}={name}")))
             .await?;
+        if !suspended {
+            obs.pod_failure = pod_failure::first_failure(&pods.items, build::CONTAINER, now)
+                .map(|f| Problem::of_pod("engine", &f));
+        }
         let mut samples = vec![];
         let mut engines: Vec<EngineSource> = vec![];
         // Rows of the fullest engine (replicas hold copies, so no sum).
@@ -298,8 +355,7 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             &events,
         )
         .await?;
-    // Engines are polled for lag and re-baselines.
-    Ok(Action::requeue(Duration::from_secs(30)))
+    Ok(Action::requeue(requeue))
 }
 
 #[cfg(test)]

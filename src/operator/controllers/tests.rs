@@ -36,6 +36,9 @@ struct Expect {
     answer: Option<Value>,
     /// Object the echoed body is merged into (status applies answer with the whole object).
     base: Option<Value>,
+    /// Whether `serve` returns its (empty) body: the dereference reads are left out, so the
+    /// bodies of the requests after them keep their places.
+    record: bool,
 }
 
 fn expect_status(path: &str, object: Value) -> Expect {
@@ -44,6 +47,7 @@ fn expect_status(path: &str, object: Value) -> Expect {
         path: path.into(),
         answer: None,
         base: Some(object),
+        record: true,
     }
 }
 
@@ -53,7 +57,56 @@ fn expect(method: Method, path: &str, answer: Option<Value>) -> Expect {
         path: path.into(),
         answer,
         base: None,
+        record: true,
     }
+}
+
+/// The dereference read of a Secret (`keys`: its data keys; `None`: it does not exist).
+fn secret_get(name: &str, keys: Option<&[&str]>) -> Expect {
+    let answer = keys.map(|keys| {
+        let data: serde_json::Map<String, Value> =
+            keys.iter().map(|k| (k.to_string(), json!("eA=="))).collect();
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "data"}, "data": data})
+    });
+    Expect {
+        record: false,
+        ..expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/secrets/{name}"),
+            answer.or_else(not_found),
+        )
+    }
+}
+
+/// The dereference read of a ConfigMap holding `keys`.
+fn config_map_get(name: &str, keys: &[&str]) -> Expect {
+    let data: serde_json::Map<String, Value> =
+        keys.iter().map(|k| (k.to_string(), json!("pem"))).collect();
+    Expect {
+        record: false,
+        ..expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/configmaps/{name}"),
+            Some(
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "data"}, "data": data}),
+            ),
+        )
+    }
+}
+
+/// What the `users` export (and a source reading it) names: its DSN (export only), its S3
+/// keys and CA bundle, all present.
+fn users_references(with_dsn: bool) -> Vec<Expect> {
+    let mut out = vec![];
+    if with_dsn {
+        out.push(secret_get("pg-source", Some(&["dsn"])));
+    }
+    out.push(secret_get(
+        "s3-credentials",
+        Some(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]),
+    ));
+    out.push(config_map_get("corp-ca", &["ca.crt"]));
+    out
 }
 
 fn not_found() -> Option<Value> {
@@ -102,7 +155,9 @@ async fn serve(mut handle: Handle, script: Vec<Expect>) -> Vec<Value> {
             }
             echo
         });
-        bodies.push(body);
+        if e.record {
+            bodies.push(body);
+        }
         let code = answer
             .get("code")
             .and_then(Value::as_u64)
@@ -201,8 +256,10 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
         "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
     );
 
-    // 1. First reconcile: the Job is applied, stale kinds pruned, the run recorded, an Event sent.
-    let script = vec![
+    // 1. First reconcile: what it names is there; the Job is applied, stale kinds pruned, the
+    //    run recorded, an Event sent.
+    let mut script = users_references(true);
+    script.extend([
         expect_read(&job_path, None),
         expect(Method::PATCH, &job_path, None),
         expect(
@@ -264,7 +321,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
             "/apis/events.k8s.io/v1/namespaces/data/events?",
             None,
         ),
-    ];
+    ]);
     let server = tokio::spawn(serve(handle, script));
     export::reconcile(Arc::new(e.clone()), ctx.clone())
         .await
@@ -311,34 +368,39 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
             "state": {"terminated": {"exitCode": 0, "message": summary, "finishedAt": "2027-01-15T08:02:00Z"}}}]}});
     let done_job = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"},
         "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
-    let script = vec![
-        expect(
-            Method::GET,
-            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-            list("CronJobList", "batch/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-            list("DeploymentList", "apps/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
-            list("JobList", "batch/v1", vec![done_job]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-            list("PodList", "v1", vec![pod]),
-        ),
-        expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
-        expect(
-            Method::POST,
-            "/apis/events.k8s.io/v1/namespaces/data/events?",
-            None,
-        ),
-    ];
+    let script = users_references(true)
+        .into_iter()
+        .chain([
+            expect(
+                Method::GET,
+                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+                list("CronJobList", "batch/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+                list("DeploymentList", "apps/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!(
+                    "/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"
+                ),
+                list("JobList", "batch/v1", vec![done_job]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+                list("PodList", "v1", vec![pod]),
+            ),
+            expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
+            expect(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/data/events?",
+                None,
+            ),
+        ])
+        .collect::<Vec<_>>();
     let server = tokio::spawn(serve(handle2, script));
     export::reconcile(Arc::new(e2.clone()), ctx2).await.unwrap();
     let bodies = server.await.unwrap();
@@ -359,23 +421,26 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     e3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3, n3) = context(Arc::default());
     *n3.lock().unwrap() = t(600);
-    let script = vec![
-        expect(
-            Method::GET,
-            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-            list("CronJobList", "batch/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-            list("DeploymentList", "apps/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-            list("PodList", "v1", vec![]),
-        ),
-    ];
+    let script = users_references(true)
+        .into_iter()
+        .chain([
+            expect(
+                Method::GET,
+                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+                list("CronJobList", "batch/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+                list("DeploymentList", "apps/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+                list("PodList", "v1", vec![]),
+            ),
+        ])
+        .collect::<Vec<_>>();
     let server = tokio::spawn(serve(handle3, script));
     export::reconcile(Arc::new(e3.clone()), ctx3).await.unwrap();
     server.await.unwrap();
@@ -388,31 +453,34 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     assert_ne!(run2, run);
     let (ctx4, handle4, _) = context(Arc::default());
     let job2_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}");
-    let script = vec![
-        expect_read(&job2_path, None),
-        expect(Method::PATCH, &job2_path, None),
-        expect(
-            Method::GET,
-            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-            list("CronJobList", "batch/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-            list("DeploymentList", "apps/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-            list("PodList", "v1", vec![]),
-        ),
-        expect_status(&status_path, serde_json::to_value(&e4).unwrap()),
-        expect(
-            Method::POST,
-            "/apis/events.k8s.io/v1/namespaces/data/events?",
-            None,
-        ),
-    ];
+    let script = users_references(true)
+        .into_iter()
+        .chain([
+            expect_read(&job2_path, None),
+            expect(Method::PATCH, &job2_path, None),
+            expect(
+                Method::GET,
+                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+                list("CronJobList", "batch/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+                list("DeploymentList", "apps/v1", vec![]),
+            ),
+            expect(
+                Method::GET,
+                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+                list("PodList", "v1", vec![]),
+            ),
+            expect_status(&status_path, serde_json::to_value(&e4).unwrap()),
+            expect(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/data/events?",
+                None,
+            ),
+        ])
+        .collect::<Vec<_>>();
     let server = tokio::spawn(serve(handle4, script));
     export::reconcile(Arc::new(e4.clone()), ctx4).await.unwrap();
     let bodies = server.await.unwrap();
@@ -463,10 +531,17 @@ fn pods_list() -> Expect {
     )
 }
 
+/// The export read and what the engines mount (the export's S3 keys and CA bundle).
+fn export_gets() -> Vec<Expect> {
+    let mut out = vec![export_get()];
+    out.extend(users_references(false));
+    out
+}
+
 /// The requests of a first visit: the export read, the three children applied, the pods listed.
 fn source_script(ready: i32) -> Vec<Expect> {
-    vec![
-        export_get(),
+    let mut out = export_gets();
+    out.extend([
         expect(
             Method::PATCH,
             &format!("/api/v1/namespaces/data/configmaps/users-cache-engine?{MANAGER_SOURCE_Q}"),
@@ -483,7 +558,8 @@ fn source_script(ready: i32) -> Vec<Expect> {
             Some(sts_answer(ready)),
         ),
         pods_list(),
-    ]
+    ]);
+    out
 }
 
 /// Fills a cache as its watch does: one complete list, then ready.
@@ -539,6 +615,7 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
         clock: ctx.clock.clone(),
         caches: ctx.caches.clone(),
         cache_writers: Mutex::new(None),
+        rejected: Mutex::new(ctx.rejected.lock().unwrap().clone()),
     });
     (ctx2, handle)
 }
@@ -647,8 +724,8 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     let mut s2 = s.clone();
     s2.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx2, handle2) = same_operator(&ctx, prober.clone());
-    let script = vec![
-        export_get(),
+    let mut script = export_gets();
+    script.extend([
         pods_list(),
         expect_status(&status_path, serde_json::to_value(&s2).unwrap()),
         expect(
@@ -661,7 +738,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
             "/apis/events.k8s.io/v1/namespaces/data/events?",
             None,
         ),
-    ];
+    ]);
     let server = tokio::spawn(serve(handle2, script));
     source::reconcile(Arc::new(s2.clone()), ctx2.clone())
         .await
@@ -693,7 +770,9 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     let mut s3 = s.clone();
     s3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3) = same_operator(&ctx2, prober.clone());
-    let server = tokio::spawn(serve(handle3, vec![export_get(), pods_list()]));
+    let mut script = export_gets();
+    script.push(pods_list());
+    let server = tokio::spawn(serve(handle3, script));
     source::reconcile(Arc::new(s3), ctx3.clone()).await.unwrap();
     let asked = server.await.unwrap();
     assert_eq!(asked.len(), 2, "two reads, no write");
@@ -703,36 +782,73 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     ));
 }
 
+/// A missing `exportRef` stalls the source (kstatus Failed) with a Warning Event; nothing is
+/// built; the ArchiveExport watch brings it back once the export exists. Unchanged, the next
+/// reconcile only reads.
 #[tokio::test]
-async fn archive_source_waits_for_a_missing_export() {
+async fn archive_source_stalls_on_a_missing_export() {
     let (ctx, handle, _) = context(Arc::default());
     let s = source_fixture("source-exportref-memory");
-    let not_found = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
-    let script = vec![
+    let missing_export = || {
         expect(
             Method::GET,
             "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users",
-            Some(not_found),
-        ),
+            not_found(),
+        )
+    };
+    let script = vec![
+        missing_export(),
         expect_status(
             &format!(
                 "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
             ),
             serde_json::to_value(&s).unwrap(),
         ),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
     ];
     let server = tokio::spawn(serve(handle, script));
-    source::reconcile(Arc::new(s), ctx).await.unwrap();
+    source::reconcile(Arc::new(s.clone()), ctx.clone())
+        .await
+        .unwrap();
     let bodies = server.await.unwrap();
     let st = &bodies[1]["status"];
+    assert_eq!(cond(st, "Stalled")["status"], "True");
+    assert_eq!(cond(st, "Stalled")["reason"], "ExportNotFound");
+    assert_eq!(cond(st, "Reconciling")["status"], "False");
     assert_eq!(cond(st, "Ready")["reason"], "ExportNotFound");
-    assert_eq!(cond(st, "Reconciling")["status"], "True");
     assert!(
-        cond(st, "Ready")["message"]
+        cond(st, "Stalled")["message"]
             .as_str()
             .unwrap()
-            .contains("ArchiveExport users not found")
+            .contains("ArchiveExport data/users (named in spec.archive.exportRef) does not exist")
     );
+    assert_eq!(
+        (&bodies[2]["type"], &bodies[2]["reason"]),
+        (&json!("Warning"), &json!("ExportNotFound"))
+    );
+    let mut s2 = s;
+    s2.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx2, handle2) = same_operator(&ctx, Arc::default());
+    let server = tokio::spawn(serve(handle2, vec![missing_export()]));
+    source::reconcile(Arc::new(s2), ctx2.clone()).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(
+        writes(&ctx2),
+        2,
+        "the first reconcile's status and Event, nothing since"
+    );
+}
+
+/// What the `events` export names: its DSN and the CA bundle of its database.
+fn events_references() -> Vec<Expect> {
+    vec![
+        secret_get("pg-source", Some(&["dsn"])),
+        config_map_get("pg-ca", &["ca.crt"]),
+    ]
 }
 
 /// What a reconcile of the `events` continuous export asks after its applies: the prune lists
@@ -759,6 +875,12 @@ fn continuous_lists(dep: &Value, leases: Vec<Value>) -> Vec<Expect> {
 }
 
 fn continuous_tail() -> Vec<Expect> {
+    continuous_tail_with(vec![
+        json!({"metadata": {"name": "events-abc", "namespace": "data"}, "status": {"podIP": "10.0.0.9"}}),
+    ])
+}
+
+fn continuous_tail_with(pods: Vec<Value>) -> Vec<Expect> {
     let sel = "labelSelector=larch.dev%2Farchive-export%3Devents";
     vec![
         expect(
@@ -779,13 +901,7 @@ fn continuous_tail() -> Vec<Expect> {
         expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{sel}"),
-            list(
-                "PodList",
-                "v1",
-                vec![
-                    json!({"metadata": {"name": "events-abc", "namespace": "data"}, "status": {"podIP": "10.0.0.9"}}),
-                ],
-            ),
+            list("PodList", "v1", pods),
         ),
     ]
 }
@@ -819,7 +935,8 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events/status?{MANAGER_EXPORT_Q}"
     );
-    let mut script = vec![
+    let mut script = events_references();
+    script.extend([
         // The exporter's Lease access first: Role, RoleBinding, Lease (the spec names the
         // service account, so none is created). Each is read, then applied (none exists).
         expect_read(&role, None),
@@ -830,7 +947,7 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
         expect(Method::PATCH, &lease, None),
         expect_read(&deployment, None),
         expect(Method::PATCH, &deployment, Some(dep.clone())),
-    ];
+    ]);
     // A Lease of a table no longer exported is pruned; its own are kept.
     script.extend(continuous_lists(
         &dep,
@@ -885,12 +1002,13 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     let mut e2 = e.clone();
     e2.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx2, handle2) = same_operator(&ctx, prober);
-    let mut script = vec![
+    let mut script = events_references();
+    script.extend([
         expect_read(&role, Some(bodies[1].clone())),
         expect_read(&binding, Some(bodies[3].clone())),
         expect_read(&lease, Some(bodies[5].clone())),
         expect_read(&deployment, Some(applied_dep.clone())),
-    ];
+    ]);
     script.extend(continuous_lists(
         &applied_dep,
         vec![json!({"metadata": {"name": "events", "namespace": "data"}})],
@@ -900,6 +1018,295 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     export::reconcile(Arc::new(e2), ctx2.clone()).await.unwrap();
     server.await.unwrap();
     assert_eq!(writes(&ctx2), 6, "no write request in the second reconcile");
+}
+
+// ---- Failures on the custom resource (issue 24) ----
+
+const USERS_STATUS: &str = "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?&force=true&fieldManager=larch-operator%2Fexport";
+const EVENTS_POST: &str = "/apis/events.k8s.io/v1/namespaces/data/events?";
+
+/// A reconcile of `e` against `script`: the request bodies and the action.
+async fn export_reconcile(
+    ctx: &Arc<Context>,
+    handle: Handle,
+    e: &ArchiveExport,
+    script: Vec<Expect>,
+) -> (Vec<Value>, kube::runtime::controller::Action) {
+    let server = tokio::spawn(serve(handle, script));
+    let action = export::reconcile(Arc::new(e.clone()), ctx.clone())
+        .await
+        .unwrap();
+    (server.await.unwrap(), action)
+}
+
+fn with_status(e: &ArchiveExport, status: &Value) -> ArchiveExport {
+    let mut e = e.clone();
+    e.status = Some(serde_json::from_value(status.clone()).unwrap());
+    e
+}
+
+/// A Secret the spec names is missing: nothing is built, `Stalled=True SecretNotFound` names
+/// the Secret and the field, one Warning Event; it is looked at again after 10 s, and while
+/// nothing changes those reconciles only read. Then the Secret without the key.
+#[tokio::test]
+async fn a_missing_secret_stalls_the_export_and_nothing_is_built() {
+    let (ctx, handle, _) = context(Arc::default());
+    let e = users_export();
+    let script = vec![
+        secret_get("pg-source", None),
+        expect_status(USERS_STATUS, serde_json::to_value(&e).unwrap()),
+        expect(Method::POST, EVENTS_POST, None),
+    ];
+    let (bodies, action) = export_reconcile(&ctx, handle, &e, script).await;
+    let st = &bodies[0]["status"];
+    assert_eq!(cond(st, "Stalled")["status"], "True");
+    assert_eq!(cond(st, "Stalled")["reason"], "SecretNotFound");
+    assert_eq!(cond(st, "Reconciling")["status"], "False");
+    assert_eq!(cond(st, "Ready")["reason"], "SecretNotFound");
+    let msg = cond(st, "Stalled")["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(
+            "Secret data/pg-source (named in spec.source.connectionSecretRef) does not exist"
+        ),
+        "{msg}"
+    );
+    assert!(st.get("run").is_none(), "no run started");
+    assert_eq!(
+        (&bodies[1]["type"], &bodies[1]["reason"], &bodies[1]["note"]),
+        (&json!("Warning"), &json!("SecretNotFound"), &json!(msg))
+    );
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(10))
+    );
+
+    let stalled = with_status(&e, st);
+    let (ctx2, handle2) = same_operator(&ctx, Arc::default());
+    export_reconcile(
+        &ctx2,
+        handle2,
+        &stalled,
+        vec![secret_get("pg-source", None)],
+    )
+    .await;
+    assert_eq!(
+        writes(&ctx2),
+        2,
+        "unchanged and failing: no write since the first"
+    );
+
+    // The Secret appears without the key the spec names.
+    let (ctx3, handle3) = same_operator(&ctx, Arc::default());
+    let script = vec![
+        secret_get("pg-source", Some(&["password"])),
+        expect_status(USERS_STATUS, serde_json::to_value(&stalled).unwrap()),
+        expect(Method::POST, EVENTS_POST, None),
+    ];
+    let (bodies, _) = export_reconcile(&ctx3, handle3, &stalled, script).await;
+    let st = &bodies[0]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "SecretKeyNotFound");
+    assert!(
+        cond(st, "Stalled")["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Secret data/pg-source has no key \"dsn\" (named in spec.source.connectionSecretRef)")
+    );
+    assert_eq!(
+        bodies[1]["reason"], "SecretKeyNotFound",
+        "a new reason, a new Event"
+    );
+}
+
+/// What the API server cannot check is checked before building: a schedule Kubernetes'
+/// CronJob parser refuses stalls the export (`InvalidSpec`, the field and robfig's words), and
+/// no CronJob is sent.
+#[tokio::test]
+async fn an_invalid_schedule_stalls_before_any_cronjob_is_sent() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut e = users_export();
+    e.spec.schedule = Some(serde_json::from_value(json!({"cron": "61 25 * * *"})).unwrap());
+    let mut script = users_references(true);
+    script.extend([
+        expect_status(USERS_STATUS, serde_json::to_value(&e).unwrap()),
+        expect(Method::POST, EVENTS_POST, None),
+    ]);
+    let (bodies, _) = export_reconcile(&ctx, handle, &e, script).await;
+    let st = &bodies[0]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "InvalidSpec");
+    assert_eq!(
+        cond(st, "Stalled")["message"],
+        "spec.schedule.cron \"61 25 * * *\" is not a valid schedule: end of range (61) above maximum (59): 61"
+    );
+}
+
+/// A child the API server refuses becomes `Stalled=True ChildRejected` with the server's
+/// message; the same child is not sent again (no write while nothing changes).
+#[tokio::test]
+async fn a_child_the_api_server_refuses_is_a_condition_with_its_message() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut e = users_export();
+    e.spec.schedule = Some(
+        serde_json::from_value(json!({"cron": "0 2 * * *", "timeZone": "Mars/Olympus"})).unwrap(),
+    );
+    let cron = format!("/apis/batch/v1/namespaces/data/cronjobs/users?{MANAGER_EXPORT_Q}");
+    let refused = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "reason": "Invalid", "code": 422,
+        "message": "CronJob.batch \"users\" is invalid: spec.timeZone: Invalid value: \"Mars/Olympus\": unknown time zone Mars/Olympus"});
+    let mut script = users_references(true);
+    script.extend([
+        expect_read(&cron, None),
+        expect(Method::PATCH, &cron, Some(refused)),
+        expect_status(USERS_STATUS, serde_json::to_value(&e).unwrap()),
+        expect(Method::POST, EVENTS_POST, None),
+    ]);
+    let (bodies, action) = export_reconcile(&ctx, handle, &e, script).await;
+    let st = &bodies[2]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "ChildRejected");
+    assert_eq!(
+        cond(st, "Stalled")["message"],
+        "the API server refused CronJob users: CronJob.batch \"users\" is invalid: spec.timeZone: Invalid value: \"Mars/Olympus\": unknown time zone Mars/Olympus"
+    );
+    assert_eq!(bodies[3]["reason"], "ChildRejected");
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(60))
+    );
+    // The next reconcile reads, does not send the refused CronJob again, writes nothing.
+    let (ctx2, handle2) = same_operator(&ctx, Arc::default());
+    let mut script = users_references(true);
+    script.push(expect_read(&cron, None));
+    export_reconcile(&ctx2, handle2, &with_status(&e, st), script).await;
+    assert_eq!(
+        writes(&ctx2),
+        3,
+        "the apply, the status and the Event of the first reconcile"
+    );
+}
+
+/// A writer crash-looping on a missing table: `Stalled=True TableNotFound` (kstatus Failed)
+/// with the termination message, `Degraded=True`, a Warning Event; a writer failing to
+/// connect is `Degraded` and still `Reconciling` (kstatus InProgress).
+#[tokio::test]
+async fn a_crash_looping_writer_reports_its_reason_on_the_export() {
+    let e = &export_fixture("export-continuous-s3");
+    let writer = |message: &str, code: i32| {
+        json!({"metadata": {"name": "events-7d4f-x", "namespace": "data"},
+            "status": {"containerStatuses": [{"name": "larch", "image": "i", "imageID": "", "ready": false, "restartCount": 4,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                "lastState": {"terminated": {"exitCode": code, "message": message, "finishedAt": "2027-01-15T07:59:00Z"}}}]}})
+    };
+    let run = |pod: Value| async move {
+        let (ctx, handle, _) = context(Arc::default());
+        let mut dep = serde_json::to_value(crate::operator::builders::export::deployment(
+            e,
+            &e.spec.source.all_tables()[0],
+            &crate::operator::builders::tests::ctx(),
+        ))
+        .unwrap();
+        dep["status"] = json!({"replicas": 1, "unavailableReplicas": 1});
+        let mut script = events_references();
+        for path in [
+            format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/events-export-lease?{MANAGER_EXPORT_Q}"
+            ),
+            format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/events-export-lease?{MANAGER_EXPORT_Q}"
+            ),
+            format!(
+                "/apis/coordination.k8s.io/v1/namespaces/data/leases/events?{MANAGER_EXPORT_Q}"
+            ),
+        ] {
+            script.push(expect_read(&path, None));
+            script.push(expect(Method::PATCH, &path, None));
+        }
+        let deployment =
+            format!("/apis/apps/v1/namespaces/data/deployments/events?{MANAGER_EXPORT_Q}");
+        script.push(expect_read(&deployment, None));
+        script.push(expect(Method::PATCH, &deployment, Some(dep.clone())));
+        script.extend(continuous_lists(
+            &dep,
+            vec![json!({"metadata": {"name": "events", "namespace": "data"}})],
+        ));
+        script.extend(continuous_tail_with(vec![pod]));
+        script.push(expect_status(
+            "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events/status?&force=true&fieldManager=larch-operator%2Fexport",
+            serde_json::to_value(e).unwrap(),
+        ));
+        script.push(expect(Method::POST, EVENTS_POST, None));
+        let (bodies, _) = export_reconcile(&ctx, handle, e, script).await;
+        let n = bodies.len();
+        (bodies[n - 2]["status"].clone(), bodies[n - 1].clone())
+    };
+    let (st, event) = run(writer(
+        r#"{"reason":"TableNotFound","error":"table public.events does not exist"}"#,
+        2,
+    ))
+    .await;
+    assert_eq!(cond(&st, "Stalled")["status"], "True");
+    assert_eq!(cond(&st, "Stalled")["reason"], "TableNotFound");
+    assert_eq!(cond(&st, "Reconciling")["status"], "False");
+    assert_eq!(cond(&st, "Degraded")["reason"], "TableNotFound");
+    assert_eq!(
+        cond(&st, "Stalled")["message"],
+        "writer pod events-7d4f-x: exited with status 2: table public.events does not exist"
+    );
+    assert_eq!(
+        (&event["type"], &event["reason"]),
+        (&json!("Warning"), &json!("TableNotFound"))
+    );
+    let (st, event) = run(writer(
+        r#"{"reason":"ConnectionFailed","error":"cannot connect to PostgreSQL at db:5432/app as user u: Connection refused (os error 111) (is the server running and reachable?)"}"#,
+        1,
+    ))
+    .await;
+    assert_eq!(cond(&st, "Stalled")["status"], "False");
+    assert_eq!(cond(&st, "Reconciling")["status"], "True");
+    assert_eq!(cond(&st, "Reconciling")["reason"], "ConnectionFailed");
+    assert_eq!(cond(&st, "Degraded")["status"], "True");
+    assert_eq!(event["reason"], "ConnectionFailed");
+}
+
+/// An engine that refuses its configuration (exit 2, ColumnNotFound) stalls the source with
+/// the engine's message; before, the source said `Ready: EnginesReady`-to-be.
+#[tokio::test]
+async fn an_engine_refusing_its_configuration_stalls_the_source() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut caches = writers(&ctx);
+    fill(&mut caches.config_maps, []);
+    fill(&mut caches.services, []);
+    fill(&mut caches.stateful_sets, []);
+    let s = source_fixture("source-exportref-memory");
+    let mut script = source_script(0);
+    let engine = json!({"metadata": {"name": "users-cache-0", "namespace": "data"},
+        "status": {"podIP": "10.0.0.7", "containerStatuses": [{"name": "engine", "image": "i", "imageID": "", "ready": false, "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2027-01-15T07:59:00Z",
+                "message": "{\"reason\":\"ColumnNotFound\",\"error\":\"source users-cache: index field \\\"no_such_column\\\" is not a column of table public.users in the archive (its columns: id, name)\"}"}}}]}});
+    script.pop();
+    script.push(expect(
+        Method::GET,
+        "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
+        list("PodList", "v1", vec![engine]),
+    ));
+    script.push(expect_status(
+        &format!(
+            "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
+        ),
+        serde_json::to_value(&s).unwrap(),
+    ));
+    script.push(expect(Method::POST, EVENTS_POST, None));
+    let server = tokio::spawn(serve(handle, script));
+    source::reconcile(Arc::new(s), ctx.clone()).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[5]["status"];
+    assert_eq!(cond(st, "Stalled")["status"], "True");
+    assert_eq!(cond(st, "Stalled")["reason"], "ColumnNotFound");
+    assert_eq!(cond(st, "Ready")["reason"], "ColumnNotFound");
+    assert_eq!(
+        cond(st, "Stalled")["message"],
+        "engine pod users-cache-0: exited with status 2: source users-cache: index field \"no_such_column\" is not a column of table public.users in the archive (its columns: id, name)"
+    );
+    assert_eq!(bodies[6]["reason"], "ColumnNotFound");
 }
 
 // ---- ArchiveSourceSet ----

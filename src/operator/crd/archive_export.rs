@@ -56,7 +56,10 @@ pub struct ArchiveExportSpec {
     /// each table is written under `<keyPrefix><schema>.<table>/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
-    #[x_kube(validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"))]
+    #[x_kube(
+        validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"),
+        validation = Rule::new("!self.startsWith('/') && !self.contains('\\\\') && !self.matches('(^|/)[.][.]?(/|$)')").message("keyPrefix must not start with '/' nor hold a '.' or '..' segment or a backslash (the archive would leave the store's root)"),
+    )]
     pub key_prefix: Option<String>,
     /// Archive format written (default: the exporter's, jsonl).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,6 +149,7 @@ pub struct ExportSource {
     /// Key fields identifying a row (default: the primary key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    #[x_kube(validation = Rule::new("self.all(k, !k.contains(',') && !k.startsWith(' ') && !k.endsWith(' '))").message("key fields must not contain ',' nor start or end with a space (the exporter takes them as a comma-separated list)"))]
     pub key_fields: Option<Vec<String>>,
     /// Name of the logical replication slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]

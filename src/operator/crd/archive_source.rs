@@ -108,7 +108,10 @@ pub struct ArchiveRef {
     /// Key prefix of the archive (with `tables`: the prefix holding `<schema>.<table>/` archives).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
-    #[x_kube(validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"))]
+    #[x_kube(
+        validation = Rule::new("self == '' || self.endsWith('/')").message("keyPrefix must end with '/'"),
+        validation = Rule::new("!self.startsWith('/') && !self.contains('\\\\') && !self.matches('(^|/)[.][.]?(/|$)')").message("keyPrefix must not start with '/' nor hold a '.' or '..' segment or a backslash (the archive would leave the store's root)"),
+    )]
     pub key_prefix: Option<String>,
     /// Formats to read, tried in order.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -195,16 +195,19 @@ impl Format {
     }
 }
 
-/// A PostgreSQL table.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+/// A PostgreSQL table. Any name PostgreSQL allows (larch quotes it) except `/` and `..`: the
+/// archive's key prefix is `<schema>.<table>/`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TableRef {
     /// Schema (default `public`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("!self.contains('/') && !self.contains('..')").message("schema must not contain '/' or '..' (it names the archive's key prefix)"))]
     pub schema: Option<String>,
     /// Table name.
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("!self.contains('/') && !self.contains('..')").message("table name must not contain '/' or '..' (it names the archive's key prefix)"))]
     pub name: String,
 }
 

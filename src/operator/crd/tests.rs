@@ -472,6 +472,77 @@ fn source_set_spec() -> Value {
     })
 }
 
+/// What the archive layer refuses is refused at admission too: key prefixes leaving the
+/// store's root, table and schema names with `/` or `..`, key fields the exporter cannot take
+/// as a list. A name PostgreSQL allows is not refused (it is looked up and reported).
+#[test]
+fn cel_refuses_key_prefixes_names_and_key_fields_that_cannot_work() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    for bad in ["../../etc/", "/abs/", "a/./b/", "a/../", "./", "a\\b/"] {
+        let obj = export(with(s.clone(), "/keyPrefix", json!(bad)));
+        assert_rejects(cel(&crd, &obj, None), "keyPrefix must not start with '/'");
+        // The same rule the CLI applies.
+        assert!(
+            crate::archive::store::check_key_prefix(bad).is_err(),
+            "{bad}"
+        );
+    }
+    for good in ["", "nightly/", "team-a/2026.11/", "a..b/", ".hidden/"] {
+        let obj = export(with(s.clone(), "/keyPrefix", json!(good)));
+        assert_eq!(cel(&crd, &obj, None), Vec::<String>::new(), "{good:?}");
+        assert!(
+            crate::archive::store::check_key_prefix(good).is_ok(),
+            "{good}"
+        );
+    }
+    for bad in ["a/b", "..", "x..y"] {
+        let obj = export(with(s.clone(), "/source/table", json!({"name": bad})));
+        assert_rejects(
+            cel(&crd, &obj, None),
+            "table name must not contain '/' or '..'",
+        );
+        let obj = export(with(
+            s.clone(),
+            "/source/table",
+            json!({"schema": bad, "name": "t"}),
+        ));
+        assert_rejects(cel(&crd, &obj, None), "schema must not contain '/' or '..'");
+    }
+    let quoted = export(with(
+        s.clone(),
+        "/source/table",
+        json!({"name": "events; DROP TABLE events"}),
+    ));
+    assert_eq!(cel(&crd, &quoted, None), Vec::<String>::new());
+    for bad in ["a,b", " id", "id "] {
+        let obj = export(with(s.clone(), "/source/keyFields", json!(["x", bad])));
+        assert_rejects(cel(&crd, &obj, None), "key fields must not contain ','");
+    }
+    let obj = export(with(s, "/source/keyFields", json!(["id", "tenant_id"])));
+    assert_eq!(cel(&crd, &obj, None), Vec::<String>::new());
+
+    let crd = ArchiveSource::crd();
+    let explicit = json!({
+        "archive": {"s3": {"bucket": "seeds"}, "keyPrefix": "../x/"},
+        "table": {"name": "events"},
+        "target": {"memory": {}}
+    });
+    assert_rejects(
+        cel(&crd, &source(explicit.clone()), None),
+        "keyPrefix must not start with '/'",
+    );
+    let bad_table = with(
+        with(explicit, "/archive/keyPrefix", json!("seed/")),
+        "/tables",
+        json!([{"name": "ok"}, {"name": "a/b"}]),
+    );
+    assert_rejects(
+        cel(&crd, &source(without(bad_table, "/table")), None),
+        "table name must not contain",
+    );
+}
+
 #[test]
 fn cel_source_set_rules() {
     let crd = ArchiveSourceSet::crd();
