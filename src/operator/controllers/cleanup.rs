@@ -122,13 +122,27 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let job_name = cleanup_job_name(&export);
     let reference = export.object_ref(&());
+    // The Events are what the user sees of a cleanup: one that could not be published (the
+    // API server busy, a timeout) fails the reconcile, which is retried before the Job is
+    // deleted or the object let go, instead of being lost with a warning. A namespace being
+    // deleted admits no new Event: that one is let pass.
     let publish = |e: Event| {
         let ctx = ctx.clone();
         let reference = reference.clone();
         async move {
             writes(&ctx).count("Event", "create");
-            if let Err(err) = ctx.recorder.publish(&e, &reference).await {
-                tracing::warn!(%err, "could not publish event");
+            match ctx.recorder.publish(&e, &reference).await {
+                Ok(()) => Ok(()),
+                Err(kube::Error::Api(s))
+                    if s.code == 403 && s.message.contains("being terminated") =>
+                {
+                    tracing::warn!(reason = %e.reason, "namespace being deleted: no Event");
+                    Ok(())
+                }
+                Err(err) => {
+                    tracing::warn!(%err, reason = %e.reason, "could not publish the Event: retrying");
+                    Err(err)
+                }
             }
         }
     };
@@ -154,7 +168,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
             action: "Cleanup".into(),
             secondary: None,
         })
-        .await;
+        .await?;
         remove_finalizer(&ctx, &export).await?;
         return Ok(Action::await_change());
     }
@@ -256,7 +270,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 action: "Cleanup".into(),
                 secondary: None,
             })
-            .await;
+            .await?;
             // The finalizer first: were the Job deleted first and the patch then refused, the
             // retry would find no Job and run the cleanup again.
             remove_finalizer(&ctx, &export).await?;
@@ -286,7 +300,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 action: "Cleanup".into(),
                 secondary: None,
             })
-            .await;
+            .await?;
             write_status(&ctx, &export, cleanup, &note).await?;
             writes(&ctx).delete(&jobs, &job_name).await?;
             Ok(Action::requeue(delay))

@@ -1920,6 +1920,33 @@ mod lifecycle {
         assert_eq!(action, Action::await_change());
     }
 
+    /// The CleanupSucceeded Event is what the user sees of a cleanup: when the API server does
+    /// not take it (busy, a timeout), the Job and the finalizer stay and the next reconcile
+    /// publishes it again, instead of the object going without it (e2e s13 once saw no Event).
+    #[tokio::test]
+    async fn a_cleanup_event_the_server_refuses_holds_the_export_until_it_is_published() {
+        let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data"},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+        let report = r#"{"server":"db","objects":[{"kind":"slot","name":"larch_data_events","outcome":"dropped"}]}"#;
+        let busy = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "ServiceUnavailable", "code": 503, "message": "the server is currently unable to handle the request"});
+        let mut script = stop_workloads(vec![cleanup_pod(0, report)], vec![]);
+        script.extend([
+            expect(Method::GET, JOB, Some(done)),
+            cleanup_pods(cleanup_pod(0, report)),
+            expect(Method::POST, EVENTS, Some(busy)),
+        ]);
+        let (ctx, handle, _) = context(Arc::default());
+        let server = tokio::spawn(serve(handle, script));
+        let err = export::reconcile(Arc::new(deleting()), ctx)
+            .await
+            .expect_err("the reconcile fails, to be retried");
+        assert_eq!(err.label(), "Kube", "{err}");
+        // No Job delete, no finalizer patch: serve() fails on any further request.
+        let bodies = server.await.unwrap();
+        assert_eq!(bodies.last().unwrap()["reason"], "CleanupSucceeded");
+    }
+
     /// Kubernetes admits no pod in a terminating namespace: the finalizer goes (the namespace
     /// must not stay terminating forever) and the slot stays.
     #[tokio::test]
