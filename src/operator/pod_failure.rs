@@ -151,6 +151,39 @@ pub fn container_failure(pod: &Pod, container: &str, now: Timestamp) -> Option<P
     }
 }
 
+/// The newest (by finish time) terminated state of `container` among `pods`, with its pod's
+/// name: the last run of a Job's container.
+pub fn newest_terminated<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    container: &str,
+) -> Option<(String, &'a ContainerStateTerminated)> {
+    let mut newest: Option<(String, String, &ContainerStateTerminated)> = None;
+    for pod in pods {
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        for cs in statuses
+            .into_iter()
+            .flatten()
+            .filter(|c| c.name == container)
+        {
+            let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
+                continue;
+            };
+            let at = t
+                .finished_at
+                .as_ref()
+                .map(|f| crate::operator::conditions::time_string(f.0))
+                .unwrap_or_default();
+            if newest.as_ref().is_none_or(|(a, _, _)| at > *a) {
+                newest = Some((at, pod.name_any(), t));
+            }
+        }
+    }
+    newest.map(|(_, pod, t)| (pod, t))
+}
+
 /// The failure of the first failing pod among `pods` (by name, for a stable choice).
 pub fn first_failure<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,

@@ -368,37 +368,18 @@ async fn termination_message(ctx: &Context, ns: &str, name: &str) -> Result<Stri
                 .labels(&format!("{LABEL_EXPORT}={name},{LABEL_COMPONENT}=cleanup")),
         )
         .await?;
-    let mut newest: Option<(String, String)> = None;
-    for p in &listed.items {
-        let statuses = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref());
-        for cs in statuses.into_iter().flatten() {
-            if cs.name != CLEANUP_CONTAINER {
-                continue;
-            }
-            let Some(t) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
-                continue;
-            };
-            let at = t
-                .finished_at
-                .as_ref()
-                .map(|f| time_string(f.0))
-                .unwrap_or_default();
-            let msg = t.message.clone().unwrap_or_else(|| {
+    let newest = crate::operator::pod_failure::newest_terminated(&listed.items, CLEANUP_CONTAINER);
+    Ok(newest
+        .map(|(_, t)| {
+            t.message.clone().unwrap_or_else(|| {
                 format!(
                     "exit code {} ({})",
                     t.exit_code,
                     t.reason.as_deref().unwrap_or("Error")
                 )
-            });
-            if newest.as_ref().is_none_or(|(a, _)| at > *a) {
-                newest = Some((at, msg));
-            }
-        }
-    }
-    Ok(newest.map(|(_, m)| m).unwrap_or_default())
+            })
+        })
+        .unwrap_or_default())
 }
 
 fn report_json(message: &str) -> serde_json::Value {

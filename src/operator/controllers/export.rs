@@ -123,31 +123,8 @@ fn read_pods(pods: &[Pod]) -> PodFindings {
 
 /// The failure of the newest finished export container among `pods`, if that one failed.
 fn newest_failure<'a>(pods: impl Iterator<Item = &'a Pod>) -> Option<PodFailure> {
-    let mut newest: Option<(String, Option<PodFailure>)> = None;
-    for pod in pods {
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref());
-        for cs in statuses
-            .into_iter()
-            .flatten()
-            .filter(|c| c.name == build::CONTAINER)
-        {
-            let Some(term) = cs.state.as_ref().and_then(|s| s.terminated.as_ref()) else {
-                continue;
-            };
-            let at = term
-                .finished_at
-                .as_ref()
-                .map(|t| time_string(t.0))
-                .unwrap_or_default();
-            if newest.as_ref().is_none_or(|(t, _)| at > *t) {
-                newest = Some((at, pod_failure::of_terminated(&pod.name_any(), term)));
-            }
-        }
-    }
-    newest.and_then(|(_, f)| f)
+    let (pod, terminated) = pod_failure::newest_terminated(pods, build::CONTAINER)?;
+    pod_failure::of_terminated(&pod, terminated)
 }
 
 /// Keeps the newest summary per table.

@@ -94,6 +94,13 @@ fn config_map_get(name: &str, keys: &[&str]) -> Expect {
     }
 }
 
+/// `script` after the dereference reads of the `users` export, all present.
+fn with_users_references(script: Vec<Expect>) -> Vec<Expect> {
+    let mut out = users_references(true);
+    out.extend(script);
+    out
+}
+
 /// What the `users` export (and a source reading it) names: its DSN (export only), its S3
 /// keys and CA bundle, all present.
 fn users_references(with_dsn: bool) -> Vec<Expect> {
@@ -368,39 +375,34 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
             "state": {"terminated": {"exitCode": 0, "message": summary, "finishedAt": "2027-01-15T08:02:00Z"}}}]}});
     let done_job = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"},
         "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
-    let script = users_references(true)
-        .into_iter()
-        .chain([
-            expect(
-                Method::GET,
-                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-                list("CronJobList", "batch/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-                list("DeploymentList", "apps/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!(
-                    "/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"
-                ),
-                list("JobList", "batch/v1", vec![done_job]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-                list("PodList", "v1", vec![pod]),
-            ),
-            expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/data/events?",
-                None,
-            ),
-        ])
-        .collect::<Vec<_>>();
+    let script = with_users_references(vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
+            list("JobList", "batch/v1", vec![done_job]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![pod]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ]);
     let server = tokio::spawn(serve(handle2, script));
     export::reconcile(Arc::new(e2.clone()), ctx2).await.unwrap();
     let bodies = server.await.unwrap();
@@ -421,26 +423,23 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     e3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3, n3) = context(Arc::default());
     *n3.lock().unwrap() = t(600);
-    let script = users_references(true)
-        .into_iter()
-        .chain([
-            expect(
-                Method::GET,
-                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-                list("CronJobList", "batch/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-                list("DeploymentList", "apps/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-                list("PodList", "v1", vec![]),
-            ),
-        ])
-        .collect::<Vec<_>>();
+    let script = with_users_references(vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![]),
+        ),
+    ]);
     let server = tokio::spawn(serve(handle3, script));
     export::reconcile(Arc::new(e3.clone()), ctx3).await.unwrap();
     server.await.unwrap();
@@ -453,34 +452,31 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     assert_ne!(run2, run);
     let (ctx4, handle4, _) = context(Arc::default());
     let job2_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}");
-    let script = users_references(true)
-        .into_iter()
-        .chain([
-            expect_read(&job2_path, None),
-            expect(Method::PATCH, &job2_path, None),
-            expect(
-                Method::GET,
-                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-                list("CronJobList", "batch/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-                list("DeploymentList", "apps/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-                list("PodList", "v1", vec![]),
-            ),
-            expect_status(&status_path, serde_json::to_value(&e4).unwrap()),
-            expect(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/data/events?",
-                None,
-            ),
-        ])
-        .collect::<Vec<_>>();
+    let script = with_users_references(vec![
+        expect_read(&job2_path, None),
+        expect(Method::PATCH, &job2_path, None),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e4).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ]);
     let server = tokio::spawn(serve(handle4, script));
     export::reconcile(Arc::new(e4.clone()), ctx4).await.unwrap();
     let bodies = server.await.unwrap();
