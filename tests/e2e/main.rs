@@ -1665,7 +1665,7 @@ fn s16_scheduled_runs_keep_two_epochs() {
     e.larch(&archive_args(e, &["verify"], "retention", "kept/"));
 }
 
-/// One expected failure of scenario 18: the condition (`Stalled` or `Degraded`) that must be
+/// One expected failure of scenario 19: the condition (`Stalled` or `Degraded`) that must be
 /// True on the custom resource, its reason, words its message must hold, and kstatus.
 struct Reported {
     kind: &'static str,
@@ -1690,14 +1690,14 @@ impl Reported {
     }
 }
 
-/// Scenario 18 (issue #24): what a new user gets wrong is reported where they look. What CEL
+/// Scenario 19 (issue #24): what a new user gets wrong is reported where they look. What CEL
 /// can express is refused at admission with the field named; the rest is accepted and then
 /// shown on the custom resource within a bounded time: `Stalled=True` (kstatus Failed) with a
 /// reason and a message naming the object, or `Degraded=True` and still `Reconciling` (kstatus
 /// InProgress) for a failure that clears by itself, plus a Warning Event with the reason. The
 /// custom resources are applied together and checked together.
 #[test]
-fn s18_failures_show_in_the_conditions() {
+fn s19_failures_show_in_the_conditions() {
     let _g = serial();
     oneshot_exported();
     let e = env_with_operator();
@@ -1842,7 +1842,7 @@ fn s18_failures_show_in_the_conditions() {
         }
         pending.is_empty().then_some(())
     });
-    eprintln!("e2e s18: reported after (s) {seen:?}");
+    eprintln!("e2e s19: reported after (s) {seen:?}");
     for r in &expected {
         let events = events_of(e, r.ns, r.name, r.reason);
         assert!(
