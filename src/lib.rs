@@ -4,6 +4,7 @@
 pub mod archive;
 pub mod cli;
 pub mod crashpoint;
+pub mod duration;
 pub mod engine;
 pub mod export;
 pub mod failure;

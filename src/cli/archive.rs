@@ -111,10 +111,7 @@ pub struct GcArgs {
 
 /// A duration, where zero is allowed (`0`, `0s`).
 fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    if s.trim_end_matches(['s', 'm', 'h']).trim_end_matches('m') == "0" {
-        return Ok(std::time::Duration::ZERO);
-    }
-    crate::engine::config::parse_duration(s)
+    crate::duration::parse_non_negative(s)
 }
 
 impl ArchiveArgs {

@@ -181,20 +181,12 @@ async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderEl
 }
 
 pub(super) fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    crate::engine::config::parse_duration(s)
+    crate::duration::parse_positive(s)
 }
 
 /// A retention age: the durations of --diff-interval, plus whole days (`7d`).
 fn parse_age(s: &str) -> Result<std::time::Duration, String> {
-    let d = match s.strip_suffix('d').map(str::parse::<u64>) {
-        Some(Ok(days)) => std::time::Duration::from_secs(days * 86_400),
-        Some(Err(_)) => return Err(format!("invalid age {s:?} (e.g. 7d, 36h, 90m)")),
-        None => parse_duration_arg(s)?,
-    };
-    if d.is_zero() {
-        return Err("the age must be greater than zero".into());
-    }
-    Ok(d)
+    crate::duration::parse_age(s)
 }
 
 /// The PostgreSQL connection, from a flag, a file or the environment.

@@ -166,46 +166,6 @@ pub struct EngineConfig {
     pub sources: Vec<SourceConfig>,
 }
 
-/// Parses durations such as `500ms`, `5s`, `1m`, `1h` or `1m30s`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let value: f64 = num.parse().map_err(|_| {
-            format!("malformed duration {text:?} (expected e.g. 500ms, 5s, 1m, 1h)")
-        })?;
-        let scale = match unit {
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => {
-                return Err(format!(
-                    "malformed duration {text:?}: unit {unit:?} (expected ms, s, m or h)"
-                ));
-            }
-        };
-        total += Duration::from_secs_f64(value * scale);
-        rest = tail;
-    }
-    if total.is_zero() {
-        return Err(format!("duration {text:?} must be greater than zero"));
-    }
-    Ok(total)
-}
-
 /// The syntax of an engine configuration file, by its name: laredo's HOCON for `.conf` and
 /// `.hocon`, larch's YAML otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -379,9 +339,8 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
         };
         let poll_interval = match &s.poll_interval {
             None => Duration::from_secs(5),
-            Some(serde_yaml_ng::Value::String(t)) => {
-                parse_duration(t).map_err(|e| format!("{path}.poll_interval: {e}"))?
-            }
+            Some(serde_yaml_ng::Value::String(t)) => crate::duration::parse_positive(t)
+                .map_err(|e| format!("{path}.poll_interval: {e}"))?,
             Some(other) => {
                 return Err(format!(
                     "{path}.poll_interval: expected a duration such as \"5s\", found {}",
@@ -501,15 +460,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
-        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
-        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        for bad in ["", "5", "5x", "s", "0s", "-1s", "5 s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
+    fn a_poll_interval_out_of_range_is_refused_by_its_path() {
+        let yaml = |interval: &str| {
+            format!(
+                "sources:\n  s:\n    type: archive\n    store: {{type: local, path: /tmp/x}}\n    poll_interval: \"{interval}\"\ntables:\n  - {{source: s, schema: public, table: t, targets: [{{type: memory}}]}}\n"
+            )
+        };
+        let e = EngineConfig::parse("e.yaml", &yaml("99999999999999999999h")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("e.yaml: sources.s.poll_interval: duration \"99999999999999999999h\" is out of range"),
+            "{e}"
+        );
+        let ok = EngineConfig::parse("e.yaml", &yaml("1h30m")).unwrap();
+        assert_eq!(ok.sources[0].poll_interval, Duration::from_secs(5400));
     }
 }

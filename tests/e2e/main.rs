@@ -7,6 +7,7 @@
 //! Run: `cargo test --test e2e` (needs `bash e2e/build.sh` once; see e2e/README.md).
 
 mod gitops;
+mod invalid_crs;
 mod support;
 
 use std::sync::OnceLock;

@@ -148,7 +148,7 @@ fn bad_configs_name_the_file_and_the_field() {
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: local, path: /d}, poll_interval: 5 parsecs}\n",
-            r#"engine.yaml: sources.seed.poll_interval: malformed duration "5 parsecs""#,
+            r#"engine.yaml: sources.seed.poll_interval: duration "5 parsecs": unknown unit " parsecs""#,
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: local, path: /d}, poll_interval: 5}\n",

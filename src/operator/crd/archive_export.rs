@@ -187,7 +187,8 @@ pub struct Retention {
     /// Delete epochs that ended longer ago than this (`7d`, `36h`, `90m`): every position of
     /// the last maxAge stays reconstructable; the current epoch is always kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16), pattern(r"^[1-9][0-9]*(m|h|d)$"))]
+    #[schemars(length(max = 64), pattern(crate::duration::CRD_AGE_PATTERN))]
+    #[x_kube(validation = Rule::new(crate::duration::CRD_AGE_RULE).message("maxAge must be whole days (7d, at most 106751d) or a positive duration such as 36h or 90m"))]
     pub max_age: Option<String>,
 }
 
@@ -239,7 +240,8 @@ pub struct Schedule {
     pub failed_jobs_history_limit: Option<i32>,
 }
 
-const DURATION: &str = r"^[0-9]+(ms|s|m|h)$";
+/// Durations: Go's grammar, as the CEL rules' `duration()` reads it (see `crate::duration`).
+const DURATION: &str = crate::duration::CRD_PATTERN;
 const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
 
 /// Policy knobs of a Continuous export (passed to `larch export --follow`).
@@ -249,15 +251,18 @@ const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
 pub struct ContinuousPolicy {
     /// How often buffered changes are written as a diff (default `30s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16), pattern(DURATION))]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(crate::duration::CRD_POSITIVE_RULE).message("diffInterval must be a positive duration such as 30s, 1m30s or 1.5h"))]
     pub diff_interval: Option<String>,
     /// Never write diffs more often than this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16), pattern(DURATION))]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(crate::duration::CRD_POSITIVE_RULE).message("minInterval must be a positive duration such as 30s, 1m30s or 1.5h"))]
     pub min_interval: Option<String>,
     /// Write a diff at least this often, even if small.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16), pattern(DURATION))]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(crate::duration::CRD_POSITIVE_RULE).message("maxInterval must be a positive duration such as 30s, 1m30s or 1.5h"))]
     pub max_interval: Option<String>,
     /// Write a diff once the buffer reaches this many bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

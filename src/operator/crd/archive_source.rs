@@ -54,9 +54,10 @@ pub struct ArchiveSourceSpec {
     /// Keep polling the archive for new diffs (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow: Option<bool>,
-    /// How often the archive is polled when following (e.g. `5s`).
+    /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 16), pattern(r"^[0-9]+(ms|s|m|h)$"))]
+    #[schemars(length(max = 64), pattern(crate::duration::CRD_PATTERN))]
+    #[x_kube(validation = Rule::new(crate::duration::CRD_POSITIVE_RULE).message("pollInterval must be a positive duration such as 5s, 500ms or 1m30s"))]
     pub poll_interval: Option<String>,
     /// Where rows go.
     pub target: Target,

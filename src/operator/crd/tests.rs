@@ -711,3 +711,99 @@ fn examples_parse_and_pass_the_cel_rules() {
         "examples cover OneShot, Continuous, an ArchiveSource and an ArchiveSourceSet"
     );
 }
+
+/// Every duration field refuses exactly what `crate::duration` refuses, as far as the offline
+/// evaluator can tell (the OpenAPI pattern and maxLength checked here with the `regex` crate, the
+/// CEL rule by kube's evaluator). That evaluator (the `cel` crate) is not the API server's
+/// cel-go: its `duration()` has no `µs`/`μs` and no range check, so it differs on exactly the
+/// texts below. The API server is the authority: e2e s18 runs the same table against it and
+/// finds no difference.
+const OFFLINE_CEL_DIFFERS: &[&str] = &[
+    "2\u{b5}s",
+    "2\u{3bc}s",
+    "2562047h47m16.854775808s",
+    "2562048h",
+    "9223372036854775808ns",
+    "99999999999999999999h",
+];
+
+#[test]
+fn duration_fields_refuse_what_the_parser_refuses() {
+    use crate::duration::{AGREEMENT_CASES, parse_age, parse_positive};
+    let export_crd = ArchiveExport::crd();
+    let source_crd = ArchiveSource::crd();
+    let cont = with(export_spec(), "/mode", json!("Continuous"));
+    type Parser = fn(&str) -> Result<std::time::Duration, String>;
+    let fields: [(&CustomResourceDefinition, Value, &str, &str, Parser); 5] = [
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "diffInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "minInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "maxInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(export_spec()),
+            "/spec/retention",
+            "maxAge",
+            parse_age,
+        ),
+        (
+            &source_crd,
+            source(source_spec()),
+            "/spec",
+            "pollInterval",
+            parse_positive,
+        ),
+    ];
+    let mut disagreements = Vec::new();
+    for (crd, base, parent, field, parser) in fields {
+        let schema = schema_of(crd);
+        let mut field_schema = &schema;
+        for seg in parent.split('/').skip(1) {
+            field_schema = &field_schema["properties"][seg];
+        }
+        let field_schema = &field_schema["properties"][field];
+        let pattern = regex::Regex::new(field_schema["pattern"].as_str().unwrap()).unwrap();
+        let max_len = field_schema["maxLength"].as_u64().unwrap() as usize;
+        for &text in AGREEMENT_CASES {
+            let mut obj = base.clone();
+            if obj.pointer(parent).is_none() {
+                let (p, k) = parent.rsplit_once('/').unwrap();
+                obj.pointer_mut(p).unwrap()[k] = json!({});
+            }
+            obj.pointer_mut(parent).unwrap()[field] = json!(text);
+            let schema_ok = text.len() <= max_len && pattern.is_match(text);
+            let crd_ok = schema_ok && cel(crd, &obj, None).is_empty();
+            let parser_ok = parser(text).is_ok();
+            if crd_ok != parser_ok && !OFFLINE_CEL_DIFFERS.contains(&text) {
+                disagreements.push(format!(
+                    "{field}={text:?}: crd {crd_ok} (schema {schema_ok}, cel {:?}), parser {:?}",
+                    cel(crd, &obj, None),
+                    parser(text)
+                ));
+            }
+            if crd_ok == parser_ok && OFFLINE_CEL_DIFFERS.contains(&text) {
+                disagreements.push(format!(
+                    "{field}={text:?}: the offline evaluator now agrees: shorten OFFLINE_CEL_DIFFERS"
+                ));
+            }
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+}
