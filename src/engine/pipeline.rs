@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Metrics, PipelineState};
-use super::targets::Target;
+use super::targets::{Resume, Target};
 use crate::archive::model::{ColumnDefinition, TableId, effective_key_fields};
 use crate::archive::value::Row;
 use crate::source::archive::ArchiveSource;
@@ -375,20 +375,28 @@ impl SourceRunner {
             tracing::info!(source = %self.id, pipeline = %p.id, "the target's table differs from the archive's columns: taking a baseline that alters it");
             return Ok(None);
         }
-        let mut stored = Vec::new();
+        let mut recorded = Vec::new();
         for p in &self.pipelines {
-            stored.push(p.target.resume_position().await?);
-        }
-        if stored.iter().any(Option::is_some) {
-            // C3: the targets' own checkpoints win over the state file.
-            let first = stored[0].clone();
-            if stored.iter().all(|s| s.is_some() && *s == first) {
-                return Ok(first);
+            match p.target.resume_position().await? {
+                Resume::Unrecorded => {}
+                // Checked before the state file: a target that cannot vouch for its rows is
+                // rebuilt even when the state file has a position.
+                Resume::Baseline(why) => {
+                    tracing::warn!(source = %self.id, pipeline = %p.id, reason = %why, "not resuming: taking a baseline");
+                    return Ok(None);
+                }
+                Resume::At(position) => recorded.push(position),
             }
-            tracing::warn!(source = %self.id, ?stored, "targets hold different positions: taking a baseline");
-            return Ok(None);
         }
-        self.source.last_acked_position().await
+        if recorded.is_empty() {
+            return self.source.last_acked_position().await;
+        }
+        // C3: the targets' own checkpoints win over the state file.
+        if recorded.len() == self.pipelines.len() && recorded.iter().all(|r| *r == recorded[0]) {
+            return Ok(recorded.pop());
+        }
+        tracing::warn!(source = %self.id, ?recorded, "targets hold different positions: taking a baseline");
+        Ok(None)
     }
 
     async fn baseline(&self) -> anyhow::Result<String> {

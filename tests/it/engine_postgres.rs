@@ -248,3 +248,82 @@ async fn restore_follow_restart_and_replace_into_postgres() {
     engine.stop().await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// Issue 14: the destination table dropped (its checkpoint row left in place) or truncated
+/// while the engine is down. On restart the checkpoint no longer matches the table it was
+/// written with: the engine takes a baseline — ready only with every row back — instead of
+/// resuming into an empty table at the head.
+#[tokio::test]
+async fn a_checkpoint_is_not_trusted_for_a_dropped_or_truncated_table() {
+    let db = new_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let dsn_file = dir.path().join("dsn");
+    std::fs::write(&dsn_file, format!("{}\n", db.dsn)).unwrap();
+    let state = dir.path().join("state/seed.pos");
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&archive).unwrap());
+    let mut a = TestArchive::new(store, "public.events/", "public.events").with_columns(columns());
+    let snap: Vec<String> = (1..=50).map(|i| row(i, "t")).collect();
+    a.snapshot("0/100", &crate::archive_build::refs(&snap))
+        .await;
+    let r51 = row(51, "n");
+    a.diff("0/100", "0/200", &[(Action::Insert, None, Some(&r51))])
+        .await;
+    let config = yaml(&archive, &dsn_file, &state);
+    let want = expected(
+        (1..=51)
+            .map(|i| (i, "t"))
+            .map(|(i, t)| (i, if i == 51 { "n" } else { t })),
+    );
+    let client = &db.client;
+
+    let engine = start_engine(&config).await;
+    wait_ready(engine.addr).await;
+    let w = want.clone();
+    eventually(15, "the archive restored", || {
+        let w = w.clone();
+        async move { (table_rows(client).await == w).then_some(()) }
+    })
+    .await;
+    engine.stop().await.unwrap();
+
+    for (what, sql) in [
+        ("dropped", "DROP TABLE public.events"),
+        ("truncated", "TRUNCATE public.events"),
+    ] {
+        db.client.batch_execute(sql).await.unwrap();
+        let kept: i64 = db
+            .client
+            .query_one("SELECT count(*) FROM public.larch_checkpoint", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(kept, 1, "{what}: the checkpoint row is still there");
+        let engine = start_engine(&config).await;
+        let addr = engine.addr;
+        wait_ready(addr).await;
+        // Ready means the baseline committed: the rows are there the moment /health/ready says so.
+        assert_eq!(
+            table_rows(client).await,
+            want,
+            "{what}: ready with the table rebuilt"
+        );
+        assert_eq!(
+            baselines(addr).await,
+            1.0,
+            "{what}: one baseline, no resume"
+        );
+        let status = get_json(addr, "/status").await;
+        let pipeline = &status["pipelines"]["seed:public.events:postgres"];
+        assert_eq!(pipeline["state"], "STREAMING", "{what}: {status}");
+        assert_eq!(pipeline["position"], "0/200", "{what}: {status}");
+        engine.stop().await.unwrap();
+    }
+
+    // And with the table intact, a restart still resumes (no baseline).
+    let engine = start_engine(&config).await;
+    wait_ready(engine.addr).await;
+    assert_eq!(baselines(engine.addr).await, 0.0, "an intact table resumes");
+    assert_eq!(table_rows(client).await, want);
+    engine.stop().await.unwrap();
+}

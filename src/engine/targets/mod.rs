@@ -11,6 +11,17 @@ use crate::archive::model::ColumnDefinition;
 use crate::archive::value::Row;
 use crate::source::ChangeEvent;
 
+/// What a durable target holds after a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// It records no position of its own: the source's state file decides.
+    Unrecorded,
+    /// Nothing it can vouch for (why, for the log): take a baseline, whatever the state file says.
+    Baseline(String),
+    /// The changes up to this position, recorded with the rows of the table it holds now.
+    At(String),
+}
+
 /// A pipeline's destination. A baseline is built *aside* (`begin_baseline`, `baseline_rows`)
 /// and replaces the live state atomically in `commit_baseline` (rule C2): readers see the
 /// old state or the new one, never a partial or empty table.
@@ -28,9 +39,10 @@ pub trait Target: Send + Sync {
     fn needs_baseline(&self) -> bool {
         false
     }
-    /// The position this target durably holds, if it records one (C3: wins over the state file).
-    async fn resume_position(&self) -> anyhow::Result<Option<String>> {
-        Ok(None)
+    /// What this target durably holds after a restart (C3: a recorded position wins over the
+    /// state file). Called after `init`.
+    async fn resume_position(&self) -> anyhow::Result<Resume> {
+        Ok(Resume::Unrecorded)
     }
     async fn begin_baseline(&self) -> anyhow::Result<()>;
     async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()>;

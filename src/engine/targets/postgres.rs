@@ -8,6 +8,10 @@
 //!   applied at each checkpoint in one transaction (upserts `INSERT … ON CONFLICT (pk) DO
 //!   UPDATE`, deletes, truncates) together with the checkpoint row (C3): the data and its
 //!   position never part.
+//! * A checkpoint is trusted only for the table it was written with ([`trusted_checkpoint`]):
+//!   the row records the table's identity (OID and relfilenode) in the same transaction as
+//!   the rows, so a destination table dropped and recreated, or truncated, behind the engine's
+//!   back is re-baselined instead of served empty as if in sync.
 //! * JSON values are converted by `jsonb_populate_record(NULL::tbl, row)`; bytea values arrive
 //!   as base64 text and go through `decode(x, 'base64')`.
 
@@ -18,7 +22,7 @@ use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
 
-use super::{Target, postgres_alter};
+use super::{Resume, Target, postgres_alter};
 use crate::archive::identity::{Identity, change_identity, row_identity};
 use crate::archive::model::{Action, Change, ColumnDefinition, TableId};
 use crate::archive::value::Row;
@@ -90,6 +94,38 @@ pub fn quote_ident(s: &str) -> String {
 
 fn qualified(t: &TableId) -> String {
     format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.table))
+}
+
+/// SQL for the identity of the table named by parameter `$n` (its qualified name): its OID and
+/// relfilenode. DROP + CREATE changes the OID; TRUNCATE (and rewrites such as VACUUM FULL)
+/// the relfilenode.
+fn table_identity_sql(n: u8) -> String {
+    format!(
+        "format('oid %s relfilenode %s', ${n}::text::regclass::oid, \
+         coalesce(pg_relation_filenode(${n}::text::regclass)::text, 'none'))"
+    )
+}
+
+/// Whether the checkpoint stored for `table` may be resumed from (C3): only when it was written
+/// together with the rows of the table that exists now (`current` identity). Anything else —
+/// no checkpoint, one written before identities were recorded, or one of a table since
+/// dropped, recreated or truncated — means a baseline, whatever the state file says.
+pub fn trusted_checkpoint(
+    table: &TableId,
+    stored: Option<(String, Option<String>)>,
+    current: &str,
+) -> Resume {
+    match stored {
+        None => Resume::Baseline(format!("no checkpoint for {table} in {CHECKPOINT_TABLE}")),
+        Some((_, None)) => Resume::Baseline(format!(
+            "the checkpoint of {table} records no table identity (written by an older larch)"
+        )),
+        Some((position, Some(identity))) if identity == current => Resume::At(position),
+        Some((position, Some(identity))) => Resume::Baseline(format!(
+            "the checkpoint of {table} at {position} was written with another table ({identity}; \
+             now {current}): the table was dropped and recreated, or truncated, since"
+        )),
+    }
 }
 
 /// `CREATE TABLE IF NOT EXISTS` for the archive's columns.
@@ -305,10 +341,13 @@ impl PostgresTarget {
             pk_select.join(", ")
         );
         let checkpoint = format!(
-            "INSERT INTO {} (target_table, source, position, updated_at) VALUES ($1, $2, $3, now()) \
+            "INSERT INTO {} (target_table, source, position, table_identity, updated_at) \
+             VALUES ($1, $2, $3, {}, now()) \
              ON CONFLICT (target_table) DO UPDATE SET source = EXCLUDED.source, \
-             position = EXCLUDED.position, updated_at = EXCLUDED.updated_at",
-            qualified(&self.checkpoint_table())
+             position = EXCLUDED.position, table_identity = EXCLUDED.table_identity, \
+             updated_at = EXCLUDED.updated_at",
+            qualified(&self.checkpoint_table()),
+            table_identity_sql(4)
         );
         Ok(Statements {
             upsert,
@@ -362,7 +401,12 @@ impl PostgresTarget {
         client
             .execute(
                 &st.checkpoint,
-                &[&self.table.to_string(), &self.source_id, &position],
+                &[
+                    &self.table.to_string(),
+                    &self.source_id,
+                    &position,
+                    &qualified(&self.table),
+                ],
             )
             .await
             .with_context(|| {
@@ -393,7 +437,8 @@ impl Target for PostgresTarget {
             .batch_execute(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {0}; \
                  CREATE TABLE IF NOT EXISTS {1} (target_table text PRIMARY KEY, source text NOT NULL, \
-                 position text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())",
+                 position text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now()); \
+                 ALTER TABLE {1} ADD COLUMN IF NOT EXISTS table_identity text",
                 quote_ident(&self.table.schema),
                 qualified(&self.checkpoint_table())
             ))
@@ -443,20 +488,34 @@ impl Target for PostgresTarget {
         self.needs_alter.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    async fn resume_position(&self) -> anyhow::Result<Option<String>> {
+    async fn resume_position(&self) -> anyhow::Result<Resume> {
         let guard = self.conn().await?;
         let client = &guard.as_ref().expect("connected").client;
-        let row = client
+        let current: String = client
+            .query_one(
+                &format!("SELECT {}", table_identity_sql(1)),
+                &[&qualified(&self.table)],
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "postgres target {}: reading the table's identity",
+                    self.table
+                )
+            })?
+            .get(0);
+        let stored = client
             .query_opt(
                 &format!(
-                    "SELECT position FROM {} WHERE target_table = $1",
+                    "SELECT position, table_identity FROM {} WHERE target_table = $1",
                     qualified(&self.checkpoint_table())
                 ),
                 &[&self.table.to_string()],
             )
             .await
-            .with_context(|| format!("postgres target {}: reading the checkpoint", self.table))?;
-        Ok(row.map(|r| r.get(0)))
+            .with_context(|| format!("postgres target {}: reading the checkpoint", self.table))?
+            .map(|r| (r.get(0), r.get(1)));
+        Ok(trusted_checkpoint(&self.table, stored, &current))
     }
 
     async fn begin_baseline(&self) -> anyhow::Result<()> {
@@ -634,6 +693,31 @@ impl Target for PostgresTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_is_trusted_only_with_the_table_it_was_written_with() {
+        let t = TableId::new("public", "events");
+        let now = "oid 16402 relfilenode 16402";
+        let stored = |id: Option<&str>| Some(("0/200".to_string(), id.map(str::to_string)));
+        assert_eq!(
+            trusted_checkpoint(&t, stored(Some(now)), now),
+            Resume::At("0/200".into())
+        );
+        let Resume::Baseline(why) =
+            trusted_checkpoint(&t, stored(Some("oid 16390 relfilenode 16390")), now)
+        else {
+            panic!("a checkpoint of a dropped table was trusted");
+        };
+        assert!(why.contains("oid 16390") && why.contains(now), "{why}");
+        assert!(matches!(
+            trusted_checkpoint(&t, stored(None), now),
+            Resume::Baseline(w) if w.contains("older larch")
+        ));
+        assert!(matches!(
+            trusted_checkpoint(&t, None, now),
+            Resume::Baseline(w) if w.contains("no checkpoint")
+        ));
+    }
 
     #[test]
     fn types_map_back_to_sql() {
