@@ -2,49 +2,64 @@
 //! left by a writer that died between an upload and its manifest swap, or between a swap that
 //! pruned an epoch and the deletion of that epoch's objects.
 //!
-//! Only an *orphan* is ever swept: an unreferenced artifact object of an epoch the manifest no
-//! longer lists, last modified before the manifest's `updated_at` by more than the clock
-//! allowance ([`CLOCK_ALLOWANCE`]: S3 reports seconds only, and the store's clock is not the
-//! writer's). An unreferenced object of a
-//! listed epoch, or one newer than the manifest (another writer may be about to commit it), is
-//! reported but left alone; `larch archive gc --include-listed-epochs` removes the former once
-//! no writer runs. Objects whose names are not artifact keys are never touched.
+//! Nothing here depends on clocks agreeing between machines: an object's age is judged against
+//! the manifest *object's* modification time, both read from the store's own clock, never
+//! against the `updated_at` a writer's clock put into the manifest (a writer whose clock runs
+//! ahead made `gc --delete` remove an upload it was about to commit; issue 14). A writer only
+//! commits what it uploaded after the manifest revision it holds, so an unreferenced object
+//! stored *before* the current manifest can no longer be committed by anyone, and only such
+//! objects are candidates:
+//!
+//! * an **orphan** is one of an epoch *below* the manifest's current epoch that the manifest no
+//!   longer lists (uploads in progress are of the current epoch or the next): the writer's
+//!   sweep and `larch archive gc --delete` remove it;
+//! * one of a listed epoch or of an epoch the manifest has not reached yet is reported and kept;
+//!   `gc --include-listed-epochs` removes it once no writer runs;
+//! * one stored at or after the manifest (or undated) is always kept: a writer may be about to
+//!   commit it.
+//!
+//! Objects whose names are not artifact keys are never touched.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::error::Result;
+use super::error::{ArchiveError, Result};
 use super::format::Format;
-use super::manifest::{Manifest, referenced_keys};
+use super::manifest::{Manifest, manifest_key, referenced_keys};
 use super::store::Store;
 
-/// How much older than the manifest an object must look before it counts as older: S3's
-/// `LastModified` has whole seconds, and the store's clock and the writer's may disagree.
-pub const CLOCK_ALLOWANCE: Duration = Duration::from_secs(5);
+/// The coarsest modification time a store reports (S3: whole seconds). A writer that commits
+/// this long after it opened stores its manifest after every upload of a writer that died
+/// before it started, by the store's clock.
+pub const STORE_TIME_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// Why an unreferenced object may or may not be deleted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unreferenced {
-    /// Its epoch is no longer listed and it predates the manifest: an orphan, safe to delete.
+    /// Stored before the manifest, of an epoch below the manifest's that it no longer lists: an
+    /// orphan, safe to delete.
     Orphan,
-    /// Its epoch is still listed (an upload whose commit never happened): kept by the sweep.
+    /// Stored before the manifest, of an epoch the manifest lists or has not reached yet (an
+    /// upload whose commit never happened): kept by the sweep.
     ListedEpoch,
-    /// Not older than the manifest's `updated_at` by the clock allowance (or undated): a
-    /// writer may be committing it right now.
+    /// Not stored before the manifest by the store's clock (or undated): a writer may be
+    /// committing it right now.
     TooNew,
 }
 
 impl Unreferenced {
     pub fn describe(self) -> &'static str {
         match self {
-            Unreferenced::Orphan => "orphan: its epoch is no longer listed",
+            Unreferenced::Orphan => {
+                "orphan: its epoch is below the manifest's and no longer listed"
+            }
             Unreferenced::ListedEpoch => {
-                "unreferenced upload in a listed epoch (kept; gc --include-listed-epochs)"
+                "unreferenced upload in a listed or later epoch (kept; gc --include-listed-epochs)"
             }
             Unreferenced::TooNew => {
-                "not older than the manifest (within the clock allowance): a writer may be committing it (kept)"
+                "not stored before the manifest (store clock): a writer may be committing it (kept)"
             }
         }
     }
@@ -72,19 +87,26 @@ fn artifact_epoch(key_prefix: &str, key: &str) -> Option<i64> {
     epoch.parse().ok()
 }
 
-/// Every object of the prefix's artifact key space that `manifest` does not reference,
-/// classified; an object counts as older than the manifest when modified more than
-/// `allowance` before its `updated_at`.
+/// Every object of the prefix's artifact key space that `manifest` (the committed manifest just
+/// read from `store`) does not reference, classified. An object counts as stored before the
+/// manifest when its modification time is more than `margin` before the manifest object's,
+/// both by the store's clock (zero is right for every store: the times are the same clock's).
 pub async fn find_unreferenced(
     store: &dyn Store,
     key_prefix: &str,
     manifest: &Manifest,
-    allowance: Duration,
+    margin: Duration,
 ) -> Result<Vec<UnreferencedObject>> {
     let referenced = referenced_keys(key_prefix, &manifest.artifacts);
     let listed: BTreeSet<i64> = manifest.artifacts.iter().map(|a| a.epoch).collect();
-    let older_than = manifest.updated_at.with_timezone(&Utc)
-        - chrono::Duration::from_std(allowance).unwrap_or(chrono::Duration::MAX);
+    let key = manifest_key(key_prefix);
+    let stored_at = store
+        .head(&key)
+        .await?
+        .ok_or(ArchiveError::ManifestNotFound { key: key.clone() })?
+        .modified;
+    let older_than =
+        stored_at.map(|t| t - chrono::Duration::from_std(margin).unwrap_or(chrono::Duration::MAX));
     let mut out = Vec::new();
     for obj in store.list(&format!("{key_prefix}epoch=")).await? {
         let Some(epoch) = artifact_epoch(key_prefix, &obj.key) else {
@@ -93,15 +115,13 @@ pub async fn find_unreferenced(
         if referenced.contains(&obj.key) {
             continue;
         }
-        let class = match obj.modified {
-            Some(m) if m < older_than => {
-                if listed.contains(&epoch) {
-                    Unreferenced::ListedEpoch
-                } else {
-                    Unreferenced::Orphan
-                }
-            }
-            _ => Unreferenced::TooNew,
+        let before_manifest = matches!((obj.modified, older_than), (Some(m), Some(t)) if m < t);
+        let class = if !before_manifest {
+            Unreferenced::TooNew
+        } else if epoch < manifest.epoch && !listed.contains(&epoch) {
+            Unreferenced::Orphan
+        } else {
+            Unreferenced::ListedEpoch
         };
         out.push(UnreferencedObject {
             key: obj.key,
@@ -135,7 +155,7 @@ pub async fn sweep(
     key_prefix: &str,
     manifest: &Manifest,
 ) -> Result<Vec<String>> {
-    let found = find_unreferenced(store, key_prefix, manifest, CLOCK_ALLOWANCE).await?;
+    let found = find_unreferenced(store, key_prefix, manifest, Duration::ZERO).await?;
     remove(store, &found, &[Unreferenced::Orphan]).await
 }
 

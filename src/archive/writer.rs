@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use chrono::{DateTime, FixedOffset};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ArchiveError, Result};
@@ -31,6 +32,38 @@ type Upload = (
 /// Bytes buffered per format before they go to the upload.
 const UPLOAD_CHUNK: usize = 1 << 20;
 
+/// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a
+/// test's clock that runs ahead or behind.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> DateTime<FixedOffset> + Send + Sync>);
+
+impl Clock {
+    pub fn system() -> Clock {
+        Clock(Arc::new(now_utc))
+    }
+
+    /// The system clock shifted by `offset` (a machine whose clock is off).
+    pub fn offset(offset: chrono::Duration) -> Clock {
+        Clock(Arc::new(move || now_utc() + offset))
+    }
+
+    pub fn now(&self) -> DateTime<FixedOffset> {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::system()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({})", self.now())
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct WriterConfig {
     /// `schema.table`, recorded in the manifest.
@@ -45,6 +78,8 @@ pub struct WriterConfig {
     pub keep_epochs: u32,
     /// Prune epochs that ended longer ago than this (see [`super::retention::Retention`]).
     pub max_age: Option<Duration>,
+    /// The clock of the times the writer records.
+    pub clock: Clock,
 }
 
 impl WriterConfig {
@@ -58,6 +93,7 @@ impl WriterConfig {
             policy: Policy::default(),
             keep_epochs: 0,
             max_age: None,
+            clock: Clock::system(),
         }
     }
 }
@@ -97,9 +133,9 @@ pub struct ArchiveWriter {
     rows_estimate: u64,
     last_snapshot_at: Option<Instant>,
     last_snapshot_bytes: u64,
-    /// Sweep orphans after the first commit made a clock allowance after opening (W10): its
-    /// `updated_at` then postdates every upload of a writer that died before us by more than
-    /// the allowance. Commits that change the epoch or prune sweep too.
+    /// Sweep orphans after the first commit made a store time resolution after opening (W10):
+    /// the manifest is then stored after every upload of a writer that died before us, by the
+    /// store's clock. Commits that change the epoch or prune sweep too.
     sweep_after_commit: bool,
     opened_at: Instant,
 }
@@ -343,7 +379,7 @@ impl ArchiveWriter {
             epoch: self.manifest.epoch,
             from_position: Some(from),
             to_position: to.to_string(),
-            created_at: now_utc(),
+            created_at: self.config.clock.now(),
             row_count: 0,
             change_count: self.buffer_depth() as i64,
             formats: BTreeMap::new(),
@@ -409,7 +445,7 @@ impl ArchiveWriter {
             epoch,
             from_position: None,
             to_position: position.to_string(),
-            created_at: now_utc(),
+            created_at: self.config.clock.now(),
             row_count: 0,
             change_count: 0,
             formats: BTreeMap::new(),
@@ -618,7 +654,7 @@ impl ArchiveWriter {
         if let Some(e) = new_epoch {
             next.epoch = e;
         }
-        next.updated_at = now_utc();
+        next.updated_at = self.config.clock.now();
         next.head_position = artifact.to_position.clone();
         next.artifacts.push(artifact);
         let retention = super::retention::Retention {
@@ -635,6 +671,8 @@ impl ArchiveWriter {
         let bytes = Bytes::from(next.to_json());
         let key = manifest_key(&self.config.key_prefix);
         crate::crashpoint::crash_point("writer.after-upload");
+        self.check_uploads(next.artifacts.last().expect("just pushed"))
+            .await?;
         for (i, store) in self.stores.iter().enumerate() {
             match store.put_cas(&key, bytes.clone(), &self.revisions[i]).await {
                 Ok(rev) => self.revisions[i] = rev,
@@ -649,13 +687,41 @@ impl ArchiveWriter {
         self.manifest = next;
         crate::crashpoint::crash_point("writer.after-commit");
         self.delete_artifacts(&pruned).await;
-        let first_due =
-            self.sweep_after_commit && self.opened_at.elapsed() > super::orphans::CLOCK_ALLOWANCE;
+        let first_due = self.sweep_after_commit
+            && self.opened_at.elapsed() > super::orphans::STORE_TIME_RESOLUTION;
         if first_due || new_epoch.is_some() || !pruned.is_empty() {
             if first_due {
                 self.sweep_after_commit = false;
             }
             self.sweep_orphans().await;
+        }
+        Ok(())
+    }
+
+    /// Right before the manifest swap: every object of `artifact` is on every store with the
+    /// size uploaded. Whatever removed one in between (a `gc --delete` judging by a skewed clock,
+    /// an operator's `rm`) would otherwise make the commit point at nothing.
+    async fn check_uploads(&self, artifact: &Artifact) -> Result<()> {
+        for (format, entry) in &artifact.formats {
+            let ext = Format::parse(format)?.extension();
+            let key = artifact_key(&self.config.key_prefix, artifact, ext);
+            for store in &self.stores {
+                match store.head(&key).await? {
+                    Some(o) if o.size as i64 == entry.size_bytes => {}
+                    found => {
+                        return Err(ArchiveError::Invalid(format!(
+                            "{key} on {}: {} before the manifest commit (uploaded {} B); not \
+                             committing (was it deleted by `larch archive gc` or by hand?)",
+                            store.name(),
+                            match found {
+                                Some(o) => format!("{} B", o.size),
+                                None => "gone".into(),
+                            },
+                            entry.size_bytes
+                        )));
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -26,7 +26,8 @@ pub enum ArchiveCommand {
     /// Also lists objects the manifest does not reference (orphans), which do not fail it.
     #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Verify(VerifyArgs),
-    /// Remove orphans: objects of epochs the manifest no longer lists, older than the manifest.
+    /// Remove orphans: objects of epochs below the manifest's that it no longer lists, stored
+    /// before the manifest (by the store's clock).
     /// A dry run unless --delete.
     #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Gc(GcArgs),
@@ -55,9 +56,10 @@ pub struct ArchiveArgs {
 /// `--clock-allowance` of the commands that judge orphans by age.
 #[derive(Args, Debug)]
 pub struct ClockAllowanceArgs {
-    /// An object counts as older than the manifest only when modified this much before its
-    /// `updated_at` (S3 times have whole seconds; clocks differ).
-    #[arg(long, default_value = "5s", value_parser = parse_duration_arg)]
+    /// An object counts as stored before the manifest only when its modification time is this
+    /// much earlier than the manifest object's (both from the store's own clock, so no
+    /// allowance for clock skew between machines is needed).
+    #[arg(long, default_value = "0s", value_parser = parse_duration_arg)]
     pub clock_allowance: std::time::Duration,
 }
 
@@ -415,7 +417,11 @@ async fn run_verify(args: VerifyArgs) -> anyhow::Result<i32> {
 
 async fn gc(args: GcArgs) -> anyhow::Result<i32> {
     let reader = args.archive.reader().await?;
-    let manifest = reader.load_manifest().await?;
+    let (manifest, revision) = reader.try_load_manifest().await?.ok_or_else(|| {
+        crate::archive::error::ArchiveError::ManifestNotFound {
+            key: reader.manifest_key(),
+        }
+    })?;
     let store = reader.store().as_ref();
     let found = find_unreferenced(
         store,
@@ -443,6 +449,14 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
             reader.key_prefix()
         );
         return Ok(0);
+    }
+    // A writer that committed since: its new objects were judged against an older manifest.
+    let now = reader.try_load_manifest().await?.map(|(_, r)| r);
+    if now.as_deref() != Some(revision.as_str()) {
+        anyhow::bail!(
+            "{} changed while gc ran (a writer is active): nothing deleted; run gc again",
+            reader.manifest_key()
+        );
     }
     let owned: Vec<UnreferencedObject> = chosen.into_iter().cloned().collect();
     let deleted = remove(store, &owned, &classes)

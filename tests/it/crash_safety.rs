@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use larch::archive::manifest::{ArtifactKind, Manifest, artifact_key, manifest_key};
 use larch::archive::model::Action;
-use larch::archive::orphans::{CLOCK_ALLOWANCE, Unreferenced, find_unreferenced};
+use larch::archive::orphans::{Unreferenced, find_unreferenced};
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
 use rand::Rng;
@@ -116,7 +116,7 @@ fn grep_objects(dir: &Path, id: i64) -> String {
 
 async fn unreferenced(dir: &Path) -> Vec<larch::archive::orphans::UnreferencedObject> {
     let store = LocalStore::new(dir).unwrap();
-    find_unreferenced(&store, PREFIX, &manifest(dir), CLOCK_ALLOWANCE)
+    find_unreferenced(&store, PREFIX, &manifest(dir), Duration::ZERO)
         .await
         .unwrap()
 }

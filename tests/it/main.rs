@@ -13,6 +13,7 @@ mod engine_memory;
 mod engine_postgres;
 mod engine_support;
 mod fixtures;
+mod gc_race;
 mod image_contract;
 mod laredo_hocon;
 mod operator_contract;

@@ -106,6 +106,35 @@ async fn missing_keys_read_as_none(store: &dyn Store, ctx: &Ctx) {
     );
 }
 
+/// `head` answers what a listing answers for one key: size and the store's time; `None` for a
+/// missing key or a "directory".
+async fn head_reports_size_and_store_time(store: &dyn Store, ctx: &Ctx) {
+    let before = chrono::Utc::now() - chrono::Duration::seconds(2);
+    store.put("head/dir/obj", &pattern(777, 3)).await.unwrap();
+    let h = store.head("head/dir/obj").await.unwrap().expect("present");
+    assert_eq!(
+        (h.key.as_str(), h.size),
+        ("head/dir/obj", 777),
+        "{}",
+        ctx.name
+    );
+    let listed = store.list("head/dir/obj").await.unwrap();
+    assert_eq!(listed, vec![h.clone()], "{}", ctx.name);
+    assert!(
+        h.modified.is_some_and(|m| m > before),
+        "{}: {h:?}",
+        ctx.name
+    );
+    for missing in ["head/dir/none", "head/dir", "head/dir/ob"] {
+        assert!(
+            store.head(missing).await.unwrap().is_none(),
+            "{}: {missing}",
+            ctx.name
+        );
+    }
+    assert!(store.head("../escape").await.is_err(), "{}", ctx.name);
+}
+
 async fn get_returns_data_and_revision(store: &dyn Store, ctx: &Ctx) {
     let data = pattern(1000, 1);
     store.put("get/obj", &data).await.unwrap();
@@ -423,6 +452,7 @@ async fn conformance(store: &dyn Store, ctx: &Ctx) {
     put_returns_uri_size_and_sha256(store, ctx).await;
     missing_keys_read_as_none(store, ctx).await;
     get_returns_data_and_revision(store, ctx).await;
+    head_reports_size_and_store_time(store, ctx).await;
     put_cas_create_stale_current(store, ctx).await;
     content_is_replaced(store, ctx).await;
     open_streams_a_large_object(store, ctx).await;

@@ -594,11 +594,11 @@ async fn on_seaweedfs_two_writers_one_wins_and_large_snapshots_stream_multipart(
 }
 
 /// W10 on one store: a writer opening an existing prefix sweeps objects of epochs the manifest
-/// no longer lists once they are older than the manifest (by the clock allowance), and nothing
+/// no longer lists once they are older than the manifest (by the store's clock), and nothing
 /// else: not an unreferenced upload of a listed epoch, not a fresh object a writer may be about
 /// to commit, not a file that is no artifact.
 async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
-    use larch::archive::orphans::{CLOCK_ALLOWANCE, Unreferenced, find_unreferenced};
+    use larch::archive::orphans::{STORE_TIME_RESOLUTION, Unreferenced, find_unreferenced};
     let mut c = config(vec![Format::Jsonl]);
     c.keep_epochs = 1;
     let mut w = ArchiveWriter::open(vec![store.clone()], c.clone())
@@ -619,8 +619,8 @@ async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
     for k in [orphan, listed, not_an_artifact] {
         store.put(k, b"{}\n").await.unwrap();
     }
-    // A commit after the clock allowance: the manifest is now clearly newer than those.
-    tokio::time::sleep(CLOCK_ALLOWANCE + Duration::from_secs(1)).await;
+    // A commit in a later second (S3 times are whole seconds): the manifest is newer than those.
+    tokio::time::sleep(STORE_TIME_RESOLUTION + Duration::from_secs(1)).await;
     w.record(Action::Insert, None, Some(row(r#"{"id":3}"#)));
     w.flush("0/30").await.unwrap();
     // Uploaded after the manifest: another writer may be committing it.
@@ -638,7 +638,7 @@ async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
     for k in [listed, not_an_artifact, fresh] {
         assert!(keys.contains(&k.to_string()), "{k} kept: {keys:?}");
     }
-    let left = find_unreferenced(store.as_ref(), "public.items/", &manifest, CLOCK_ALLOWANCE)
+    let left = find_unreferenced(store.as_ref(), "public.items/", &manifest, Duration::ZERO)
         .await
         .unwrap();
     let classes: Vec<(&str, Unreferenced)> =

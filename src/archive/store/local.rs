@@ -249,6 +249,20 @@ impl Store for LocalStore {
         }
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        let path = self.path(key)?;
+        match tokio::fs::metadata(&path).await {
+            Ok(m) if m.is_file() => Ok(Some(ObjectInfo {
+                key: key.to_string(),
+                size: m.len(),
+                modified: m.modified().ok().map(DateTime::<Utc>::from),
+            })),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ArchiveError::storage(key, e)),
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let root = self.root.clone();
         let prefix = prefix.to_string();

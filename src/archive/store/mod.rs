@@ -69,6 +69,11 @@ pub trait Store: Send + Sync + Debug {
     async fn delete(&self, key: &str) -> Result<()>;
     /// Lists objects whose key starts with `prefix`.
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+    /// Size and time of one object (the store's own clock); `None` when absent.
+    async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        check_key(key)?;
+        Ok(self.list(key).await?.into_iter().find(|o| o.key == key))
+    }
 
     /// Writes a whole object (convenience over `create`).
     async fn put(&self, key: &str, bytes: &[u8]) -> Result<PutResult> {

@@ -421,6 +421,26 @@ impl Store for S3Store {
         }
     }
 
+    async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        let full = self.full_key(key)?;
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(&full)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(Some(ObjectInfo {
+                key: key.to_string(),
+                size: out.content_length().unwrap_or(0).max(0) as u64,
+                modified: out.last_modified().and_then(to_chrono),
+            })),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.storage_error(key, "HeadObject", e)),
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         check_key_prefix(prefix)?;
         let full_prefix = format!("{}{}", self.prefix, prefix);
