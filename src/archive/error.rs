@@ -31,6 +31,14 @@ pub enum ArchiveError {
     #[error("key {key:?} escapes the store root")]
     KeyEscapesRoot { key: String },
     #[error(
+        "key {key:?} leads outside the store root through the symbolic link {link} -> {target}: refused"
+    )]
+    LinkEscapesRoot {
+        key: String,
+        link: String,
+        target: String,
+    },
+    #[error(
         "manifest {key} changed under us (compare-and-swap conflict): another writer owns this prefix"
     )]
     CasConflict { key: String },

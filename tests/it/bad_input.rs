@@ -108,3 +108,98 @@ async fn diff_cycles_and_invalid_positions_terminate() {
         report.problems
     );
 }
+
+/// Issue 14 item 4: symbolic links inside a local store that lead outside its root are refused
+/// for reads and writes alike (a linked snapshot is not read, a linked prefix directory is not
+/// written through); links that stay inside the root work.
+#[tokio::test]
+async fn symlinks_out_of_a_local_store_are_refused_for_reads_and_writes() {
+    use larch::archive::model::Action;
+    use larch::archive::writer::{ArchiveWriter, WriterConfig};
+    use std::os::unix::fs::symlink;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&root).unwrap());
+    let config = || {
+        let mut c = WriterConfig::new("public.t", "t/");
+        c.snapshot_formats = vec![Format::Jsonl];
+        c.diff_formats = vec![Format::Jsonl];
+        c
+    };
+    let mut w = ArchiveWriter::open(vec![store.clone()], config())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(larch::archive::value::Row::parse(r#"{"id":1}"#).unwrap())
+        .await
+        .unwrap();
+    drop(tx);
+    w.write_snapshot("0/1", rx).await.unwrap();
+
+    // Read: the snapshot replaced by a link to a file outside the root.
+    let snapshot = root.join("t/epoch=1/snapshot-0_1.jsonl");
+    std::fs::rename(&snapshot, outside.join("secret.jsonl")).unwrap();
+    symlink(outside.join("secret.jsonl"), &snapshot).unwrap();
+    let reader = ArchiveReader::new(store.clone(), "t/", vec![Format::Jsonl]).unwrap();
+    let e = reader
+        .reconstruct_at(None, &[])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("t/epoch=1/snapshot-0_1.jsonl")
+            && e.contains("outside the store root through the symbolic link")
+            && e.contains("secret.jsonl"),
+        "{e}"
+    );
+    // The listing does not report it as an object either.
+    let listed: Vec<String> = store
+        .list("t/")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(listed, ["t/manifest.json"]);
+
+    // Write: the epoch directory replaced by a link to a directory outside the root.
+    let epoch = root.join("t/epoch=1");
+    std::fs::remove_file(&snapshot).unwrap();
+    std::fs::remove_dir(&epoch).unwrap();
+    symlink(&outside, &epoch).unwrap();
+    w.record(
+        Action::Insert,
+        None,
+        Some(larch::archive::value::Row::parse(r#"{"id":2}"#).unwrap()),
+    );
+    let e = w.flush("0/2").await.unwrap_err().to_string();
+    assert!(
+        e.contains("t/epoch=1/diff-0_1-0_2.jsonl") && e.contains("symbolic link"),
+        "{e}"
+    );
+    let written: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        written,
+        [std::ffi::OsString::from("secret.jsonl")],
+        "nothing written outside"
+    );
+    assert_eq!(w.head(), "0/1", "nothing committed");
+
+    // A link that stays inside the root is followed.
+    std::fs::remove_file(&epoch).unwrap();
+    std::fs::create_dir_all(root.join("elsewhere")).unwrap();
+    std::fs::copy(
+        outside.join("secret.jsonl"),
+        root.join("elsewhere/snapshot-0_1.jsonl"),
+    )
+    .unwrap();
+    symlink(root.join("elsewhere"), &epoch).unwrap();
+    let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
+    assert_eq!(folded.rows.len(), 1);
+}

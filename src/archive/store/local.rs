@@ -1,5 +1,10 @@
 //! Local filesystem store: temp file + fsync + rename + directory fsync; manifest CAS under an
 //! exclusive file lock, with the SHA-256 of the content as revision.
+//!
+//! Keys never leave the root: not by their text (`..`, absolute paths: `check_key`), and not
+//! through a symbolic link inside the root that points outside it (a linked snapshot, a linked
+//! prefix directory): every key's path is resolved component by component and refused — for
+//! reads and writes alike — when a link leads out. Links that stay inside the root work.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
@@ -50,7 +55,43 @@ impl LocalStore {
 
     fn path(&self, key: &str) -> Result<PathBuf> {
         check_key(key)?;
-        Ok(self.root.join(key))
+        let path = self.root.join(key);
+        self.refuse_links_out(key, &path)?;
+        Ok(path)
+    }
+
+    /// Refuses a path whose existing components include a symbolic link resolving outside the
+    /// root (or nowhere).
+    fn refuse_links_out(&self, key: &str, path: &Path) -> Result<()> {
+        let mut at = self.root.clone();
+        let rest = path.strip_prefix(&self.root).expect("joined to the root");
+        for part in rest.components() {
+            at.push(part);
+            let meta = match fs::symlink_metadata(&at) {
+                Ok(m) => m,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(ArchiveError::storage(key, e)),
+            };
+            if !meta.file_type().is_symlink() {
+                continue;
+            }
+            let escapes = |target: String| ArchiveError::LinkEscapesRoot {
+                key: key.to_string(),
+                link: at.display().to_string(),
+                target,
+            };
+            match fs::canonicalize(&at) {
+                Ok(real) if real.starts_with(&self.root) => {}
+                Ok(real) => return Err(escapes(real.display().to_string())),
+                Err(_) => {
+                    let target = fs::read_link(&at)
+                        .map(|t| format!("{} (which does not exist)", t.display()))
+                        .unwrap_or_else(|e| format!("? ({e})"));
+                    return Err(escapes(target));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -298,6 +339,18 @@ impl Store for LocalStore {
                         Err(e) => {
                             return Err(ArchiveError::io(format!("stat {}", path.display()), e));
                         }
+                    };
+                    // A link is an object only when it resolves to a file inside the root;
+                    // linked directories are not descended (no loops, nothing outside).
+                    let meta = if meta.file_type().is_symlink() {
+                        match fs::canonicalize(&path)
+                            .and_then(|real| Ok((real.starts_with(&root), fs::metadata(&real)?)))
+                        {
+                            Ok((true, m)) if m.is_file() => m,
+                            _ => continue,
+                        }
+                    } else {
+                        meta
                     };
                     if meta.is_dir() {
                         if prefix.starts_with(&format!("{rel}/"))
