@@ -281,6 +281,12 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
             .extend(targets);
     }
 
+    if raw.sources.is_empty() {
+        return Err(
+            "sources: at least one source is required (an engine without one serves nothing, yet would report ready)"
+                .into(),
+        );
+    }
     let mut sources = Vec::new();
     for (id, s) in &raw.sources {
         let path = format!("sources.{id}");
@@ -458,6 +464,22 @@ fn validate_target(path: &str, t: &RawTarget, table: &TableId) -> Result<TargetC
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_config_without_sources_is_refused() {
+        for text in [
+            "sources: {}\n",
+            "sources: {}\ntables: []\n",
+            "{}\n",
+            "tables: []\n",
+        ] {
+            let e = EngineConfig::parse("e.yaml", text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("e.yaml: sources: at least one source is required"),
+                "{text:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn a_poll_interval_out_of_range_is_refused_by_its_path() {
