@@ -321,6 +321,7 @@ impl MemoryTarget {
         let mut limit = DEFAULT_PAGE;
         let mut after: Option<SortKey> = None;
         let mut filters: Vec<(usize, Box<str>)> = Vec::new();
+        refuse_repeats(params)?;
         for (k, v) in params {
             match k.as_str() {
                 "limit" => {
@@ -334,7 +335,7 @@ impl MemoryTarget {
                             ))
                         })?;
                 }
-                "after" => after = Some(decode_cursor(v)?),
+                "after" => after = Some(decode_cursor(&self.table, v)?),
                 field => {
                     let Some(i) = self.index_fields.iter().position(|f| f == field) else {
                         return Err(QueryError(format!(
@@ -381,7 +382,7 @@ impl MemoryTarget {
         }
         let next = if out.len() > limit {
             out.truncate(limit);
-            out.last().map(|(k, _)| encode_cursor(k))
+            out.last().map(|(k, _)| encode_cursor(&self.table, k))
         } else {
             None
         };
@@ -411,6 +412,7 @@ impl MemoryTarget {
     pub fn get(&self, params: &[(String, String)]) -> Result<Option<String>, QueryError> {
         let data = self.live.read().expect("lock");
         let key_fields = data.key_fields.clone();
+        refuse_repeats(params)?;
         for (k, _) in params {
             if !key_fields.contains(k) {
                 return Err(QueryError(format!(
@@ -441,17 +443,56 @@ fn query_value(v: &str) -> Box<str> {
         .into_boxed_str()
 }
 
-fn encode_cursor(k: &SortKey) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k.text().as_bytes())
+/// A parameter given twice is ambiguous (`row?id=6&id=7`): refused, never "the first one wins".
+fn refuse_repeats(params: &[(String, String)]) -> Result<(), QueryError> {
+    for (i, (k, _)) in params.iter().enumerate() {
+        if params[..i].iter().any(|(p, _)| p == k) {
+            return Err(QueryError(format!(
+                "{k:?} is given more than once (one value per parameter)"
+            )));
+        }
+    }
+    Ok(())
 }
 
-fn decode_cursor(c: &str) -> Result<SortKey, QueryError> {
+/// Bytes of the check that ends a cursor.
+const CURSOR_CHECK: usize = 8;
+
+/// The check of a cursor: the table and the identity, hashed, so a cursor that was not made
+/// by a `next` field of this table (forged, cut, or another table's) is refused instead of
+/// silently paging from wherever it decodes to. Not a secret: replicas and restarts agree.
+fn cursor_check(table: &TableId, identity: &str) -> [u8; CURSOR_CHECK] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(table.to_string().as_bytes());
+    h.update([0]);
+    h.update(identity.as_bytes());
+    h.finalize()[..CURSOR_CHECK].try_into().expect("8 bytes")
+}
+
+fn encode_cursor(table: &TableId, k: &SortKey) -> String {
+    let text = k.text();
+    let mut bytes = text.as_bytes().to_vec();
+    bytes.extend_from_slice(&cursor_check(table, &text));
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn decode_cursor(table: &TableId, c: &str) -> Result<SortKey, QueryError> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(c)
         .ok()
-        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|b| b.len() > CURSOR_CHECK)
+        .and_then(|mut b| {
+            let check = b.split_off(b.len() - CURSOR_CHECK);
+            let text = String::from_utf8(b).ok()?;
+            (check == cursor_check(table, &text)).then_some(text)
+        })
         .map(|s| SortKey::new(s.into_boxed_str()))
-        .ok_or_else(|| QueryError(format!("after: {c:?} is not a cursor from a `next` field")))
+        .ok_or_else(|| {
+            QueryError(format!(
+                "after: {c:?} is not a cursor from a `next` field of {table}"
+            ))
+        })
 }
 
 #[async_trait]
@@ -657,5 +698,56 @@ mod tests {
         t.apply(&ev(Action::Truncate, None, None)).await.unwrap();
         assert_eq!(t.len(), 0);
         assert!(t.live.read().unwrap().indexes[0].is_empty());
+    }
+
+    /// Issue 14 item 9: a cursor not made by a `next` field (valid base64 of anything else, a
+    /// cut one, another table's) and a repeated parameter are 400s, not a quiet answer.
+    #[tokio::test]
+    async fn forged_cursors_and_repeated_parameters_are_refused() {
+        let table = TableId::new("public", "t");
+        let t = MemoryTarget::new(table.clone(), vec!["tenant".into()]);
+        t.init(&[], &["id".into()]).await.unwrap();
+        t.begin_baseline().await.unwrap();
+        let rows: Vec<Row> = (1..=5)
+            .map(|i| Row::parse(&format!(r#"{{"id":{i},"tenant":"a"}}"#)).unwrap())
+            .collect();
+        t.baseline_rows(rows).await.unwrap();
+        t.commit_baseline("0/1").await.unwrap();
+        let p = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let body: serde_json::Value =
+            serde_json::from_str(&t.page(&p(&[("limit", "2")])).unwrap()).unwrap();
+        let next = body["next"].as_str().unwrap().to_string();
+        let page2: serde_json::Value =
+            serde_json::from_str(&t.page(&p(&[("limit", "2"), ("after", &next)])).unwrap())
+                .unwrap();
+        assert_eq!(page2["rows"][0]["id"], 3);
+        let b64 = |s: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let other = encode_cursor(&TableId::new("public", "u"), &SortKey::new("2".into()));
+        for forged in [
+            b64(b"2"),
+            b64(b"hello"),
+            next[..next.len() - 2].to_string(),
+            other,
+        ] {
+            let e = t.page(&p(&[("after", &forged)])).unwrap_err();
+            assert!(
+                e.0.contains("is not a cursor from a `next` field of public.t"),
+                "{forged}: {e:?}"
+            );
+        }
+        let e = t.get(&p(&[("id", "1"), ("id", "2")])).unwrap_err();
+        assert!(e.0.contains("\"id\" is given more than once"), "{e:?}");
+        for params in [
+            p(&[("limit", "1"), ("limit", "2")]),
+            p(&[("after", &next), ("after", &next)]),
+            p(&[("tenant", "a"), ("tenant", "b")]),
+        ] {
+            let e = t.page(&params).unwrap_err();
+            assert!(e.0.contains("is given more than once"), "{params:?}: {e:?}");
+        }
     }
 }
