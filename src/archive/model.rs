@@ -134,9 +134,68 @@ pub fn effective_key_fields(configured: &[String], columns: &[ColumnDefinition])
     vec!["id".to_string()]
 }
 
+/// Checks configured key fields against the archive's columns: a field that is no column is an
+/// error (every row would lack it, and rows would be told apart by their whole text instead);
+/// fields other than the primary key are allowed, with a warning (rows with equal values in
+/// them collapse into one). Returns that warning. Without recorded columns nothing is checked.
+pub fn check_key_fields(
+    configured: &[String],
+    columns: &[ColumnDefinition],
+) -> Result<Option<String>, String> {
+    if configured.is_empty() || columns.is_empty() {
+        return Ok(None);
+    }
+    let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+    if let Some(unknown) = configured.iter().find(|k| !names.contains(&k.as_str())) {
+        return Err(format!(
+            "key field {unknown:?} is not a column of the archive (columns: {})",
+            names.join(", ")
+        ));
+    }
+    let pk = effective_key_fields(&[], columns);
+    if columns.iter().any(|c| c.primary_key) && pk != configured {
+        return Ok(Some(format!(
+            "key fields [{}] differ from the archive's primary key [{}]: rows are identified by \
+             them, and rows with equal values in them become one",
+            configured.join(", "),
+            pk.join(", ")
+        )));
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configured_key_fields_are_checked_against_the_columns() {
+        let col = |name: &str, pk: i64| ColumnDefinition {
+            name: name.into(),
+            primary_key: pk > 0,
+            primary_key_ordinal: pk,
+            ..Default::default()
+        };
+        let cols = vec![col("id", 1), col("tenant", 0)];
+        let k = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(check_key_fields(&k(&["id"]), &cols), Ok(None));
+        assert_eq!(check_key_fields(&k(&[]), &cols), Ok(None));
+        assert_eq!(check_key_fields(&k(&["nope"]), &[]), Ok(None));
+        assert_eq!(
+            check_key_fields(&k(&["id", "nope"]), &cols),
+            Err(r#"key field "nope" is not a column of the archive (columns: id, tenant)"#.into())
+        );
+        let warning = check_key_fields(&k(&["tenant"]), &cols).unwrap().unwrap();
+        assert!(
+            warning.contains("[tenant] differ from the archive's primary key [id]"),
+            "{warning}"
+        );
+        // No primary key recorded: nothing to differ from.
+        assert_eq!(
+            check_key_fields(&k(&["tenant"]), &[col("id", 0), col("tenant", 0)]),
+            Ok(None)
+        );
+    }
 
     #[test]
     fn column_definition_uses_pascal_case() {

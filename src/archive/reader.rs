@@ -210,6 +210,10 @@ impl ArchiveReader {
     pub async fn reconstruct(&self, plan: &Plan, key_fields: &[String]) -> Result<Folded> {
         let mut state: HashMap<Identity, Row> = HashMap::new();
         if let Some(snapshot) = &plan.snapshot {
+            let snapshot_key = self
+                .choose_format(snapshot)
+                .map(|(f, _)| self.artifact_key(snapshot, f))?;
+            let keys = key_fields.to_vec();
             state.reserve(
                 usize::try_from(snapshot.row_count)
                     .unwrap_or(0)
@@ -220,10 +224,15 @@ impl ArchiveReader {
                     snapshot,
                     key_fields.to_vec(),
                     state,
-                    |state, d: DecodedRow| {
+                    move |state, d: DecodedRow| {
                         // A row without its key fields keeps its own text as identity: never collapse rows.
+                        let keyed = d.identity.is_some();
                         let id = d.identity.unwrap_or_else(|| d.row.as_str().into());
-                        state.insert(id, d.row);
+                        if let Some(before) = state.insert(id.clone(), d.row)
+                            && keyed
+                        {
+                            return Err(not_unique(&snapshot_key, &keys, &id, &before));
+                        }
                         Ok(())
                     },
                 )
@@ -280,12 +289,15 @@ impl ArchiveReader {
     }
 
     /// Loads the manifest and folds the archive at its head (`at = None`) or as of a position.
+    /// Configured key fields that are no column of the archive are refused.
     pub async fn reconstruct_at(
         &self,
         at: Option<&str>,
         configured_key_fields: &[String],
     ) -> Result<(Manifest, Folded)> {
         let manifest = self.load_manifest().await?;
+        crate::archive::model::check_key_fields(configured_key_fields, &manifest.columns)
+            .map_err(ArchiveError::Invalid)?;
         let key_fields = effective_key_fields(configured_key_fields, &manifest.columns);
         let plan = match at {
             None => plan_head(&manifest),
@@ -293,6 +305,19 @@ impl ArchiveReader {
         };
         let folded = self.reconstruct(&plan, &key_fields).await?;
         Ok((manifest, folded))
+    }
+}
+
+/// Two rows of one snapshot with the same key values: the key fields do not identify rows.
+fn not_unique(snapshot: &str, key_fields: &[String], id: &Identity, before: &Row) -> ArchiveError {
+    ArchiveError::Corrupt {
+        key: snapshot.to_string(),
+        detail: format!(
+            "two rows share the key ({}) = {id}: the key fields do not identify rows (a wrong \
+             --key-fields / key_fields?); the first was {}",
+            key_fields.join(", "),
+            before.as_str().chars().take(200).collect::<String>()
+        ),
     }
 }
 

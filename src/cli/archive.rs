@@ -238,6 +238,11 @@ async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
             short.reached
         );
     }
+    match crate::archive::model::check_key_fields(&key_fields, &manifest.columns) {
+        Err(e) => anyhow::bail!("--key-fields: {e}"),
+        Ok(Some(warning)) => eprintln!("warning: --key-fields: {warning}"),
+        Ok(None) => {}
+    }
     let key_fields = effective_key_fields(&key_fields, &manifest.columns);
     let folded = reader.reconstruct(&plan, &key_fields).await?;
     let stdout = std::io::stdout();

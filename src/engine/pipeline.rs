@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Metrics, PipelineState};
 use super::targets::{Resume, Target};
-use crate::archive::model::{ColumnDefinition, TableId, effective_key_fields};
+use crate::archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use crate::archive::value::Row;
 use crate::source::archive::ArchiveSource;
 use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
@@ -345,6 +345,9 @@ impl SourceRunner {
             &columns,
             &[("key field", &self.key_fields)],
         )?;
+        if let Ok(Some(warning)) = check_key_fields(&self.key_fields, &columns) {
+            tracing::warn!(source = %self.id, "key_fields: {warning}");
+        }
         for p in &self.pipelines {
             check_fields(
                 &self.id,

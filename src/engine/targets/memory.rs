@@ -127,25 +127,52 @@ impl TableData {
 
     /// Identity and index values of a row, in one scan.
     fn scan(&self, row: &Row) -> (SortKey, Vec<Option<Box<str>>>) {
+        let (id, values, _) = self.scan_keyed(row);
+        (id, values)
+    }
+
+    /// `scan`, and whether the identity comes from the key fields (not the row's own text).
+    fn scan_keyed(&self, row: &Row) -> (SortKey, Vec<Option<Box<str>>>, bool) {
         let k = self.key_fields.len();
         match KeyCapture::scan(&self.scan_fields, row.as_str()) {
             Ok(values) => {
-                let id = identity_of(&values[..k]).unwrap_or_else(|| row.as_str().into());
+                let keyed = identity_of(&values[..k]);
+                let is_keyed = keyed.is_some();
+                let id = keyed.unwrap_or_else(|| row.as_str().into());
                 let idx = values[k..]
                     .iter()
                     .map(|v| v.map(|v| canonical_text(v).into_owned().into_boxed_str()))
                     .collect();
-                (SortKey::new(id), idx)
+                (SortKey::new(id), idx, is_keyed)
             }
             Err(_) => (
                 SortKey::Text(row.as_str().into()),
                 vec![None; self.index_fields.len()],
+                false,
             ),
         }
     }
 
     fn index_values(&self, row: &Row) -> Vec<Option<Box<str>>> {
         self.scan(row).1
+    }
+
+    /// Adds a baseline row. A baseline holds each identity once, so a second row with the same
+    /// key values means the key fields do not identify rows (a wrong `key_fields`): an error,
+    /// never a silent merge into fewer rows.
+    fn insert_baseline(&mut self, row: Row) -> Result<(), String> {
+        let (id, values, keyed) = self.scan_keyed(&row);
+        if keyed && let Some(before) = self.rows.get(&id) {
+            return Err(format!(
+                "two rows of the baseline share the key ({}) = {}: the key fields do not \
+                 identify rows (a wrong key_fields?); the first was {}",
+                self.key_fields.join(", "),
+                id.text(),
+                before.as_str().chars().take(200).collect::<String>()
+            ));
+        }
+        self.upsert_scanned(id, values, row);
+        Ok(())
     }
 
     fn unindex(&mut self, id: &SortKey, values: Vec<Option<Box<str>>>) {
@@ -529,7 +556,8 @@ impl Target for MemoryTarget {
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
         for r in rows {
-            data.upsert(r);
+            data.insert_baseline(r)
+                .map_err(|e| anyhow::anyhow!("memory target {}: {e}", self.table))?;
         }
         Ok(())
     }
@@ -749,5 +777,22 @@ mod tests {
             let e = t.page(&params).unwrap_err();
             assert!(e.0.contains("is given more than once"), "{params:?}: {e:?}");
         }
+    }
+
+    /// A baseline with two rows of the same key values is refused (the key fields do not
+    /// identify rows), never merged into fewer rows.
+    #[tokio::test]
+    async fn a_baseline_with_a_repeated_key_is_refused() {
+        let t = MemoryTarget::new(TableId::new("public", "t"), vec![]);
+        t.init(&[], &["tenant".into()]).await.unwrap();
+        t.begin_baseline().await.unwrap();
+        let rows: Vec<Row> = [r#"{"id":1,"tenant":"a"}"#, r#"{"id":2,"tenant":"a"}"#]
+            .iter()
+            .map(|r| Row::parse(r).unwrap())
+            .collect();
+        let e = t.baseline_rows(rows).await.unwrap_err().to_string();
+        assert!(e.contains("share the key (tenant) = a"), "{e}");
+        t.abort_baseline().await;
+        assert_eq!(t.len(), 0);
     }
 }
