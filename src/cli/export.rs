@@ -376,7 +376,8 @@ async fn export(
     ))
 }
 
-/// `--follow`: a continuous export until SIGTERM/SIGINT, then a final diff and exit 0.
+/// `--follow`: a continuous export until SIGTERM/SIGINT, then a final diff and exit 0 (an error
+/// when the final diff cannot be written).
 async fn follow(
     args: &ExportArgs,
     config: PostgresConfig,

@@ -457,7 +457,7 @@ impl ContinuousExport {
                         skip_through.as_deref(),
                     );
                 }
-                let result = self.flush(&last_position, &mut commit_times).await;
+                let result = self.final_flush(&last_position, &mut commit_times).await;
                 stream.abort();
                 self.source.close().await;
                 self.publish("STOPPED");
@@ -538,8 +538,45 @@ impl ContinuousExport {
                 if !already && crate::archive::position::is_valid(&position) {
                     *last_position = position;
                 }
+                // Between flushes too: with a long --diff-interval, /status and the gauge would
+                // otherwise show the depth of the last tick for the whole interval.
+                let depth = self.writer.buffer_depth();
+                self.shared
+                    .metrics
+                    .buffer_depth
+                    .with_label_values(&[&self.table.to_string()])
+                    .set(depth as i64);
+                self.shared.status.lock().expect("lock").buffer_depth = depth;
             }
         }
+    }
+
+    /// The flush on stop: unlike an interval's flush, one that leaves changes buffered (a full
+    /// disk, an unreachable store) is an error, so the exit status says the export failed. The
+    /// changes were not acknowledged: a persistent slot delivers them again on the next start.
+    async fn final_flush(
+        &mut self,
+        last_position: &str,
+        commit_times: &mut Vec<DateTime<Utc>>,
+    ) -> anyhow::Result<()> {
+        self.flush(last_position, commit_times).await?;
+        let left = self.writer.buffer_depth();
+        if left == 0 {
+            return Ok(());
+        }
+        let why = self
+            .shared
+            .status
+            .lock()
+            .expect("lock")
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "unknown error".into());
+        Err(anyhow!(
+            "the final diff was not written: {why}; {left} buffered change(s) after {} were not \
+             acknowledged to PostgreSQL (a persistent slot delivers them again on the next start)",
+            self.writer.head()
+        ))
     }
 
     /// Flushes buffered changes into a diff (acknowledging them to PostgreSQL once committed),

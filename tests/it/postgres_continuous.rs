@@ -358,3 +358,59 @@ async fn the_policy_rebases_by_compaction() {
     );
     assert_eq!(f.terminate(), 0);
 }
+
+/// Issue 14 item 8: when the final flush on SIGTERM fails (the store cannot take the diff), the
+/// exit status says so and names why; nothing was acknowledged, so the next start on the
+/// persistent slot writes the changes and the archive equals the table.
+#[tokio::test]
+async fn a_failed_final_flush_exits_non_zero_and_loses_nothing() {
+    let db = new_database().await;
+    setup(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("larch_final_{}", db.name);
+    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "1h"]);
+    f.ready().await;
+    let (head_before, _, rows_before) = archive_rows(dir.path()).await;
+    db.client
+        .batch_execute(
+            "INSERT INTO items VALUES (8000, 'late', NULL); DELETE FROM items WHERE id = 1;",
+        )
+        .await
+        .unwrap();
+    eventually(30, "the changes buffered", || async {
+        (f.status().await["buffer_depth"].as_u64() == Some(2)).then_some(())
+    })
+    .await;
+    // The epoch's directory becomes a file: every write under it fails (ENOTDIR), as a full
+    // disk would make it fail, while the manifest stays readable.
+    let epoch = dir.path().join("public.items/epoch=1");
+    let away = dir.path().join("epoch=1.away");
+    std::fs::rename(&epoch, &away).unwrap();
+    std::fs::write(&epoch, "in the way").unwrap();
+    let (code, stderr) = f.terminate_with_stderr();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the final diff was not written")
+            && stderr.contains("public.items/epoch=1/diff-")
+            && stderr.contains("were not acknowledged to PostgreSQL"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&epoch).unwrap();
+    std::fs::rename(&away, &epoch).unwrap();
+    let (head_after, _, rows_after) = archive_rows(dir.path()).await;
+    assert_eq!(
+        (head_after, rows_after),
+        (head_before, rows_before),
+        "nothing half-written"
+    );
+    // The slot delivers the two changes again (nothing was acknowledged); the final flush of
+    // this run writes them.
+    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "1h"]);
+    f.ready().await;
+    eventually(30, "the changes delivered again", || async {
+        (f.status().await["buffer_depth"].as_u64() == Some(2)).then_some(())
+    })
+    .await;
+    assert_eq!(f.terminate(), 0);
+    assert_archive_equals_table(&db, dir.path()).await;
+}
