@@ -44,17 +44,17 @@ pub enum ArchiveError {
     CasConflict { key: String },
     #[error("{0}")]
     Invalid(String),
-    #[error("storage error on {key}: {source}")]
+    // The cause is part of the message and deliberately not a `source()`: error chains printed
+    // with `{:#}` would repeat it (`Is a directory (os error 21): Is a directory (os error 21)`).
+    #[error("storage error on {key}: {cause}")]
     Storage {
         key: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -65,14 +65,14 @@ impl ArchiveError {
     ) -> Self {
         ArchiveError::Storage {
             key: key.into(),
-            source: source.into(),
+            cause: source.into(),
         }
     }
 
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         ArchiveError::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 
@@ -83,3 +83,21 @@ impl ArchiveError {
 }
 
 pub type Result<T, E = ArchiveError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_os_error_is_printed_once_in_a_chain() {
+        let e = ArchiveError::io(
+            "reading /tmp",
+            std::io::Error::from_raw_os_error(libc::EISDIR),
+        );
+        let chain = format!("{:#}", anyhow::Error::new(e).context("larch"));
+        assert_eq!(chain.matches("os error 21").count(), 1, "{chain}");
+        let e = ArchiveError::storage("k", std::io::Error::from_raw_os_error(libc::EISDIR));
+        let chain = format!("{:#}", anyhow::Error::new(e));
+        assert_eq!(chain.matches("os error 21").count(), 1, "{chain}");
+    }
+}

@@ -50,7 +50,15 @@ pub async fn verify(reader: &ArchiveReader) -> Result<(Manifest, Report)> {
             }
             .await;
             match counted {
-                Err(e) => report.problems.push(format!("{key}: {e}")),
+                // Most read errors name the object already: never twice.
+                Err(e) => {
+                    let e = e.to_string();
+                    report.problems.push(if e.contains(key.as_str()) {
+                        e
+                    } else {
+                        format!("{key}: {e}")
+                    })
+                }
                 Ok(n) => {
                     let want = match artifact.kind {
                         ArtifactKind::Snapshot => artifact.row_count,

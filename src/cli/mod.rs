@@ -234,9 +234,52 @@ pub fn main() -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             let code = crate::failure::report(termination_file.as_deref(), &e);
             if classified { code } else { 1 }
         }
+    }
+}
+
+/// The error and its causes in one line, each cause once: some errors (kube's configuration
+/// inference, for one) already print their sources, which `{:#}` would print again.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// A cause that its error's message already carries is printed once.
+    #[test]
+    fn each_cause_is_printed_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "reading the config: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = anyhow::Error::new(Outer(std::io::Error::from_raw_os_error(2))).context("larch");
+        assert_eq!(
+            super::one_line(&e),
+            "larch: reading the config: No such file or directory (os error 2)"
+        );
+        assert_eq!(format!("{e:#}").matches("os error 2").count(), 2);
     }
 }

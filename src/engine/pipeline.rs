@@ -118,6 +118,8 @@ pub struct SourceRunner {
     metrics: Metrics,
     rebaselines: AtomicU64,
     ready: AtomicBool,
+    /// The error of the last failed baseline or stream, until one succeeds: (when, message).
+    last_error: Mutex<Option<(String, String)>>,
 }
 
 impl SourceRunner {
@@ -144,7 +146,17 @@ impl SourceRunner {
             metrics,
             rebaselines: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            last_error: Mutex::new(None),
         }
+    }
+
+    fn note_error(&self, e: Option<&anyhow::Error>) {
+        *self.last_error.lock().expect("lock") = e.map(|e| {
+            (
+                Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true),
+                format!("{e:#}"),
+            )
+        });
     }
 
     /// Ready latch: every pipeline has had its first baseline (or resumed).
@@ -214,6 +226,10 @@ impl SourceRunner {
             "short_chain": info.short_chain.map(|s| serde_json::json!({
                 "reached": s.reached, "head": s.head, "reason": s.reason,
             })),
+            // Why it is not STREAMING: the storage error being retried, else the last failed
+            // baseline or stream.
+            "last_error": info.last_error.or_else(|| self.last_error.lock().expect("lock").clone())
+                .map(|(at, message)| serde_json::json!({"at": at, "message": message})),
         });
         let pipelines = self
             .pipelines
@@ -266,6 +282,7 @@ impl SourceRunner {
                 };
                 match result {
                     Ok(pos) => {
+                        self.note_error(None);
                         position = Some(pos);
                         need_baseline = false;
                         first = false;
@@ -286,6 +303,7 @@ impl SourceRunner {
                         return Err(e);
                     }
                     Err(e) => {
+                        self.note_error(Some(&e));
                         tracing::error!(source = %self.id, error = format!("{e:#}"), "baseline failed; retrying in {backoff:?}");
                         self.set_state(PipelineState::Error);
                         if sleep_or_shutdown(backoff, &shutdown).await {
@@ -314,6 +332,7 @@ impl SourceRunner {
                     need_baseline = true;
                 }
                 StreamEnd::Failed(e) => {
+                    self.note_error(Some(&e));
                     tracing::error!(source = %self.id, error = format!("{e:#}"), "stream failed; retrying in {backoff:?}");
                     self.set_state(PipelineState::Error);
                     for p in &self.pipelines {
@@ -579,6 +598,7 @@ impl SourceRunner {
                     }
                     *position = Some(pos.clone());
                     self.set_position(&pos);
+                    self.note_error(None);
                     // Targets committed `pos`; the source's state file does not have it yet.
                     crate::crashpoint::crash_point("engine.after-checkpoint");
                     if durable && let Err(e) = self.source.ack(&pos).await {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -72,8 +73,13 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }
     });
 
-    let client = kube::Client::try_default().await?;
-    client.apiserver_version().await?;
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes client configuration (in-cluster or KUBECONFIG)")?;
+    client
+        .apiserver_version()
+        .await
+        .context("reaching the Kubernetes API server")?;
     ready.store(true, Ordering::Relaxed);
     tracing::info!(image = %args.image, namespace = ?args.namespace, "larch operator starting");
 

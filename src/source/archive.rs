@@ -82,6 +82,8 @@ pub struct ArchiveSourceInfo {
     /// Set while our position is the end of a diff chain that stops before the manifest head:
     /// the state served is older than the archive's head.
     pub short_chain: Option<ShortChain>,
+    /// The storage error being retried, if the last attempt failed: (when, message).
+    pub last_error: Option<(String, String)>,
 }
 
 #[derive(Default)]
@@ -94,6 +96,7 @@ struct Inner {
     updated_at: Option<DateTime<FixedOffset>>,
     acked: Option<String>,
     short_chain: Option<ShortChain>,
+    last_error: Option<(String, String)>,
 }
 
 pub struct ArchiveSource {
@@ -269,6 +272,7 @@ impl ArchiveSource {
             }),
             acked: inner.acked.clone(),
             short_chain: inner.short_chain.clone(),
+            last_error: inner.last_error.clone(),
         }
     }
 
@@ -306,7 +310,15 @@ impl ArchiveSource {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0u32;
         loop {
-            match op().await {
+            let result = op().await;
+            // What /status shows while a store fails (the state alone says CONNECTING).
+            self.inner.lock().expect("lock").last_error = result.as_ref().err().map(|e| {
+                (
+                    Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    format!("{what}: {e}"),
+                )
+            });
+            match result {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_transient() && (self.opts.follow || attempt < 4) => {
                     attempt += 1;

@@ -359,3 +359,52 @@ tables:
     assert_eq!(rebaselines(addr).await, 1.0);
     engine.stop().await.unwrap();
 }
+
+/// Issue 14 item 10: while an S3 store cannot be reached, `/status` says why (the state alone
+/// says CONNECTING), in a line: the operation, key and cause, not the SDK's debug structure.
+#[tokio::test]
+async fn status_names_the_storage_error_being_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let secret = dir.path().join("secret");
+    std::fs::write(&key, "x").unwrap();
+    std::fs::write(&secret, "y").unwrap();
+    // Port 9 (discard) on loopback: nothing listens, every connection is refused.
+    let yaml = format!(
+        r#"
+sources:
+  seed:
+    type: archive
+    store: {{type: s3, bucket: b, region: us-east-1, endpoint: "http://127.0.0.1:9", path_style: true, access_key_id_file: "{}", secret_access_key_file: "{}"}}
+    key_prefix: public.t/
+    follow: true
+    poll_interval: 100ms
+tables:
+  - {{source: seed, schema: public, table: t, targets: [{{type: memory}}]}}
+"#,
+        key.display(),
+        secret.display()
+    );
+    let engine = start_engine(&yaml).await;
+    let addr = engine.addr;
+    let error = eventually(30, "the error in /status", || async move {
+        let status = get_json(addr, "/status").await;
+        status["sources"]["seed"]["last_error"]["message"]
+            .as_str()
+            .map(|m| (status["sources"]["seed"]["state"].clone(), m.to_string()))
+    })
+    .await;
+    assert_eq!(error.0, "CONNECTING", "{error:?}");
+    let message = error.1;
+    assert!(
+        message.contains("s3://b/public.t/manifest.json") && message.contains("Connection refused"),
+        "{message}"
+    );
+    assert!(
+        message.len() < 400 && !message.contains("Error {"),
+        "one short line, not the SDK's structure: {} bytes: {message}",
+        message.len()
+    );
+    assert_eq!(get(addr, "/health/ready").await.0, 503);
+    engine.stop().await.unwrap();
+}

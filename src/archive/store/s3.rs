@@ -252,16 +252,53 @@ impl S3Store {
         Ok(format!("{}{}", self.prefix, key))
     }
 
-    fn storage_error<E, R>(&self, key: &str, op: &str, err: SdkError<E, R>) -> ArchiveError
+    /// The error of a failed call: the operation, HTTP status, code and message (or what kept
+    /// the request from an answer), short enough for a log line or `/status`; the SDK's whole
+    /// error structure goes to the debug log only.
+    fn storage_error<E>(
+        &self,
+        key: &str,
+        op: &str,
+        err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+    ) -> ArchiveError
     where
-        E: std::error::Error + Send + Sync + 'static,
-        R: fmt::Debug + Send + Sync + 'static,
+        E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
     {
-        ArchiveError::storage(
-            self.uri(key),
-            format!("S3 {op}: {}", DisplayErrorContext(&err)),
-        )
+        tracing::debug!(key = %self.uri(key), op, error = %DisplayErrorContext(&err), "S3 call failed");
+        ArchiveError::storage(self.uri(key), format!("S3 {op}: {}", summary(&err)))
     }
+}
+
+/// A failed call in a line: `HTTP 404 NoSuchBucket: The specified bucket does not exist`, or for
+/// a request that got no answer the chain of causes (`dispatch failure: io error: … Connection
+/// refused (os error 111)`), each cause once and cut to a sane length.
+fn summary<E>(err: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> String
+where
+    E: std::error::Error + ProvideErrorMetadata + 'static,
+{
+    if let SdkError::ServiceError(service) = err {
+        let http = format!("HTTP {}", service.raw().status().as_u16());
+        let e = service.err();
+        return match (e.code(), e.message()) {
+            (Some(code), Some(msg)) => format!("{http} {code}: {msg}"),
+            (Some(code), None) => format!("{http} {code}"),
+            (None, Some(msg)) => format!("{http}: {msg}"),
+            (None, None) => http,
+        };
+    }
+    let mut parts: Vec<String> = Vec::new();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(c) = cause {
+        let text: String = c.to_string().chars().take(200).collect();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cause = c.source();
+    }
+    if let Some(code) = status(err) {
+        parts.push(format!("HTTP {code}"));
+    }
+    parts.join(": ")
 }
 
 /// HTTP status of a failed call, when the server answered.
