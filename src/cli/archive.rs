@@ -133,10 +133,12 @@ impl ArchiveArgs {
             && let Some(path) = &self.store.path
             && !path.is_dir()
         {
-            bail!(
-                "--path {}: no such directory (the local store root)",
-                path.display()
-            );
+            let what = if path.exists() {
+                "not a directory"
+            } else {
+                "no such directory"
+            };
+            bail!("--path {}: {what} (the local store root)", path.display());
         }
         let store = self.store.spec().open_for_reading().await?;
         let formats: Vec<Format> =

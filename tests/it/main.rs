@@ -5,6 +5,7 @@
 mod archive_build;
 mod archive_source;
 mod bad_input;
+mod census;
 mod cli_archive;
 mod crash_safety;
 mod engine_config;
