@@ -133,10 +133,14 @@ impl TestArchive {
     }
 }
 
-/// Rows of `n` ids shaped `{"id":i,"v":"<tag>-i"}`.
 /// Columns `id int8` (the primary key) and `name text`.
 pub fn id_name_columns() -> Vec<ColumnDefinition> {
-    ["id", "name"]
+    id_and_text_columns(&["id", "name"])
+}
+
+/// `names[0]` as `int8`, the primary key; the others nullable `text`.
+pub fn id_and_text_columns(names: &[&str]) -> Vec<ColumnDefinition> {
+    names
         .iter()
         .enumerate()
         .map(|(i, n)| ColumnDefinition {
@@ -151,6 +155,7 @@ pub fn id_name_columns() -> Vec<ColumnDefinition> {
         .collect()
 }
 
+/// Rows of the ids shaped `{"id":i,"v":"<tag>-i"}`.
 pub fn rows(ids: impl IntoIterator<Item = i64>, tag: &str) -> Vec<String> {
     ids.into_iter()
         .map(|i| format!(r#"{{"id":{i},"v":"{tag}-{i}"}}"#))

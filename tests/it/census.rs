@@ -117,19 +117,7 @@ pub fn documented(cases: &[&str]) {
 }
 
 fn columns() -> Vec<ColumnDefinition> {
-    ["id", "tenant", "name"]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ColumnDefinition {
-            name: n.to_string(),
-            type_name: if i == 0 { "int8" } else { "text" }.into(),
-            nullable: i != 0,
-            primary_key: i == 0,
-            primary_key_ordinal: if i == 0 { 1 } else { 0 },
-            ordinal_position: i as i64 + 1,
-            ..Default::default()
-        })
-        .collect()
+    crate::archive_build::id_and_text_columns(&["id", "tenant", "name"])
 }
 
 /// A valid archive of `public.t` at `dir` (prefix `public.t/`): 4 rows, two tenants, a diff.

@@ -115,19 +115,38 @@ async fn baselines(addr: std::net::SocketAddr) -> f64 {
     .unwrap_or(0.0)
 }
 
-#[tokio::test]
-async fn restore_follow_restart_and_replace_into_postgres() {
+/// A database and a local archive of `public.events`: a snapshot at 0/100 of ids 1..=n.
+async fn events_archive(
+    n: i64,
+) -> (
+    crate::support::postgres::Database,
+    tempfile::TempDir,
+    TestArchive,
+) {
     let db = new_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let archive = dir.path().join("archive");
-    let dsn_file = dir.path().join("dsn");
-    std::fs::write(&dsn_file, format!("{}\n", db.dsn)).unwrap();
-    let state = dir.path().join("state/seed.pos");
-    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&archive).unwrap());
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("archive")).unwrap());
     let mut a = TestArchive::new(store, "public.events/", "public.events").with_columns(columns());
-    let snap: Vec<String> = (1..=300).map(|i| row(i, "t")).collect();
+    let snap: Vec<String> = (1..=n).map(|i| row(i, "t")).collect();
     a.snapshot("0/100", &crate::archive_build::refs(&snap))
         .await;
+    (db, dir, a)
+}
+
+/// The archive's root, a DSN file for the database and the engine's state file, under `dir`.
+fn paths(
+    db: &crate::support::postgres::Database,
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let dsn_file = dir.join("dsn");
+    std::fs::write(&dsn_file, format!("{}\n", db.dsn)).unwrap();
+    (dir.join("archive"), dsn_file, dir.join("state/seed.pos"))
+}
+
+#[tokio::test]
+async fn restore_follow_restart_and_replace_into_postgres() {
+    let (db, dir, mut a) = events_archive(300).await;
+    let (archive, dsn_file, state) = paths(&db, dir.path());
     let r5 = row(5, "t");
     let r6 = row(6, "u");
     let r301 = row(301, "n");
@@ -255,17 +274,8 @@ async fn restore_follow_restart_and_replace_into_postgres() {
 /// resuming into an empty table at the head.
 #[tokio::test]
 async fn a_checkpoint_is_not_trusted_for_a_dropped_or_truncated_table() {
-    let db = new_database().await;
-    let dir = tempfile::tempdir().unwrap();
-    let archive = dir.path().join("archive");
-    let dsn_file = dir.path().join("dsn");
-    std::fs::write(&dsn_file, format!("{}\n", db.dsn)).unwrap();
-    let state = dir.path().join("state/seed.pos");
-    let store: Arc<dyn Store> = Arc::new(LocalStore::new(&archive).unwrap());
-    let mut a = TestArchive::new(store, "public.events/", "public.events").with_columns(columns());
-    let snap: Vec<String> = (1..=50).map(|i| row(i, "t")).collect();
-    a.snapshot("0/100", &crate::archive_build::refs(&snap))
-        .await;
+    let (db, dir, mut a) = events_archive(50).await;
+    let (archive, dsn_file, state) = paths(&db, dir.path());
     let r51 = row(51, "n");
     a.diff("0/100", "0/200", &[(Action::Insert, None, Some(&r51))])
         .await;
