@@ -621,3 +621,40 @@ async fn engine_key_fields_that_do_not_identify_rows_are_never_served() {
     }
     documented(&names);
 }
+
+/// An S3 server that answers with an error (SeaweedFS, a bucket that does not exist): the
+/// message is the operation, the HTTP status and the server's code and message, in one short
+/// line (before: the SDK's whole error structure).
+#[tokio::test]
+async fn s3_errors_are_one_short_line() {
+    let weed = crate::support::seaweedfs();
+    #[rustfmt::skip]
+    let c = case("inspect-s3-bucket-missing", 1,
+                 &["s3://no-such-bucket-here/public.t/manifest.json: S3 GetObject: HTTP 404 NoSuchBucket: The specified bucket does not exist"],
+                 &["archive", "inspect", "--store", "s3", "--bucket", "no-such-bucket-here",
+                   "--region", "us-east-1", "--path-style", "--key-prefix", "public.t/",
+                   "--endpoint", weed.endpoint()])
+        .env("AWS_ACCESS_KEY_ID", "larch-key")
+        .env("AWS_SECRET_ACCESS_KEY", "larch-secret");
+    let out = run(&c);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{msg}");
+    assert!(
+        msg.len() < 400,
+        "a short S3 message: {} bytes: {msg}",
+        msg.len()
+    );
+    // The same keys with a trailing newline (as a variable filled from a file or a Secret
+    // often has): the SDK panicked signing the request; now refused, naming the variable.
+    #[rustfmt::skip]
+    let newline = Case {
+        args: c.args.clone(),
+        ..case("s3-credential-with-a-newline", 1,
+               &["AWS_ACCESS_KEY_ID holds a line break or another control character"], &[])
+            .env("AWS_ACCESS_KEY_ID", "larch-key\n")
+            .env("AWS_SECRET_ACCESS_KEY", "larch-secret\n")
+    };
+    let out = run(&newline);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("larch-secret"));
+    documented(&[c.name, newline.name]);
+}

@@ -159,7 +159,36 @@ fn read_secret_file(what: &str, path: &Path) -> Result<String> {
             path.display()
         )));
     }
+    refuse_control_characters(&format!("S3 {what} file {}", path.display()), value)?;
     Ok(value.to_string())
+}
+
+/// A credential with a line break or another control character makes the SDK panic while it
+/// signs a request (`InvalidHeaderValue`): refused up front instead, naming where it came
+/// from and never what it is.
+fn refuse_control_characters(source: &str, value: &str) -> Result<()> {
+    if value.chars().any(|c| c.is_control()) {
+        return Err(ArchiveError::Invalid(format!(
+            "{source} holds a line break or another control character (a trailing newline from \
+             a file or a Secret?); credentials are one line of printable text"
+        )));
+    }
+    Ok(())
+}
+
+/// The environment's static credentials, when set, checked as the SDK's default chain would
+/// read them.
+fn check_ambient_credentials() -> Result<()> {
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+    ] {
+        if let Some(value) = std::env::var_os(var) {
+            refuse_control_characters(var, &value.to_string_lossy())?;
+        }
+    }
+    Ok(())
 }
 
 impl S3Store {
@@ -193,6 +222,9 @@ impl S3Store {
                     .or_else(Region::from_static(FALLBACK_REGION)),
             ),
         };
+        if credentials == S3Credentials::Ambient {
+            check_ambient_credentials()?;
+        }
         if let S3Credentials::Files {
             access_key_id_file,
             secret_access_key_file,
@@ -799,6 +831,29 @@ mod tests {
                 secret_access_key_file: "/secret".into(),
                 session_token_file: Some("/t".into()),
             }
+        );
+    }
+
+    /// A credential with a control character inside is refused by where it came from, never
+    /// shown (the SDK would panic signing with it).
+    #[test]
+    fn credentials_with_control_characters_are_refused_unshown() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = dir.path().join("id");
+        std::fs::write(&id, "AKID\r\nSECRETPART\n").unwrap();
+        let e = read_secret_file("access key id", &id)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds a line break") && e.contains("/id"), "{e}");
+        assert!(!e.contains("AKID") && !e.contains("SECRETPART"), "{e}");
+        std::fs::write(&id, "AKIDLARCH\n").unwrap();
+        assert_eq!(read_secret_file("access key id", &id).unwrap(), "AKIDLARCH");
+        let e = refuse_control_characters("AWS_SECRET_ACCESS_KEY", "abc\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("AWS_SECRET_ACCESS_KEY holds a line break"),
+            "{e}"
         );
     }
 
