@@ -1,4 +1,4 @@
-//! Scenario 18: invalid CRs on the real API server (issue 14). Every one is refused by the CRD
+//! Scenario 19: invalid CRs on the real API server (issue 14). Every one is refused by the CRD
 //! schema or its CEL rules with the field named, or — what the schema cannot express — reported
 //! in a condition without crashing the operator or making it write in a loop.
 //!
@@ -75,7 +75,7 @@ fn dry_run(e: &Env, docs: &BTreeMap<String, String>) -> BTreeMap<String, Option<
 type Parser = fn(&str) -> Result<Duration, String>;
 
 #[test]
-fn s18_invalid_crs_are_refused_with_the_field_named() {
+fn s20_invalid_crs_are_refused_with_the_field_named() {
     let _g = serial();
     let e = env_with_operator();
     e.namespace(NS, &[]);
@@ -126,7 +126,7 @@ fn s18_invalid_crs_are_refused_with_the_field_named() {
         disagreements.join("\n")
     );
     eprintln!(
-        "s18: {} duration cases agree ({} accepted)",
+        "s20: {} duration cases agree ({} accepted)",
         want.len(),
         verdict.values().filter(|v| v.is_none()).count()
     );

@@ -716,7 +716,7 @@ fn examples_parse_and_pass_the_cel_rules() {
 /// evaluator can tell (the OpenAPI pattern and maxLength checked here with the `regex` crate, the
 /// CEL rule by kube's evaluator). That evaluator (the `cel` crate) is not the API server's
 /// cel-go: its `duration()` has no `µs`/`μs` and no range check, so it differs on exactly the
-/// texts below. The API server is the authority: e2e s18 runs the same table against it and
+/// texts below. The API server is the authority: e2e s20 runs the same table against it and
 /// finds no difference.
 const OFFLINE_CEL_DIFFERS: &[&str] = &[
     "2\u{b5}s",
