@@ -219,7 +219,7 @@ fn of_cause(cause: &(dyn std::error::Error + 'static)) -> Option<Reason> {
             ArchiveError::KeyEscapesRoot { .. }
             | ArchiveError::Invalid(_)
             | ArchiveError::InvalidPosition(_) => Some(Reason::InvalidConfig),
-            ArchiveError::Storage { source, .. } => Some(storage_reason(&source.to_string())),
+            ArchiveError::Storage { cause, .. } => Some(storage_reason(&cause.to_string())),
             _ => None,
         };
     }
