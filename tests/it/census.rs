@@ -395,15 +395,15 @@ async fn engine_configs_are_refused_by_field() {
         let mut says: Vec<&str> = says.clone();
         let shown = file.display().to_string();
         says.push(&shown);
-        run(&case(name, 1, &says, &["engine", "--check", "--config"]).arg(&file));
+        run(&case(name, 2, &says, &["engine", "--check", "--config"]).arg(&file));
         names.push(*name);
     }
     // One case a line: a table to read, not to reflow.
     #[rustfmt::skip]
     let cases = vec![
-        case("engine-config-missing", 1, &["/no/such/engine.yaml: cannot read", "(os error 2)"],
+        case("engine-config-missing", 2, &["/no/such/engine.yaml: cannot read", "(os error 2)"],
              &["engine", "--config", "/no/such/engine.yaml"]),
-        case("engine-config-is-a-directory", 1, &["cannot read", "Is a directory (os error 21)"],
+        case("engine-config-is-a-directory", 2, &["cannot read", "Is a directory (os error 21)"],
              &["engine", "--config"]).arg(tmp.path()),
         case("engine-bad-listen-address", 1, &["listening on not-an-address"],
              &["engine", "--listen", "not-an-address", "--config"])
@@ -493,13 +493,13 @@ async fn export_refuses_bad_input_and_leaves_nothing() {
     // One case a line: a table to read, not to reflow.
     #[rustfmt::skip]
     let cases = vec![
-        export("export-missing-table", 1, &["public.nothing"], &["--table", "nothing"]),
-        export("export-no-primary-key", 1, &["public.nokey", "primary key", "--key-fields"],
+        export("export-missing-table", 2, &["public.nothing"], &["--table", "nothing"]),
+        export("export-no-primary-key", 2, &["public.nokey", "primary key", "--key-fields"],
                &["--table", "nokey"]),
-        export("export-unknown-key-field", 1, &["nope"], &["--table", "nokey", "--key-fields", "nope"]),
+        export("export-unknown-key-field", 2, &["nope"], &["--table", "nokey", "--key-fields", "nope"]),
         export("export-prefix-is-a-link-outside", 1,
                &["leads outside the store root through the symbolic link"], &["--table", "items"]),
-        export("export-unknown-format", 1,
+        export("export-unknown-format", 2,
                &["--format: unknown format \"xml\" (known: jsonl, protobuf, jsonl+zstd)"],
                &["--table", "items", "--format", "xml"]),
         export("export-diff-interval-out-of-range", 2,
@@ -513,10 +513,10 @@ async fn export_refuses_bad_input_and_leaves_nothing() {
                &["--table", "items", "--max-age", "999999999999999999999d"]),
         export("export-keep-epochs-negative", 2, &["--keep-epochs"],
                &["--table", "items", "--keep-epochs=-1"]),
-        export("export-max-diff-fraction-not-a-number", 1,
+        export("export-max-diff-fraction-not-a-number", 2,
                &["max diff fraction must be a non-negative number, got NaN"],
                &["--table", "items", "--follow", "--max-diff-fraction", "NaN"]),
-        export("export-lease-without-a-cluster", 1, &["--lease: no Kubernetes client configuration"],
+        export("export-lease-without-a-cluster", 2, &["--lease: no Kubernetes client configuration"],
                &["--table", "items", "--follow", "--lease", "l", "--listen", "127.0.0.1:0"])
             .env("HOME", "/nonexistent"),
         export("export-server-refuses-connections", 1, &["Connection refused"],
@@ -580,18 +580,25 @@ async fn engine_key_fields_that_do_not_identify_rows_are_never_served() {
     let archive = tmp.path().join("archive");
     good_archive(&archive).await;
     let mut names = Vec::new();
-    for (name, fields, says) in [
-        (
-            "engine-key-field-not-a-column",
-            "[nope]",
-            "key_fields: key field \"nope\" is not a column of the archive (columns: id, tenant, name)",
-        ),
-        (
-            "engine-key-field-not-unique",
-            "[tenant]",
-            "share the key (tenant) = a: the key fields do not identify rows",
-        ),
-    ] {
+    // A key field that is no column stops the engine (exit 2, reason ColumnNotFound in the
+    // termination message the operator reads) before anything is served.
+    let not_a_column = write(
+        tmp.path(),
+        "not-a-column.yaml",
+        &engine_yaml(&archive, "    key_fields: [nope]\n", "[{type: memory}]"),
+    );
+    #[rustfmt::skip]
+    let c = case("engine-key-field-not-a-column", 2,
+                 &["key field \"nope\" is not a column of table public.t in the archive (its columns: id, tenant, name)"],
+                 &["engine", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&not_a_column);
+    run(&c);
+    names.push(c.name);
+    for (name, fields, says) in [(
+        "engine-key-field-not-unique",
+        "[tenant]",
+        "share the key (tenant) = a: the key fields do not identify rows",
+    )] {
         let yaml = engine_yaml(
             &archive,
             &format!("    key_fields: {fields}\n"),
