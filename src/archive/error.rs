@@ -44,6 +44,14 @@ pub enum ArchiveError {
     CasConflict { key: String },
     #[error("{0}")]
     Invalid(String),
+    #[error(
+        "spill directory {dir}: the buffered changes need {needed} bytes on disk, more than the spill limit of {limit} bytes: raise --spill-limit (spec.continuous.spillSize) and the space behind it"
+    )]
+    SpillLimit {
+        dir: String,
+        limit: u64,
+        needed: u64,
+    },
     // The cause is part of the message and deliberately not a `source()`: error chains printed
     // with `{:#}` would repeat it (`Is a directory (os error 21): Is a directory (os error 21)`).
     #[error("storage error on {key}: {cause}")]

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod position;
 pub mod reader;
 pub mod retention;
+pub mod spill;
 pub mod store;
 pub mod value;
 pub mod verify;
