@@ -64,7 +64,8 @@ async fn generate(dir: &Path, rows: u64) {
                 Action::Update,
                 None,
                 Some(Row::parse(&event_row(g + d).replace("tenant-", "tenant-u")).unwrap()),
-            );
+            )
+            .unwrap();
         }
         w.flush(&format!("0/{:08X}", 0x1000_0000 + d + 1))
             .await
@@ -142,7 +143,8 @@ tables:
         let id = (i as u64 * 7919) % rows.max(1) + 1;
         let marker = format!("bench-{i}");
         let row = event_row(id).replace("\"tenant-", &format!("\"{marker}-"));
-        w.record(Action::Update, None, Some(Row::parse(&row).unwrap()));
+        w.record(Action::Update, None, Some(Row::parse(&row).unwrap()))
+            .unwrap();
         let out = w
             .flush(&format!("0/{:08X}", 0x2000_0000 + i as u64))
             .await

@@ -53,7 +53,8 @@ async fn generate(dir: &Path, rows: u64) {
                 Action::Update,
                 None,
                 Some(Row::parse(&event_row(id).replace("tenant-", "tenant-u")).unwrap()),
-            );
+            )
+            .unwrap();
         }
         w.flush(&format!("0/{:08X}", 0x1000_0000 + d + 1))
             .await

@@ -2,6 +2,7 @@
 //! as laredo writes it (`shared/spec/laredo-archive.md`) under larch's rules (`larch-rules.md`).
 
 pub mod error;
+pub mod fold;
 pub mod format;
 pub mod identity;
 pub mod manifest;

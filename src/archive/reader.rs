@@ -193,17 +193,79 @@ impl ArchiveReader {
         rx
     }
 
-    /// Reads all changes of one diff with rule R5 applied: when it contains a TRUNCATE, that
-    /// comes first and the others follow in file order. Holds one diff in memory.
-    pub async fn read_diff(&self, artifact: &Artifact) -> Result<Vec<Change>> {
-        let mut all = self
-            .fold_changes(artifact, Vec::new(), |all, c| {
-                all.push(c);
-                Ok(())
+    /// Folds the changes of one diff in rule R5's order — the TRUNCATE first, then the other
+    /// changes in file order — streamed, never holding the whole diff: the first
+    /// [`TRUNCATE_LOOKAHEAD`] changes are held back, so a TRUNCATE among them (larch writes it
+    /// first, W3) is passed first. A TRUNCATE that comes later (laredo may serialise it anywhere)
+    /// is passed when met and once more at the end, followed by every other change of the diff
+    /// again from the start: the net effect is the same, so `f` must apply changes by identity
+    /// (upsert, delete, clear), as every fold does.
+    pub async fn fold_diff_in_order<S, F>(&self, artifact: &Artifact, state: S, f: F) -> Result<S>
+    where
+        S: Send + 'static,
+        F: FnMut(&mut S, Change) -> Result<()> + Send + 'static,
+    {
+        let pass = InOrder {
+            f,
+            held: Vec::new(),
+            released: false,
+            truncated: false,
+            late_truncate: None,
+        };
+        let (state, pass) = self
+            .fold_changes(artifact, (state, pass), |(state, pass), c: Change| {
+                pass.take(state, c)
             })
             .await?;
-        order_truncate_first(&mut all);
-        Ok(all)
+        // `f` may block (a channel send): it runs on a blocking thread, like the decoder.
+        let (state, pass, late) = tokio::task::spawn_blocking(move || {
+            let (mut state, mut pass) = (state, pass);
+            for c in std::mem::take(&mut pass.held) {
+                (pass.f)(&mut state, c)?;
+            }
+            let late = pass.late_truncate.take();
+            if let Some(truncate) = &late {
+                (pass.f)(&mut state, truncate.clone())?;
+            }
+            Ok::<_, ArchiveError>((state, pass, late.is_some()))
+        })
+        .await
+        .expect("fold thread")?;
+        if !late {
+            return Ok(state);
+        }
+        let (state, _) = self
+            .fold_changes(artifact, (state, pass), |(state, pass), c: Change| {
+                if c.action == Action::Truncate {
+                    return Ok(());
+                }
+                (pass.f)(state, c)
+            })
+            .await?;
+        Ok(state)
+    }
+
+    /// Streams one diff's changes in R5 order (see [`fold_diff_in_order`]) through a bounded
+    /// channel; a decode or storage error is the last item.
+    ///
+    /// [`fold_diff_in_order`]: ArchiveReader::fold_diff_in_order
+    pub fn stream_diff(&self, artifact: &Artifact) -> mpsc::Receiver<Result<Change>> {
+        let (tx, rx) = mpsc::channel(1024);
+        let this = self.clone();
+        let artifact = artifact.clone();
+        tokio::spawn(async move {
+            let feed = tx.clone();
+            let res = this
+                .fold_diff_in_order(&artifact, (), move |_, c| {
+                    feed.blocking_send(Ok(c))
+                        .map_err(|_| ArchiveError::Invalid("consumer stopped".into()))
+                })
+                .await;
+            if let Err(e) = res {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        rx
     }
 
     /// Folds a plan into the table state (R4, R5, R6).
@@ -254,35 +316,8 @@ impl ArchiveReader {
         key_fields: &[String],
     ) -> Result<HashMap<Identity, Row>> {
         let keys = key_fields.to_vec();
-        let st = FoldState {
-            rows,
-            seen_other: false,
-            truncate_late: false,
-        };
-        let st = self
-            .fold_changes(diff, st, move |st, c: Change| {
-                if c.action == Action::Truncate {
-                    st.truncate_late |= st.seen_other;
-                    st.rows.clear();
-                } else {
-                    st.seen_other = true;
-                    apply_change(&mut st.rows, &c, &keys);
-                }
-                Ok(())
-            })
-            .await?;
-        if !st.truncate_late {
-            return Ok(st.rows);
-        }
-        // laredo may serialise a TRUNCATE after changes that happened after it (R5): clear
-        // and apply the diff's other changes again, in order.
-        let mut rows = st.rows;
-        rows.clear();
-        let keys = key_fields.to_vec();
-        self.fold_changes(diff, rows, move |rows, c: Change| {
-            if c.action != Action::Truncate {
-                apply_change(rows, &c, &keys);
-            }
+        self.fold_diff_in_order(diff, rows, move |rows, c: Change| {
+            apply_change(rows, &c, &keys);
             Ok(())
         })
         .await
@@ -321,10 +356,50 @@ fn not_unique(snapshot: &str, key_fields: &[String], id: &Identity, before: &Row
     }
 }
 
-struct FoldState {
-    rows: HashMap<Identity, Row>,
-    seen_other: bool,
-    truncate_late: bool,
+/// Changes of a diff held back while looking for its TRUNCATE.
+pub const TRUNCATE_LOOKAHEAD: usize = 1024;
+
+/// The first pass of [`ArchiveReader::fold_diff_in_order`].
+struct InOrder<F> {
+    f: F,
+    /// Changes not passed yet (no TRUNCATE seen among them so far).
+    held: Vec<Change>,
+    /// Some change other than a TRUNCATE was passed.
+    released: bool,
+    /// A TRUNCATE was passed.
+    truncated: bool,
+    /// A TRUNCATE that came after changes already passed.
+    late_truncate: Option<Change>,
+}
+
+impl<F> InOrder<F> {
+    fn take<S>(&mut self, state: &mut S, c: Change) -> Result<()>
+    where
+        F: FnMut(&mut S, Change) -> Result<()>,
+    {
+        if c.action == Action::Truncate {
+            if self.released {
+                self.late_truncate.get_or_insert(c.clone());
+                return (self.f)(state, c);
+            }
+            if !self.truncated {
+                self.truncated = true;
+                return (self.f)(state, c);
+            }
+            return Ok(());
+        }
+        if self.released {
+            return (self.f)(state, c);
+        }
+        self.held.push(c);
+        if self.held.len() >= TRUNCATE_LOOKAHEAD {
+            self.released = true;
+            for c in std::mem::take(&mut self.held) {
+                (self.f)(state, c)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Applies one change to a folded state (R5): INSERT/UPDATE upsert `new` (an UPDATE whose old
@@ -347,18 +422,6 @@ pub fn apply_change(state: &mut HashMap<Identity, Row>, change: &Change, key_fie
             }
             state.insert(id, new.clone());
         }
-    }
-}
-
-/// Moves TRUNCATE records to the front, keeping the order of the others (R5, W3).
-pub fn order_truncate_first(changes: &mut Vec<Change>) {
-    if changes.iter().skip(1).any(|c| c.action == Action::Truncate) {
-        let (mut truncs, others): (Vec<Change>, Vec<Change>) = changes
-            .drain(..)
-            .partition(|c| c.action == Action::Truncate);
-        truncs.truncate(1);
-        truncs.extend(others);
-        *changes = truncs;
     }
 }
 

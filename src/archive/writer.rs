@@ -1,7 +1,13 @@
 //! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
 //! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
+//!
+//! Memory is bounded by configuration, not by the data ([`SpillConfig`]): the changes of the
+//! transaction being received and those waiting for the next diff collapse in memory up to
+//! `memory_limit` and spill to sorted runs on local disk past it; a diff is streamed from the
+//! merge of those runs straight into its uploads, and a compaction folds the archive the same way
+//! ([`super::fold`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ArchiveError, Result};
 use super::format::{Encoder, Format};
-use super::identity::{Identity, change_identity, laredo_row_key, row_identity};
+use super::identity::{laredo_row_key, row_identity};
 use super::manifest::{
     Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc, object_keys,
     referenced_keys,
@@ -19,6 +25,7 @@ use super::manifest::{
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
 use super::policy::{Policy, PolicyInputs};
 use super::position::{self, compare};
+use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
 use super::store::{ObjectWriter, Store, check_key_prefix};
 use super::value::Row;
 
@@ -80,6 +87,8 @@ pub struct WriterConfig {
     pub max_age: Option<Duration>,
     /// The clock of the times the writer records.
     pub clock: Clock,
+    /// Memory for buffered changes and where they spill past it.
+    pub spill: SpillConfig,
 }
 
 impl WriterConfig {
@@ -94,6 +103,7 @@ impl WriterConfig {
             keep_epochs: 0,
             max_age: None,
             clock: Clock::system(),
+            spill: SpillConfig::default(),
         }
     }
 }
@@ -114,12 +124,12 @@ pub enum FlushOutcome {
     SnapshotNeeded(&'static str),
 }
 
-/// Buffered changes, collapsed per identity (laredo §6.4), with a TRUNCATE kept apart so it is
-/// written first (W3).
+/// What the open transaction did so far, applied to the writer's counters at its commit.
 #[derive(Default, Debug)]
-struct DiffBuffer {
-    truncated: bool,
-    changes: BTreeMap<Identity, Change>,
+struct PendingCounts {
+    changes: u64,
+    /// Rows inserted minus rows deleted (since its TRUNCATE, if any).
+    rows: i64,
 }
 
 pub struct ArchiveWriter {
@@ -128,7 +138,14 @@ pub struct ArchiveWriter {
     manifest: Manifest,
     revisions: Vec<String>,
     key_fields: Vec<String>,
-    buffer: DiffBuffer,
+    spill: Arc<Spill>,
+    /// Changes of the transaction being received (not committed in PostgreSQL yet as far as
+    /// we know): they join `buffer` at its COMMIT, so a diff never holds part of one (W5).
+    pending: ChangeBuffer,
+    pending_counts: PendingCounts,
+    /// Committed changes collapsed per identity (laredo §6.4), waiting for the next diff; a
+    /// TRUNCATE is kept apart so it is written first (W3).
+    buffer: ChangeBuffer,
     churn: u64,
     rows_estimate: u64,
     last_snapshot_at: Option<Instant>,
@@ -185,12 +202,19 @@ impl ArchiveWriter {
         let rows_estimate = super::plan::newest_snapshot(&manifest)
             .map(|s| s.row_count.max(0) as u64)
             .unwrap_or(0);
+        let spill = Spill::open(
+            config.spill.clone(),
+            &spill_tag(&stores, &config.key_prefix),
+        );
         let writer = ArchiveWriter {
             stores,
             key_fields,
             manifest,
             revisions,
-            buffer: DiffBuffer::default(),
+            pending: ChangeBuffer::new(spill.clone()),
+            pending_counts: PendingCounts::default(),
+            buffer: ChangeBuffer::new(spill.clone()),
+            spill,
             churn: 0,
             rows_estimate,
             last_snapshot_at: None,
@@ -244,8 +268,19 @@ impl ArchiveWriter {
         self.manifest.epoch
     }
 
+    /// Changes waiting for the next diff (an upper bound of the identities once spilled).
     pub fn buffer_depth(&self) -> usize {
-        self.buffer.changes.len() + usize::from(self.buffer.truncated)
+        self.buffer.depth() + usize::from(self.buffer.truncated())
+    }
+
+    /// Changes of the open transaction received so far.
+    pub fn pending_changes(&self) -> u64 {
+        self.pending_counts.changes
+    }
+
+    /// The spill directory and its live figures.
+    pub fn spill(&self) -> &Arc<Spill> {
+        &self.spill
     }
 
     pub fn churn(&self) -> u64 {
@@ -262,49 +297,99 @@ impl ArchiveWriter {
         self.manifest.columns = columns;
     }
 
-    /// Buffers one change, collapsing it with what is buffered for the same identity (last
-    /// write wins). A TRUNCATE resets the buffer; an UPDATE that changes the key becomes a
-    /// DELETE of the old identity and an INSERT of the new one (W4).
-    pub fn record(&mut self, action: Action, old: Option<Row>, new: Option<Row>) {
-        self.churn += 1;
+    /// Buffers one change as a transaction of its own (see [`record_pending`] and
+    /// [`commit_pending`]; not while a transaction is open).
+    ///
+    /// [`record_pending`]: ArchiveWriter::record_pending
+    /// [`commit_pending`]: ArchiveWriter::commit_pending
+    pub fn record(&mut self, action: Action, old: Option<Row>, new: Option<Row>) -> Result<()> {
+        debug_assert!(
+            self.pending.is_empty(),
+            "record() inside an open transaction"
+        );
+        self.record_pending(action, old, new)?;
+        self.commit_pending()
+    }
+
+    /// Buffers one change of the transaction being received, collapsing it with what the
+    /// transaction holds for the same identity (last write wins). A TRUNCATE resets it; an
+    /// UPDATE that changes the key becomes a DELETE of the old identity and an INSERT of the new
+    /// one (W4). Past the memory limit, buffered changes spill to disk; an error here (the spill
+    /// limit, a disk error) loses nothing committed.
+    pub fn record_pending(
+        &mut self,
+        action: Action,
+        old: Option<Row>,
+        new: Option<Row>,
+    ) -> Result<()> {
+        self.pending_counts.changes += 1;
+        let entry = |action, old, new| Entry { action, old, new };
         match action {
             Action::Truncate => {
-                self.buffer.changes.clear();
-                self.buffer.truncated = true;
-                self.rows_estimate = 0;
+                self.pending.truncate();
+                self.pending_counts.rows = 0;
             }
             Action::Delete => {
-                let Some(old) = old else { return };
+                let Some(old) = old else { return Ok(()) };
                 let id =
                     row_identity(&old, &self.key_fields).unwrap_or_else(|| old.as_str().into());
-                self.rows_estimate = self.rows_estimate.saturating_sub(1);
-                self.buffer
-                    .changes
-                    .insert(id, self.change(Action::Delete, Some(old), None));
+                self.pending_counts.rows -= 1;
+                self.pending
+                    .insert(id, entry(Action::Delete, Some(old), None));
             }
             Action::Insert | Action::Update => {
-                let Some(new) = new else { return };
+                let Some(new) = new else { return Ok(()) };
                 let id =
                     row_identity(&new, &self.key_fields).unwrap_or_else(|| new.as_str().into());
-                if let Some(old_row) = &old
-                    && let Some(old_id) = row_identity(old_row, &self.key_fields)
-                    && old_id != id
-                {
-                    self.buffer
-                        .changes
-                        .insert(old_id, self.change(Action::Delete, old.clone(), None));
-                    self.buffer
-                        .changes
-                        .insert(id, self.change(Action::Insert, None, Some(new)));
-                    return;
+                let old_id = old
+                    .as_ref()
+                    .and_then(|o| row_identity(o, &self.key_fields))
+                    .filter(|old_id| *old_id != id);
+                if let Some(old_id) = old_id {
+                    self.pending
+                        .insert(old_id, entry(Action::Delete, old, None));
+                    self.pending
+                        .insert(id, entry(Action::Insert, None, Some(new)));
+                } else {
+                    if action == Action::Insert {
+                        self.pending_counts.rows += 1;
+                    }
+                    self.pending.insert(id, entry(action, old, Some(new)));
                 }
-                if action == Action::Insert {
-                    self.rows_estimate += 1;
-                }
-                self.buffer
-                    .changes
-                    .insert(id, self.change(action, old, Some(new)));
             }
+        }
+        self.within_memory_limit()
+    }
+
+    /// The open transaction's COMMIT arrived: its changes join the next diff.
+    pub fn commit_pending(&mut self) -> Result<()> {
+        let txn = std::mem::replace(&mut self.pending, ChangeBuffer::new(self.spill.clone()));
+        let counts = std::mem::take(&mut self.pending_counts);
+        if txn.truncated() {
+            self.rows_estimate = 0;
+        }
+        self.rows_estimate = self.rows_estimate.saturating_add_signed(counts.rows);
+        self.churn += counts.changes;
+        self.buffer.append(txn)?;
+        self.within_memory_limit()
+    }
+
+    /// Drops the open transaction's changes (it will be delivered again, or never committed).
+    pub fn discard_pending(&mut self) {
+        self.pending.clear();
+        self.pending_counts = PendingCounts::default();
+    }
+
+    /// Spills the larger of the two buffers while memory holds more than the limit.
+    fn within_memory_limit(&mut self) -> Result<()> {
+        let limit = self.config.spill.memory_limit;
+        if self.pending.memory_bytes() + self.buffer.memory_bytes() <= limit {
+            return Ok(());
+        }
+        if self.pending.memory_bytes() >= self.buffer.memory_bytes() {
+            self.pending.spill()
+        } else {
+            self.buffer.spill()
         }
     }
 
@@ -334,7 +419,7 @@ impl ArchiveWriter {
             .last_snapshot_at
             .map(|t| t.elapsed())
             .unwrap_or(Duration::MAX);
-        if self.buffer_depth() == 0 {
+        if self.buffer.is_empty() {
             // laredo never fires max_interval on an idle table; larch does (its only trigger
             // that makes sense without changes).
             let p = &self.config.policy;
@@ -353,19 +438,59 @@ impl ArchiveWriter {
                 "a diff must end at a valid position after {from:?}; got {to:?} (W1)"
             )));
         }
-        // Encode the primary format in memory first: its size feeds the policy.
-        let mut encoded = Vec::with_capacity(self.config.diff_formats.len());
-        for format in &self.config.diff_formats {
-            let mut enc = Encoder::new(*format)?;
-            let truncate = self.buffer.truncated.then(|| self.change_truncate());
-            for c in truncate.iter().chain(self.buffer.changes.values()) {
-                enc.change(c)?;
+        let mut artifact = Artifact {
+            kind: ArtifactKind::Diff,
+            epoch: self.manifest.epoch,
+            from_position: Some(from),
+            to_position: to.to_string(),
+            created_at: self.config.clock.now(),
+            row_count: 0,
+            change_count: 0,
+            formats: BTreeMap::new(),
+        };
+        // Streamed from the merge of the buffer's runs and memory straight into the uploads.
+        let mut uploads = self
+            .start_uploads(&artifact, &self.config.diff_formats)
+            .await?;
+        let streamed: Result<i64> = async {
+            let mut count = 0;
+            if self.buffer.truncated() {
+                let truncate = self.change_truncate();
+                for (_, enc, _) in uploads.iter_mut() {
+                    enc.change(&truncate)?;
+                }
+                count += 1;
             }
-            encoded.push((*format, enc.finish()?));
+            for item in self.buffer.merged()? {
+                let (_, e) = item?;
+                let change = self.change(e.action, e.old, e.new);
+                for (_, enc, _) in uploads.iter_mut() {
+                    enc.change(&change)?;
+                }
+                count += 1;
+                send_chunks(&mut uploads).await?;
+            }
+            Ok(count)
         }
+        .await;
+        let count = match streamed {
+            Ok(n) => n,
+            Err(e) => {
+                abort_all(uploads).await;
+                return Err(e);
+            }
+        };
+        let (written, primary_bytes) = match finish_uploads(uploads, &mut artifact).await {
+            Ok(done) => done,
+            Err((e, written)) => {
+                self.cleanup(&written).await;
+                return Err(e);
+            }
+        };
+        artifact.change_count = count;
         let inputs = PolicyInputs {
             since_snapshot: since,
-            diff_bytes: encoded[0].1.len() as u64,
+            diff_bytes: primary_bytes,
             last_snapshot_bytes: self.last_snapshot_bytes,
             churn: self.churn,
             row_count: self.rows_estimate,
@@ -374,49 +499,35 @@ impl ArchiveWriter {
         // larch commits the diff first and then compacts: followers walk the diff to the head
         // and continue into the new epoch without a re-baseline.
         let rebase = self.config.policy.evaluate(&inputs);
-        let mut artifact = Artifact {
-            kind: ArtifactKind::Diff,
-            epoch: self.manifest.epoch,
-            from_position: Some(from),
-            to_position: to.to_string(),
-            created_at: self.config.clock.now(),
-            row_count: 0,
-            change_count: self.buffer_depth() as i64,
-            formats: BTreeMap::new(),
-        };
-        let mut written = Vec::new();
-        for (format, bytes) in &encoded {
-            let key = artifact_key(&self.config.key_prefix, &artifact, format.extension());
-            let mut first = None;
-            for store in &self.stores {
-                let put = store.put(&key, bytes).await;
-                match put {
-                    Ok(r) => {
-                        written.push((store.clone(), key.clone()));
-                        first.get_or_insert(r);
-                    }
-                    Err(e) => {
-                        self.cleanup(&written).await;
-                        return Err(e);
-                    }
-                }
-            }
-            let r = first.expect("at least one store");
-            artifact.formats.insert(
-                format.id().to_string(),
-                FormatRef {
-                    uri: r.uri,
-                    size_bytes: r.size as i64,
-                    sha256: Some(r.sha256),
-                },
-            );
-        }
         if let Err(e) = self.commit(artifact.clone(), None).await {
             self.cleanup(&written).await;
             return Err(e);
         }
-        self.buffer = DiffBuffer::default();
+        self.buffer.clear();
         Ok(FlushOutcome::Diff { artifact, rebase })
+    }
+
+    /// One streaming upload per format and store for `artifact`.
+    async fn start_uploads(&self, artifact: &Artifact, formats: &[Format]) -> Result<Vec<Upload>> {
+        let mut uploads: Vec<Upload> = Vec::new();
+        for format in formats {
+            let key = artifact_key(&self.config.key_prefix, artifact, format.extension());
+            let mut writers = Vec::new();
+            for store in &self.stores {
+                match store.create(&key).await {
+                    Ok(w) => writers.push((store.clone(), key.clone(), w)),
+                    Err(e) => {
+                        abort_all(uploads).await;
+                        for (_, _, w) in writers {
+                            w.abort().await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            uploads.push((*format, Encoder::new(*format)?, writers));
+        }
+        Ok(uploads)
     }
 
     /// Writes a base snapshot at a new epoch from a stream of rows (every row of the table at
@@ -450,37 +561,17 @@ impl ArchiveWriter {
             change_count: 0,
             formats: BTreeMap::new(),
         };
-        let mut uploads: Vec<Upload> = Vec::new();
-        for format in &self.config.snapshot_formats {
-            let key = artifact_key(&self.config.key_prefix, &artifact, format.extension());
-            let mut writers = Vec::new();
-            for store in &self.stores {
-                match store.create(&key).await {
-                    Ok(w) => writers.push((store.clone(), key.clone(), w)),
-                    Err(e) => {
-                        abort_all(uploads).await;
-                        for (_, _, w) in writers {
-                            w.abort().await;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            uploads.push((*format, Encoder::new(*format)?, writers));
-        }
+        let mut uploads = self
+            .start_uploads(&artifact, &self.config.snapshot_formats)
+            .await?;
         let mut count: i64 = 0;
         let streamed: Result<()> = async {
             while let Some(row) = rows.recv().await {
                 count += 1;
-                for (_, enc, writers) in uploads.iter_mut() {
+                for (_, enc, _) in uploads.iter_mut() {
                     enc.row(&row)?;
-                    if enc.pending() >= UPLOAD_CHUNK {
-                        let chunk = enc.take();
-                        for (_, _, w) in writers.iter_mut() {
-                            w.write(&chunk).await?;
-                        }
-                    }
                 }
+                send_chunks(&mut uploads).await?;
             }
             match verdict {
                 None => Ok(()),
@@ -496,71 +587,32 @@ impl ArchiveWriter {
             abort_all(uploads).await;
             return Err(e);
         }
-        let mut written = Vec::new();
-        let mut failure = None;
-        let mut first_bytes = None;
-        for (format, enc, writers) in uploads {
-            let tail = match enc.finish() {
-                Ok(t) => t,
-                Err(e) => {
-                    failure.get_or_insert(e);
-                    Vec::new()
-                }
-            };
-            let mut first = None;
-            for (store, key, mut w) in writers {
-                if failure.is_some() {
-                    w.abort().await;
-                    continue;
-                }
-                if let Err(e) = w.write(&tail).await {
-                    w.abort().await;
-                    failure = Some(e);
-                    continue;
-                }
-                match w.finish().await {
-                    Ok(r) => {
-                        written.push((store, key));
-                        first.get_or_insert(r);
-                    }
-                    Err(e) => failure = Some(e),
-                }
+        let (written, primary_bytes) = match finish_uploads(uploads, &mut artifact).await {
+            Ok(done) => done,
+            Err((e, written)) => {
+                self.cleanup(&written).await;
+                return Err(e);
             }
-            if let Some(r) = first {
-                first_bytes.get_or_insert(r.size);
-                artifact.formats.insert(
-                    format.id().to_string(),
-                    FormatRef {
-                        uri: r.uri,
-                        size_bytes: r.size as i64,
-                        sha256: Some(r.sha256),
-                    },
-                );
-            }
-        }
-        if let Some(e) = failure {
-            self.cleanup(&written).await;
-            return Err(e);
-        }
+        };
         artifact.row_count = count;
         if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
             self.cleanup(&written).await;
             return Err(e);
         }
-        self.buffer = DiffBuffer::default();
+        self.buffer.clear();
         self.churn = 0;
         self.rows_estimate = count as u64;
         self.last_snapshot_at = Some(Instant::now());
-        self.last_snapshot_bytes = first_bytes.unwrap_or(0);
+        self.last_snapshot_bytes = primary_bytes;
         Ok(artifact)
     }
 
     /// Writes a new base snapshot at the head from the archive itself (the newest snapshot
-    /// folded with its diff chain), without asking the source for a new baseline. Memory holds
-    /// the net changes since the last snapshot, not the table. Buffered changes must have been
-    /// flushed first.
+    /// folded with its diff chain), without asking the source for a new baseline. Memory stays
+    /// within the spill's memory limit whatever the size of the diffs ([`super::fold`]).
+    /// Buffered changes must have been flushed first; an open transaction stays open.
     pub async fn compact(&mut self) -> Result<Artifact> {
-        if self.buffer_depth() > 0 {
+        if !self.buffer.is_empty() {
             return Err(ArchiveError::Invalid(
                 "flush buffered changes before compacting".into(),
             ));
@@ -581,66 +633,20 @@ impl ArchiveWriter {
             &self.config.key_prefix,
             formats,
         )?;
-        // The net effect of the chain: identity -> final row (None: deleted).
-        let mut overlay: HashMap<Identity, Option<Row>> = HashMap::new();
-        let mut truncated = false;
-        for diff in &plan.diffs {
-            for c in reader.read_diff(diff).await? {
-                match c.action {
-                    Action::Truncate => {
-                        overlay.clear();
-                        truncated = true;
-                    }
-                    Action::Delete => {
-                        overlay.insert(change_identity(&c, &self.key_fields), None);
-                    }
-                    Action::Insert | Action::Update => {
-                        let id = change_identity(&c, &self.key_fields);
-                        if let Some(old) = &c.old
-                            && let Some(old_id) = row_identity(old, &self.key_fields)
-                            && old_id != id
-                        {
-                            overlay.insert(old_id, None);
-                        }
-                        overlay.insert(id, c.new.clone());
-                    }
-                }
-            }
-        }
-        let (tx, rx) = mpsc::channel::<Row>(1024);
-        let base = plan.snapshot.clone().filter(|_| !truncated);
-        let key_fields = self.key_fields.clone();
-        let (verdict_tx, verdict_rx) = oneshot::channel();
-        tokio::spawn(async move {
-            let result = async {
-                let mut overlay = overlay;
-                if let Some(snapshot) = base {
-                    let state = (overlay, tx.clone());
-                    let (o, _) = reader
-                        .fold_rows(&snapshot, key_fields, state, |(overlay, tx), d| {
-                            let id = d.identity.unwrap_or_else(|| d.row.as_str().into());
-                            if overlay.contains_key(&id) {
-                                return Ok(());
-                            }
-                            tx.blocking_send(d.row).map_err(|_| {
-                                ArchiveError::Invalid("snapshot writer stopped".into())
-                            })
-                        })
-                        .await?;
-                    overlay = o;
-                }
-                for row in overlay.into_values().flatten() {
-                    if tx.send(row).await.is_err() {
-                        break;
-                    }
-                }
-                Ok::<(), ArchiveError>(())
-            }
-            .await;
-            let _ = verdict_tx.send(result);
-        });
-        let head = self.manifest.head_position.clone();
-        self.write_snapshot_verified(&head, rx, Some(verdict_rx))
+        // The open transaction keeps its share of the memory.
+        let limit = self.config.spill.memory_limit;
+        let budget = limit
+            .saturating_sub(self.pending.memory_bytes())
+            .max(limit / 4);
+        let head = super::fold::head_rows(
+            reader,
+            plan,
+            self.key_fields.clone(),
+            self.spill.clone(),
+            budget,
+        );
+        let position = self.manifest.head_position.clone();
+        self.write_snapshot_verified(&position, head.rows, Some(head.verdict))
             .await
     }
 
@@ -743,7 +749,7 @@ impl ArchiveWriter {
     }
 
     /// Removes objects uploaded for an artifact that was not committed.
-    async fn cleanup(&self, written: &[(Arc<dyn Store>, String)]) {
+    async fn cleanup(&self, written: &Written) {
         let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
         for (store, key) in written {
             if live.contains(key) {
@@ -763,6 +769,87 @@ impl ArchiveWriter {
             .unwrap_or_default();
         Ok(now != self.revisions[0])
     }
+}
+
+/// Sends each format's encoded bytes to its uploads once a chunk is ready.
+async fn send_chunks(uploads: &mut [Upload]) -> Result<()> {
+    for (_, enc, writers) in uploads.iter_mut() {
+        if enc.pending() >= UPLOAD_CHUNK {
+            let chunk = enc.take();
+            for (_, _, w) in writers.iter_mut() {
+                w.write(&chunk).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Objects stored by an artifact's uploads (to delete if the artifact is not committed).
+type Written = Vec<(Arc<dyn Store>, String)>;
+
+/// Finishes every upload and records each format in `artifact`; returns what was stored and
+/// the size of the first format. On failure the rest are aborted and the error comes with what
+/// was already stored.
+async fn finish_uploads(
+    uploads: Vec<Upload>,
+    artifact: &mut Artifact,
+) -> std::result::Result<(Written, u64), (ArchiveError, Written)> {
+    let mut written = Vec::new();
+    let mut failure = None;
+    let mut first_bytes = None;
+    for (format, enc, writers) in uploads {
+        let tail = match enc.finish() {
+            Ok(t) => t,
+            Err(e) => {
+                failure.get_or_insert(e);
+                Vec::new()
+            }
+        };
+        let mut first = None;
+        for (store, key, mut w) in writers {
+            if failure.is_some() {
+                w.abort().await;
+                continue;
+            }
+            if let Err(e) = w.write(&tail).await {
+                w.abort().await;
+                failure = Some(e);
+                continue;
+            }
+            match w.finish().await {
+                Ok(r) => {
+                    written.push((store, key));
+                    first.get_or_insert(r);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        if let Some(r) = first {
+            first_bytes.get_or_insert(r.size);
+            artifact.formats.insert(
+                format.id().to_string(),
+                FormatRef {
+                    uri: r.uri,
+                    size_bytes: r.size as i64,
+                    sha256: Some(r.sha256),
+                },
+            );
+        }
+    }
+    match failure {
+        Some(e) => Err((e, written)),
+        None => Ok((written, first_bytes.unwrap_or(0))),
+    }
+}
+
+/// The prefix of the spill directories of one archive: a hash of its stores and key prefix.
+fn spill_tag(stores: &[Arc<dyn Store>], key_prefix: &str) -> String {
+    let mut parts: Vec<String> = stores.iter().map(|s| s.name()).collect();
+    parts.push(key_prefix.to_string());
+    super::spill::tag(
+        "archive",
+        &parts.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
 }
 
 async fn abort_all(uploads: Vec<Upload>) {

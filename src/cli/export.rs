@@ -141,6 +141,17 @@ pub struct ExportArgs {
     /// How long the Lease stays valid without renewal; the holder gives up after two thirds.
     #[arg(long, default_value = "15s", value_parser = parse_duration_arg)]
     pub lease_duration: std::time::Duration,
+    /// Memory for buffered changes (--follow: the transaction being received and those waiting
+    /// for the next diff); past it they spill to --spill-dir. Bytes or 64Mi, 1Gi, ...
+    #[arg(long, default_value = "64Mi", value_parser = crate::archive::spill::parse_size)]
+    pub buffer_memory: u64,
+    /// Directory for spilled changes (default: $TMPDIR/larch-spill).
+    #[arg(long)]
+    pub spill_dir: Option<PathBuf>,
+    /// Most bytes of spilled changes on disk at once; past it the export stops with an error
+    /// naming the limit (0: no limit).
+    #[arg(long, default_value = "0", value_parser = crate::archive::spill::parse_size)]
+    pub spill_limit: u64,
 }
 
 /// Exit status of a continuous export that lost its Lease (W9): it stopped writing at once.
@@ -409,6 +420,11 @@ async fn follow(
     wc.policy = policy;
     wc.keep_epochs = args.keep_epochs;
     wc.max_age = args.max_age;
+    wc.spill.memory_limit = args.buffer_memory;
+    wc.spill.disk_limit = args.spill_limit;
+    if let Some(dir) = &args.spill_dir {
+        wc.spill.dir = dir.clone();
+    }
     let lease = match &args.lease {
         Some(name) => Some(lease_elector(args, name).await?),
         None => None,

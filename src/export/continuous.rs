@@ -2,8 +2,10 @@
 //! snapshot, then the source's changes collapsed into diffs every `diff_interval`, re-based by
 //! the policy, acknowledged to PostgreSQL only once the diff holding them is committed.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
@@ -22,6 +24,7 @@ use crate::archive::manifest::format_time;
 use crate::archive::model::TableId;
 use crate::archive::plan::plan_head;
 use crate::archive::position::{compare, same};
+use crate::archive::spill::Spill;
 use crate::archive::writer::{ArchiveWriter, FlushOutcome};
 use crate::source::postgres::{PostgresSource, SchemaChange, schema_change};
 use crate::source::{SourceError, SourceEvent, SyncSource};
@@ -45,6 +48,14 @@ pub struct ExportStatus {
     /// Times the slot was lost (invalidated or dropped) and the export re-baselined.
     pub slot_losses: u64,
     pub last_slot_loss: Option<super::slot::SlotLoss>,
+    /// Changes of the transaction being received (they join the buffer at its COMMIT).
+    pub open_transaction_changes: u64,
+    /// Bytes of buffered changes in memory (bounded by `--buffer-memory`).
+    pub buffer_memory_bytes: u64,
+    /// Bytes of spilled runs on disk now, and their limit (`--spill-limit`, 0: none).
+    pub spill_bytes: u64,
+    pub spill_runs: u64,
+    pub spill_limit_bytes: u64,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.
@@ -58,6 +69,10 @@ pub struct ExportMetrics {
     errors: IntCounterVec,
     commit_lag: HistogramVec,
     slot: super::slot::SlotMetrics,
+    buffer_memory: IntGaugeVec,
+    spill_bytes: IntGaugeVec,
+    spill_runs: IntGaugeVec,
+    spill_limit: IntGaugeVec,
 }
 
 impl ExportMetrics {
@@ -76,6 +91,19 @@ impl ExportMetrics {
         let churn = gauge(
             "snapshotter_churn_records",
             "Changes received since the last snapshot.",
+        );
+        let buffer_memory = gauge(
+            "larch_export_buffer_memory_bytes",
+            "Bytes of buffered changes held in memory (bounded by --buffer-memory).",
+        );
+        let spill_bytes = gauge(
+            "larch_export_spill_bytes",
+            "Bytes of buffered changes spilled to disk now.",
+        );
+        let spill_runs = gauge("larch_export_spill_runs", "Spilled runs on disk now.");
+        let spill_limit = gauge(
+            "larch_export_spill_limit_bytes",
+            "The spill limit (--spill-limit; 0: none).",
         );
         let snapshot_age = prometheus::GaugeVec::new(
             Opts::new(
@@ -129,6 +157,10 @@ impl ExportMetrics {
             artifacts,
             errors,
             commit_lag,
+            buffer_memory,
+            spill_bytes,
+            spill_runs,
+            spill_limit,
         }
     }
 
@@ -153,6 +185,8 @@ pub struct Shared {
     status_reads: Arc<watch::Sender<u64>>,
     /// How long a lost slot's report waits for a `/status` read before the re-baseline.
     loss_report_wait: Mutex<Option<Duration>>,
+    /// The writer's spill, for live figures.
+    spill: OnceLock<Arc<Spill>>,
 }
 
 impl Shared {
@@ -169,6 +203,7 @@ impl Shared {
             last_snapshot: Mutex::new(None),
             status_reads: Arc::new(watch::Sender::new(0)),
             loss_report_wait: Mutex::new(None),
+            spill: OnceLock::new(),
         })
     }
 
@@ -186,8 +221,33 @@ impl Shared {
         *self.loss_report_wait.lock().expect("lock") = Some(wait);
     }
 
+    /// The status, with the spill's figures as of now.
     pub fn status(&self) -> ExportStatus {
-        self.status.lock().expect("lock").clone()
+        let mut s = self.status.lock().expect("lock").clone();
+        if let Some(spill) = self.spill.get() {
+            let stats = spill.stats();
+            s.buffer_memory_bytes = stats.memory_bytes.load(Ordering::Relaxed);
+            s.spill_bytes = stats.disk_bytes.load(Ordering::Relaxed);
+            s.spill_runs = stats.runs.load(Ordering::Relaxed);
+            s.spill_limit_bytes = spill.config().disk_limit;
+        }
+        s
+    }
+
+    fn refresh_spill_metrics(&self) {
+        let s = self.status();
+        let m = &self.metrics;
+        let t = [s.table.as_str()];
+        m.buffer_memory
+            .with_label_values(&t)
+            .set(s.buffer_memory_bytes as i64);
+        m.spill_bytes
+            .with_label_values(&t)
+            .set(s.spill_bytes as i64);
+        m.spill_runs.with_label_values(&t).set(s.spill_runs as i64);
+        m.spill_limit
+            .with_label_values(&t)
+            .set(s.spill_limit_bytes as i64);
     }
 }
 
@@ -225,6 +285,7 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    s.refresh_spill_metrics();
     if let Some(t) = *s.last_snapshot.lock().expect("lock") {
         let table = s.status.lock().expect("lock").table.clone();
         s.metrics
@@ -293,6 +354,7 @@ impl ContinuousExport {
         s.head_position = self.writer.head().to_string();
         s.buffer_depth = self.writer.buffer_depth();
         s.churn_records = self.writer.churn();
+        s.open_transaction_changes = self.writer.pending_changes();
     }
 
     fn note_snapshot(&self, reason: &str) {
@@ -354,10 +416,12 @@ impl ContinuousExport {
         &mut self,
         why: &str,
         last_position: &mut String,
-        commit_times: &mut Vec<DateTime<Utc>>,
+        commit_times: &mut CommitTimes,
     ) -> anyhow::Result<String> {
         let started = Instant::now();
         tracing::warn!(table = %self.table, change = %why, "the table's schema changed: committing what is buffered, then a new epoch from a fresh snapshot");
+        // The transaction holding the DDL goes whole into the new epoch (its snapshot).
+        self.writer.discard_pending();
         self.flush(last_position, commit_times).await?;
         let position = self.baseline("schema_change").await?;
         last_position.clear();
@@ -371,6 +435,7 @@ impl ContinuousExport {
 
     /// Runs until `shutdown` flips; then flushes a final diff and returns.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let _ = self.shared.spill.set(self.writer.spill().clone());
         let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
         let columns = schemas.get(&self.table).cloned().unwrap_or_default();
         if let Some(why) = self.source.take_slot_lost_at_init() {
@@ -413,20 +478,17 @@ impl ContinuousExport {
         let mut tick = tokio::time::interval(self.diff_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_position = String::new();
-        let mut commit_times: Vec<DateTime<Utc>> = Vec::new();
+        let mut commit_times = CommitTimes::default();
         loop {
             let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
             let source = self.source.clone();
             let start = from.clone();
             let mut stream = tokio::spawn(async move { source.stream(&start, tx).await });
-            // Changes of the transaction being received: they reach the writer only with its
-            // commit (the checkpoint), so a diff never holds part of a transaction.
-            let mut open_txn: Vec<crate::source::ChangeEvent> = Vec::new();
             let mut stream_result = None;
             let stop = loop {
                 tokio::select! {
                     ev = rx.recv() => match ev {
-                        Some(ev) => self.accept(ev, &mut open_txn, &mut last_position, &mut commit_times, skip_through.as_deref()),
+                        Some(ev) => self.accept(ev, &mut last_position, &mut commit_times, skip_through.as_deref())?,
                         None => {
                             stream_result = Some((&mut stream).await.unwrap_or_else(|e| Err(SourceError::Other(anyhow!("stream task: {e}")))));
                             break false;
@@ -451,12 +513,13 @@ impl ContinuousExport {
                 while let Ok(ev) = rx.try_recv() {
                     self.accept(
                         ev,
-                        &mut open_txn,
                         &mut last_position,
                         &mut commit_times,
                         skip_through.as_deref(),
-                    );
+                    )?;
                 }
+                // A transaction without its COMMIT is not archived: the slot delivers it again.
+                self.writer.discard_pending();
                 let result = self.final_flush(&last_position, &mut commit_times).await;
                 stream.abort();
                 self.source.close().await;
@@ -468,6 +531,7 @@ impl ContinuousExport {
                 Err(SourceError::ReBaselineRequired(why)) => {
                     tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
                     self.report_slot_loss(&why).await;
+                    self.writer.discard_pending();
                     self.flush(&last_position, &mut commit_times).await?;
                     from = self.baseline("baseline").await?;
                     last_position.clear();
@@ -512,32 +576,43 @@ impl ContinuousExport {
         }
     }
 
-    /// Takes one event: changes wait in `open_txn` until their transaction's checkpoint.
+    /// Takes one event. A change joins the open transaction in the writer (spilled to disk past
+    /// the memory limit); the transaction joins the next diff only with its checkpoint (its
+    /// COMMIT), so a diff never holds part of a transaction (W5). Changes the archive already
+    /// holds (re-delivered after a restart) are skipped by their commit position.
     fn accept(
         &mut self,
         ev: SourceEvent,
-        open_txn: &mut Vec<crate::source::ChangeEvent>,
         last_position: &mut String,
-        commit_times: &mut Vec<DateTime<Utc>>,
+        commit_times: &mut CommitTimes,
         skip_through: Option<&str>,
-    ) {
-        match ev {
-            SourceEvent::Change(c) => open_txn.push(c),
-            SourceEvent::Checkpoint { position } => {
-                let already = skip_through
-                    .is_some_and(|s| compare(&position, s) != std::cmp::Ordering::Greater);
-                for c in open_txn.drain(..) {
-                    if already {
-                        continue;
-                    }
-                    if let Some(t) = c.commit_time {
-                        commit_times.push(t);
-                    }
-                    self.writer.record(c.action, c.old, c.new);
+    ) -> anyhow::Result<()> {
+        let already =
+            |p: &str| skip_through.is_some_and(|s| compare(p, s) != std::cmp::Ordering::Greater);
+        let recorded = match ev {
+            SourceEvent::Change(c) => {
+                if already(&c.position) {
+                    return Ok(());
                 }
-                if !already && crate::archive::position::is_valid(&position) {
+                commit_times.open = c.commit_time.or(commit_times.open);
+                self.writer.record_pending(c.action, c.old, c.new)
+            }
+            SourceEvent::Checkpoint { position } => {
+                if already(&position) {
+                    self.writer.discard_pending();
+                    return Ok(());
+                }
+                let changes = self.writer.pending_changes();
+                if let Some(t) = commit_times.open.take() {
+                    *commit_times
+                        .closed
+                        .entry(t.timestamp_millis() / 10)
+                        .or_default() += changes;
+                }
+                if crate::archive::position::is_valid(&position) {
                     *last_position = position;
                 }
+                let committed = self.writer.commit_pending();
                 // Between flushes too: with a long --diff-interval, /status and the gauge would
                 // otherwise show the depth of the last tick for the whole interval.
                 let depth = self.writer.buffer_depth();
@@ -547,8 +622,18 @@ impl ContinuousExport {
                     .with_label_values(&[&self.table.to_string()])
                     .set(depth as i64);
                 self.shared.status.lock().expect("lock").buffer_depth = depth;
+                committed
             }
-        }
+        };
+        recorded.map_err(|e| {
+            self.shared
+                .metrics
+                .errors
+                .with_label_values(&[&self.table.to_string(), "spill"])
+                .inc();
+            self.shared.status.lock().expect("lock").last_error = Some(e.to_string());
+            anyhow!(e).context("buffering a change")
+        })
     }
 
     /// The flush on stop: unlike an interval's flush, one that leaves changes buffered (a full
@@ -557,7 +642,7 @@ impl ContinuousExport {
     async fn final_flush(
         &mut self,
         last_position: &str,
-        commit_times: &mut Vec<DateTime<Utc>>,
+        commit_times: &mut CommitTimes,
     ) -> anyhow::Result<()> {
         self.flush(last_position, commit_times).await?;
         let left = self.writer.buffer_depth();
@@ -585,7 +670,7 @@ impl ContinuousExport {
     async fn flush(
         &mut self,
         last_position: &str,
-        commit_times: &mut Vec<DateTime<Utc>>,
+        commit_times: &mut CommitTimes,
     ) -> anyhow::Result<()> {
         let table = self.table.to_string();
         let to = if last_position.is_empty() {
@@ -620,13 +705,12 @@ impl ContinuousExport {
             FlushOutcome::SnapshotNeeded(trigger) => Some(trigger),
             FlushOutcome::Diff { artifact, rebase } => {
                 let now = Utc::now();
-                for t in commit_times.drain(..) {
-                    let lag = (now - t).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
-                    self.shared
-                        .metrics
-                        .commit_lag
-                        .with_label_values(&[&table])
-                        .observe(lag);
+                let lag_of = self.shared.metrics.commit_lag.with_label_values(&[&table]);
+                for (at, changes) in std::mem::take(&mut commit_times.closed) {
+                    let lag = (now.timestamp_millis() - at * 10).max(0) as f64 / 1e3;
+                    for _ in 0..changes {
+                        lag_of.observe(lag);
+                    }
                 }
                 self.shared
                     .metrics
@@ -662,6 +746,16 @@ impl ContinuousExport {
         }
         Ok(())
     }
+}
+
+/// Commit times of the changes waiting for the next diff, counted per 10 ms: bounded by the
+/// interval's length, not by the number of changes.
+#[derive(Default)]
+struct CommitTimes {
+    /// The commit time of the transaction being received.
+    open: Option<DateTime<Utc>>,
+    /// Commit time (in units of 10 ms) → changes committed then.
+    closed: BTreeMap<i64, u64>,
 }
 
 /// Resolves once the shutdown flag is set (no guard is held across awaits).

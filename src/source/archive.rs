@@ -1,13 +1,13 @@
 //! The archive source: replays an archive (laredo spec §8, rules C1–C5).
 //!
-//! * `baseline` streams the folded state at the head: the newest snapshot plus its diff chain.
-//!   Memory stays bounded by the diffs, not the snapshot: the chain's diffs are folded first
-//!   into an *overlay* (identity → new row, or a tombstone; plus "a TRUNCATE happened"), then
-//!   the snapshot is streamed row by row, skipping every row the overlay shadows, and finally
-//!   the overlay's live rows are sent. The rows sent are exactly the rows of
-//!   `ArchiveReader::reconstruct(plan_head)`; no snapshot-sized map is ever built.
+//! * `baseline` streams the folded state at the head: the newest snapshot plus its diff chain,
+//!   through [`crate::archive::fold`]: the rows sent are exactly the rows of
+//!   `ArchiveReader::reconstruct(plan_head)`, but no snapshot-sized map is ever built and the
+//!   chain's net effect stays within the spill's memory limit (spilled to disk past it).
 //! * `stream(from)` delivers the diffs after `from` as change events (position = each diff's
-//!   `to_position`), each diff followed by a [`SourceEvent::Checkpoint`]. When the newest
+//!   `to_position`), each diff streamed in R5 order (never held whole) and followed by a
+//!   [`SourceEvent::Checkpoint`]. A transient error in the middle of a diff delivers that diff
+//!   again from its start (replaying changes by identity is idempotent). When the newest
 //!   snapshot no longer continues `from` (`plan(manifest, from)` is not diff-only, whatever
 //!   the order of the positions, including a head *lower* than ours; or a new epoch at our
 //!   very position that does not contain it) it returns [`SourceError::ReBaselineRequired`]
@@ -17,10 +17,10 @@
 //! * `ack` writes the state file atomically (C3): temp file, fsync, rename, directory fsync;
 //!   the directory is created when missing; the contents are the raw position string.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,12 +30,13 @@ use tokio::sync::{mpsc, watch};
 
 use super::{ChangeEvent, Lag, SourceError, SourceEvent, SourceState, SyncSource, ValidationError};
 use crate::archive::error::ArchiveError;
-use crate::archive::identity::{Identity, change_identity, row_identity};
+use crate::archive::fold::{head_rows, is_stopped};
 use crate::archive::manifest::{Artifact, Manifest};
 use crate::archive::model::{Action, ColumnDefinition, TableId, effective_key_fields};
 use crate::archive::plan::{ShortChain, chain_from, newest_snapshot, plan, plan_head, short_chain};
 use crate::archive::position::same;
 use crate::archive::reader::ArchiveReader;
+use crate::archive::spill::{Spill, SpillConfig};
 use crate::archive::value::Row;
 
 /// Options of one archive source (one table).
@@ -51,6 +52,8 @@ pub struct ArchiveSourceOptions {
     pub poll_interval: Duration,
     /// State file enabling resume.
     pub state_path: Option<PathBuf>,
+    /// Memory for the chain's net effect while baselining, and where it spills past it.
+    pub spill: SpillConfig,
 }
 
 impl ArchiveSourceOptions {
@@ -62,6 +65,7 @@ impl ArchiveSourceOptions {
             follow: false,
             poll_interval: Duration::from_secs(5),
             state_path: None,
+            spill: SpillConfig::default(),
         }
     }
 }
@@ -102,6 +106,7 @@ struct Inner {
 pub struct ArchiveSource {
     reader: ArchiveReader,
     opts: ArchiveSourceOptions,
+    spill: Arc<Spill>,
     state: watch::Sender<SourceState>,
     inner: Mutex<Inner>,
 }
@@ -200,46 +205,15 @@ pub fn write_state_file(path: &Path, contents: &str) -> std::io::Result<()> {
     result
 }
 
-/// The net effect of a chain of diffs on the rows of a snapshot.
-#[derive(Default)]
-struct Overlay {
-    rows: HashMap<Identity, Option<Row>>,
-    truncated: bool,
-}
-
-impl Overlay {
-    /// Applies one diff's changes (already in R5 order: a TRUNCATE first).
-    fn apply(&mut self, changes: &[crate::archive::model::Change], key_fields: &[String]) {
-        for c in changes {
-            match c.action {
-                Action::Truncate => {
-                    self.rows.clear();
-                    self.truncated = true;
-                }
-                Action::Delete => {
-                    self.rows.insert(change_identity(c, key_fields), None);
-                }
-                Action::Insert | Action::Update => {
-                    let Some(new) = &c.new else { continue };
-                    let id = change_identity(c, key_fields);
-                    if c.action == Action::Update
-                        && let Some(old) = &c.old
-                        && let Some(old_id) = row_identity(old, key_fields)
-                        && old_id != id
-                    {
-                        self.rows.insert(old_id, None);
-                    }
-                    self.rows.insert(id, Some(new.clone()));
-                }
-            }
-        }
-    }
-}
-
 impl ArchiveSource {
     pub fn new(reader: ArchiveReader, opts: ArchiveSourceOptions) -> ArchiveSource {
         let (state, _) = watch::channel(SourceState::Connecting);
+        let tag = crate::archive::spill::tag(
+            "source",
+            &[&opts.id, &reader.store().name(), reader.key_prefix()],
+        );
         ArchiveSource {
+            spill: Spill::open(opts.spill.clone(), &tag),
             reader,
             opts,
             state,
@@ -432,6 +406,24 @@ impl ArchiveSource {
     }
 }
 
+impl ArchiveSource {
+    /// Sends one diff's changes as events, streamed; `false` when the consumer went away.
+    async fn send_diff(
+        &self,
+        diff: &Artifact,
+        events: &mpsc::Sender<SourceEvent>,
+    ) -> crate::archive::Result<bool> {
+        let mut changes = self.reader.stream_diff(diff);
+        while let Some(c) = changes.recv().await {
+            let ev = change_event(&self.opts.table, &diff.to_position, c?);
+            if events.send(SourceEvent::Change(ev)).await.is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 /// laredo's inferred schema: the first row's field names sorted, nullable, ordinal 1..n, no
 /// type; primary-key flags from the *explicitly* configured key fields only.
 pub fn infer_columns(first: &Row, explicit_key_fields: &[String]) -> Vec<ColumnDefinition> {
@@ -550,43 +542,32 @@ impl SyncSource for ArchiveSource {
             ),
         };
         if let Some(p) = head_plan {
-            // 1. The chain's net effect (bounded by the diffs).
-            let mut overlay = Overlay::default();
-            for d in &p.diffs {
-                let changes = self
-                    .retry("reading a diff", || self.reader.read_diff(d))
-                    .await?;
-                overlay.apply(&changes, &key_fields);
-            }
-            // 2. Snapshot rows the overlay does not shadow, streamed.
-            let snapshot = p.snapshot.expect("a head plan has a snapshot");
-            let overlay = std::sync::Arc::new(overlay);
-            let table = self.opts.table.clone();
-            let (ov, tx) = (overlay.clone(), rows.clone());
-            self.reader
-                .fold_rows(&snapshot, key_fields.clone(), (), move |_, d| {
-                    if ov.truncated {
-                        return Ok(());
-                    }
-                    let id = d.identity.unwrap_or_else(|| d.row.as_str().into());
-                    if ov.rows.contains_key(&id) {
-                        return Ok(());
-                    }
-                    tx.blocking_send((table.clone(), d.row))
-                        .map_err(|_| ArchiveError::Invalid("the engine stopped".into()))
-                })
-                .await
-                .map_err(|e| match e {
-                    ArchiveError::Invalid(m) if m == "the engine stopped" => SourceError::Stopped,
-                    e => SourceError::Other(
-                        anyhow::Error::new(e).context(format!("source {}: baseline", self.opts.id)),
-                    ),
-                })?;
-            // 3. Rows the diffs inserted or updated.
-            for row in overlay.rows.values().flatten() {
-                rows.send((self.opts.table.clone(), row.clone()))
+            let mut head = head_rows(
+                self.reader.clone(),
+                p,
+                key_fields,
+                self.spill.clone(),
+                self.opts.spill.memory_limit,
+            );
+            while let Some(row) = head.rows.recv().await {
+                rows.send((self.opts.table.clone(), row))
                     .await
                     .map_err(|_| SourceError::Stopped)?;
+            }
+            match head.verdict.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if is_stopped(&e) => return Err(SourceError::Stopped),
+                Ok(Err(e)) => {
+                    return Err(SourceError::Other(
+                        anyhow::Error::new(e).context(format!("source {}: baseline", self.opts.id)),
+                    ));
+                }
+                Err(_) => {
+                    return Err(SourceError::Other(anyhow::anyhow!(
+                        "source {}: baseline: the fold task vanished",
+                        self.opts.id
+                    )));
+                }
             }
         }
         let short = plan(&m, "").and_then(|p| short_chain(&m, &p));
@@ -670,15 +651,11 @@ impl SyncSource for ArchiveSource {
                         if self.closed() {
                             return Ok(());
                         }
-                        let changes = self
-                            .retry("reading a diff", || self.reader.read_diff(d))
+                        let delivered = self
+                            .retry("reading a diff", || self.send_diff(d, &events))
                             .await?;
-                        for c in changes {
-                            let ev = change_event(&self.opts.table, &d.to_position, c);
-                            events
-                                .send(SourceEvent::Change(ev))
-                                .await
-                                .map_err(|_| SourceError::Stopped)?;
+                        if !delivered {
+                            return Err(SourceError::Stopped);
                         }
                         events
                             .send(SourceEvent::Checkpoint {

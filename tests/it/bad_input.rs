@@ -174,7 +174,8 @@ async fn symlinks_out_of_a_local_store_are_refused_for_reads_and_writes() {
         Action::Insert,
         None,
         Some(larch::archive::value::Row::parse(r#"{"id":2}"#).unwrap()),
-    );
+    )
+    .unwrap();
     let e = w.flush("0/2").await.unwrap_err().to_string();
     assert!(
         e.contains("t/epoch=1/diff-0_1-0_2.jsonl") && e.contains("symbolic link"),

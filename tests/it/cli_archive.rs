@@ -182,7 +182,8 @@ async fn verify_lists_orphans_and_gc_removes_them_only_when_asked() {
         Action::Insert,
         None,
         Some(Row::parse(r#"{"id":3}"#).unwrap()),
-    );
+    )
+    .unwrap();
     w.flush("0/30").await.unwrap();
     let exists = |k: &str| dir.path().join(k).exists();
     let run = |extra: &[&str]| {
@@ -262,7 +263,7 @@ async fn reconstruct_refuses_a_chain_short_of_the_head() {
     w.write_snapshot("0/10", rx).await.unwrap();
     for (id, to) in [(2, "0/20"), (3, "0/30"), (4, "0/40")] {
         let row = Row::parse(&format!(r#"{{"id":{id}}}"#)).unwrap();
-        w.record(Action::Insert, None, Some(row));
+        w.record(Action::Insert, None, Some(row)).unwrap();
         w.flush(to).await.unwrap();
     }
     // Lose the middle diff from the manifest: the chain now ends at 0/20.

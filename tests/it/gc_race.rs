@@ -185,7 +185,8 @@ async fn gc_in_the_commit_window_spares_a_writer_ahead(inner: Arc<dyn Store>) {
             Action::Insert,
             None,
             Some(row(&format!(r#"{{"id":{id}}}"#))),
-        );
+        )
+        .unwrap();
         assert!(matches!(
             w.flush(to)
                 .await
@@ -236,7 +237,8 @@ async fn a_missing_upload_is_never_committed(inner: Arc<dyn Store>) {
     w.write_snapshot("0/10", rows_channel(vec![row(r#"{"id":1}"#)]))
         .await
         .unwrap();
-    w.record(Action::Insert, None, Some(row(r#"{"id":2}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":2}"#)))
+        .unwrap();
     store.set(InTheWindow::DeleteUnreferenced);
     let e = w.flush("0/20").await.unwrap_err().to_string();
     let diff = format!("{PREFIX}epoch=1/diff-0_10-0_20.jsonl");

@@ -5,6 +5,7 @@
 mod archive_build;
 mod archive_source;
 mod bad_input;
+mod bounded_memory;
 mod census;
 mod cli_archive;
 mod crash_safety;

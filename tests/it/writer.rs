@@ -105,14 +105,18 @@ async fn round_trip_in_every_format() {
             Action::Update,
             Some(row(r#"{"id":2,"name":"b"}"#)),
             Some(row(r#"{"id":2,"name":"b2"}"#)),
-        );
-        w.record(Action::Delete, Some(row(r#"{"id":1,"name":"a"}"#)), None);
-        w.record(Action::Insert, None, Some(row(r#"{"id":3,"name":"c"}"#)));
+        )
+        .unwrap();
+        w.record(Action::Delete, Some(row(r#"{"id":1,"name":"a"}"#)), None)
+            .unwrap();
+        w.record(Action::Insert, None, Some(row(r#"{"id":3,"name":"c"}"#)))
+            .unwrap();
         w.record(
             Action::Update,
             None,
             Some(row(r#"{"id":1234567,"name":"bigger"}"#)),
-        );
+        )
+        .unwrap();
         let FlushOutcome::Diff {
             artifact: d,
             rebase: None,
@@ -151,7 +155,8 @@ async fn jsonl_keeps_every_digit_and_stores_laredo_keys() {
         Action::Insert,
         None,
         Some(row(r#"{"id":1234567,"amount":12345678901234567890.123}"#)),
-    );
+    )
+    .unwrap();
     w.flush("0/2").await.unwrap();
     let diff_key = store
         .keys()
@@ -182,11 +187,14 @@ async fn truncate_is_written_first_and_key_changes_become_delete_insert() {
         Action::Update,
         Some(row(r#"{"id":5}"#)),
         Some(row(r#"{"id":6}"#)),
-    );
+    )
+    .unwrap();
     w.flush("0/2").await.unwrap();
-    w.record(Action::Insert, None, Some(row(r#"{"id":0}"#)));
-    w.record(Action::Truncate, None, None);
-    w.record(Action::Insert, None, Some(row(r#"{"id":9}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":0}"#)))
+        .unwrap();
+    w.record(Action::Truncate, None, None).unwrap();
+    w.record(Action::Insert, None, Some(row(r#"{"id":9}"#)))
+        .unwrap();
     w.flush("0/3").await.unwrap();
     let keys = store.keys();
     let d1 = keys.iter().find(|k| k.contains("diff-0_1-")).unwrap();
@@ -230,13 +238,16 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     )
     .await
     .unwrap();
-    w.record(Action::Insert, None, Some(row(r#"{"id":3,"name":"c"}"#)));
-    w.record(Action::Delete, Some(row(r#"{"id":1,"name":"a"}"#)), None);
+    w.record(Action::Insert, None, Some(row(r#"{"id":3,"name":"c"}"#)))
+        .unwrap();
+    w.record(Action::Delete, Some(row(r#"{"id":1,"name":"a"}"#)), None)
+        .unwrap();
     w.record(
         Action::Update,
         Some(row(r#"{"id":2,"name":"b"}"#)),
         Some(row(r#"{"id":22,"name":"b moved"}"#)),
-    );
+    )
+    .unwrap();
     let FlushOutcome::Diff { artifact, rebase } = w.flush("0/2").await.unwrap() else {
         panic!("a diff")
     };
@@ -256,7 +267,8 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     // A follower at the old head walks the diff into the new epoch: no re-baseline.
     let plan = larch::archive::plan::plan(w.manifest(), "0/1").unwrap();
     assert!(plan.snapshot.is_none() && plan.diffs.len() == 1);
-    w.record(Action::Insert, None, Some(row(r#"{"id":4,"name":"d"}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":4,"name":"d"}"#)))
+        .unwrap();
     let FlushOutcome::Diff {
         artifact,
         rebase: None,
@@ -281,7 +293,8 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
         .await
         .unwrap();
     w.write_snapshot("0/1", rows_channel(vec![])).await.unwrap();
-    w.record(Action::Insert, None, Some(row(r#"{"id":1}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":1}"#)))
+        .unwrap();
     assert!(matches!(
         w.flush("0/2").await.unwrap(),
         FlushOutcome::Diff {
@@ -320,8 +333,9 @@ async fn compaction_after_a_truncate_keeps_only_later_rows() {
     )
     .await
     .unwrap();
-    w.record(Action::Truncate, None, None);
-    w.record(Action::Insert, None, Some(row(r#"{"id":5}"#)));
+    w.record(Action::Truncate, None, None).unwrap();
+    w.record(Action::Insert, None, Some(row(r#"{"id":5}"#)))
+        .unwrap();
     w.flush("0/2").await.unwrap();
     let s = w.compact().await.unwrap();
     assert_eq!(s.row_count, 1);
@@ -338,7 +352,8 @@ async fn diffs_need_an_advancing_valid_position() {
     .await
     .unwrap();
     w.write_snapshot("0/5", rows_channel(vec![])).await.unwrap();
-    w.record(Action::Insert, None, Some(row(r#"{"id":1}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":1}"#)))
+        .unwrap();
     assert!(w.flush("0/5").await.is_err());
     assert!(w.flush("<nil>").await.is_err());
     assert!(matches!(
@@ -395,7 +410,8 @@ async fn restart_continues_the_chain_from_the_manifest() {
         w.write_snapshot("0/10", rows_channel(vec![row(r#"{"id":1,"name":"a"}"#)]))
             .await
             .unwrap();
-        w.record(Action::Insert, None, Some(row(r#"{"id":2,"name":"b"}"#)));
+        w.record(Action::Insert, None, Some(row(r#"{"id":2,"name":"b"}"#)))
+            .unwrap();
         w.flush("0/20").await.unwrap();
     }
     let mut w = ArchiveWriter::open(vec![store.clone()], config(vec![Format::Jsonl]))
@@ -408,7 +424,8 @@ async fn restart_continues_the_chain_from_the_manifest() {
         ["id"],
         "key fields come back from the manifest's columns"
     );
-    w.record(Action::Update, None, Some(row(r#"{"id":1,"name":"a2"}"#)));
+    w.record(Action::Update, None, Some(row(r#"{"id":1,"name":"a2"}"#)))
+        .unwrap();
     let FlushOutcome::Diff { artifact: d, .. } = w.flush("0/30").await.unwrap() else {
         panic!()
     };
@@ -436,7 +453,8 @@ async fn retention_deletes_pruned_objects() {
         )
         .await
         .unwrap();
-        w.record(Action::Insert, None, Some(row(r#"{"id":100}"#)));
+        w.record(Action::Insert, None, Some(row(r#"{"id":100}"#)))
+            .unwrap();
         w.flush(&format!("0/{epoch}5")).await.unwrap();
     }
     assert!(w.manifest().artifacts.iter().all(|a| a.epoch == 3));
@@ -584,7 +602,8 @@ async fn on_seaweedfs_two_writers_one_wins_and_large_snapshots_stream_multipart(
         "{}",
         snap.formats["jsonl"].size_bytes
     );
-    w.record(Action::Delete, Some(row(r#"{"id":7}"#)), None);
+    w.record(Action::Delete, Some(row(r#"{"id":7}"#)), None)
+        .unwrap();
     w.flush("0/200").await.unwrap();
     let reader = ArchiveReader::new(store.clone(), "public.items/", vec![Format::Jsonl]).unwrap();
     let (_, f) = reader.reconstruct_at(None, &[]).await.unwrap();
@@ -621,7 +640,8 @@ async fn sweep_on_open_deletes_only_orphans(store: Arc<dyn Store>) {
     }
     // A commit in a later second (S3 times are whole seconds): the manifest is newer than those.
     tokio::time::sleep(STORE_TIME_RESOLUTION + Duration::from_secs(1)).await;
-    w.record(Action::Insert, None, Some(row(r#"{"id":3}"#)));
+    w.record(Action::Insert, None, Some(row(r#"{"id":3}"#)))
+        .unwrap();
     w.flush("0/30").await.unwrap();
     // Uploaded after the manifest: another writer may be committing it.
     let fresh = "public.items/epoch=3/snapshot-0_30.jsonl";
