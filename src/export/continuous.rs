@@ -56,6 +56,8 @@ pub struct ExportStatus {
     pub spill_bytes: u64,
     pub spill_runs: u64,
     pub spill_limit_bytes: u64,
+    /// Runs written since start (merges included).
+    pub spilled_runs_total: u64,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.
@@ -224,14 +226,19 @@ impl Shared {
     /// The status, with the spill's figures as of now.
     pub fn status(&self) -> ExportStatus {
         let mut s = self.status.lock().expect("lock").clone();
+        self.add_spill_figures(&mut s);
+        s
+    }
+
+    fn add_spill_figures(&self, s: &mut ExportStatus) {
         if let Some(spill) = self.spill.get() {
             let stats = spill.stats();
             s.buffer_memory_bytes = stats.memory_bytes.load(Ordering::Relaxed);
             s.spill_bytes = stats.disk_bytes.load(Ordering::Relaxed);
             s.spill_runs = stats.runs.load(Ordering::Relaxed);
             s.spill_limit_bytes = spill.config().disk_limit;
+            s.spilled_runs_total = stats.runs_written.load(Ordering::Relaxed);
         }
-        s
     }
 
     fn refresh_spill_metrics(&self) {
@@ -276,11 +283,12 @@ async fn ready(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn status(State(s): State<Arc<Shared>>) -> Response {
-    let body = {
+    let mut body = {
         let status = s.status.lock().expect("lock");
         s.status_reads.send_modify(|n| *n += 1);
         status.clone()
     };
+    s.add_spill_figures(&mut body);
     axum::Json(body).into_response()
 }
 

@@ -4,10 +4,12 @@
 //!   back to SQL types; unknown names → `text`, empty (inferred) → `jsonb`), primary key = the
 //!   effective key fields.
 //! * A baseline is one transaction: `TRUNCATE` + batched upserts + checkpoint row, so readers see
-//!   the old table or the new one (C2). Changes are folded per diff into their net effect and
-//!   applied at each checkpoint in one transaction (upserts `INSERT … ON CONFLICT (pk) DO
-//!   UPDATE`, deletes, truncates) together with the checkpoint row (C3): the data and its
-//!   position never part.
+//!   the old table or the new one (C2). The changes up to a checkpoint (one diff) are applied in
+//!   one transaction together with the checkpoint row (C3): the data and its position never part,
+//!   and readers see a diff whole or not at all. Memory stays bounded whatever the diff's size:
+//!   changes collapse per identity into at most [`PENDING_LIMIT`] operations; past it they are
+//!   written into the diff's transaction (opened then; upserts `INSERT … ON CONFLICT (pk) DO
+//!   UPDATE`, deletes, a TRUNCATE when one comes) and collapsing starts over.
 //! * A checkpoint is trusted only for the table it was written with ([`trusted_checkpoint`]):
 //!   the row records the table's identity (OID and relfilenode) in the same transaction as
 //!   the rows, so a destination table dropped and recreated, or truncated, behind the engine's
@@ -32,6 +34,8 @@ use crate::source::ChangeEvent;
 /// Name of the checkpoint table created in the destination schema.
 pub const CHECKPOINT_TABLE: &str = "larch_checkpoint";
 const BATCH_ROWS: usize = 1000;
+/// Collapsed operations held before they are written into the open transaction.
+pub const PENDING_LIMIT: usize = 10 * BATCH_ROWS;
 
 /// SQL type for a laredo `Type` (PostgreSQL udt name): arrays are `_name`.
 pub fn sql_type(udt: &str) -> String {
@@ -174,16 +178,23 @@ struct Statements {
     checkpoint: String,
 }
 
-/// The net effect of the changes since the last checkpoint.
+/// The net effect of the changes since the last checkpoint that are not written yet.
 #[derive(Default)]
 struct Pending {
     truncated: bool,
-    /// identity → Some(row to upsert) | None (delete; the row carries the key values).
+    /// identity → (true: upsert the row | false: delete, the row carries the key values).
     ops: HashMap<Identity, (bool, Row)>,
+}
+
+impl Pending {
+    fn take(&mut self) -> Pending {
+        std::mem::take(self)
+    }
 }
 
 struct Conn {
     client: Client,
+    /// A transaction is open: the baseline's, or the current diff's (after an early write).
     in_tx: bool,
 }
 
@@ -521,6 +532,7 @@ impl Target for PostgresTarget {
     async fn begin_baseline(&self) -> anyhow::Result<()> {
         let mut guard = self.conn().await?;
         let conn = guard.as_mut().expect("connected");
+        rollback(conn).await;
         conn.client
             .batch_execute(&format!("BEGIN; TRUNCATE {}", qualified(&self.table)))
             .await
@@ -605,6 +617,60 @@ impl Target for PostgresTarget {
     }
 
     async fn apply(&self, c: &ChangeEvent) -> anyhow::Result<()> {
+        if self.collapse(c) >= PENDING_LIMIT {
+            // A large diff: write what is collapsed into its transaction now.
+            let mut guard = self.conn().await?;
+            let conn = guard.as_mut().expect("connected");
+            let result = self.write_pending(conn).await;
+            if let Err(e) = result {
+                rollback(conn).await;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn discard_pending(&self) {
+        *self.pending.lock().expect("lock") = Pending::default();
+        let mut guard = self.conn.lock().await;
+        if let Some(conn) = guard.as_mut() {
+            rollback(conn).await;
+        }
+    }
+
+    async fn checkpoint(&self, position: &str) -> anyhow::Result<()> {
+        let st = self.statements()?;
+        let mut guard = self.conn().await?;
+        let conn = guard.as_mut().expect("connected");
+        let result = async {
+            self.write_pending(conn).await?;
+            self.write_checkpoint(&conn.client, &st, position).await?;
+            conn.client.batch_execute("COMMIT").await?;
+            conn.in_tx = false;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            rollback(conn).await;
+            return Err(e.context(format!(
+                "postgres target {}: applying changes up to {position}",
+                self.table
+            )));
+        }
+        Ok(())
+    }
+}
+
+async fn rollback(conn: &mut Conn) {
+    if conn.in_tx {
+        let _ = conn.client.batch_execute("ROLLBACK").await;
+        conn.in_tx = false;
+    }
+}
+
+impl PostgresTarget {
+    /// Collapses one change into the pending operations; returns how many there are.
+    fn collapse(&self, c: &ChangeEvent) -> usize {
         let key_fields = self.key_fields.lock().expect("lock").clone();
         let change = Change {
             action: c.action,
@@ -625,7 +691,9 @@ impl Target for PostgresTarget {
                 }
             }
             Action::Insert | Action::Update => {
-                let Some(new) = &c.new else { return Ok(()) };
+                let Some(new) = &c.new else {
+                    return p.ops.len();
+                };
                 let id = change_identity(&change, &key_fields);
                 if c.action == Action::Update
                     && let Some(old) = &c.old
@@ -637,56 +705,36 @@ impl Target for PostgresTarget {
                 p.ops.insert(id, (true, new.clone()));
             }
         }
-        Ok(())
+        p.ops.len()
     }
 
-    async fn discard_pending(&self) {
-        *self.pending.lock().expect("lock") = Pending::default();
-    }
-
-    async fn checkpoint(&self, position: &str) -> anyhow::Result<()> {
+    /// Writes the pending operations into the open transaction (opening it first): the
+    /// TRUNCATE, then deletes and upserts of distinct identities (their order does not matter).
+    async fn write_pending(&self, conn: &mut Conn) -> anyhow::Result<()> {
         let st = self.statements()?;
-        let (truncated, upserts, deletes) = {
-            let p = self.pending.lock().expect("lock");
-            let ups: Vec<Row> = p
-                .ops
-                .values()
-                .filter(|(u, _)| *u)
-                .map(|(_, r)| r.clone())
-                .collect();
-            let dels: Vec<Row> = p
-                .ops
-                .values()
-                .filter(|(u, _)| !*u)
-                .map(|(_, r)| r.clone())
-                .collect();
-            (p.truncated, ups, dels)
-        };
-        let guard = self.conn().await?;
-        let client = &guard.as_ref().expect("connected").client;
-        client.batch_execute("BEGIN").await?;
-        let result = async {
-            if truncated {
-                client.batch_execute(&st.truncate).await?;
-            }
-            let dels: Vec<&Row> = deletes.iter().collect();
-            self.upsert_rows(client, &dels, &st.delete).await?;
-            let ups: Vec<&Row> = upserts.iter().collect();
-            self.upsert_rows(client, &ups, &st.upsert).await?;
-            self.write_checkpoint(client, &st, position).await?;
-            client.batch_execute("COMMIT").await?;
-            anyhow::Ok(())
+        let pending = self.pending.lock().expect("lock").take();
+        if !conn.in_tx {
+            conn.client.batch_execute("BEGIN").await?;
+            conn.in_tx = true;
         }
-        .await;
-        if let Err(e) = result {
-            let _ = client.batch_execute("ROLLBACK").await;
-            return Err(e.context(format!(
-                "postgres target {}: applying changes up to {position}",
-                self.table
-            )));
+        let client = &conn.client;
+        if pending.truncated {
+            client.batch_execute(&st.truncate).await?;
         }
-        *self.pending.lock().expect("lock") = Pending::default();
-        Ok(())
+        let deletes: Vec<&Row> = pending
+            .ops
+            .values()
+            .filter(|(u, _)| !*u)
+            .map(|(_, r)| r)
+            .collect();
+        self.upsert_rows(client, &deletes, &st.delete).await?;
+        let upserts: Vec<&Row> = pending
+            .ops
+            .values()
+            .filter(|(u, _)| *u)
+            .map(|(_, r)| r)
+            .collect();
+        self.upsert_rows(client, &upserts, &st.upsert).await
     }
 }
 
