@@ -240,8 +240,8 @@ pub fn tag(kind: &str, parts: &[&str]) -> String {
     format!("{kind}-{}", hex::encode(&h.finalize()[..8]))
 }
 
-/// Parses a byte size: a plain number of bytes, or with a Kubernetes quantity suffix (`Ki`,
-/// `Mi`, `Gi`, `Ti`, `k`, `M`, `G`, `T`) or `KiB`/`MiB`/`GiB`/`TiB`.
+/// Parses a byte size: a plain number of bytes, or with a Kubernetes quantity suffix (`Ki` ...
+/// `Ei`, `k` ... `E`) or `KiB` ... `EiB`.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -254,13 +254,17 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "M" => 1_000_000,
         "G" => 1_000_000_000,
         "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
         "Ki" | "KiB" => 1 << 10,
         "Mi" | "MiB" => 1 << 20,
         "Gi" | "GiB" => 1 << 30,
         "Ti" | "TiB" => 1 << 40,
+        "Pi" | "PiB" => 1 << 50,
+        "Ei" | "EiB" => 1 << 60,
         other => {
             return Err(format!(
-                "{s:?}: unknown size unit {other:?} (use bytes or Ki, Mi, Gi, Ti, k, M, G, T)"
+                "{s:?}: unknown size unit {other:?} (use bytes or Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E)"
             ));
         }
     };

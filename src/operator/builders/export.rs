@@ -33,6 +33,9 @@ pub const CONTAINER: &str = "larch";
 pub const DSN_DIR: &str = "/etc/larch/source";
 pub const DSN_FILE: &str = "/etc/larch/source/dsn";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Where a continuous exporter spills buffered changes: an emptyDir of `continuous.spillSize`.
+pub const SPILL_DIR: &str = "/var/lib/larch/spill";
+const DEFAULT_SPILL_SIZE: &str = "8Gi";
 const DEFAULT_TTL: i32 = 86_400;
 const DEFAULT_BACKOFF: i32 = 2;
 
@@ -226,6 +229,15 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
             c.max_churn_records.map(|v| v.to_string()),
         );
         opt("--max-churn-fraction", c.max_churn_fraction);
+        let spill = spill_settings(export);
+        a.extend([
+            "--buffer-memory".into(),
+            spill.buffer_memory.to_string(),
+            "--spill-dir".into(),
+            SPILL_DIR.into(),
+            "--spill-limit".into(),
+            spill.limit.to_string(),
+        ]);
         a.extend(["--listen".into(), pod::listen_arg()]);
         a.extend(["--lease".into(), lease_name(export, table)]);
     }
@@ -257,6 +269,49 @@ pub fn source_mounts(export: &ArchiveExport) -> (Vec<VolumeMount>, Vec<Volume>) 
     (mounts, volumes)
 }
 
+/// How a continuous exporter bounds its memory and its spill volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpillSettings {
+    /// `--buffer-memory` in bytes.
+    pub buffer_memory: u64,
+    /// The spill emptyDir's `sizeLimit` (a quantity).
+    pub size: String,
+    /// `--spill-limit` in bytes: 90% of the volume, so larch stops with its own error before
+    /// the kubelet evicts the pod.
+    pub limit: u64,
+}
+
+/// `continuous.bufferMemory` and `spillSize`, or their defaults: a quarter of the container's
+/// memory limit (16Mi to 1Gi; 64Mi without a limit) and 8Gi.
+pub fn spill_settings(export: &ArchiveExport) -> SpillSettings {
+    use crate::archive::spill::{DEFAULT_MEMORY_LIMIT, parse_size};
+    let c = export.spec.continuous.clone().unwrap_or_default();
+    let limit_memory = export
+        .spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"))
+        .and_then(|m| parse_size(m).ok());
+    let buffer_memory = c
+        .buffer_memory
+        .as_deref()
+        .and_then(|m| parse_size(m).ok())
+        .unwrap_or_else(|| match limit_memory {
+            Some(l) => (l / 4).clamp(16 << 20, 1 << 30),
+            None => DEFAULT_MEMORY_LIMIT,
+        });
+    let size = c
+        .spill_size
+        .unwrap_or_else(|| DEFAULT_SPILL_SIZE.to_string());
+    let bytes = parse_size(&size).unwrap_or(8 << 30);
+    SpillSettings {
+        buffer_memory,
+        size,
+        limit: bytes / 10 * 9,
+    }
+}
+
 /// The pod template of one table's export.
 pub fn pod_template(
     export: &ArchiveExport,
@@ -270,6 +325,14 @@ pub fn pod_template(
     mounts.extend(access.mounts);
     volumes.extend(access.volumes);
     let continuous = spec.mode == ExportMode::Continuous;
+    if continuous {
+        let mut spill = pod::empty_dir("spill");
+        if let Some(e) = spill.empty_dir.as_mut() {
+            e.size_limit = Some(Quantity(spill_settings(export).size));
+        }
+        volumes.push(spill);
+        mounts.push(pod::mount("spill", SPILL_DIR, false));
+    }
     let container = Container {
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),

@@ -424,7 +424,8 @@ fn export_args_follow_the_cli_contract() {
         args.ends_with(
             "--summary-file /dev/termination-log --keep-epochs 3 --follow --diff-interval 15s \
              --min-interval 5s --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 \
-             --max-churn-records 100000 --max-churn-fraction 0.5 --listen $(POD_IP):8080 --lease events"
+             --max-churn-records 100000 --max-churn-fraction 0.5 --buffer-memory 67108864 \
+             --spill-dir /var/lib/larch/spill --spill-limit 7730941131 --listen $(POD_IP):8080 --lease events"
         ),
         "{args}"
     );
@@ -443,6 +444,61 @@ fn export_args_follow_the_cli_contract() {
     ));
     assert!(per_table[1].contains("--schema sales --table invoices"));
     assert!(per_table[1].contains("--key-prefix nightly/sales.invoices/"));
+}
+
+#[test]
+fn spill_settings_derive_from_the_memory_limit_and_size_the_spill_volume() {
+    use crate::operator::crd::common_pod::Resources;
+    let mut c = export_fixture("export-continuous-s3");
+    let settings = export::spill_settings(&c);
+    assert_eq!(
+        (settings.buffer_memory, settings.size.as_str()),
+        (64 << 20, "8Gi"),
+        "no memory limit: 64Mi"
+    );
+    c.spec.resources = Some(Resources {
+        requests: None,
+        limits: Some([("memory".to_string(), "1Gi".to_string())].into()),
+    });
+    assert_eq!(export::spill_settings(&c).buffer_memory, 256 << 20);
+    c.spec.resources.as_mut().unwrap().limits =
+        Some([("memory".to_string(), "32Mi".into())].into());
+    assert_eq!(
+        export::spill_settings(&c).buffer_memory,
+        16 << 20,
+        "at least 16Mi"
+    );
+    let policy = c.spec.continuous.as_mut().unwrap();
+    policy.buffer_memory = Some("100Mi".into());
+    policy.spill_size = Some("20Gi".into());
+    let settings = export::spill_settings(&c);
+    assert_eq!(settings.buffer_memory, 100 << 20, "explicit wins");
+    assert_eq!(settings.limit, (20u64 << 30) / 10 * 9);
+    let t = c.spec.source.all_tables()[0].clone();
+    let pod = export::pod_template(&c, &t, &ctx(), None).spec.unwrap();
+    let spill = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "spill")
+        .unwrap();
+    assert_eq!(
+        spill.empty_dir.unwrap().size_limit.unwrap().0,
+        "20Gi",
+        "the emptyDir is sized for spilling"
+    );
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+    assert!(mounts.iter().any(|m| m.name == "spill"
+        && m.mount_path == export::SPILL_DIR
+        && m.read_only != Some(true)));
+    // OneShot exports never spill: no volume, no flags.
+    let o = export_fixture("export-oneshot-s3");
+    let t = o.spec.source.all_tables()[0].clone();
+    assert!(
+        !export::export_args(&o, &t)
+            .iter()
+            .any(|a| a.starts_with("--spill"))
+    );
 }
 
 #[test]

@@ -243,6 +243,7 @@ pub struct Schedule {
 /// Durations: Go's grammar, as the CEL rules' `duration()` reads it (see `crate::duration`).
 const DURATION: &str = crate::duration::CRD_PATTERN;
 const FRACTION: &str = r"^(0(\.[0-9]{1,6})?|1(\.0{1,6})?)$";
+const QUANTITY: &str = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$";
 
 /// Policy knobs of a Continuous export (passed to `larch export --follow`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
@@ -285,6 +286,18 @@ pub struct ContinuousPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub keep_epochs: Option<i32>,
+    /// Memory for buffered changes (the transaction being received and those waiting for the
+    /// next diff) before they spill to the spill volume, e.g. `256Mi`. Default: a quarter of
+    /// the container's memory limit (16Mi to 1Gi), else 64Mi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), pattern(QUANTITY))]
+    pub buffer_memory: Option<String>,
+    /// Size of the spill volume (an emptyDir with this `sizeLimit`), default `8Gi`. The exporter
+    /// stops with an error naming the limit at 90% of it, before the kubelet would evict the
+    /// pod; a transaction needs about a quarter of its size as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), pattern(QUANTITY))]
+    pub spill_size: Option<String>,
 }
 
 /// Observed state of an ArchiveExport.
