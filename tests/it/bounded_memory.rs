@@ -171,6 +171,48 @@ async fn a_spilling_writer_writes_the_same_diffs_as_one_that_keeps_everything_in
         }
     }
     assert!(b.spill().stats().runs_written.load(Ordering::Relaxed) > 100);
+
+    // A TRUNCATE in the middle of a spilled transaction drops what it spilled before it.
+    let runs_before = b.spill().stats().runs_written.load(Ordering::Relaxed);
+    for i in 0..1500 {
+        let (action, old, new) = (
+            Action::Insert,
+            None,
+            Some(item(20_000 + i, "before truncate")),
+        );
+        a.record_pending(action, old.clone(), new.clone()).unwrap();
+        b.record_pending(action, old, new).unwrap();
+    }
+    assert!(b.spill().stats().runs_written.load(Ordering::Relaxed) > runs_before + 5);
+    a.record_pending(Action::Truncate, None, None).unwrap();
+    b.record_pending(Action::Truncate, None, None).unwrap();
+    assert!(
+        run_files(spill_dir.path()).is_empty(),
+        "the TRUNCATE deleted the runs"
+    );
+    model.clear();
+    for i in 0..1500 {
+        let new = item(30_000 + i, "after truncate");
+        model.insert(30_000 + i, new.clone());
+        a.record_pending(Action::Insert, None, Some(new.clone()))
+            .unwrap();
+        b.record_pending(Action::Insert, None, Some(new)).unwrap();
+    }
+    a.commit_pending().unwrap();
+    b.commit_pending().unwrap();
+    let (FlushOutcome::Diff { artifact: da, .. }, FlushOutcome::Diff { .. }) = (
+        a.flush("0/FFF0").await.unwrap(),
+        b.flush("0/FFF0").await.unwrap(),
+    ) else {
+        panic!("two diffs")
+    };
+    let key = artifact_key(PREFIX, &da, ".jsonl");
+    let text = object(&spilling, &key).await;
+    assert_eq!(text, object(&in_memory, &key).await);
+    assert!(
+        String::from_utf8_lossy(&text).starts_with(r#"{"action":"TRUNCATE""#),
+        "the TRUNCATE is written first (W3)"
+    );
     assert_eq!(head_rows(spilling.clone()).await, model_rows(&model));
     assert_eq!(head_rows(in_memory).await, head_rows(spilling).await);
 
@@ -549,6 +591,17 @@ fn backfilled_rows(rows: &BTreeMap<i64, serde_json::Value>) -> usize {
         .count()
 }
 
+/// A `/proc/<pid>/status` memory figure in MiB.
+fn proc_status_mib(pid: u32, field: &str) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 fn follow_args(spill: &Path) -> Vec<String> {
     vec![
         "--diff-interval".into(),
@@ -607,6 +660,7 @@ async fn a_transaction_larger_than_the_buffer_memory_is_archived_whole_while_fol
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     f.ready().await;
+    let rss_before = proc_status_mib(f.child.id(), "VmRSS");
     db.client.batch_execute(BIG_TRANSACTION).await.unwrap();
     let want = table_rows(&db).await;
     eventually(120, "the transaction archived", || async {
@@ -643,6 +697,13 @@ async fn a_transaction_larger_than_the_buffer_memory_is_archived_whole_while_fol
     assert!(
         run_files(spill.path()).is_empty(),
         "runs deleted once the diff committed"
+    );
+    // For information (memory is measured by scripts/bench-export.sh, not asserted here).
+    println!(
+        "exporter (debug build): RSS {rss_before:.1} MiB before the {ROWS}-row transaction, \
+         peak {:.1} MiB over its life, {} runs spilled with --buffer-memory {BUFFER}",
+        proc_status_mib(f.child.id(), "VmHWM"),
+        status["spilled_runs_total"]
     );
     assert_eq!(f.terminate(), 0);
     assert_eq!(
