@@ -6,7 +6,7 @@
 //! Points: `writer.after-upload` (artifact objects stored, manifest not yet swapped),
 //! `writer.after-commit` (manifest swapped, pruned objects not yet deleted),
 //! `engine.after-checkpoint` (targets committed a checkpoint, the source's state file not yet
-//! written).
+//! written), `spill.after-run` (a run of buffered changes written to the spill directory).
 //!
 //! Pause points hold a race window open instead: `LARCH_PAUSE_AT=<point>=<milliseconds>` makes
 //! the first arrival at `<point>` wait that long. Points: `baseline.before-lock` (the slot's

@@ -370,7 +370,7 @@ impl ArchiveWriter {
         }
         self.rows_estimate = self.rows_estimate.saturating_add_signed(counts.rows);
         self.churn += counts.changes;
-        self.buffer.append(txn)?;
+        off_the_runtime(|| self.buffer.append(txn))?;
         self.within_memory_limit()
     }
 
@@ -386,11 +386,12 @@ impl ArchiveWriter {
         if self.pending.memory_bytes() + self.buffer.memory_bytes() <= limit {
             return Ok(());
         }
-        if self.pending.memory_bytes() >= self.buffer.memory_bytes() {
-            self.pending.spill()
+        let larger = if self.pending.memory_bytes() >= self.buffer.memory_bytes() {
+            &mut self.pending
         } else {
-            self.buffer.spill()
-        }
+            &mut self.buffer
+        };
+        off_the_runtime(|| larger.spill())
     }
 
     fn change(&self, action: Action, old: Option<Row>, new: Option<Row>) -> Change {
@@ -768,6 +769,16 @@ impl ArchiveWriter {
             .map(|g| g.revision)
             .unwrap_or_default();
         Ok(now != self.revisions[0])
+    }
+}
+
+/// Runs file I/O and compression that takes a while (a spill of up to the memory limit) without
+/// holding up the other tasks of a multi-threaded runtime (the Lease renewal, `/status`).
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
