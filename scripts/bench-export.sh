@@ -3,8 +3,13 @@
 #   one-shot `larch export` of scripts/sample/events.sql (or $LARCH_EVENTS_SQL) next to
 #   `COPY (SELECT row_to_json(e) FROM public.events e) TO STDOUT` in the same run, with peak RSS;
 #   then a continuous export under a steady update load with --diff-interval 1s and its
-#   commit-to-archive lag (p50/p99 from larch_export_commit_lag_seconds).
+#   commit-to-archive lag (p50/p99 from larch_export_commit_lag_seconds);
+#   then one transaction over every row (UPDATE public.events SET amount = amount + 1) while
+#   following: the exporter's RSS before it and its peak until the diff (and the compaction it
+#   triggers) committed, time to archive, spill figures; and two engines following that diff (a
+#   memory target, a PostgreSQL target): RSS before, peak while applying, time to apply.
 # Usage: scripts/bench-export.sh [ROWS] [LOAD_SECONDS]   (defaults 1000000 and 30)
+# LARCH_BUFFER_MEMORY (default 64Mi) is the exporter's --buffer-memory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 rows=${1:-1000000}
@@ -15,6 +20,7 @@ larch=${LARCH_BIN:-$here/target/release/larch}
 [ -x "$larch" ] || { echo "build it first: cargo build --release" >&2; exit 1; }
 cleanup() {
   [ -n "${follow_pid:-}" ] && kill "$follow_pid" 2>/dev/null || true
+  for p in ${engine_pids:-}; do kill "$p" 2>/dev/null || true; done
   bash "$here/scripts/postgres.sh" stop "$work/pg" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -39,14 +45,17 @@ export_secs=$(cat "$work/last")
 printf 'ratio export/COPY: %.2f (target <= 1.0)\n' "$(echo "$export_secs/$copy_secs" | bc -l)"
 
 echo "continuous: --diff-interval 1s, ${load_seconds}s of single-row updates ..."
+buffer_memory=${LARCH_BUFFER_MEMORY:-64Mi}
 LARCH_PG_DSN=$dsn LARCH_LOG=warn "$larch" export --follow --table events --store local --path "$work/follow" \
-  --diff-interval 1s --listen 127.0.0.1:0 --slot bench_follow 2>"$work/follow.log" &
+  --diff-interval 1s --listen 127.0.0.1:0 --slot bench_follow --max-diff-fraction 0.5 \
+  --buffer-memory "$buffer_memory" --spill-dir "$work/spill" 2>"$work/follow.log" &
 follow_pid=$!
 for _ in $(seq 1 600); do
   addr=$(sed -n 's/.*status on http:\/\/\([^)]*\)).*/\1/p' "$work/follow.log" | head -1)
   [ -n "$addr" ] && curl -sf "http://$addr/health/ready" >/dev/null 2>&1 && break
   sleep 0.5
 done
+echo "continuous: RSS after the baseline $(awk '/^VmRSS/ {printf "%.1f", $2/1024}' "/proc/$follow_pid/status") MiB"
 cat > "$work/update.sql" <<'SQL'
 \set id random(1, :rows)
 UPDATE public.events SET amount = amount + 1 WHERE id = :id;
@@ -71,6 +80,96 @@ def q(p):
             return le
 print(f"commit-to-archive lag over {count} changes: p50 <= {q(0.5)} s, p99 <= {q(0.99)} s (histogram bucket bounds)")
 PY
+
+# ---- One transaction over every row while following, and two engines following its diff. ----
+rss() { awk '/^VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
+hwm() { awk '/^VmHWM/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
+reset_hwm() { echo 5 > "/proc/$1/clear_refs"; }   # Linux: peak RSS starts over from now
+status() { curl -s "http://$addr/status"; }
+field() { python3 -c "
+import json, sys
+try: print(json.load(sys.stdin)$1)
+except Exception: print('')"; }
+
+psql -q -c "CREATE DATABASE target" >/dev/null
+echo "host=127.0.0.1 port=$port user=postgres dbname=target" > "$work/target.dsn"
+engine() { # kind, extra target yaml -> starts an engine following the continuous archive
+  cat > "$work/engine-$1.yaml" <<YAML
+sources:
+  seed:
+    type: archive
+    store: {type: local, path: "$work/follow"}
+    key_prefix: public.events/
+    follow: true
+    poll_interval: 1s
+tables:
+  - source: seed
+    schema: public
+    table: events
+    targets:
+      - $2
+YAML
+  LARCH_LOG=warn "$larch" engine --config "$work/engine-$1.yaml" --listen 127.0.0.1:0 2>"$work/engine-$1.log" &
+  engine_pids="${engine_pids:-} $!"
+  eval "engine_$1_pid=$!"
+}
+engine memory "{type: memory, index_fields: [tenant]}"
+engine postgres "{type: postgres, connection_file: \"$work/target.dsn\"}"
+engine_addr() { sed -n 's/.*listening on \(.*\)$/\1/p' "$work/engine-$1.log" | head -1; }
+for kind in memory postgres; do
+  for _ in $(seq 1 1200); do
+    a=$(engine_addr "$kind"); [ -n "$a" ] && curl -sf "http://$a/health/ready" >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+done
+engine_position() { curl -s "http://$(engine_addr "$1")/status" | field "['pipelines']['seed:public.events:$1']['position']"; }
+head=$(status | field "['head_position']")
+for kind in memory postgres; do  # both caught up with the steady load
+  until [ "$(engine_position "$kind")" = "$head" ]; do sleep 0.2; done
+done
+before_rss=$(rss "$follow_pid"); reset_hwm "$follow_pid"
+for kind in memory postgres; do
+  pid_var="engine_${kind}_pid"; eval "before_$kind=\$(rss \${$pid_var})"; reset_hwm "${!pid_var}"
+done
+diffs_before=$(status | field "['diffs']"); epoch_before=$(status | field "['epoch']")
+echo "one transaction over all $rows rows (UPDATE public.events SET amount = amount + 1), --buffer-memory $buffer_memory ..."
+t0=$(date +%s.%N)
+psql -q -c "UPDATE public.events SET amount = amount + 1" >/dev/null
+t1=$(date +%s.%N)
+spill_peak=0
+while [ "$(status | field "['diffs']")" = "$diffs_before" ]; do
+  b=$(status | field "['spill_bytes']"); [ "$b" -gt "$spill_peak" ] && spill_peak=$b
+  sleep 0.1
+done
+t2=$(date +%s.%N)
+peak_diff=$(hwm "$follow_pid"); reset_hwm "$follow_pid"   # the compaction starts now
+until [ "$(status | field "['epoch']")" != "$epoch_before" ]; do sleep 0.1; done
+t3=$(date +%s.%N)
+peak_compaction=$(hwm "$follow_pid")
+s=$(status)
+head=$(echo "$s" | field "['head_position']")
+printf 'exporter: RSS before %s MiB; peak until the diff committed %s MiB (+%.1f MiB); peak while compacting %s MiB (+%.1f MiB)\n' \
+  "$before_rss" "$peak_diff" "$(echo "$peak_diff - $before_rss" | bc -l)" \
+  "$peak_compaction" "$(echo "$peak_compaction - $before_rss" | bc -l)"
+printf 'exporter: COMMIT %.2f s, time to archive (COMMIT -> diff committed) %.2f s, then compaction %.2f s\n' \
+  "$(echo "$t1 - $t0" | bc -l)" "$(echo "$t2 - $t1" | bc -l)" "$(echo "$t3 - $t2" | bc -l)"
+printf 'exporter: spilled runs %s, spill peak %.1f MiB on disk, diff %s\n' \
+  "$(echo "$s" | field "['spilled_runs_total']")" "$(echo "$spill_peak/1048576" | bc -l)" \
+  "$(ls -l "$work"/follow/public.events/epoch=*/diff-* | sort -k5 -n | tail -1 | awk '{printf "%.1f MiB", $5/1048576}')"
+for kind in memory postgres; do
+  pid_var="engine_${kind}_pid"; before_var="before_$kind"
+  until [ "$(engine_position "$kind")" = "$head" ]; do sleep 0.2; done
+  t4=$(date +%s.%N)
+  printf 'engine (%s target): RSS before %s MiB, peak while following the diff %s MiB (+%.1f MiB), applied %.2f s after the diff\n' \
+    "$kind" "${!before_var}" "$(hwm "${!pid_var}")" "$(echo "$(hwm "${!pid_var}") - ${!before_var}" | bc -l)" \
+    "$(echo "$t4 - $t2" | bc -l)"
+done
+digest() { psql -d "$1" -At -c "SELECT count(*) || ' rows, md5 ' || md5(string_agg(e::text, ',' ORDER BY id)) FROM public.events e"; }
+source_digest=$(digest postgres); target_digest=$(digest target)
+echo "source table:           $source_digest"
+echo "engine PostgreSQL copy: $target_digest"
+[ "$source_digest" = "$target_digest" ] && echo "the archive, applied by the engine, equals the table (exact comparison)" \
+  || { echo "MISMATCH between the table and the engine's copy of the archive" >&2; exit 1; }
 kill -TERM "$follow_pid"; wait "$follow_pid" || true; follow_pid=
 
 
