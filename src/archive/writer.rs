@@ -474,20 +474,8 @@ impl ArchiveWriter {
             Ok(count)
         }
         .await;
-        let count = match streamed {
-            Ok(n) => n,
-            Err(e) => {
-                abort_all(uploads).await;
-                return Err(e);
-            }
-        };
-        let (written, primary_bytes) = match finish_uploads(uploads, &mut artifact).await {
-            Ok(done) => done,
-            Err((e, written)) => {
-                self.cleanup(&written).await;
-                return Err(e);
-            }
-        };
+        let (count, written, primary_bytes) =
+            self.end_uploads(uploads, streamed, &mut artifact).await?;
         artifact.change_count = count;
         let inputs = PolicyInputs {
             since_snapshot: since,
@@ -584,17 +572,8 @@ impl ArchiveWriter {
             }
         }
         .await;
-        if let Err(e) = streamed {
-            abort_all(uploads).await;
-            return Err(e);
-        }
-        let (written, primary_bytes) = match finish_uploads(uploads, &mut artifact).await {
-            Ok(done) => done,
-            Err((e, written)) => {
-                self.cleanup(&written).await;
-                return Err(e);
-            }
-        };
+        let ((), written, primary_bytes) =
+            self.end_uploads(uploads, streamed, &mut artifact).await?;
         artifact.row_count = count;
         if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
             self.cleanup(&written).await;
@@ -750,6 +729,31 @@ impl ArchiveWriter {
     }
 
     /// Removes objects uploaded for an artifact that was not committed.
+    /// Ends a streamed artifact's uploads: aborts them when streaming failed, else finishes them
+    /// (a failed finish deletes what was written). Returns what streaming returned, the objects
+    /// written and the primary format's size.
+    async fn end_uploads<T>(
+        &self,
+        uploads: Vec<Upload>,
+        streamed: Result<T>,
+        artifact: &mut Artifact,
+    ) -> Result<(T, Written, u64)> {
+        let value = match streamed {
+            Ok(v) => v,
+            Err(e) => {
+                abort_all(uploads).await;
+                return Err(e);
+            }
+        };
+        match finish_uploads(uploads, artifact).await {
+            Ok((written, bytes)) => Ok((value, written, bytes)),
+            Err((e, written)) => {
+                self.cleanup(&written).await;
+                Err(e)
+            }
+        }
+    }
+
     async fn cleanup(&self, written: &Written) {
         let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
         for (store, key) in written {
