@@ -364,6 +364,9 @@ impl SourceRunner {
             &columns,
             &[("key field", &self.key_fields)],
         )?;
+        // A field that is no column was refused just above when the manifest declares its
+        // columns (inferred ones are not judged); left: the warning for key fields other than
+        // the archive's primary key.
         if let Ok(Some(warning)) = check_key_fields(&self.key_fields, &columns) {
             tracing::warn!(source = %self.id, "key_fields: {warning}");
         }
