@@ -70,6 +70,9 @@ start)
   mkdir -p "$dir/data"
   # Saved options of an earlier run would bring back its (possibly taken) ports.
   rm -f "$dir/data/mini.options"
+  # -volume.max: each bucket takes a volume of its own. Left at 0 the limit is free disk / 128 MB,
+  # and with little free disk later buckets get HTTP 500 on every PUT. Volumes are not
+  # preallocated, so a high count costs nothing.
   read -r s3grpc master mastergrpc volume volumegrpc filer filergrpc admin <<<"$(free_ports 7)"
   (
     unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY S3_BUCKET S3_TABLE_BUCKET
@@ -78,7 +81,7 @@ start)
       -master.port="$master" -master.port.grpc="$mastergrpc" \
       -volume.port="$volume" -volume.port.grpc="$volumegrpc" \
       -filer.port="$filer" -filer.port.grpc="$filergrpc" \
-      -admin.port="$admin" -admin.ui=false \
+      -admin.port="$admin" -admin.ui=false -volume.max=1000 \
       -s3.port.iceberg=0 -s3.port.lance=0 -webdav=false -master.telemetry=false
   ) >"$dir/weed.log" 2>&1 </dev/null &
   echo $! >"$pidfile"

@@ -183,6 +183,10 @@ impl SeaweedFs {
             "-webdav=false".into(),
             "-admin.ui=false".into(),
             "-master.telemetry=false".into(),
+            // Every bucket takes a volume of its own. Left at 0 the limit is free disk / 128 MB,
+            // and on a machine with little free disk the later buckets get HTTP 500 on every PUT.
+            // Volumes are not preallocated, so a high count costs nothing.
+            "-volume.max=1000".into(),
         ];
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
