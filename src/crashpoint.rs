@@ -10,7 +10,8 @@
 //!
 //! Pause points hold a race window open instead: `LARCH_PAUSE_AT=<point>=<milliseconds>` makes
 //! the first arrival at `<point>` wait that long. Points: `baseline.before-lock` (the slot's
-//! snapshot imported, the table not yet locked: a DDL may commit in between).
+//! snapshot imported, the table not yet locked: a DDL may commit in between),
+//! `export.baseline-rows` (an export's baseline has copied 10 000 rows: its progress is read).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

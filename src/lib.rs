@@ -11,4 +11,6 @@ pub mod failure;
 pub mod lease;
 pub mod operator;
 pub mod postgres_connection;
+pub mod progress;
 pub mod source;
+pub mod telemetry;

@@ -155,6 +155,8 @@ pub struct ArchiveWriter {
     /// store's clock. Commits that change the epoch or prune sweep too.
     sweep_after_commit: bool,
     opened_at: Instant,
+    /// Counts the rows of the snapshot being written (a compaction's progress).
+    row_progress: Option<Arc<crate::progress::Progress>>,
 }
 
 impl ArchiveWriter {
@@ -221,6 +223,7 @@ impl ArchiveWriter {
             last_snapshot_bytes: 0,
             sweep_after_commit: true,
             opened_at: Instant::now(),
+            row_progress: None,
             config,
         };
         writer.sweep_orphans().await;
@@ -554,9 +557,13 @@ impl ArchiveWriter {
             .start_uploads(&artifact, &self.config.snapshot_formats)
             .await?;
         let mut count: i64 = 0;
+        let counter = self.row_progress.clone();
         let streamed: Result<()> = async {
             while let Some(row) = rows.recv().await {
                 count += 1;
+                if let Some(p) = &counter {
+                    p.add(1, row.as_str().len() as u64);
+                }
                 for (_, enc, _) in uploads.iter_mut() {
                     enc.row(&row)?;
                 }
@@ -592,12 +599,22 @@ impl ArchiveWriter {
     /// within the spill's memory limit whatever the size of the diffs ([`super::fold`]).
     /// Buffered changes must have been flushed first; an open transaction stays open.
     pub async fn compact(&mut self) -> Result<Artifact> {
+        self.compact_reporting(None).await
+    }
+
+    /// [`Self::compact`], counting the rows written in `progress` (against the newest
+    /// snapshot's `row_count`).
+    pub async fn compact_reporting(
+        &mut self,
+        progress: Option<Arc<crate::progress::Progress>>,
+    ) -> Result<Artifact> {
         if !self.buffer.is_empty() {
             return Err(ArchiveError::Invalid(
                 "flush buffered changes before compacting".into(),
             ));
         }
         let plan = super::plan::plan_head(&self.manifest);
+        let expected = plan.snapshot.as_ref().map(|s| s.row_count);
         if !position::same(&plan.head_position, &self.manifest.head_position) {
             return Err(ArchiveError::Invalid(format!(
                 "cannot compact: the chain from the newest snapshot reaches {:?}, not the head {:?}",
@@ -626,8 +643,15 @@ impl ArchiveWriter {
             budget,
         );
         let position = self.manifest.head_position.clone();
-        self.write_snapshot_verified(&position, head.rows, Some(head.verdict))
-            .await
+        if let Some(p) = &progress {
+            p.set_total(expected.map(|n| n.max(0) as u64));
+        }
+        self.row_progress = progress;
+        let written = self
+            .write_snapshot_verified(&position, head.rows, Some(head.verdict))
+            .await;
+        self.row_progress = None;
+        written
     }
 
     /// Appends the artifact to a copy of the manifest, prunes, and compare-and-swaps it onto

@@ -13,7 +13,6 @@ use clap::Args;
 use super::env_help::{CRASH, KUBE, LOG, PG, S3};
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
-use crate::archive::retention::Retention;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::failure::{self, Reason};
 use crate::lease::LeaderElector;
@@ -117,10 +116,11 @@ pub struct ExportArgs {
     /// --follow alike.
     #[arg(long, value_parser = parse_age)]
     pub max_age: Option<std::time::Duration>,
-    /// HTTP listener for /health/live, /health/ready, /metrics and /status (--follow). Loopback
-    /// by default; port 0 picks a free port (printed on stderr).
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: String,
+    /// HTTP listener for /health/live, /health/ready, /metrics and /status: with --follow always
+    /// (default 127.0.0.1:8080), a one-shot export only when given (its baseline's progress while
+    /// it copies). Port 0 picks a free port (printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
     /// --follow: when the replication slot is lost (invalidated by max_slot_wal_keep_size, or
     /// dropped), wait up to this long for a /status read before the re-baseline, so whoever
     /// watches /status (the operator) reports the loss first. Default: 60s with --lease, else
@@ -153,6 +153,9 @@ pub struct ExportArgs {
     #[arg(long, default_value = "0", value_parser = crate::archive::spill::parse_size)]
     pub spill_limit: u64,
 }
+
+/// Where `--follow` serves its HTTP endpoints without `--listen`.
+const DEFAULT_FOLLOW_LISTEN: &str = "127.0.0.1:8080";
 
 /// Exit status of a continuous export that lost its Lease (W9): it stopped writing at once.
 pub const EXIT_LEASE_LOST: i32 = failure::EXIT_LEASE_LOST;
@@ -313,20 +316,27 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .await;
     }
     let source = std::sync::Arc::new(PostgresSource::new(config));
-    let retention = Retention {
-        keep_epochs: args.keep_epochs,
-        max_age: args.max_age,
-    };
-    let result = export(
-        source.clone(),
-        &table,
-        store,
-        &key_prefix,
-        formats,
-        key_fields,
-        retention,
-    )
-    .await;
+    let mut wc = WriterConfig::new(table.to_string(), &key_prefix);
+    wc.key_fields = key_fields;
+    wc.snapshot_formats = formats.clone();
+    wc.diff_formats = formats;
+    // Pruned after this run's own commit (W7, W10).
+    wc.keep_epochs = args.keep_epochs;
+    wc.max_age = args.max_age;
+    // The baseline's progress in the log (and a bar on a terminal), and with --listen on
+    // /status and /metrics until the export ends.
+    super::init_tracing();
+    let shared = crate::export::continuous::Shared::new(&table);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(listen) = &args.listen {
+        let addr = crate::export::continuous::serve(listen, shared.clone(), stop_rx).await?;
+        eprintln!("larch export: exporting {table} (status on http://{addr})");
+        shared.ready.send_replace(true);
+    }
+    shared.status.lock().expect("lock").state = "BASELINE".into();
+    let progress = shared.start_progress(crate::export::continuous::BASELINE, &table);
+    let result = export(source.clone(), &table, store, wc, &progress).await;
+    stop_tx.send_replace(true);
     source.close().await;
     // Nothing of ours may stay: a publication an earlier, killed export made for this slot.
     match source.drop_publication_if_unused().await {
@@ -363,23 +373,15 @@ async fn export(
     source: std::sync::Arc<PostgresSource>,
     table: &TableId,
     store: std::sync::Arc<dyn crate::archive::store::Store>,
-    key_prefix: &str,
-    formats: Vec<crate::archive::format::Format>,
-    key_fields: Vec<String>,
-    retention: Retention,
+    wc: WriterConfig,
+    progress: &std::sync::Arc<crate::progress::Progress>,
 ) -> anyhow::Result<(String, i64, i64)> {
     let schemas = source.init(std::slice::from_ref(table)).await?;
-    let mut wc = WriterConfig::new(table.to_string(), key_prefix);
-    wc.key_fields = key_fields;
-    wc.snapshot_formats = formats.clone();
-    wc.diff_formats = formats;
-    // Pruned after this run's own commit (W7, W10).
-    wc.keep_epochs = retention.keep_epochs;
-    wc.max_age = retention.max_age;
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
-    let artifact = crate::export::snapshot_from_source(source, table, &mut writer).await?;
+    let artifact =
+        crate::export::snapshot_from_source(source, table, &mut writer, progress).await?;
     Ok((
         artifact.to_position.clone(),
         artifact.row_count,
@@ -441,7 +443,8 @@ async fn follow(
         shared.set_loss_report_wait(wait);
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let addr = serve(&args.listen, shared.clone(), stop_rx.clone()).await?;
+    let listen = args.listen.as_deref().unwrap_or(DEFAULT_FOLLOW_LISTEN);
+    let addr = serve(listen, shared.clone(), stop_rx.clone()).await?;
     eprintln!(
         "larch export: following {table} into {key_prefix} every {:?} (status on http://{addr}); SIGTERM or Ctrl-C stops after a final diff",
         args.diff_interval

@@ -43,6 +43,10 @@ pub struct Metrics {
     pub change_apply_duration_seconds: HistogramVec,
     pub baseline_duration_seconds: HistogramVec,
     pub baseline_rows_total: IntGaugeVec,
+    pub baseline_rows_loaded_total: IntCounterVec,
+    pub baseline_expected_rows: IntGaugeVec,
+    pub source_behind_diffs: IntGaugeVec,
+    pub source_data_age_seconds: GaugeVec,
 }
 
 impl Metrics {
@@ -57,6 +61,7 @@ impl Metrics {
                 m
             }};
         }
+        crate::telemetry::register_process_and_build_info(&registry, "engine");
         Metrics {
             source_rebaseline_total: reg!(IntCounterVec::new(
                 Opts::new(
@@ -73,7 +78,10 @@ impl Metrics {
                 &["source"]
             )),
             source_lag_bytes: reg!(IntGaugeVec::new(
-                Opts::new("laredo_source_lag_bytes", "Always 0 for archive sources."),
+                Opts::new(
+                    "laredo_source_lag_bytes",
+                    "Bytes of the archive's diffs not yet applied (0 when caught up with the head)."
+                ),
                 &["source"]
             )),
             pipeline_state: reg!(IntGaugeVec::new(
@@ -110,6 +118,34 @@ impl Metrics {
             baseline_rows_total: reg!(IntGaugeVec::new(
                 Opts::new("laredo_baseline_rows_total", "Rows of the last baseline."),
                 &["pipeline"]
+            )),
+            baseline_rows_loaded_total: reg!(IntCounterVec::new(
+                Opts::new(
+                    "laredo_baseline_rows_loaded_total",
+                    "Baseline rows loaded, over every baseline."
+                ),
+                &["pipeline"]
+            )),
+            baseline_expected_rows: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "larch_engine_baseline_expected_rows",
+                    "Rows of the snapshot the baseline in progress (else the last one) loads: its manifest row_count; -1: unknown."
+                ),
+                &["pipeline"]
+            )),
+            source_behind_diffs: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "larch_source_behind_diffs",
+                    "Diffs between the source's position and the archive's head (0 when caught up)."
+                ),
+                &["source"]
+            )),
+            source_data_age_seconds: reg!(GaugeVec::new(
+                Opts::new(
+                    "larch_source_data_age_seconds",
+                    "Seconds since the archive's head was written (manifest updated_at): the age of the data, not a lag."
+                ),
+                &["source"]
             )),
             registry,
         }

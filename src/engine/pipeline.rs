@@ -24,6 +24,7 @@ use super::metrics::{Metrics, PipelineState};
 use super::targets::{Resume, Target};
 use crate::archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use crate::archive::value::Row;
+use crate::progress::{Progress, Reporter};
 use crate::source::archive::ArchiveSource;
 use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
 
@@ -120,6 +121,8 @@ pub struct SourceRunner {
     ready: AtomicBool,
     /// The error of the last failed baseline or stream, until one succeeds: (when, message).
     last_error: Mutex<Option<(String, String)>>,
+    /// The baseline being loaded, else the last one.
+    baseline_progress: Mutex<Option<Arc<Progress>>>,
 }
 
 impl SourceRunner {
@@ -134,6 +137,11 @@ impl SourceRunner {
     ) -> SourceRunner {
         for p in &pipelines {
             metrics.set_state(&p.id, PipelineState::Initializing);
+            // Zero until the first one: rate() and dashboards see the pipeline at once.
+            metrics.change_errors_total.with_label_values(&[&p.id]);
+            metrics
+                .baseline_rows_loaded_total
+                .with_label_values(&[&p.id]);
         }
         metrics.source_rebaseline_total.with_label_values(&[&id]);
         SourceRunner {
@@ -147,6 +155,7 @@ impl SourceRunner {
             rebaselines: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             last_error: Mutex::new(None),
+            baseline_progress: Mutex::new(None),
         }
     }
 
@@ -181,17 +190,38 @@ impl SourceRunner {
         }
     }
 
-    /// Refreshes `laredo_source_lag_seconds` and the PAUSED state.
+    /// Refreshes the lag and baseline gauges and the PAUSED state.
     pub fn refresh(&self) {
-        if let Some(lag) = self.source.lag().time {
+        let lag = self.source.lag();
+        if let Some(time) = lag.time {
             self.metrics
                 .source_lag_seconds
                 .with_label_values(&[&self.id])
-                .set(lag.as_secs_f64());
+                .set(time.as_secs_f64());
+            self.metrics
+                .source_data_age_seconds
+                .with_label_values(&[&self.id])
+                .set(time.as_secs_f64());
+        }
+        if let Some(bytes) = lag.bytes {
             self.metrics
                 .source_lag_bytes
                 .with_label_values(&[&self.id])
-                .set(0);
+                .set(bytes as i64);
+        }
+        if let Some(a) = &self.archive {
+            self.metrics
+                .source_behind_diffs
+                .with_label_values(&[&self.id])
+                .set(a.info().behind.diffs as i64);
+        }
+        if let Some(r) = self.baseline_report() {
+            for p in &self.pipelines {
+                self.metrics
+                    .baseline_expected_rows
+                    .with_label_values(&[&p.id])
+                    .set(r.total_rows.map_or(-1, |n| n as i64));
+            }
         }
         let paused = self.source.state() == SourceState::Paused;
         for p in &self.pipelines {
@@ -208,10 +238,16 @@ impl SourceRunner {
         }
     }
 
+    fn baseline_report(&self) -> Option<crate::progress::ProgressReport> {
+        let p = self.baseline_progress.lock().expect("lock").clone();
+        p.map(|p| p.report())
+    }
+
     /// `/status` entries: (source JSON, [(pipeline id, pipeline JSON)]).
     pub fn status(&self) -> (serde_json::Value, Vec<(String, serde_json::Value)>) {
         let info = self.archive.as_ref().map(|a| a.info()).unwrap_or_default();
         let lag = self.source.lag().time.map(|d| d.as_secs_f64());
+        let baseline = self.baseline_report();
         let source = serde_json::json!({
             "state": self.source.state().as_str(),
             "table": self.table.to_string(),
@@ -219,6 +255,14 @@ impl SourceRunner {
             "head": info.head,
             "epoch": info.epoch,
             "lag_seconds": lag,
+            // The age of the head's data, whether or not we are caught up with it.
+            "data_age_seconds": lag,
+            // Distance behind the head: 0 when caught up.
+            "behind": {
+                "diffs": info.behind.diffs,
+                "bytes": info.behind.bytes,
+                "seconds": info.behind.seconds(),
+            },
             "head_time": info.head_time,
             "rebaselines": self.rebaselines(),
             "acked": info.acked,
@@ -245,6 +289,8 @@ impl SourceRunner {
                         "position": p.position(),
                         "row_count": p.target.row_count(),
                         "baseline_rows": p.baseline_rows.load(Ordering::SeqCst),
+                        // The baseline loading now (else the last): rows of the manifest's.
+                        "baseline_progress": baseline,
                         "last_rebaseline": p.last_rebaseline.lock().expect("lock")
                             .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
                     }),
@@ -434,6 +480,9 @@ impl SourceRunner {
         let source = self.source.clone();
         let table = self.table.clone();
         let task = tokio::spawn(async move { source.baseline(&[table], tx).await });
+        let progress = Progress::new("baseline", self.id.clone());
+        *self.baseline_progress.lock().expect("lock") = Some(progress.clone());
+        let reporter = Reporter::start(progress.clone());
         let mut rows = 0u64;
         let loaded: anyhow::Result<()> = async {
             let mut batch = Vec::with_capacity(BATCH);
@@ -447,6 +496,7 @@ impl SourceRunner {
                 };
                 if batch.len() >= BATCH || (done && !batch.is_empty()) {
                     rows += batch.len() as u64;
+                    self.note_loaded(&progress, &batch);
                     let last = self.pipelines.len().saturating_sub(1);
                     for (i, p) in self.pipelines.iter().enumerate() {
                         // The last target takes the batch itself, the others a copy.
@@ -470,6 +520,7 @@ impl SourceRunner {
         .await;
         drop(rx);
         let produced = task.await;
+        reporter.finish(loaded.is_ok() && matches!(produced, Ok(Ok(_))));
         let position = match (loaded, produced) {
             (Ok(()), Ok(Ok(pos))) => pos,
             (Err(e), _) => {
@@ -516,6 +567,27 @@ impl SourceRunner {
         self.set_state(PipelineState::Streaming);
         self.ready.store(true, Ordering::SeqCst);
         Ok(position)
+    }
+
+    /// A batch of the baseline handed to the targets: progress and laredo's row counter. The
+    /// total is the snapshot's `row_count`, known once the source read the manifest.
+    fn note_loaded(&self, progress: &Progress, batch: &[Row]) {
+        let bytes = batch.iter().map(|r| r.as_str().len() as u64).sum();
+        progress.add(batch.len() as u64, bytes);
+        if progress.total().is_none()
+            && let Some(expected) = self
+                .archive
+                .as_ref()
+                .and_then(|a| a.info().baseline_rows_expected)
+        {
+            progress.set_total(Some(expected));
+        }
+        for p in &self.pipelines {
+            self.metrics
+                .baseline_rows_loaded_total
+                .with_label_values(&[&p.id])
+                .inc_by(batch.len() as u64);
+        }
     }
 
     async fn abort_baseline(&self) {

@@ -29,6 +29,10 @@ use crate::archive::writer::{ArchiveWriter, FlushOutcome};
 use crate::source::postgres::{PostgresSource, SchemaChange, schema_change};
 use crate::source::{SourceError, SourceEvent, SyncSource};
 
+/// The operations of [`ExportStatus::progress`].
+pub const BASELINE: &str = "baseline";
+pub const COMPACTION: &str = "compaction";
+
 /// What `/status` shows.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ExportStatus {
@@ -58,6 +62,9 @@ pub struct ExportStatus {
     pub spill_limit_bytes: u64,
     /// Runs written since start (merges included).
     pub spilled_runs_total: u64,
+    /// The snapshot being written (a baseline copied from PostgreSQL or a compaction of the
+    /// archive), else the last one: rows and bytes so far, the expected total, rate and ETA.
+    pub progress: Option<crate::progress::ProgressReport>,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.
@@ -75,6 +82,9 @@ pub struct ExportMetrics {
     spill_bytes: IntGaugeVec,
     spill_runs: IntGaugeVec,
     spill_limit: IntGaugeVec,
+    progress_rows: IntGaugeVec,
+    progress_bytes: IntGaugeVec,
+    progress_expected_rows: IntGaugeVec,
 }
 
 impl ExportMetrics {
@@ -106,6 +116,24 @@ impl ExportMetrics {
         let spill_limit = gauge(
             "larch_export_spill_limit_bytes",
             "The spill limit (--spill-limit; 0: none).",
+        );
+        let progress_gauge = |name: &str, help: &str| {
+            let g =
+                IntGaugeVec::new(Opts::new(name, help), &["table", "operation"]).expect("metric");
+            registry.register(Box::new(g.clone())).expect("register");
+            g
+        };
+        let progress_rows = progress_gauge(
+            "larch_export_progress_rows",
+            "Rows written by the snapshot in progress (operation baseline or compaction), else by the last one.",
+        );
+        let progress_bytes = progress_gauge(
+            "larch_export_progress_bytes",
+            "Bytes (rows as JSON text) written by that snapshot.",
+        );
+        let progress_expected_rows = progress_gauge(
+            "larch_export_progress_expected_rows",
+            "Rows expected: the catalog's estimate (pg_class.reltuples) for a baseline, the snapshot's row_count for a compaction; -1: unknown.",
         );
         let snapshot_age = prometheus::GaugeVec::new(
             Opts::new(
@@ -149,6 +177,7 @@ impl ExportMetrics {
         registry
             .register(Box::new(commit_lag.clone()))
             .expect("register");
+        crate::telemetry::register_process_and_build_info(&registry, "export");
         ExportMetrics {
             slot: super::slot::SlotMetrics::register(&registry),
             registry,
@@ -163,6 +192,9 @@ impl ExportMetrics {
             spill_bytes,
             spill_runs,
             spill_limit,
+            progress_rows,
+            progress_bytes,
+            progress_expected_rows,
         }
     }
 
@@ -189,6 +221,8 @@ pub struct Shared {
     loss_report_wait: Mutex<Option<Duration>>,
     /// The writer's spill, for live figures.
     spill: OnceLock<Arc<Spill>>,
+    /// The snapshot being written, else the last one.
+    progress: Mutex<Option<Arc<crate::progress::Progress>>>,
 }
 
 impl Shared {
@@ -206,7 +240,25 @@ impl Shared {
             status_reads: Arc::new(watch::Sender::new(0)),
             loss_report_wait: Mutex::new(None),
             spill: OnceLock::new(),
+            progress: Mutex::new(None),
         })
+    }
+
+    /// Counters for a new snapshot of `table` (`operation`: [`BASELINE`] or [`COMPACTION`]),
+    /// shown by `/status` and `/metrics` from now on.
+    pub fn start_progress(
+        &self,
+        operation: &'static str,
+        table: &TableId,
+    ) -> Arc<crate::progress::Progress> {
+        let p = crate::progress::Progress::new(operation, table.to_string());
+        *self.progress.lock().expect("lock") = Some(p.clone());
+        p
+    }
+
+    fn progress_report(&self) -> Option<crate::progress::ProgressReport> {
+        let p = self.progress.lock().expect("lock").clone();
+        p.map(|p| p.report())
     }
 
     /// Names the replication slot in `/status` before the source reports on it.
@@ -231,6 +283,7 @@ impl Shared {
     }
 
     fn add_spill_figures(&self, s: &mut ExportStatus) {
+        s.progress = self.progress_report();
         if let Some(spill) = self.spill.get() {
             let stats = spill.stats();
             s.buffer_memory_bytes = stats.memory_bytes.load(Ordering::Relaxed);
@@ -255,6 +308,14 @@ impl Shared {
         m.spill_limit
             .with_label_values(&t)
             .set(s.spill_limit_bytes as i64);
+        if let Some(p) = &s.progress {
+            let l = [s.table.as_str(), p.operation.as_str()];
+            m.progress_rows.with_label_values(&l).set(p.rows as i64);
+            m.progress_bytes.with_label_values(&l).set(p.bytes as i64);
+            m.progress_expected_rows
+                .with_label_values(&l)
+                .set(p.total_rows.map_or(-1, |n| n as i64));
+        }
     }
 }
 
@@ -381,8 +442,14 @@ impl ContinuousExport {
     /// A new baseline from PostgreSQL written as a snapshot at a new epoch (with the table's
     /// columns as the baseline found them); returns its position. `reason` labels the metric.
     async fn baseline(&mut self, reason: &str) -> anyhow::Result<String> {
-        let artifact =
-            super::snapshot_from_source(self.source.clone(), &self.table, &mut self.writer).await?;
+        let progress = self.shared.start_progress(BASELINE, &self.table);
+        let artifact = super::snapshot_from_source(
+            self.source.clone(),
+            &self.table,
+            &mut self.writer,
+            &progress,
+        )
+        .await?;
         let position = artifact.to_position.clone();
         tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, reason, "baseline snapshot committed");
         self.note_snapshot(reason);
@@ -739,7 +806,11 @@ impl ContinuousExport {
         };
         if let Some(trigger) = rebase {
             tracing::info!(trigger, "re-base policy fired: compacting a new snapshot");
-            match self.writer.compact().await {
+            let progress = self.shared.start_progress(COMPACTION, &self.table);
+            let reporter = crate::progress::Reporter::start(progress.clone());
+            let compacted = self.writer.compact_reporting(Some(progress)).await;
+            reporter.finish(compacted.is_ok());
+            match compacted {
                 Ok(_) => self.note_snapshot(trigger),
                 Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
                 Err(e) => {

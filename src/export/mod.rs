@@ -15,17 +15,38 @@ use crate::archive::model::TableId;
 use crate::archive::value::Row;
 use crate::archive::writer::ArchiveWriter;
 use crate::failure;
+use crate::progress::{Progress, Reporter};
 use crate::source::postgres::PostgresSource;
+
+/// Rows after which the pause point `export.baseline-rows` holds a baseline (tests read its
+/// progress there).
+const PAUSE_AFTER_ROWS: u64 = 10_000;
 
 /// Takes a consistent baseline of `table` and writes it as a snapshot at a new epoch, rows
 /// streaming from COPY straight into the upload (bounded memory). The snapshot is named after the
 /// slot's consistent point, known before the first row, and commits only if the whole baseline
 /// succeeded: a failed baseline leaves the archive as it was. The manifest's columns become the
 /// ones the baseline copied (discovered under its lock, so a DDL just before it is included).
+/// `progress` counts the rows copied (against the catalog's estimate) and is reported while the
+/// copy runs ([`Reporter`]).
 pub async fn snapshot_from_source(
     source: Arc<PostgresSource>,
     table: &TableId,
     writer: &mut ArchiveWriter,
+    progress: &Arc<Progress>,
+) -> anyhow::Result<Artifact> {
+    progress.set_total(source.estimate_rows(table).await);
+    let reporter = Reporter::start(progress.clone());
+    let result = copy_into_snapshot(source, table, writer, progress.clone()).await;
+    reporter.finish(result.is_ok());
+    result
+}
+
+async fn copy_into_snapshot(
+    source: Arc<PostgresSource>,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+    progress: Arc<Progress>,
 ) -> anyhow::Result<Artifact> {
     let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
     let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
@@ -41,6 +62,10 @@ pub async fn snapshot_from_source(
         let source = baseline_source;
         let forward = async {
             while let Some((_, row)) = src_rx.recv().await {
+                progress.add(1, row.as_str().len() as u64);
+                if progress.rows() == PAUSE_AFTER_ROWS {
+                    crate::crashpoint::pause_point("export.baseline-rows").await;
+                }
                 if row_tx.send(row).await.is_err() {
                     break;
                 }

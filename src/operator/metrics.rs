@@ -38,6 +38,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let registry = Registry::new();
+        crate::telemetry::register_process_and_build_info(&registry, "operator");
         let reconciles = IntCounterVec::new(
             Opts::new("larch_operator_reconciles_total", "Reconciles started."),
             &["controller"],
@@ -124,6 +125,14 @@ impl Default for Metrics {
             &["namespace", "name", "slot"],
         )
         .unwrap();
+        // Zero from the start, so dashboards and rate() see every controller before its first
+        // reconcile or error (the error labels of `controllers::context::Error::label`).
+        for controller in ["export", "source", "source-set"] {
+            reconciles.with_label_values(&[controller]);
+            for error in ["Kube", "Rejected", "NoNamespace", "CacheNotReady"] {
+                errors.with_label_values(&[controller, error]);
+            }
+        }
         for c in [
             Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(export_retained_wal.clone()),

@@ -88,6 +88,10 @@ pub struct ArchiveSourceInfo {
     pub short_chain: Option<ShortChain>,
     /// The storage error being retried, if the last attempt failed: (when, message).
     pub last_error: Option<(String, String)>,
+    /// Rows of the snapshot the baseline in progress reads (its manifest `row_count`).
+    pub baseline_rows_expected: Option<u64>,
+    /// Distance behind the head: 0 when caught up.
+    pub behind: Behind,
 }
 
 #[derive(Default)]
@@ -101,6 +105,44 @@ struct Inner {
     acked: Option<String>,
     short_chain: Option<ShortChain>,
     last_error: Option<(String, String)>,
+    /// Rows of the snapshot the baseline in progress reads (its manifest `row_count`).
+    baseline_rows_expected: Option<u64>,
+    /// Diffs between our position and the head not yet delivered, and their bytes.
+    behind: Behind,
+}
+
+/// How far a consumer is behind the archive's head: 0 when caught up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Behind {
+    pub diffs: u64,
+    /// Bytes of those diffs (their first format's object size).
+    pub bytes: u64,
+    /// When the oldest of them was written, unset when caught up.
+    #[serde(skip)]
+    pub since: Option<DateTime<FixedOffset>>,
+}
+
+impl Behind {
+    fn of(diffs: &[Artifact]) -> Behind {
+        Behind {
+            diffs: diffs.len() as u64,
+            bytes: diffs
+                .iter()
+                .map(|d| {
+                    d.formats
+                        .values()
+                        .next()
+                        .map_or(0, |f| f.size_bytes.max(0) as u64)
+                })
+                .sum(),
+            since: diffs.iter().map(|d| d.created_at).min(),
+        }
+    }
+
+    /// Seconds the oldest undelivered diff has waited: 0 when caught up.
+    pub fn seconds(&self) -> f64 {
+        self.since.map_or(0.0, |t| lag_of(t).as_secs_f64())
+    }
 }
 
 pub struct ArchiveSource {
@@ -247,6 +289,8 @@ impl ArchiveSource {
             acked: inner.acked.clone(),
             short_chain: inner.short_chain.clone(),
             last_error: inner.last_error.clone(),
+            baseline_rows_expected: inner.baseline_rows_expected,
+            behind: inner.behind,
         }
     }
 
@@ -541,6 +585,10 @@ impl SyncSource for ArchiveSource {
                 p.snapshot.as_ref().map(|s| s.epoch),
             ),
         };
+        self.inner.lock().expect("lock").baseline_rows_expected = head_plan
+            .as_ref()
+            .and_then(|p| p.snapshot.as_ref())
+            .map(|s| s.row_count.max(0) as u64);
         if let Some(p) = head_plan {
             let mut head = head_rows(
                 self.reader.clone(),
@@ -578,6 +626,7 @@ impl SyncSource for ArchiveSource {
         inner.position = Some(position.clone());
         inner.epoch = epoch;
         inner.short_chain = short;
+        inner.behind = Behind::default();
         Ok(position)
     }
 
@@ -629,6 +678,8 @@ impl SyncSource for ArchiveSource {
                         }
                         inner.short_chain = Some(short);
                         inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
+                        // Nothing more can be read until the chain is repaired.
+                        inner.behind = Behind::default();
                     }
                     if !self.opts.follow {
                         return Ok(());
@@ -640,6 +691,7 @@ impl SyncSource for ArchiveSource {
                         let mut inner = self.inner.lock().expect("lock");
                         inner.short_chain = None;
                         inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
+                        inner.behind = Behind::default();
                     }
                     if !self.opts.follow {
                         return Ok(());
@@ -647,7 +699,8 @@ impl SyncSource for ArchiveSource {
                     self.wait_poll(Some(&events)).await;
                 }
                 Step::Diffs(diffs) => {
-                    for d in &diffs {
+                    self.inner.lock().expect("lock").behind = Behind::of(&diffs);
+                    for (i, d) in diffs.iter().enumerate() {
                         if self.closed() {
                             return Ok(());
                         }
@@ -664,7 +717,9 @@ impl SyncSource for ArchiveSource {
                             .await
                             .map_err(|_| SourceError::Stopped)?;
                         from = d.to_position.clone();
-                        self.inner.lock().expect("lock").position = Some(from.clone());
+                        let mut inner = self.inner.lock().expect("lock");
+                        inner.position = Some(from.clone());
+                        inner.behind = Behind::of(&diffs[i + 1..]);
                     }
                     // On the newest snapshot's lineage now: that is our epoch.
                     if let Some(snap) = newest_snapshot(&m)
@@ -736,9 +791,10 @@ impl SyncSource for ArchiveSource {
     }
 
     fn lag(&self) -> Lag {
+        let inner = self.inner.lock().expect("lock");
         Lag {
-            bytes: Some(0),
-            time: self.inner.lock().expect("lock").updated_at.map(lag_of),
+            bytes: Some(inner.behind.bytes),
+            time: inner.updated_at.map(lag_of),
         }
     }
 
@@ -775,6 +831,34 @@ mod tests {
         m.artifacts = arts;
         m.head_position = head.into();
         m
+    }
+
+    #[test]
+    fn behind_counts_the_undelivered_diffs_and_their_bytes() {
+        let mut older = art(ArtifactKind::Diff, 1, Some("0/10"), "0/20");
+        older.created_at = now_utc() - chrono::Duration::seconds(30);
+        let mut newer = art(ArtifactKind::Diff, 1, Some("0/20"), "0/30");
+        for (d, size) in [(&mut older, 700), (&mut newer, 300)] {
+            for format in ["jsonl", "protobuf"] {
+                d.formats.insert(
+                    format.into(),
+                    crate::archive::manifest::FormatRef {
+                        uri: String::new(),
+                        size_bytes: size,
+                        sha256: None,
+                    },
+                );
+            }
+        }
+        let b = Behind::of(&[older, newer]);
+        // One format's size per diff, the oldest diff's age.
+        assert_eq!((b.diffs, b.bytes), (2, 1000));
+        assert!((29.0..60.0).contains(&b.seconds()), "{}", b.seconds());
+        let caught_up = Behind::of(&[]);
+        assert_eq!(
+            (caught_up.diffs, caught_up.bytes, caught_up.seconds()),
+            (0, 0, 0.0)
+        );
     }
 
     #[test]

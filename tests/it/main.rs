@@ -18,6 +18,7 @@ mod fixtures;
 mod gc_race;
 mod image_contract;
 mod laredo_hocon;
+mod observability;
 mod operator_contract;
 mod postgres_continuous;
 mod postgres_export;

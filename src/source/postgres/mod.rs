@@ -174,6 +174,24 @@ impl PostgresSource {
         Ok((change, now))
     }
 
+    /// The catalog's estimate of `table`'s rows, as the planner makes it: `reltuples` scaled
+    /// from the pages it was measured on (`relpages`) to the table's pages now. None when the
+    /// table was never analyzed or vacuumed (`reltuples` is -1) or the look-up failed.
+    pub async fn estimate_rows(&self, table: &TableId) -> Option<u64> {
+        let client = self.inner.client().await.ok()?;
+        let row = client
+            .query_opt(
+                "SELECT c.reltuples::float8, c.relpages::float8,
+                        (pg_relation_size(c.oid) / current_setting('block_size')::int)::float8
+                   FROM pg_class c
+                  WHERE c.oid = to_regclass(format('%I.%I', $1::text, $2::text))",
+                &[&table.schema, &table.table],
+            )
+            .await
+            .ok()??;
+        estimate_from_catalog(row.get(0), row.get(1), row.get(2))
+    }
+
     /// Refreshes the lag from the server now.
     pub async fn refresh_lag(&self) -> anyhow::Result<Option<u64>> {
         self.inner.refresh_lag().await
@@ -594,5 +612,31 @@ fn remember_end(inner: &Inner, commit: u64, end: u64) {
     ends.insert(commit, end);
     while ends.len() > MAX_PENDING_ENDS {
         ends.pop_first();
+    }
+}
+
+/// The planner's row estimate from `pg_class`: the density `reltuples / relpages` times the
+/// pages now; `reltuples` itself when it was measured on no pages; None when never measured.
+pub fn estimate_from_catalog(reltuples: f64, relpages: f64, pages_now: f64) -> Option<u64> {
+    if reltuples < 0.0 {
+        return None;
+    }
+    if relpages > 0.0 {
+        return Some((reltuples / relpages * pages_now).round() as u64);
+    }
+    Some(reltuples.round() as u64)
+}
+
+#[cfg(test)]
+mod estimate_tests {
+    use super::estimate_from_catalog;
+
+    #[test]
+    fn the_estimate_scales_the_measured_density_to_the_pages_now() {
+        // Analyzed at 1 000 rows on 10 pages; the table has grown to 25 pages.
+        assert_eq!(estimate_from_catalog(1_000.0, 10.0, 25.0), Some(2_500));
+        assert_eq!(estimate_from_catalog(42.0, 0.0, 0.0), Some(42));
+        // PostgreSQL 14+: -1 until the first VACUUM or ANALYZE.
+        assert_eq!(estimate_from_catalog(-1.0, 0.0, 8.0), None);
     }
 }
