@@ -240,6 +240,9 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
         ]);
         a.extend(["--listen".into(), pod::listen_arg()]);
         a.extend(["--lease".into(), lease_name(export, table)]);
+    } else {
+        // The baseline's progress on /status and /metrics while the run copies.
+        a.extend(["--listen".into(), pod::listen_arg()]);
     }
     a
 }
@@ -348,7 +351,7 @@ pub fn pod_template(
                     pod::field_env("POD_NAMESPACE", "metadata.namespace"),
                 ]
             } else {
-                vec![]
+                vec![pod::pod_ip_env()]
             };
             env.extend(access.env);
             (!env.is_empty()).then_some(env)
@@ -364,7 +367,11 @@ pub fn pod_template(
     let container = if continuous {
         pod::serving_http(container)
     } else {
-        container
+        // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
+        Container {
+            ports: Some(vec![pod::http_port()]),
+            ..container
+        }
     };
     let mut pod_spec = if continuous {
         // The exporter renews its Lease through the API: it needs its token.

@@ -108,15 +108,20 @@ pub fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 /// A container serving HTTP on port 8080 `http`, probed on `/health/ready` and `/health/live`.
 pub fn serving_http(c: Container) -> Container {
     Container {
-        ports: Some(vec![ContainerPort {
-            name: Some("http".into()),
-            container_port: HTTP_PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(vec![http_port()]),
         readiness_probe: Some(http_probe("/health/ready", 10, 3)),
         liveness_probe: Some(http_probe("/health/live", 20, 6)),
         ..c
+    }
+}
+
+/// Port 8080, named `http`.
+pub fn http_port() -> ContainerPort {
+    ContainerPort {
+        name: Some("http".into()),
+        container_port: HTTP_PORT,
+        protocol: Some("TCP".into()),
+        ..Default::default()
     }
 }
 

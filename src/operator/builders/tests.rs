@@ -415,7 +415,7 @@ fn export_args_follow_the_cli_contract() {
         "export --connection-file /etc/larch/source/dsn --schema public --table users \
          --key-fields id,tenant --store s3 --bucket seeds --prefix team-a --endpoint https://s3.internal:8333 \
          --region eu-west-1 --path-style --format jsonl --slot larch_users --publication larch_users \
-         --summary-file /dev/termination-log"
+         --summary-file /dev/termination-log --listen $(POD_IP):8080"
     );
     let c = export_fixture("export-continuous-s3");
     let t = c.spec.source.all_tables()[0].clone();
