@@ -8,6 +8,7 @@
 
 mod gitops;
 mod invalid_crs;
+mod monitoring;
 mod support;
 
 use std::sync::OnceLock;

@@ -1,0 +1,149 @@
+//! Scenario 22: the chart's Grafana dashboard against real scrapes: every metric a dashboard
+//! query names is exposed by the operator, a continuous exporter or an engine running on the
+//! control plane, and every metric they expose is on docs/metrics.md.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::support::{Env, OPERATOR_NS, env_with_operator, serial};
+use super::{
+    continuous_export_of_copy, engine_ip, source_manifest, wait_source_ready, writer_pods,
+};
+
+fn scrape(ip: &str) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-sf",
+            "--max-time",
+            "10",
+            &format!("http://{ip}:8080/metrics"),
+        ])
+        .output()
+        .expect("running curl");
+    assert!(out.status.success(), "GET http://{ip}:8080/metrics");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn pod_ip(pod: &Value) -> String {
+    pod["status"]["podIP"]
+        .as_str()
+        .expect("a pod IP")
+        .to_string()
+}
+
+/// The metric families of a scrape (`# TYPE` lines).
+fn families(scrape: &str) -> BTreeSet<String> {
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+/// Metric names in a PromQL expression: identifiers of larch's, laredo's and the process
+/// families (a histogram's `_bucket`/`_count`/`_sum` series named by their family).
+fn metrics_in(expr: &str, known: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = expr.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+            i += 1;
+        }
+        if i > start {
+            let word = &expr[start..i];
+            let ours = ["larch_", "laredo_", "snapshotter_", "process_"]
+                .iter()
+                .any(|p| word.starts_with(p));
+            // A label name (`component="engine"`) or a function is no metric.
+            let next = expr[i..].trim_start().chars().next();
+            if ours && next != Some('=') && next != Some('!') && next != Some('(') {
+                let family = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| word.strip_suffix(s).filter(|f| known.contains(*f)))
+                    .unwrap_or(word);
+                out.push(family.to_string());
+            }
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+fn monitored(e: &Env) -> (String, String, String) {
+    let ns = "e2e-monitoring";
+    continuous_export_of_copy(e, ns, "monitored", 300, "monitoring");
+    e.apply(&source_manifest(ns, "monitored-cache", "monitored"));
+    wait_source_ready(e, ns, "monitored-cache");
+    // A change, so the exporter commits a diff and the engine applies it.
+    e.sql("UPDATE public.monitored SET flag = NOT flag WHERE id <= 5");
+    let writer = writer_pods(e, ns, "monitored")
+        .first()
+        .map(pod_ip)
+        .expect("the writer pod");
+    let operator = e.list(&["pods", "-n", OPERATOR_NS]);
+    (
+        pod_ip(&operator[0]),
+        writer,
+        engine_ip(e, ns, "monitored-cache"),
+    )
+}
+
+#[test]
+fn s22_dashboard_queries_only_scraped_metrics() {
+    let _g = serial();
+    let e = env_with_operator();
+    let (operator, writer, engine) = monitored(e);
+    // The diff's commit shows in the exporter's and the engine's counters.
+    let scrapes = e.wait_for("e2e-monitoring", "a diff exported and applied", 120, || {
+        let w = scrape(&writer);
+        let g = scrape(&engine);
+        (w.contains("kind=\"diff\"") && g.contains("laredo_changes_applied_total{"))
+            .then(|| vec![scrape(&operator), w, g])
+    });
+    let exposed: BTreeSet<String> = scrapes.iter().flat_map(|s| families(s)).collect();
+    for (component, s) in ["operator", "export", "engine"].iter().zip(&scrapes) {
+        assert!(
+            s.contains(&format!("component=\"{component}\"")),
+            "{component}: {s}"
+        );
+    }
+
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/charts/larch/dashboards/larch.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            let names = metrics_in(expr, &exposed);
+            assert!(!names.is_empty(), "{}: no metric in {expr}", panel["title"]);
+            queried.extend(names);
+        }
+    }
+    let missing: Vec<_> = queried.difference(&exposed).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries metrics no scrape exposes: {missing:?}"
+    );
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();
+    let undocumented: Vec<_> = exposed
+        .iter()
+        .filter(|m| !page.contains(&format!("`{m}`")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "not on docs/metrics.md: {undocumented:?}"
+    );
+    e.kubectl(&["delete", "namespace", "e2e-monitoring", "--wait=false"]);
+}
