@@ -4,6 +4,7 @@ pub mod archive;
 pub mod engine;
 pub mod export;
 pub mod slot;
+pub mod status;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -81,6 +82,10 @@ pub enum Command {
     Crd,
     /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
     Operator(crate::operator::cli::OperatorArgs),
+    /// Every ArchiveExport, ArchiveSource and ArchiveSourceSet of the cluster and recent warning
+    /// Events, read with your kubeconfig (also `kubectl larch status`: install the binary as
+    /// `kubectl-larch` on PATH).
+    Status(status::StatusArgs),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -164,7 +169,7 @@ pub fn init_tracing() {
 fn prints_a_result(command: &Command) -> bool {
     match command {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
-        Command::Archive(_) | Command::Crd => true,
+        Command::Archive(_) | Command::Crd | Command::Status(_) => true,
         Command::Engine(_) | Command::Operator(_) => false,
     }
 }
@@ -226,6 +231,7 @@ pub fn main() -> i32 {
             Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
             Command::Crd => Ok(crate::operator::cli::crd()),
+            Command::Status(a) => status::run(a).await,
             Command::Operator(args) => {
                 init_tracing();
                 crate::operator::cli::operator(args).await

@@ -9,6 +9,7 @@
 mod gitops;
 mod invalid_crs;
 mod monitoring;
+mod status_command;
 mod support;
 
 use std::sync::OnceLock;
