@@ -3,7 +3,6 @@
 //! scrapes of an exporter, an engine and the operator's endpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json, metric, start_engine, wait_ready};
-use crate::postgres_continuous::Follow;
+use crate::postgres_continuous::{Follow, listening};
 use crate::support::postgres::new_database;
 
 const ROWS: u64 = 200_000;
@@ -45,23 +44,7 @@ fn spawn_one_shot(dsn: &str, slot: &str, dir: &std::path::Path, env: &[(&str, &s
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("larch export exited before listening")
-            .unwrap();
-        if let Some(rest) = line.split("status on http://").nth(1) {
-            break rest.split(')').next().unwrap().parse().unwrap();
-        }
-    };
-    let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log = stderr.clone();
-    let reader = std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            log.lock().unwrap().push(l);
-        }
-    });
+    let (addr, stderr, reader) = listening(&mut child);
     OneShot {
         child,
         addr,
@@ -81,6 +64,26 @@ async fn table_of(rows: u64) -> crate::support::postgres::Database {
         .await
         .unwrap();
     db
+}
+
+/// An engine replaying `public.<table>` from the local archive at `root` into memory.
+fn memory_engine(root: &std::path::Path, table: &str) -> String {
+    format!(
+        r#"
+sources:
+  seed:
+    type: archive
+    store: {{type: local, path: "{}"}}
+    key_prefix: public.{table}/
+tables:
+  - source: seed
+    schema: public
+    table: {table}
+    targets:
+      - type: memory
+"#,
+        root.display()
+    )
 }
 
 #[tokio::test]
@@ -176,23 +179,7 @@ async fn an_engine_reports_its_baseline_against_the_manifest_row_count() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    let engine = start_engine(&format!(
-        r#"
-sources:
-  seed:
-    type: archive
-    store: {{type: local, path: "{}"}}
-    key_prefix: public.events/
-tables:
-  - source: seed
-    schema: public
-    table: events
-    targets:
-      - type: memory
-"#,
-        dir.path().display()
-    ))
-    .await;
+    let engine = start_engine(&memory_engine(dir.path(), "events")).await;
     wait_ready(engine.addr).await;
     let s = get_json(engine.addr, "/status").await;
     let (_, pipeline) = s["pipelines"].as_object().unwrap().iter().next().unwrap();
@@ -317,23 +304,7 @@ async fn metrics_page_lists_every_scraped_metric() {
     .await;
     let export_scrape = get(addr, "/metrics").await.1;
 
-    let engine = start_engine(&format!(
-        r#"
-sources:
-  seed:
-    type: archive
-    store: {{type: local, path: "{}"}}
-    key_prefix: public.items/
-tables:
-  - source: seed
-    schema: public
-    table: items
-    targets:
-      - type: memory
-"#,
-        dir.path().display()
-    ))
-    .await;
+    let engine = start_engine(&memory_engine(dir.path(), "items")).await;
     wait_ready(engine.addr).await;
     let engine_scrape = get(engine.addr, "/metrics").await.1;
     engine.stop().await.unwrap();

@@ -60,23 +60,7 @@ impl Follow {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines
-                .next()
-                .expect("larch export exited before listening")
-                .unwrap();
-            if let Some(rest) = line.split("status on http://").nth(1) {
-                break rest.split(')').next().unwrap().parse().unwrap();
-            }
-        };
-        let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = stderr.clone();
-        let reader = std::thread::spawn(move || {
-            for l in lines.map_while(Result::ok) {
-                log.lock().unwrap().push(l);
-            }
-        });
+        let (addr, stderr, reader) = listening(&mut child);
         Follow {
             child,
             addr,
@@ -114,6 +98,35 @@ impl Follow {
         unsafe_kill(self.child.id(), "KILL");
         let _ = self.child.wait();
     }
+}
+
+/// The address a `larch export` child printed on stderr (`status on http://ADDR`), and its later
+/// stderr lines, collected by a thread until it exits.
+pub fn listening(
+    child: &mut Child,
+) -> (
+    SocketAddr,
+    Arc<std::sync::Mutex<Vec<String>>>,
+    std::thread::JoinHandle<()>,
+) {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("larch export exited before listening")
+            .unwrap();
+        if let Some(rest) = line.split("status on http://").nth(1) {
+            break rest.split(')').next().unwrap().parse().unwrap();
+        }
+    };
+    let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = stderr.clone();
+    let reader = std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            log.lock().unwrap().push(l);
+        }
+    });
+    (addr, stderr, reader)
 }
 
 pub fn unsafe_kill(pid: u32, sig: &str) {
