@@ -129,6 +129,16 @@ fn ready_of(conditions: &[Condition]) -> (String, Option<String>) {
     }
 }
 
+/// A failed list, saying what to do when the kind is unknown to the cluster.
+fn listing(what: &str, e: kube::Error) -> anyhow::Error {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+            "listing {what}: the cluster does not know the kind: install larch's CRDs (`larch crd | kubectl apply --server-side -f -`)"
+        ),
+        _ => anyhow::Error::from(e).context(format!("listing {what}")),
+    }
+}
+
 /// Reads the three kinds and the warning Events about them.
 pub async fn read(
     client: &kube::Client,
@@ -136,23 +146,22 @@ pub async fn read(
     events: usize,
 ) -> anyhow::Result<Overview> {
     let lp = ListParams::default();
-    let crd_hint = "are larch's CRDs installed? (`larch crd | kubectl apply -f -`)";
     let exports = api::<ArchiveExport>(client, namespace)
         .list(&lp)
         .await
-        .with_context(|| format!("listing ArchiveExports: {crd_hint}"))?;
+        .map_err(|e| listing("ArchiveExports", e))?;
     let sources = api::<ArchiveSource>(client, namespace)
         .list(&lp)
         .await
-        .with_context(|| format!("listing ArchiveSources: {crd_hint}"))?;
+        .map_err(|e| listing("ArchiveSources", e))?;
     let sets = Api::<ArchiveSourceSet>::all(client.clone())
         .list(&lp)
         .await
-        .with_context(|| format!("listing ArchiveSourceSets: {crd_hint}"))?;
+        .map_err(|e| listing("ArchiveSourceSets", e))?;
     let warnings = api::<Event>(client, namespace)
         .list(&ListParams::default().fields("type=Warning"))
         .await
-        .context("listing Events")?;
+        .map_err(|e| listing("Events", e))?;
 
     let mut out = Overview::default();
     for e in exports {

@@ -437,7 +437,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
-/// `larch crd` and `larch operator` outside a cluster: clear errors, no panic.
+/// `larch crd`, `larch operator` and `larch status` outside a cluster: clear errors, no panic.
 #[test]
 fn crd_and_operator_refuse_what_they_cannot_do() {
     // One case a line: a table to read, not to reflow.
@@ -451,6 +451,12 @@ fn crd_and_operator_refuse_what_they_cannot_do() {
                "/nonexistent/.kube/config"],
              &["operator", "--image", "larch:x", "--listen", "127.0.0.1:0"])
             .env("HOME", "/nonexistent"),
+        case("status-without-a-cluster", 1,
+             &["no Kubernetes client configuration", "/nonexistent/.kube/config"],
+             &["status"])
+            .env("HOME", "/nonexistent"),
+        case("status-bad-output", 2, &["invalid value 'yaml' for '--output <OUTPUT>'"],
+             &["status", "-o", "yaml"]),
         case("unknown-command", 2, &["unrecognized subcommand 'replicate'"], &["replicate"]),
     ];
     for c in &cases {
