@@ -374,9 +374,11 @@ async fn export_failures_write_their_reason_to_the_summary_file() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
-    // A successful export still writes its summary there.
+    // A successful export still writes its summary there. Its own slot: slots are per
+    // cluster, and the other tests export an `events` table with the default name.
     let (code, _, stderr) = run(larch()
         .args(["export", "--connection", &base, "--table", "events"])
+        .args(["--slot", &format!("larch_summary_{}", db.name)])
         .args(["--store", "local", "--path"])
         .arg(dir.path().join("archive"))
         .arg("--summary-file")
