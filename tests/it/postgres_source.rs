@@ -225,7 +225,7 @@ async fn schema_discovery() {
 
 const ALL_COLUMNS: &str = "i2, i4, i8, num, num_s, f4, f8, b, t, vc, bp, nm, en, u, j, jb, by, ts, tstz, d, tm, tmtz, iv, ai, at, a2, an, ajb, dom, inet_c";
 
-async fn create_all_types(db: &Database) {
+pub(crate) async fn create_all_types(db: &Database) {
     db.client
         .batch_execute(&format!(
             r#"CREATE TYPE mood AS ENUM ('sad', 'happy');

@@ -503,7 +503,7 @@ async fn the_postgres_target_alters_its_table_atomically_with_the_new_rows() {
     })
     .await;
 
-    let reader = crate::support::postgres::cluster()
+    let mut reader = crate::support::postgres::cluster()
         .connect(&target.name)
         .await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -511,7 +511,18 @@ async fn the_postgres_target_alters_its_table_atomically_with_the_new_rows() {
     let watcher = tokio::spawn(async move {
         let mut seen = std::collections::BTreeSet::new();
         while !flag.load(Ordering::SeqCst) {
-            let r = reader
+            // The lock first: the baseline swaps in a new table, which a name resolved before
+            // the lock would miss.
+            let tx = reader
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .start()
+                .await
+                .unwrap();
+            tx.batch_execute("LOCK TABLE public.items IN ACCESS SHARE MODE")
+                .await
+                .unwrap();
+            let r = tx
                 .query_one(
                     "SELECT (SELECT string_agg(attname, ',' ORDER BY attname) FROM pg_attribute
                               WHERE attrelid = 'public.items'::regclass AND attnum > 0
@@ -521,6 +532,7 @@ async fn the_postgres_target_alters_its_table_atomically_with_the_new_rows() {
                 )
                 .await
                 .unwrap();
+            tx.commit().await.unwrap();
             seen.insert((r.get::<_, String>(0), r.get::<_, i64>(1)));
         }
         seen

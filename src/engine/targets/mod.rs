@@ -4,6 +4,7 @@
 pub mod memory;
 pub mod postgres;
 pub mod postgres_alter;
+pub mod postgres_copy;
 
 use async_trait::async_trait;
 

@@ -3,8 +3,12 @@
 //! * The table is created from the archive's columns when missing (laredo udt names mapped
 //!   back to SQL types; unknown names → `text`, empty (inferred) → `jsonb`), primary key = the
 //!   effective key fields.
-//! * A baseline is one transaction: `TRUNCATE` + batched upserts + checkpoint row, so readers see
-//!   the old table or the new one (C2). The changes up to a checkpoint (one diff) are applied in
+//! * A baseline is one transaction: a staging table like the live one (no indexes) given the
+//!   archive's columns, loaded by `COPY … FROM STDIN` ([`super::postgres_copy`]), its primary
+//!   key built after the load, then swapped in (`DROP`, rename, the old table's other indexes and
+//!   grants re-created) with the checkpoint row, so readers see the old table or the new one
+//!   (C2). A table that others depend on (a view) is refilled in place from the staging table
+//!   instead. The changes up to a checkpoint (one diff) are applied in
 //!   one transaction together with the checkpoint row (C3): the data and its position never part,
 //!   and readers see a diff whole or not at all. Memory stays bounded whatever the diff's size:
 //!   changes collapse per identity into at most [`PENDING_LIMIT`] operations; past it they are
@@ -21,9 +25,12 @@ use std::collections::HashMap;
 
 use anyhow::{Context, bail};
 use async_trait::async_trait;
+use futures::SinkExt;
 use tokio::sync::Mutex;
-use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, CopyInSink};
 
+use super::postgres_copy::{CopyColumn, copy_columns, encode_row};
 use super::{Resume, Target, postgres_alter};
 use crate::archive::identity::{Identity, change_identity, row_identity};
 use crate::archive::model::{Action, Change, ColumnDefinition, TableId};
@@ -196,6 +203,14 @@ struct Conn {
     client: Client,
     /// A transaction is open: the baseline's, or the current diff's (after an early write).
     in_tx: bool,
+    /// The baseline's COPY into its staging table, between `begin_baseline` and its commit.
+    copy: Option<BaselineCopy>,
+}
+
+struct BaselineCopy {
+    staging: TableId,
+    columns: Vec<CopyColumn>,
+    sink: std::pin::Pin<Box<CopyInSink<bytes::Bytes>>>,
 }
 
 pub struct PostgresTarget {
@@ -209,8 +224,6 @@ pub struct PostgresTarget {
     /// The table does not match the archive's columns: only a baseline may change it (C2).
     needs_alter: std::sync::atomic::AtomicBool,
     statements: std::sync::Mutex<Option<Statements>>,
-    /// The statements of the table before a baseline altered it (restored on abort).
-    statements_before: std::sync::Mutex<Option<Statements>>,
     pending: std::sync::Mutex<Pending>,
 }
 
@@ -225,7 +238,6 @@ impl PostgresTarget {
             columns: std::sync::Mutex::new(Vec::new()),
             needs_alter: std::sync::atomic::AtomicBool::new(false),
             statements: std::sync::Mutex::new(None),
-            statements_before: std::sync::Mutex::new(None),
             pending: std::sync::Mutex::new(Pending::default()),
         }
     }
@@ -254,6 +266,7 @@ impl PostgresTarget {
             *guard = Some(Conn {
                 client: self.connect().await?,
                 in_tx: false,
+                copy: None,
             });
         }
         Ok(guard)
@@ -533,55 +546,88 @@ impl Target for PostgresTarget {
         let mut guard = self.conn().await?;
         let conn = guard.as_mut().expect("connected");
         rollback(conn).await;
+        let staging = staging_table(&self.table);
         conn.client
-            .batch_execute(&format!("BEGIN; TRUNCATE {}", qualified(&self.table)))
+            .batch_execute(&format!(
+                "BEGIN; CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS \
+                 INCLUDING IDENTITY INCLUDING STORAGE INCLUDING COMPRESSION INCLUDING COMMENTS)",
+                qualified(&staging),
+                qualified(&self.table)
+            ))
             .await
             .with_context(|| format!("postgres target {}: starting the baseline", self.table))?;
         conn.in_tx = true;
-        let altered = async {
+        let started = async {
             let columns = self.columns.lock().expect("lock").clone();
             let key_fields = self.key_fields.lock().expect("lock").clone();
-            let shape = postgres_alter::read_shape(&conn.client, &qualified(&self.table)).await?;
+            let shape = postgres_alter::read_shape(&conn.client, &qualified(&staging)).await?;
             let alters =
-                postgres_alter::alter_statements(&self.table, &shape, &columns, &key_fields);
-            if alters.is_empty() {
-                return anyhow::Ok(());
-            }
+                postgres_alter::column_statements(&staging, &shape, &columns, &key_fields);
             for sql in &alters {
                 conn.client.batch_execute(sql).await.with_context(|| {
-                    format!("postgres target {}: altering the table to the archive's columns: {sql}", self.table)
+                    format!("postgres target {}: giving the new table the archive's columns: {sql}", self.table)
                 })?;
             }
-            tracing::info!(table = %self.table, changes = ?alters, "altered the destination table to the archive's columns (committed with the baseline)");
-            let st = self.prepare(&conn.client, &key_fields).await?;
-            let before = self.statements.lock().expect("lock").replace(st);
-            *self.statements_before.lock().expect("lock") = before;
-            Ok(())
+            if !alters.is_empty() {
+                tracing::info!(table = %self.table, changes = ?alters, "the baseline's table gets the archive's columns (swapped in with the rows)");
+            }
+            let columns = copy_columns(&conn.client, &qualified(&staging)).await?;
+            let names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
+            let sink = conn
+                .client
+                .copy_in(&format!(
+                    "COPY {} ({}) FROM STDIN",
+                    qualified(&staging),
+                    names.join(", ")
+                ))
+                .await?;
+            anyhow::Ok(BaselineCopy {
+                staging: staging.clone(),
+                columns,
+                sink: Box::pin(sink),
+            })
         }
         .await;
-        if let Err(e) = altered {
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            conn.in_tx = false;
-            return Err(e);
+        match started {
+            Ok(copy) => {
+                conn.copy = Some(copy);
+                Ok(())
+            }
+            Err(e) => {
+                rollback(conn).await;
+                Err(e.context(format!(
+                    "postgres target {}: starting the baseline",
+                    self.table
+                )))
+            }
         }
-        Ok(())
     }
 
     async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
-        let st = self.statements()?;
-        let guard = self.conn.lock().await;
-        let conn = guard.as_ref().filter(|c| c.in_tx).ok_or_else(|| {
-            anyhow::anyhow!(
-                "postgres target {}: the baseline transaction was lost",
-                self.table
-            )
-        })?;
-        let refs: Vec<&Row> = rows.iter().collect();
-        self.upsert_rows(&conn.client, &refs, &st.upsert).await
+        let mut guard = self.conn.lock().await;
+        let copy = guard
+            .as_mut()
+            .filter(|c| c.in_tx)
+            .and_then(|c| c.copy.as_mut())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "postgres target {}: the baseline transaction was lost",
+                    self.table
+                )
+            })?;
+        let mut buf =
+            Vec::with_capacity(rows.iter().map(|r| r.as_str().len()).sum::<usize>() + rows.len());
+        for row in &rows {
+            encode_row(row, &copy.columns, &mut buf)
+                .with_context(|| format!("postgres target {}: baseline row {row:?}", self.table))?;
+        }
+        copy.sink
+            .send(bytes::Bytes::from(buf))
+            .await
+            .with_context(|| format!("postgres target {}: copying the baseline", self.table))
     }
 
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
-        let st = self.statements()?;
         let mut guard = self.conn.lock().await;
         let conn = guard.as_mut().filter(|c| c.in_tx).ok_or_else(|| {
             anyhow::anyhow!(
@@ -589,14 +635,23 @@ impl Target for PostgresTarget {
                 self.table
             )
         })?;
-        self.write_checkpoint(&conn.client, &st, position).await?;
-        conn.client
-            .batch_execute("COMMIT")
-            .await
-            .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
+        let Some(copy) = conn.copy.take() else {
+            bail!(
+                "postgres target {}: the baseline's COPY was lost",
+                self.table
+            );
+        };
+        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let st = match self.swap_in(conn, copy, &key_fields, position).await {
+            Ok(st) => st,
+            Err(e) => {
+                rollback(conn).await;
+                return Err(e);
+            }
+        };
         conn.in_tx = false;
         *self.pending.lock().expect("lock") = Pending::default();
-        self.statements_before.lock().expect("lock").take();
+        *self.statements.lock().expect("lock") = Some(st);
         self.needs_alter
             .store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -604,15 +659,10 @@ impl Target for PostgresTarget {
 
     async fn abort_baseline(&self) {
         let mut guard = self.conn.lock().await;
-        if let Some(conn) = guard.as_mut()
-            && conn.in_tx
-        {
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            conn.in_tx = false;
-        }
-        // The rollback undid any ALTER: back to the statements of the table as it is.
-        if let Some(before) = self.statements_before.lock().expect("lock").take() {
-            *self.statements.lock().expect("lock") = Some(before);
+        if let Some(conn) = guard.as_mut() {
+            // Dropping the sink mid-COPY fails the COPY; the rollback drops the staging table.
+            conn.copy = None;
+            rollback(conn).await;
         }
     }
 
@@ -657,6 +707,157 @@ impl Target for PostgresTarget {
                 self.table
             )));
         }
+        Ok(())
+    }
+}
+
+/// Where a baseline is copied before it replaces the table (same schema, so the rename keeps it).
+fn staging_table(table: &TableId) -> TableId {
+    TableId::new(&table.schema, &format!("{}_larch_baseline", table.table))
+}
+
+impl PostgresTarget {
+    /// Ends the baseline's COPY, builds the key on the loaded rows, and replaces the table by
+    /// the staging table in the baseline's transaction together with the checkpoint row (C2,
+    /// C3). The old table's other indexes and its grants are re-created on the new one.
+    async fn swap_in(
+        &self,
+        conn: &mut Conn,
+        copy: BaselineCopy,
+        key_fields: &[String],
+        position: &str,
+    ) -> anyhow::Result<Statements> {
+        let client = &conn.client;
+        let tbl = qualified(&self.table);
+        let staging = qualified(&copy.staging);
+        let mut sink = copy.sink;
+        let rows = sink
+            .as_mut()
+            .finish()
+            .await
+            .with_context(|| format!("postgres target {}: copying the baseline", self.table))?;
+        let keys: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
+        let staging_pk = quote_ident(&format!("{}_pkey", copy.staging.table));
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {staging} ADD CONSTRAINT {staging_pk} PRIMARY KEY ({})",
+                keys.join(", ")
+            ))
+            .await
+            .with_context(|| {
+                format!(
+                    "postgres target {}: the baseline's key ({}) on its {rows} rows",
+                    self.table,
+                    key_fields.join(", ")
+                )
+            })?;
+        let old = postgres_alter::read_shape(client, &tbl).await?;
+        let pk_name = match &old.primary_key {
+            Some((name, _)) => name.clone(),
+            None => format!("{}_pkey", self.table.table),
+        };
+        // The old table's other indexes (their definitions name the table, which the new one
+        // takes over) and its grants to other roles.
+        let recreate: Vec<String> = client
+            .query(
+                "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i \
+                  WHERE i.indrelid = $1::text::regclass AND NOT i.indisprimary \
+                 UNION ALL \
+                 SELECT format('GRANT %s ON %s TO %s', a.privilege_type, $1, \
+                               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END) \
+                   FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a \
+                   LEFT JOIN pg_roles r ON r.oid = a.grantee \
+                  WHERE c.oid = $1::text::regclass AND a.grantee <> c.relowner",
+                &[&tbl],
+            )
+            .await
+            .with_context(|| format!("postgres target {}: reading its indexes and grants", self.table))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        client.batch_execute("SAVEPOINT swap").await?;
+        match client.batch_execute(&format!("DROP TABLE {tbl}")).await {
+            Ok(()) => {
+                client
+                    .batch_execute(&format!(
+                        "ALTER TABLE {staging} RENAME TO {}; \
+                         ALTER TABLE {tbl} RENAME CONSTRAINT {staging_pk} TO {}",
+                        quote_ident(&self.table.table),
+                        quote_ident(&pk_name)
+                    ))
+                    .await
+                    .with_context(|| {
+                        format!("postgres target {}: swapping in the baseline", self.table)
+                    })?;
+                for sql in &recreate {
+                    let kept = client
+                        .batch_execute(&format!("SAVEPOINT recreate; {sql}; RELEASE recreate"))
+                        .await;
+                    if let Err(e) = kept {
+                        client.batch_execute("ROLLBACK TO recreate").await?;
+                        tracing::warn!(table = %self.table, statement = %sql, error = %e, "not carried over to the new table (the archive's columns changed?)");
+                    }
+                }
+            }
+            Err(e) if e.code() == Some(&SqlState::DEPENDENT_OBJECTS_STILL_EXIST) => {
+                // A view or foreign key needs this very table: refill it in place instead (one
+                // more copy of the rows, same transaction, so still C2).
+                client.batch_execute("ROLLBACK TO swap").await?;
+                tracing::warn!(table = %self.table, error = %e, "the table cannot be replaced (other objects depend on it): refilling it in place from the baseline");
+                self.refill_in_place(client, &copy.staging, &copy.columns, key_fields)
+                    .await?;
+            }
+            Err(e) => {
+                return Err(anyhow::Error::from(e).context(format!(
+                    "postgres target {}: replacing the table by the baseline",
+                    self.table
+                )));
+            }
+        }
+        let st = self.prepare(client, key_fields).await?;
+        self.write_checkpoint(client, &st, position).await?;
+        client
+            .batch_execute("COMMIT")
+            .await
+            .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
+        tracing::info!(table = %self.table, rows, "baseline copied and swapped in");
+        Ok(st)
+    }
+}
+
+impl PostgresTarget {
+    /// The table itself emptied, altered to the archive's columns and filled from the staging
+    /// table, which is dropped (inside the baseline's transaction).
+    async fn refill_in_place(
+        &self,
+        client: &Client,
+        staging: &TableId,
+        columns: &[CopyColumn],
+        key_fields: &[String],
+    ) -> anyhow::Result<()> {
+        let tbl = qualified(&self.table);
+        client.batch_execute(&format!("TRUNCATE {tbl}")).await?;
+        let archive_columns = self.columns.lock().expect("lock").clone();
+        let shape = postgres_alter::read_shape(client, &tbl).await?;
+        for sql in
+            postgres_alter::alter_statements(&self.table, &shape, &archive_columns, key_fields)
+        {
+            client.batch_execute(&sql).await.with_context(|| {
+                format!(
+                    "postgres target {}: altering the table to the archive's columns: {sql}",
+                    self.table
+                )
+            })?;
+        }
+        let names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let names = names.join(", ");
+        client
+            .batch_execute(&format!(
+                "INSERT INTO {tbl} ({names}) SELECT {names} FROM {0}; DROP TABLE {0}",
+                qualified(staging)
+            ))
+            .await
+            .with_context(|| format!("postgres target {}: refilling the table", self.table))?;
         Ok(())
     }
 }

@@ -88,12 +88,7 @@ pub fn alter_statements(
     if columns.iter().all(|c| c.type_name.is_empty()) {
         return Vec::new();
     }
-    let tbl = format!(
-        "{}.{}",
-        quote_ident(&table.schema),
-        quote_ident(&table.table)
-    );
-    let alter = |what: String| format!("ALTER TABLE {tbl} {what}");
+    let alter = |what: String| format!("ALTER TABLE {} {what}", qualified(table));
     let mut out = Vec::new();
     let key_ok = match &shape.primary_key {
         Some((_, pk)) => pk == key_fields,
@@ -102,6 +97,35 @@ pub fn alter_statements(
     if !key_ok && let Some((name, _)) = &shape.primary_key {
         out.push(alter(format!("DROP CONSTRAINT {}", quote_ident(name))));
     }
+    out.extend(column_statements(table, shape, columns, key_fields));
+    if !key_ok {
+        let keys: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
+        out.push(alter(format!("ADD PRIMARY KEY ({})", keys.join(", "))));
+    }
+    out
+}
+
+fn qualified(table: &TableId) -> String {
+    format!(
+        "{}.{}",
+        quote_ident(&table.schema),
+        quote_ident(&table.table)
+    )
+}
+
+/// The column part of [`alter_statements`] (no key changes): what a baseline's staging table,
+/// created like the destination table without its keys, needs to get the archive's columns.
+pub fn column_statements(
+    table: &TableId,
+    shape: &TableShape,
+    columns: &[ColumnDefinition],
+    key_fields: &[String],
+) -> Vec<String> {
+    if columns.iter().all(|c| c.type_name.is_empty()) {
+        return Vec::new();
+    }
+    let alter = |what: String| format!("ALTER TABLE {} {what}", qualified(table));
+    let mut out = Vec::new();
     for (name, _, _) in &shape.columns {
         if !columns.iter().any(|c| &c.name == name) {
             out.push(alter(format!("DROP COLUMN {}", quote_ident(name))));
@@ -131,10 +155,6 @@ pub fn alter_statements(
                 }
             }
         }
-    }
-    if !key_ok {
-        let keys: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
-        out.push(alter(format!("ADD PRIMARY KEY ({})", keys.join(", "))));
     }
     out
 }
