@@ -229,6 +229,15 @@ async fn main() {
         eng["rows"]
     )
     .unwrap();
+    let state_mib = rec["state_json_bytes"].as_f64().unwrap() / 1048576.0;
+    writeln!(
+        out,
+        "engine peak RSS / folded state as JSON ({state_mib:.1} MiB): {:.2} (target <= 1.2); \
+         engine baseline / reconstruct time: {:.2}",
+        mib(&eng["peak_rss_kib"]) / state_mib,
+        eng["baseline_seconds"].as_f64().unwrap() / rec["seconds"].as_f64().unwrap()
+    )
+    .unwrap();
     writeln!(
         out,
         "follow latency, commit → visible over HTTP (poll_interval 1s, {} samples): p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms",

@@ -9,7 +9,8 @@
 #   triggers) committed, time to archive, spill figures; and two engines following that diff (a
 #   memory target, a PostgreSQL target): RSS before, peak while applying, time to apply.
 #   Right after the one-shot export: its archive restored by `larch engine` into PostgreSQL next
-#   to `COPY … FROM file` (LARCH_BENCH_RESTORE_ONLY=1 stops there).
+#   to `COPY … FROM file` (LARCH_BENCH_RESTORE_ONLY=1 stops there; LARCH_BEFORE_BIN=path restores
+#   with another build too, in the same run).
 # Usage: scripts/bench-export.sh [ROWS] [LOAD_SECONDS]   (defaults 1000000 and 30)
 # LARCH_BUFFER_MEMORY (default 64Mi) is the exporter's --buffer-memory.
 set -euo pipefail
@@ -42,21 +43,26 @@ measure() { # label, command...: prints seconds and peak RSS (KiB)
 }
 measure "COPY (SELECT row_to_json(e) ...) TO STDOUT" psql -c "COPY (SELECT row_to_json(e) FROM public.events e) TO STDOUT"
 copy_secs=$(cat "$work/last")
+measure "COPY public.events TO STDOUT (text)" psql -c "COPY public.events TO STDOUT"
+copy_text_secs=$(cat "$work/last")
 measure "larch export (one-shot, jsonl, local)" "$larch" export --connection "$dsn" --table events --store local --path "$work/archive"
 export_secs=$(cat "$work/last")
-printf 'ratio export/COPY: %.2f (target <= 1.0)\n' "$(echo "$export_secs/$copy_secs" | bc -l)"
+printf 'ratio export/COPY row_to_json: %.2f (target <= 1.0)\n' "$(echo "$export_secs/$copy_secs" | bc -l)"
+printf 'ratio export/COPY text: %.2f (target <= 1.3)\n' "$(echo "$export_secs/$copy_text_secs" | bc -l)"
 
 # --- Restore (issue #16): the one-shot archive into an empty database by `larch engine` (a
 # PostgreSQL target, no follow: time from start to ready, the baseline swapped in), next to
 # `COPY events FROM file` into an empty copy of the table with its primary key, same run; then
 # both restored tables against the source (count and md5 of every row).
-psql -q -c "COPY public.events TO '$work/events.copy'"
+mkdir -m 777 "$work/copy"   # written and read by the server's own user
+psql -q -c "COPY public.events TO '$work/copy/events'"
 for db in restore_copy restore_larch; do psql -q -c "CREATE DATABASE $db"; done
 pg_dump --schema-only -t public.events postgres | psql -q -d restore_copy >/dev/null
-measure "COPY events FROM file (empty table with its key)" psql -d restore_copy -c "COPY public.events FROM '$work/events.copy'"
+measure "COPY events FROM file (empty table with its key)" psql -d restore_copy -c "COPY public.events FROM '$work/copy/events'"
 restore_copy_secs=$(cat "$work/last")
-echo "$dsn" | sed 's/dbname=postgres/dbname=restore_larch/' > "$work/restore.dsn"
-cat > "$work/restore.yaml" <<YAML
+restore() { # label, larch binary, database: `larch engine` from start to ready, peak RSS
+  echo "$dsn" | sed "s/dbname=postgres/dbname=$3/" > "$work/$3.dsn"
+  cat > "$work/$3.yaml" <<YAML
 sources:
   seed:
     type: archive
@@ -67,21 +73,28 @@ tables:
     schema: public
     table: events
     targets:
-      - {type: postgres, connection_file: "$work/restore.dsn"}
+      - {type: postgres, connection_file: "$work/$3.dsn"}
 YAML
-t0=$(date +%s.%N)
-LARCH_LOG=warn "$larch" engine --config "$work/restore.yaml" --listen 127.0.0.1:0 2>"$work/restore.log" &
-restore_pid=$!; engine_pids="${engine_pids:-} $restore_pid"
-until a=$(sed -n 's/.*listening on \(.*\)$/\1/p' "$work/restore.log" | head -1) && [ -n "$a" ] \
-  && curl -sf "http://$a/health/ready" >/dev/null 2>&1; do
-  kill -0 "$restore_pid" 2>/dev/null || { cat "$work/restore.log" >&2; exit 1; }
-  sleep 0.05
-done
-restore_secs=$(echo "$(date +%s.%N) - $t0" | bc -l)
-restore_rss=$(awk '/^VmHWM/ {printf "%.1f", $2/1024}' "/proc/$restore_pid/status")
-kill "$restore_pid"; wait "$restore_pid" 2>/dev/null || true
-printf '%-44s %8.2f s   peak RSS %8.1f MiB\n' "larch engine -> PostgreSQL target (to ready)" "$restore_secs" "$restore_rss"
-printf 'ratio restore/COPY FROM: %.2f (target <= 1.3)\n' "$(echo "$restore_secs/$restore_copy_secs" | bc -l)"
+  local t0 a pid secs
+  t0=$(date +%s.%N)
+  LARCH_LOG=warn "$2" engine --config "$work/$3.yaml" --listen 127.0.0.1:0 2>"$work/$3.log" &
+  pid=$!; engine_pids="${engine_pids:-} $pid"
+  until a=$(sed -n 's/.*listening on \(.*\)$/\1/p' "$work/$3.log" | head -1) && [ -n "$a" ] \
+    && curl -sf "http://$a/health/ready" >/dev/null 2>&1; do
+    kill -0 "$pid" 2>/dev/null || { cat "$work/$3.log" >&2; exit 1; }
+    sleep 0.05
+  done
+  secs=$(echo "$(date +%s.%N) - $t0" | bc -l)
+  printf '%-44s %8.2f s   peak RSS %8.1f MiB\n' "$1" "$secs" "$(awk '/^VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status")"
+  printf 'ratio restore/COPY FROM: %.2f (target <= 1.3)\n' "$(echo "$secs/$restore_copy_secs" | bc -l)"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+# LARCH_BEFORE_BIN: another build (say main's) restored in the same run, for a before/after.
+if [ -n "${LARCH_BEFORE_BIN:-}" ]; then
+  psql -q -c "CREATE DATABASE restore_before"
+  restore "before: $LARCH_BEFORE_BIN -> PostgreSQL" "$LARCH_BEFORE_BIN" restore_before
+fi
+restore "larch engine -> PostgreSQL target (to ready)" "$larch" restore_larch
 table_digest() { psql -d "$1" -At -c "SELECT count(*) || ' rows, md5 ' || md5(string_agg(e::text, '|' ORDER BY id)) FROM public.events e"; }
 for db in postgres restore_copy restore_larch; do printf '%-14s %s\n' "$db:" "$(table_digest $db)"; done
 [ "$(table_digest postgres)" = "$(table_digest restore_larch)" ] || { echo "restored table differs from the source" >&2; exit 1; }

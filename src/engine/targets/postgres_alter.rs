@@ -85,10 +85,10 @@ pub fn alter_statements(
     columns: &[ColumnDefinition],
     key_fields: &[String],
 ) -> Vec<String> {
-    if columns.iter().all(|c| c.type_name.is_empty()) {
+    if inferred(columns) {
         return Vec::new();
     }
-    let alter = |what: String| format!("ALTER TABLE {} {what}", qualified(table));
+    let alter = |what: String| alter_table(table, &what);
     let mut out = Vec::new();
     let key_ok = match &shape.primary_key {
         Some((_, pk)) => pk == key_fields,
@@ -105,9 +105,14 @@ pub fn alter_statements(
     out
 }
 
-fn qualified(table: &TableId) -> String {
+/// Columns without types (an inferred schema): the table is used as it is.
+fn inferred(columns: &[ColumnDefinition]) -> bool {
+    columns.iter().all(|c| c.type_name.is_empty())
+}
+
+fn alter_table(table: &TableId, what: &str) -> String {
     format!(
-        "{}.{}",
+        "ALTER TABLE {}.{} {what}",
         quote_ident(&table.schema),
         quote_ident(&table.table)
     )
@@ -121,10 +126,10 @@ pub fn column_statements(
     columns: &[ColumnDefinition],
     key_fields: &[String],
 ) -> Vec<String> {
-    if columns.iter().all(|c| c.type_name.is_empty()) {
+    if inferred(columns) {
         return Vec::new();
     }
-    let alter = |what: String| format!("ALTER TABLE {} {what}", qualified(table));
+    let alter = |what: String| alter_table(table, &what);
     let mut out = Vec::new();
     for (name, _, _) in &shape.columns {
         if !columns.iter().any(|c| &c.name == name) {
