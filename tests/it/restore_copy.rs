@@ -155,3 +155,85 @@ async fn a_restored_table_of_every_type_is_byte_equal_to_the_source() {
         .get(0);
     assert_eq!((after, through_view), (before, 5005));
 }
+
+#[tokio::test]
+async fn a_bad_value_mid_baseline_names_its_column_and_leaves_the_old_table() {
+    use std::sync::Arc;
+
+    use larch::archive::model::ColumnDefinition;
+    use larch::archive::store::Store;
+    use larch::archive::store::local::LocalStore;
+
+    use crate::archive_build::{TestArchive, refs};
+    use crate::engine_support::{eventually, get_json};
+
+    let target = new_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("archive")).unwrap());
+    let columns = [("id", "int8"), ("blob", "bytea")]
+        .iter()
+        .enumerate()
+        .map(|(i, (n, t))| ColumnDefinition {
+            name: n.to_string(),
+            type_name: t.to_string(),
+            nullable: *n != "id",
+            primary_key: *n == "id",
+            primary_key_ordinal: if *n == "id" { 1 } else { 0 },
+            ordinal_position: i as i64 + 1,
+            ..Default::default()
+        })
+        .collect();
+    let mut a =
+        TestArchive::new(store, "public.alltypes/", "public.alltypes").with_columns(columns);
+    let old: Vec<String> = (1..=3)
+        .map(|i| format!(r#"{{"blob":"AQL/","id":{i}}}"#))
+        .collect();
+    a.snapshot("0/100", &refs(&old)).await;
+    let dsn_file = dir.path().join("target.dsn");
+    std::fs::write(&dsn_file, &target.dsn).unwrap();
+    let yaml = engine_yaml(&dir.path().join("archive"), &dsn_file).replace(
+        "    key_prefix: public.alltypes/\n",
+        "    key_prefix: public.alltypes/\n    follow: true\n    poll_interval: 100ms\n",
+    );
+    let engine = start_engine(&yaml).await;
+    wait_ready(engine.addr).await;
+
+    // A new epoch whose row 4000 (after a few batches were copied) has a bytea that is no base64.
+    let new: Vec<String> = (1..=5000)
+        .map(|i| {
+            let blob = if i == 4000 { "not base64!" } else { "3q2+7w==" };
+            format!(r#"{{"blob":"{blob}","id":{i}}}"#)
+        })
+        .collect();
+    a.snapshot("0/200", &refs(&new)).await;
+    let addr = engine.addr;
+    let message = eventually(30, "the failed re-baseline in /status", || async move {
+        get_json(addr, "/status").await["sources"]["seed"]["last_error"]["message"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    assert!(
+        message.contains(r#"column "blob""#) && message.contains("base64"),
+        "{message}"
+    );
+    let state: (i64, Option<String>, String) = {
+        let r = target
+            .client
+            .query_one(
+                "SELECT (SELECT count(*) FROM public.alltypes WHERE blob = '\\x0102ff'),
+                        to_regclass('public.alltypes_larch_baseline')::text,
+                        (SELECT position FROM public.larch_checkpoint)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(
+        state,
+        (3, None, "0/100".to_string()),
+        "the old table, untouched"
+    );
+    engine.stop().await.unwrap();
+}
