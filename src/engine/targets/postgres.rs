@@ -715,7 +715,7 @@ impl Target for PostgresTarget {
 
 /// Where a baseline is copied before it replaces the table (same schema, so the rename keeps it).
 fn staging_table(table: &TableId) -> TableId {
-    TableId::new(&table.schema, &format!("{}_larch_baseline", table.table))
+    TableId::new(&table.schema, format!("{}_larch_baseline", table.table))
 }
 
 impl PostgresTarget {
