@@ -160,7 +160,6 @@ async fn a_restored_table_of_every_type_is_byte_equal_to_the_source() {
 async fn a_bad_value_mid_baseline_names_its_column_and_leaves_the_old_table() {
     use std::sync::Arc;
 
-    use larch::archive::model::ColumnDefinition;
     use larch::archive::store::Store;
     use larch::archive::store::local::LocalStore;
 
@@ -170,19 +169,7 @@ async fn a_bad_value_mid_baseline_names_its_column_and_leaves_the_old_table() {
     let target = new_database().await;
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path().join("archive")).unwrap());
-    let columns = [("id", "int8"), ("blob", "bytea")]
-        .iter()
-        .enumerate()
-        .map(|(i, (n, t))| ColumnDefinition {
-            name: n.to_string(),
-            type_name: t.to_string(),
-            nullable: *n != "id",
-            primary_key: *n == "id",
-            primary_key_ordinal: if *n == "id" { 1 } else { 0 },
-            ordinal_position: i as i64 + 1,
-            ..Default::default()
-        })
-        .collect();
+    let columns = crate::schema_changes::columns(&[("id", "int8"), ("blob", "bytea")], &["id"]);
     let mut a =
         TestArchive::new(store, "public.alltypes/", "public.alltypes").with_columns(columns);
     let old: Vec<String> = (1..=3)

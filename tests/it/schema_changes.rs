@@ -461,7 +461,8 @@ async fn a_ddl_while_the_export_is_stopped_starts_a_new_epoch_on_restart() {
     assert_eq!(f.terminate(), 0);
 }
 
-fn columns(spec: &[(&str, &str)], key: &[&str]) -> Vec<ColumnDefinition> {
+/// Typed columns in `spec` order; `key` are the primary key's, in key order.
+pub(crate) fn columns(spec: &[(&str, &str)], key: &[&str]) -> Vec<ColumnDefinition> {
     spec.iter()
         .enumerate()
         .map(|(i, (n, t))| {
