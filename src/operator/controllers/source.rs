@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -203,6 +205,21 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
                     &Api::<Service>::namespaced(client.clone(), &ns),
                     children.service,
                     &caches.services,
+                )
+                .await?;
+            let name = source.name_any();
+            applier
+                .apply_or_prune(
+                    &Api::<NetworkPolicy>::namespaced(client.clone(), &ns),
+                    &name,
+                    children.network_policy,
+                )
+                .await?;
+            applier
+                .apply_or_prune(
+                    &Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns),
+                    &name,
+                    children.pod_disruption_budget,
                 )
                 .await?;
             Ok(

@@ -534,6 +534,21 @@ fn export_gets() -> Vec<Expect> {
     out
 }
 
+/// The reads of the engines' optional children (NetworkPolicy, PodDisruptionBudget), neither
+/// wanted nor present: nothing to prune.
+fn optional_children_absent(source: &str) -> Vec<Expect> {
+    [
+        format!("/apis/networking.k8s.io/v1/namespaces/data/networkpolicies/{source}"),
+        format!("/apis/policy/v1/namespaces/data/poddisruptionbudgets/{source}"),
+    ]
+    .iter()
+    .map(|path| Expect {
+        record: false,
+        ..expect(Method::GET, path, not_found())
+    })
+    .collect()
+}
+
 /// The requests of a first visit: the export read, the three children applied, the pods listed.
 fn source_script(ready: i32) -> Vec<Expect> {
     let mut out = export_gets();
@@ -548,6 +563,9 @@ fn source_script(ready: i32) -> Vec<Expect> {
             &format!("/api/v1/namespaces/data/services/users-cache?{MANAGER_SOURCE_Q}"),
             None,
         ),
+    ]);
+    out.extend(optional_children_absent("users-cache"));
+    out.extend([
         expect(
             Method::PATCH,
             &format!("/apis/apps/v1/namespaces/data/statefulsets/users-cache?{MANAGER_SOURCE_Q}"),
@@ -721,6 +739,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     s2.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx2, handle2) = same_operator(&ctx, prober.clone());
     let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
     script.extend([
         pods_list(),
         expect_status(&status_path, serde_json::to_value(&s2).unwrap()),
@@ -767,6 +786,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     s3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3) = same_operator(&ctx2, prober.clone());
     let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
     script.push(pods_list());
     let server = tokio::spawn(serve(handle3, script));
     source::reconcile(Arc::new(s3), ctx3.clone()).await.unwrap();
