@@ -1,7 +1,7 @@
 //! The ArchiveSource controller: dereference (`exportRef`, the Secrets, keys and CA bundles
 //! the engines mount) → validate → build → apply (server-side apply, one field manager; a
 //! refused child is a condition) → observe (StatefulSet, engine pods' failures, engines'
-//! `/status` and `/metrics`) → status, with Events on failure and re-baseline transitions.
+//! `/status`) → status, with Events on failure and re-baseline transitions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -286,21 +286,24 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
                 continue;
             };
-            if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
-                && let Some(entries) = observe::parse_engine_status(&body, &id)
-            {
-                engines.extend(entries);
-                if let Some(r) = observe::parse_engine_rows(&body, &id) {
-                    rows = Some(rows.map_or(r, |m: i64| m.max(r)));
-                }
+            // `/status` only: open whatever spec.access protects, and free of row data.
+            let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+                continue;
+            };
+            let Some(entries) = observe::parse_engine_status(&body, &id) else {
+                continue;
+            };
+            if let Some(r) = observe::parse_engine_rows(&body, &id) {
+                rows = Some(rows.map_or(r, |m: i64| m.max(r)));
             }
-            if let Ok(text) = ctx.prober.get(&ip, 8080, "/metrics").await
-                && let Some(v) = observe::parse_rebaseline_total(&text, &id)
-            {
+            // The sources' `rebaselines`: the counter behind laredo_source_rebaseline_total.
+            let counts: Vec<i64> = entries.iter().filter_map(|e| e.rebaselines).collect();
+            if !counts.is_empty() {
                 let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
                 let is_new = matches!((last_scrape, created), (Some(l), Some(c)) if c > l);
-                samples.push((pod.name_any(), v, is_new));
+                samples.push((pod.name_any(), counts.iter().sum::<i64>() as f64, is_new));
             }
+            engines.extend(entries);
         }
         let tracker = {
             let mut trackers = ctx.trackers.lock().unwrap();

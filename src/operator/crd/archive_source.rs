@@ -334,7 +334,8 @@ pub struct ArchiveSourceStatus {
     /// Rows held by the engine, where reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<i64>,
-    /// Re-baselines observed from `laredo_source_rebaseline_total`.
+    /// Re-baselines observed from the engines' `/status` (`rebaselines`, the counter behind
+    /// `laredo_source_rebaseline_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebaselines: Option<RebaselineStatus>,
 }
