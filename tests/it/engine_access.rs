@@ -14,33 +14,18 @@ use larch::engine::access::{ApiAccess, Token};
 use larch::engine::tls::TlsFiles;
 
 use crate::archive_build::{TestArchive, refs, rows};
+use crate::engine_follow::local_yaml;
 use crate::engine_support::{
     eventually, exchange, get, get_json, request, request_with, start_engine, start_engine_serving,
     wait_ready,
 };
+use crate::postgres_tls::make_certificates;
 
 const TOKEN: &str = "engine-token-7f3a9c2e51d84b06";
 const BEARER: &str = "Authorization: Bearer engine-token-7f3a9c2e51d84b06";
 
 fn yaml(root: &Path) -> String {
-    format!(
-        r#"
-sources:
-  seed:
-    type: archive
-    store: {{type: local, path: "{}"}}
-    key_prefix: public.t/
-    follow: true
-    poll_interval: 100ms
-tables:
-  - source: seed
-    schema: public
-    table: t
-    targets:
-      - type: memory
-"#,
-        root.display()
-    )
+    local_yaml(root, "")
 }
 
 /// A one-row archive under a fresh directory.
@@ -155,81 +140,15 @@ async fn protected_reads_need_the_token_and_probes_do_not() {
     engine.stop().await.unwrap();
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("running openssl");
-    assert!(out.status.success(), "openssl {args:?}: {out:?}");
-}
-
-/// A CA (`ca.crt`) and a certificate it signed for localhost / 127.0.0.1 (`tls.crt`,
-/// `tls.key`: a kubernetes.io/tls Secret's keys, as cert-manager issues them).
+/// A CA (`ca.pem`) and a certificate it signed for localhost / 127.0.0.1 (`server.crt`,
+/// `server.key`: what a kubernetes.io/tls Secret holds as `tls.crt`, `tls.key`).
 fn certificates(dir: &Path) -> (TlsFiles, std::path::PathBuf) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=larch test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "tls.key",
-            "-out",
-            "tls.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "tls.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "tls.crt",
-        ],
-    );
+    make_certificates(dir);
     let files = TlsFiles {
-        cert: dir.join("tls.crt"),
-        key: dir.join("tls.key"),
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
     };
-    (files, dir.join("ca.crt"))
+    (files, dir.join("ca.pem"))
 }
 
 /// One request over TLS to `addr`, trusting only `ca`.

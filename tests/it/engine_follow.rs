@@ -19,7 +19,7 @@ use crate::engine_support::{
 };
 use crate::support::seaweedfs;
 
-fn local_yaml(root: &std::path::Path, extra: &str) -> String {
+pub(crate) fn local_yaml(root: &std::path::Path, extra: &str) -> String {
     format!(
         r#"
 sources:
