@@ -4,12 +4,16 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::engine::Serving;
+use crate::engine::access::{self, ApiAccess};
 use crate::engine::config::EngineConfig;
+use crate::engine::tls::TlsFiles;
 
 #[derive(Args, Debug)]
 #[command(after_help = super::env_section(&[
     super::env_help::S3,
     "  (a postgres target's connection_env: the variable the configuration names)",
+    "  LARCH_ENGINE_TOKEN: the API token when no --token-file is given",
     super::env_help::LOG,
     super::env_help::CRASH,
 ]))]
@@ -21,6 +25,26 @@ pub struct EngineArgs {
     /// an address such as 0.0.0.0:8080 to serve other machines.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
+    /// Serve POST /sources/{id}/pause and /resume, behind the API token (refused otherwise).
+    #[arg(long)]
+    pub allow_control: bool,
+    /// Require the API token for the tables API (/tables…) too; /health/*, /status and
+    /// /metrics stay open (probes and scrapes; no row data).
+    #[arg(long)]
+    pub protect_reads: bool,
+    /// File holding the API bearer token (a mounted Secret key; at least 16 characters).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve the whole API over TLS on this address (e.g. 0.0.0.0:8443); --listen then serves
+    /// only /health/*, /status and /metrics. Needs --tls-cert and --tls-key.
+    #[arg(long, value_name = "ADDR", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_listen: Option<String>,
+    /// PEM certificate chain of the TLS listener (tls.crt of a kubernetes.io/tls Secret).
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the TLS listener (tls.key).
+    #[arg(long, value_name = "FILE", requires = "tls_listen")]
+    pub tls_key: Option<PathBuf>,
     /// Validate the configuration and exit.
     #[arg(long)]
     pub check: bool,
@@ -33,7 +57,11 @@ pub struct EngineArgs {
 pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
     super::init_tracing();
     let config = EngineConfig::load(&args.config)?;
+    let serving = serving(&args)?;
     if args.check {
+        if let Some((_, files)) = &serving.tls {
+            files.server_config()?;
+        }
         println!(
             "{}: ok ({} source(s))",
             args.config.display(),
@@ -41,6 +69,30 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
         );
         return Ok(0);
     }
-    crate::engine::run(&config, &args.listen).await?;
+    crate::engine::run(&config, &serving).await?;
     Ok(0)
+}
+
+fn serving(args: &EngineArgs) -> anyhow::Result<Serving> {
+    let access = ApiAccess::from_flags(
+        args.allow_control,
+        args.protect_reads,
+        args.token_file.as_ref(),
+        std::env::var(access::TOKEN_ENV).ok(),
+    )?;
+    let tls = match (&args.tls_listen, &args.tls_cert, &args.tls_key) {
+        (Some(listen), Some(cert), Some(key)) => {
+            let files = TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            };
+            Some((listen.clone(), files))
+        }
+        _ => None,
+    };
+    Ok(Serving {
+        listen: args.listen.clone(),
+        access,
+        tls,
+    })
 }

@@ -9,20 +9,41 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use super::Shared;
+use super::access::{self, ApiAccess};
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// Every endpoint, the tables API and the control endpoints behind `access`.
+pub fn router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
+    let reads = Router::new()
+        .route("/tables", get(tables))
+        .route("/tables/{table}", get(table))
+        .route("/tables/{table}/rows", get(rows))
+        .route("/tables/{table}/row", get(row))
+        .route_layer(axum::middleware::from_fn_with_state(
+            access.clone(),
+            access::guard_reads,
+        ));
+    let control = Router::new()
+        .route("/sources/{id}/pause", post(pause))
+        .route("/sources/{id}/resume", post(resume))
+        .route_layer(axum::middleware::from_fn_with_state(
+            access,
+            access::guard_control,
+        ));
+    open_routes().merge(reads).merge(control).with_state(shared)
+}
+
+/// Health, status and metrics only (no row data, no control): the plain listener's routes
+/// when the API is served over TLS.
+pub fn open_router(shared: Arc<Shared>) -> Router {
+    open_routes().with_state(shared)
+}
+
+fn open_routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
-        .route("/tables", get(tables))
-        .route("/tables/{table}", get(table))
-        .route("/tables/{table}/rows", get(rows))
-        .route("/tables/{table}/row", get(row))
-        .route("/sources/{id}/pause", post(pause))
-        .route("/sources/{id}/resume", post(resume))
-        .with_state(shared)
 }
 
 fn json(status: StatusCode, body: String) -> Response {

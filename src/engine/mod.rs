@@ -1,12 +1,14 @@
 //! The engine: archive sources feeding targets (memory tables served over HTTP, PostgreSQL
 //! tables), with health, status and Prometheus metrics on one listener (laredo §9).
 
+pub mod access;
 pub mod config;
 pub mod http;
 pub mod laredo_config;
 pub mod metrics;
 pub mod pipeline;
 pub mod targets;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -140,34 +142,91 @@ async fn build_source(
     Ok((runner, memory))
 }
 
-/// A started engine: its listener address and a way to stop it.
+/// How the engine serves its HTTP API.
+#[derive(Clone, Debug, Default)]
+pub struct Serving {
+    /// The plain HTTP listener.
+    pub listen: String,
+    pub access: access::ApiAccess,
+    /// Serve the whole API over TLS on this address; the plain listener then serves only
+    /// `/health/*`, `/status` and `/metrics` (probes, scrapes).
+    pub tls: Option<(String, tls::TlsFiles)>,
+}
+
+impl Serving {
+    /// Plain HTTP on `listen`, reads open, control endpoints off.
+    pub fn plain(listen: &str) -> Serving {
+        Serving {
+            listen: listen.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A started engine: its listener addresses and a way to stop it.
 pub struct RunningEngine {
     pub addr: SocketAddr,
+    /// The TLS listener's address, when there is one.
+    pub tls_addr: Option<SocketAddr>,
     pub shared: Arc<Shared>,
     shutdown: CancellationToken,
     runners: Vec<JoinHandle<()>>,
     /// Cancelled when a runner ended with an error no retry fixes (kept in `fatal`).
     failed: CancellationToken,
     fatal: Arc<std::sync::Mutex<Option<anyhow::Error>>>,
-    server: JoinHandle<std::io::Result<()>>,
+    servers: Vec<JoinHandle<std::io::Result<()>>>,
     ticker: JoinHandle<()>,
 }
 
-/// Builds the engine, binds `listen` and starts every pipeline.
+/// Builds the engine, binds `listen` (plain HTTP, control endpoints off) and starts every
+/// pipeline.
 pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<RunningEngine> {
+    start_serving(config, &Serving::plain(listen)).await
+}
+
+/// Builds the engine, binds its listeners and starts every pipeline.
+pub async fn start_serving(
+    config: &EngineConfig,
+    serving: &Serving,
+) -> anyhow::Result<RunningEngine> {
+    // Certificate errors before anything is opened.
+    let tls_config = match &serving.tls {
+        Some((_, files)) => Some(files.server_config()?),
+        None => None,
+    };
     let shared = build(config).await?;
+    let listen = &serving.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
-    let app = http::router(shared.clone());
+    let access = Arc::new(serving.access.clone());
+    let mut servers = Vec::new();
+    let mut tls_addr = None;
+    let plain_app = match (&serving.tls, tls_config) {
+        (Some((tls_listen, _)), Some(tls_config)) => {
+            let tcp = tokio::net::TcpListener::bind(tls_listen)
+                .await
+                .with_context(|| format!("listening on {tls_listen} (TLS)"))?;
+            let tls_listener = tls::TlsListener::new(tcp, tls_config)?;
+            tls_addr = Some(axum::serve::Listener::local_addr(&tls_listener)?);
+            let (app, stop) = (http::router(shared.clone(), access), shutdown.clone());
+            servers.push(tokio::spawn(async move {
+                axum::serve(tls_listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await
+            }));
+            http::open_router(shared.clone())
+        }
+        _ => http::router(shared.clone(), access),
+    };
     let stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
+    servers.push(tokio::spawn(async move {
+        axum::serve(listener, plain_app)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
-    });
+    }));
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));
     let runners = shared
@@ -194,15 +253,23 @@ pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<Runnin
             }
         }
     });
-    tracing::info!(%addr, sources = shared.runners.len(), "engine started");
+    tracing::info!(
+        %addr,
+        tls_addr = tls_addr.map(|a| a.to_string()),
+        control = serving.access.control,
+        protect_reads = serving.access.protect_reads,
+        sources = shared.runners.len(),
+        "engine started"
+    );
     Ok(RunningEngine {
         addr,
+        tls_addr,
         shared,
         shutdown,
         runners,
         failed,
         fatal,
-        server,
+        servers,
         ticker,
     })
 }
@@ -229,16 +296,21 @@ impl RunningEngine {
             r.final_ack().await;
         }
         let _ = self.ticker.await;
-        self.server.await.context("http server task")??;
+        for server in self.servers {
+            server.await.context("http server task")??;
+        }
         Ok(())
     }
 }
 
 /// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly; or until a source cannot
 /// go on, then stops and fails with its error.
-pub async fn run(config: &EngineConfig, listen: &str) -> anyhow::Result<()> {
-    let engine = start(config, listen).await?;
+pub async fn run(config: &EngineConfig, serving: &Serving) -> anyhow::Result<()> {
+    let engine = start_serving(config, serving).await?;
     eprintln!("larch engine listening on {}", engine.addr);
+    if let Some(a) = engine.tls_addr {
+        eprintln!("larch engine listening on {a} (TLS)");
+    }
     let failure = tokio::select! {
         () = wait_for_signal() => {
             tracing::info!("signal received: stopping");

@@ -52,6 +52,10 @@ pub struct OperatorArgs {
     /// Secret rights).
     #[arg(long, env = "LARCH_DISABLE_SOURCE_SETS")]
     pub disable_source_sets: bool,
+    /// Give every ArchiveSource that does not say otherwise (`spec.networkPolicy.enabled`) a
+    /// NetworkPolicy admitting only this operator's namespace and its listed clients.
+    #[arg(long, env = "LARCH_NETWORK_POLICIES")]
+    pub network_policies: bool,
 }
 
 /// `larch operator`: runs the controllers until a signal (inside the CLI's tokio runtime).
@@ -108,12 +112,15 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         None
     };
 
-    let ctx = Arc::new(Context::new(
-        client,
-        args.image,
-        metrics,
-        Arc::new(HttpProber::default()),
-    ));
+    // The namespace engines' NetworkPolicies admit probes from.
+    let operator_namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let mut ctx = Context::new(client, args.image, metrics, Arc::new(HttpProber::default()));
+    ctx.build.operator_namespace = operator_namespace;
+    ctx.build.network_policies = args.network_policies;
+    let ctx = Arc::new(ctx);
     let controllers = controllers::run(ctx, args.namespace, !args.disable_source_sets);
     match elector {
         Some(e) => tokio::select! {

@@ -222,72 +222,6 @@ pub fn parse_engine_status(body: &str, id: &str) -> Option<Vec<EngineSource>> {
     )
 }
 
-pub const REBASELINE_METRIC: &str = "laredo_source_rebaseline_total";
-
-/// Reads `laredo_source_rebaseline_total{source="<id>"}` (summed over group members
-/// `<id>/...`) from Prometheus text exposition.
-pub fn parse_rebaseline_total(metrics: &str, id: &str) -> Option<f64> {
-    let mut total = None;
-    for line in metrics.lines() {
-        let line = line.trim();
-        let Some(rest) = line.strip_prefix(REBASELINE_METRIC) else {
-            continue;
-        };
-        let (labels, value) = if let Some(rest) = rest.strip_prefix('{') {
-            let Some(end) = rest.find('}') else { continue };
-            (&rest[..end], &rest[end + 1..])
-        } else if rest.starts_with(' ') {
-            ("", rest)
-        } else {
-            continue; // another metric sharing the prefix
-        };
-        if !label_value(labels, "source").is_some_and(|s| is_member(&s, id)) {
-            continue;
-        }
-        let Some(v) = value
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        *total.get_or_insert(0.0) += v;
-    }
-    total
-}
-
-fn label_value(labels: &str, name: &str) -> Option<String> {
-    let mut rest = labels;
-    while !rest.is_empty() {
-        let eq = rest.find('=')?;
-        let key = rest[..eq].trim().trim_start_matches(',').trim();
-        let after = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        value.push(if n == 'n' { '\n' } else { n });
-                    }
-                }
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        let end = end?;
-        if key == name {
-            return Some(value);
-        }
-        rest = &after[end + 1..];
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,25 +308,5 @@ mod tests {
             3,
             "g itself and its two members, not gx"
         );
-    }
-
-    #[test]
-    fn rebaseline_counter_from_prometheus_text() {
-        let text = "# HELP laredo_source_rebaseline_total Re-baselines.\n\
-                    # TYPE laredo_source_rebaseline_total counter\n\
-                    laredo_source_rebaseline_total{source=\"seed\"} 3\n\
-                    laredo_source_rebaseline_total{source=\"other\"} 7\n\
-                    laredo_source_rebaseline_total_created{source=\"seed\"} 1.7e9\n\
-                    laredo_source_rebaseline_total{reason=\"gap\",source=\"seed\"} 2 1700000000000\n\
-                    laredo_source_rebaseline_total{source=\"we\\\"ird\"} 9\n";
-        assert_eq!(parse_rebaseline_total(text, "seed"), Some(5.0));
-        assert_eq!(parse_rebaseline_total(text, "other"), Some(7.0));
-        assert_eq!(parse_rebaseline_total(text, "we\"ird"), Some(9.0));
-        assert_eq!(parse_rebaseline_total(text, "absent"), None);
-        assert_eq!(parse_rebaseline_total("", "seed"), None);
-        let group = "laredo_source_rebaseline_total{source=\"g/public.a\"} 1\n\
-                     laredo_source_rebaseline_total{source=\"g/sales.b\"} 2\n\
-                     laredo_source_rebaseline_total{source=\"gx\"} 5\n";
-        assert_eq!(parse_rebaseline_total(group, "g"), Some(3.0));
     }
 }

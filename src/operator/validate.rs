@@ -8,7 +8,8 @@
 //! - table and schema names: no `/` or `..` (they become the archive's key prefix, as the
 //!   engine's configuration requires); an export's key fields: no `,` and no surrounding
 //!   spaces (`larch export --key-fields a,b` takes them as a list);
-//! - `spec.pod.affinity` must parse as a core/v1 Affinity (it is free-form in the schema).
+//! - `spec.pod.affinity` must parse as a core/v1 Affinity (it is free-form in the schema);
+//! - `spec.networkPolicy.from[i]` must parse as a NetworkPolicyPeer naming a peer (likewise).
 
 use crate::archive::model::TableId;
 use crate::operator::crd::archive_export::ArchiveExport;
@@ -102,6 +103,9 @@ pub fn source(source: &ArchiveSource) -> Result<(), String> {
         tables("spec.tables", ts)?;
     }
     key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
+    if let Some(np) = &spec.network_policy {
+        np.peers()?;
+    }
     Ok(())
 }
 
@@ -184,5 +188,30 @@ mod tests {
                 .unwrap_err()
                 .starts_with("spec.archive.keyPrefix \"../x/\"")
         );
+        assert_eq!(
+            source(&source_fixture("source-access-networkpolicy")),
+            Ok(())
+        );
+        for (peer, message) in [
+            (
+                serde_json::json!({"podSelector": {"matchLabels": 3}}),
+                "spec.networkPolicy.from[1] is not a NetworkPolicyPeer",
+            ),
+            (
+                serde_json::json!({}),
+                "spec.networkPolicy.from[1] names no peer: set podSelector, namespaceSelector or ipBlock",
+            ),
+        ] {
+            let mut s = source_fixture("source-access-networkpolicy");
+            s.spec
+                .network_policy
+                .as_mut()
+                .unwrap()
+                .from
+                .as_mut()
+                .unwrap()[1] = peer;
+            let e = source(&s).unwrap_err();
+            assert!(e.starts_with(message), "{e}");
+        }
     }
 }

@@ -9,6 +9,7 @@
 mod gitops;
 mod invalid_crs;
 mod monitoring;
+mod multi_tenancy;
 mod status_command;
 mod support;
 

@@ -9,14 +9,17 @@ use std::time::Duration;
 use larch::archive::model::Action;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
+use larch::engine::Serving;
+use larch::engine::access::{ApiAccess, Token};
 
 use crate::archive_build::{TestArchive, refs, rows};
 use crate::engine_support::{
-    all_rows, eventually, get, get_json, metric, request, start_engine, wait_ready,
+    all_rows, eventually, get, get_json, metric, request_with, start_engine, start_engine_serving,
+    wait_ready,
 };
 use crate::support::seaweedfs;
 
-fn local_yaml(root: &std::path::Path, extra: &str) -> String {
+pub(crate) fn local_yaml(root: &std::path::Path, extra: &str) -> String {
     format!(
         r#"
 sources:
@@ -273,10 +276,26 @@ async fn pause_holds_changes_until_resume() {
     let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
     let mut a = TestArchive::new(store, "public.t/", "public.t");
     a.snapshot("0/1", &refs(&rows(1..=1, "s"))).await;
-    let engine = start_engine(&local_yaml(dir.path(), "")).await;
+    let token = "pause-token-0123456789abcdef";
+    let serving = Serving {
+        listen: "127.0.0.1:0".into(),
+        access: ApiAccess {
+            control: true,
+            protect_reads: false,
+            token: Some(Token::new(token, "test").unwrap()),
+        },
+        tls: None,
+    };
+    let engine = start_engine_serving(&local_yaml(dir.path(), ""), &serving).await;
     let addr = engine.addr;
     wait_ready(addr).await;
-    assert_eq!(request(addr, "POST", "/sources/seed/pause").await.0, 200);
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(
+        request_with(addr, "POST", "/sources/seed/pause", &[&bearer])
+            .await
+            .0,
+        200
+    );
     let status = get_json(addr, "/status").await;
     assert_eq!(status["sources"]["seed"]["state"], "PAUSED");
     assert_eq!(
@@ -295,12 +314,22 @@ async fn pause_holds_changes_until_resume() {
         404,
         "paused"
     );
-    assert_eq!(request(addr, "POST", "/sources/seed/resume").await.0, 200);
+    assert_eq!(
+        request_with(addr, "POST", "/sources/seed/resume", &[&bearer])
+            .await
+            .0,
+        200
+    );
     eventually(10, "the held diff", || async move {
         (get(addr, "/tables/public.t/row?id=2").await.0 == 200).then_some(())
     })
     .await;
-    assert_eq!(request(addr, "POST", "/sources/nope/pause").await.0, 404);
+    assert_eq!(
+        request_with(addr, "POST", "/sources/nope/pause", &[&bearer])
+            .await
+            .0,
+        404
+    );
     engine.stop().await.unwrap();
 }
 

@@ -5,12 +5,18 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use larch::engine::config::EngineConfig;
-use larch::engine::{RunningEngine, start};
+use larch::engine::{RunningEngine, Serving, start, start_serving};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub async fn start_engine(yaml: &str) -> RunningEngine {
     let config = EngineConfig::parse("engine.yaml", yaml).unwrap_or_else(|e| panic!("{e}"));
     start(&config, "127.0.0.1:0").await.unwrap()
+}
+
+/// An engine from YAML served as `serving` says (its listeners on 127.0.0.1:0).
+pub async fn start_engine_serving(yaml: &str, serving: &Serving) -> RunningEngine {
+    let config = EngineConfig::parse("engine.yaml", yaml).unwrap_or_else(|e| panic!("{e}"));
+    start_serving(&config, serving).await.unwrap()
 }
 
 /// `larch engine --listen 127.0.0.1:0 --config FILE` as a child process, and the address it
@@ -73,13 +79,36 @@ impl CliEngine {
 
 /// One request; returns (status, body).
 pub async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    request_with(addr, method, path, &[]).await
+}
+
+/// One request with extra header lines (`"Authorization: Bearer …"`); returns (status, body).
+pub async fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    exchange(&mut s, &addr.to_string(), method, path, headers).await
+}
+
+/// Writes one HTTP/1.1 request on `s` (plain or TLS) and reads the whole answer.
+pub async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    s: &mut S,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+) -> (u16, String) {
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n"
     );
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
+    // A TLS peer may close without close_notify once the answer is complete.
+    let _ = s.read_to_end(&mut buf).await;
     let text = String::from_utf8(buf).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
     let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();

@@ -9,6 +9,7 @@ mod bounded_memory;
 mod census;
 mod cli_archive;
 mod crash_safety;
+mod engine_access;
 mod engine_config;
 mod engine_follow;
 mod engine_memory;

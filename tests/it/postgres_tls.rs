@@ -31,8 +31,9 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "openssl {args:?}: {out:?}");
 }
 
-/// A CA, a server certificate for localhost / 127.0.0.1 signed by it, and an unrelated CA.
-fn make_certificates(dir: &Path) {
+/// A CA, a server certificate for localhost / 127.0.0.1 signed by it, and an unrelated CA
+/// (`ca.pem`, `server.crt`, `server.key`, `other-ca.pem`).
+pub(crate) fn make_certificates(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     for ca in ["ca", "other-ca"] {
         openssl(

@@ -29,10 +29,15 @@ pub const ANNOTATION_CONFIG_HASH: &str = "larch.dev/config-hash";
 pub const ANNOTATION_TABLE: &str = "larch.dev/table";
 
 /// Inputs that are not part of a custom resource.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BuildContext {
     /// Image of the generated pods (`--image` / `LARCH_IMAGE`).
     pub image: String,
+    /// The operator's namespace: engines' NetworkPolicies admit its probes.
+    pub operator_namespace: String,
+    /// Generate engine NetworkPolicies for ArchiveSources that do not say
+    /// (`--network-policies`).
+    pub network_policies: bool,
 }
 
 /// First `n` hex characters of SHA-256 of `data`.

@@ -22,6 +22,8 @@ pub const STATE_DIR: &str = "/var/lib/larch/state";
 pub const CA_DIR: &str = "/etc/larch/ca";
 pub const CA_FILE: &str = "/etc/larch/ca/ca.crt";
 pub const HTTP_PORT: i32 = 8080;
+/// The engine's TLS listener (`spec.access.tls`), port name `https`.
+pub const HTTPS_PORT: i32 = 8443;
 
 /// Pod-level security context meeting Pod Security "restricted".
 pub fn pod_security() -> PodSecurityContext {
@@ -67,6 +69,25 @@ pub fn secret_file_volume(volume: &str, secret: &str, key: &str, file: &str) -> 
                 path: file.into(),
                 ..Default::default()
             }]),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A `kubernetes.io/tls` Secret's `tls.crt` and `tls.key` as files.
+pub fn tls_secret_volume(volume: &str, secret: &str) -> Volume {
+    let item = |key: &str| KeyToPath {
+        key: key.into(),
+        path: key.into(),
+        ..Default::default()
+    };
+    Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(vec![item("tls.crt"), item("tls.key")]),
             default_mode: Some(0o440),
             ..Default::default()
         }),

@@ -2,6 +2,7 @@
 //! `LARCH_UPDATE_GOLDEN=1 cargo test`), plus properties every child must have.
 
 use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -14,6 +15,8 @@ use crate::operator::crd::{ArchiveExport, ArchiveSource};
 pub(crate) fn ctx() -> BuildContext {
     BuildContext {
         image: "registry.example/larch:0.1.0".into(),
+        operator_namespace: "larch-system".into(),
+        network_policies: false,
     }
 }
 
@@ -59,6 +62,8 @@ fn source_docs(c: &SourceChildren) -> String {
     docs(&[serde_json::to_value(&c.config_map).unwrap()])
         + &docs(&[&c.stateful_set])
         + &docs(&[&c.service])
+        + &docs(&c.network_policy.iter().collect::<Vec<_>>())
+        + &docs(&c.pod_disruption_budget.iter().collect::<Vec<_>>())
 }
 
 fn golden(name: &str, actual: &str) {
@@ -81,10 +86,11 @@ fn export_children(name: &str) -> ExportChildren {
 }
 
 /// (fixture, referenced export fixture)
-const SOURCES: [(&str, Option<&str>); 3] = [
+const SOURCES: [(&str, Option<&str>); 4] = [
     ("source-exportref-memory", Some("export-oneshot-s3")),
     ("source-s3-postgres", None),
     ("source-exportref-volume", Some("export-scheduled-tables")),
+    ("source-access-networkpolicy", None),
 ];
 
 fn resolved(name: &str, export: Option<&str>) -> (ArchiveSource, ResolvedArchive) {
@@ -293,8 +299,179 @@ fn all_children_json() -> Vec<Value> {
         out.push(serde_json::to_value(&c.config_map).unwrap());
         out.push(serde_json::to_value(&c.stateful_set).unwrap());
         out.push(serde_json::to_value(&c.service).unwrap());
+        out.extend(
+            c.network_policy
+                .iter()
+                .map(|x| serde_json::to_value(x).unwrap()),
+        );
+        out.extend(
+            c.pod_disruption_budget
+                .iter()
+                .map(|x| serde_json::to_value(x).unwrap()),
+        );
     }
     out
+}
+
+/// `spec.access`: the token Secret mounted as a file and named by flag, the TLS Secret's
+/// certificate served on 8443 (container and Service port `https`), probes still on `http`.
+#[test]
+fn engine_access_mounts_the_token_and_the_certificate() {
+    let c = source_children("source-access-networkpolicy", None);
+    let pod = c.stateful_set.spec.template.spec.unwrap();
+    let engine = &pod.containers[0];
+    let args = engine.args.clone().unwrap();
+    let after = |flag: &str| {
+        let i = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag}: {args:?}"));
+        args[i + 1].clone()
+    };
+    assert_eq!(after("--token-file"), "/etc/larch/api-token/token");
+    assert!(args.contains(&"--allow-control".to_string()));
+    assert!(args.contains(&"--protect-reads".to_string()));
+    assert_eq!(after("--tls-listen"), "$(POD_IP):8443");
+    assert_eq!(after("--tls-cert"), "/etc/larch/api-tls/tls.crt");
+    assert_eq!(after("--tls-key"), "/etc/larch/api-tls/tls.key");
+    let volumes = pod.volumes.unwrap();
+    let secret = |v: &str| {
+        volumes
+            .iter()
+            .find(|x| x.name == v)
+            .unwrap()
+            .secret
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(
+        secret("api-token").secret_name.as_deref(),
+        Some("users-api-token")
+    );
+    assert_eq!(
+        secret("api-tls").secret_name.as_deref(),
+        Some("users-api-tls")
+    );
+    // The token is a file, never an environment value or an argument.
+    assert!(
+        engine
+            .env
+            .iter()
+            .flatten()
+            .all(|e| !e.name.contains("TOKEN"))
+    );
+    let probe = engine
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .clone()
+        .unwrap();
+    assert_eq!(probe.path.as_deref(), Some("/health/ready"));
+    assert_eq!(probe.port, IntOrString::String("http".into()));
+    let ports: Vec<_> = c
+        .service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name.unwrap(), p.port))
+        .collect();
+    assert_eq!(
+        ports,
+        [("http".to_string(), 8080), ("https".to_string(), 8443)]
+    );
+    // Without spec.access: no token, no control, plain HTTP only.
+    let plain = source_children("source-exportref-memory", Some("export-oneshot-s3"));
+    let args = plain.stateful_set.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--token") || a.starts_with("--tls") || a == "--allow-control"),
+        "{args:?}"
+    );
+}
+
+/// The NetworkPolicy selects exactly the engine pods, admits the operator's namespace to the
+/// probe port only and the listed clients to every API port; it follows the operator default
+/// unless the ArchiveSource says.
+#[test]
+fn network_policy_admits_the_operator_probe_and_the_listed_clients() {
+    let c = source_children("source-access-networkpolicy", None);
+    let np = c.network_policy.expect("spec.networkPolicy.enabled");
+    let spec = np.spec.unwrap();
+    let sts_labels = c.stateful_set.spec.selector.match_labels.clone();
+    assert_eq!(spec.pod_selector.unwrap().match_labels, sts_labels);
+    assert_eq!(spec.policy_types.unwrap(), ["Ingress"]);
+    let ingress = spec.ingress.unwrap();
+    assert_eq!(ingress.len(), 2);
+    let ns = ingress[0].from.as_ref().unwrap()[0]
+        .namespace_selector
+        .clone()
+        .unwrap();
+    assert_eq!(
+        ns.match_labels.unwrap()["kubernetes.io/metadata.name"],
+        "larch-system"
+    );
+    let ports =
+        |r: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| -> Vec<IntOrString> {
+            r.ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.port.clone())
+                .collect()
+        };
+    assert_eq!(ports(&ingress[0]), [IntOrString::Int(8080)]);
+    assert_eq!(
+        ports(&ingress[1]),
+        [IntOrString::Int(8080), IntOrString::Int(8443)]
+    );
+    assert_eq!(ingress[1].from.as_ref().unwrap().len(), 2);
+
+    // Off by default; the operator's --network-policies turns it on for sources that do not say.
+    let (s, r) = resolved("source-exportref-memory", Some("export-oneshot-s3"));
+    assert!(source::children(&s, &r, &ctx()).network_policy.is_none());
+    let on = BuildContext {
+        network_policies: true,
+        ..ctx()
+    };
+    let np = source::children(&s, &r, &on)
+        .network_policy
+        .expect("operator default");
+    assert_eq!(
+        np.spec.unwrap().ingress.unwrap().len(),
+        1,
+        "no clients listed: the probe only"
+    );
+    let (mut off, r) = resolved("source-access-networkpolicy", None);
+    off.spec.network_policy.as_mut().unwrap().enabled = Some(false);
+    assert!(source::children(&off, &r, &on).network_policy.is_none());
+}
+
+/// Two or more running replicas get a PodDisruptionBudget of one; one replica or a suspended
+/// source none.
+#[test]
+fn pod_disruption_budget_only_with_two_or_more_replicas() {
+    let c = source_children("source-access-networkpolicy", None);
+    let pdb = c.pod_disruption_budget.expect("3 replicas").spec.unwrap();
+    assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        pdb.selector.unwrap().match_labels,
+        c.stateful_set.spec.selector.match_labels
+    );
+    let one = source_children("source-exportref-memory", Some("export-oneshot-s3"));
+    assert!(one.pod_disruption_budget.is_none());
+    let (mut s, r) = resolved("source-access-networkpolicy", None);
+    s.spec.suspend = Some(true);
+    assert!(
+        source::children(&s, &r, &ctx())
+            .pod_disruption_budget
+            .is_none()
+    );
 }
 
 #[test]

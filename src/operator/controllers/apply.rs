@@ -165,6 +165,23 @@ impl<'a> Applier<'a> {
         }
     }
 
+    /// An optional child no cache holds: applied when `desired`, else deleted if it exists
+    /// (reads it either way, so a steady state sends no write).
+    pub async fn apply_or_prune<K: Child>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        desired: Option<K>,
+    ) -> Result<(), Error> {
+        match desired {
+            Some(d) => self.apply_read(api, d).await.map(drop),
+            None => match api.get_metadata_opt(name).await? {
+                Some(_) => self.delete(api, name).await,
+                None => Ok(()),
+            },
+        }
+    }
+
     /// Applies the status of `obj` (as this field manager) when it differs from the observed
     /// one, then publishes `events` about it.
     pub async fn report<K, S>(

@@ -130,7 +130,10 @@ impl Context {
             cache_writers: Mutex::new(Some(writers)),
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            build: BuildContext { image },
+            build: BuildContext {
+                image,
+                ..Default::default()
+            },
             metrics,
             prober,
             trackers: Mutex::default(),

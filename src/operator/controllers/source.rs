@@ -1,13 +1,15 @@
 //! The ArchiveSource controller: dereference (`exportRef`, the Secrets, keys and CA bundles
 //! the engines mount) → validate → build → apply (server-side apply, one field manager; a
 //! refused child is a condition) → observe (StatefulSet, engine pods' failures, engines'
-//! `/status` and `/metrics`) → status, with Events on failure and re-baseline transitions.
+//! `/status`) → status, with Events on failure and re-baseline transitions.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -205,6 +207,21 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
                     &caches.services,
                 )
                 .await?;
+            let name = source.name_any();
+            applier
+                .apply_or_prune(
+                    &Api::<NetworkPolicy>::namespaced(client.clone(), &ns),
+                    &name,
+                    children.network_policy,
+                )
+                .await?;
+            applier
+                .apply_or_prune(
+                    &Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns),
+                    &name,
+                    children.pod_disruption_budget,
+                )
+                .await?;
             Ok(
                 match applier
                     .apply_cached(
@@ -269,21 +286,24 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
             let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
                 continue;
             };
-            if let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await
-                && let Some(entries) = observe::parse_engine_status(&body, &id)
-            {
-                engines.extend(entries);
-                if let Some(r) = observe::parse_engine_rows(&body, &id) {
-                    rows = Some(rows.map_or(r, |m: i64| m.max(r)));
-                }
+            // `/status` only: open whatever spec.access protects, and free of row data.
+            let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+                continue;
+            };
+            let Some(entries) = observe::parse_engine_status(&body, &id) else {
+                continue;
+            };
+            if let Some(r) = observe::parse_engine_rows(&body, &id) {
+                rows = Some(rows.map_or(r, |m: i64| m.max(r)));
             }
-            if let Ok(text) = ctx.prober.get(&ip, 8080, "/metrics").await
-                && let Some(v) = observe::parse_rebaseline_total(&text, &id)
-            {
+            // The sources' `rebaselines`: the counter behind laredo_source_rebaseline_total.
+            let counts: Vec<i64> = entries.iter().filter_map(|e| e.rebaselines).collect();
+            if !counts.is_empty() {
                 let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
                 let is_new = matches!((last_scrape, created), (Some(l), Some(c)) if c > l);
-                samples.push((pod.name_any(), v, is_new));
+                samples.push((pod.name_any(), counts.iter().sum::<i64>() as f64, is_new));
             }
+            engines.extend(entries);
         }
         let tracker = {
             let mut trackers = ctx.trackers.lock().unwrap();

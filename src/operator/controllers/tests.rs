@@ -203,6 +203,11 @@ impl FakeProber {
 impl Prober for FakeProber {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
         assert_eq!(port, 8080);
+        // Open whatever an engine's spec.access protects, and free of row data.
+        assert!(
+            path == "/status" || path.starts_with("/health/"),
+            "the operator reads only /status and /health/* of its pods, not {path}"
+        );
         self.0
             .lock()
             .unwrap()
@@ -534,6 +539,21 @@ fn export_gets() -> Vec<Expect> {
     out
 }
 
+/// The reads of the engines' optional children (NetworkPolicy, PodDisruptionBudget), neither
+/// wanted nor present: nothing to prune.
+fn optional_children_absent(source: &str) -> Vec<Expect> {
+    [
+        format!("/apis/networking.k8s.io/v1/namespaces/data/networkpolicies/{source}"),
+        format!("/apis/policy/v1/namespaces/data/poddisruptionbudgets/{source}"),
+    ]
+    .iter()
+    .map(|path| Expect {
+        record: false,
+        ..expect(Method::GET, path, not_found())
+    })
+    .collect()
+}
+
 /// The requests of a first visit: the export read, the three children applied, the pods listed.
 fn source_script(ready: i32) -> Vec<Expect> {
     let mut out = export_gets();
@@ -548,6 +568,9 @@ fn source_script(ready: i32) -> Vec<Expect> {
             &format!("/api/v1/namespaces/data/services/users-cache?{MANAGER_SOURCE_Q}"),
             None,
         ),
+    ]);
+    out.extend(optional_children_absent("users-cache"));
+    out.extend([
         expect(
             Method::PATCH,
             &format!("/apis/apps/v1/namespaces/data/statefulsets/users-cache?{MANAGER_SOURCE_Q}"),
@@ -620,11 +643,6 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
 async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
     let prober = Arc::new(FakeProber::default());
     prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
-    prober.set(
-        "10.0.0.7",
-        "/metrics",
-        "laredo_source_rebaseline_total{source=\"users-cache\"} 4\n",
-    );
     let (ctx, handle, now) = context(prober.clone());
     let mut caches = writers(&ctx);
     fill(&mut caches.config_maps, []);
@@ -712,15 +730,12 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
     // each with a Warning Event; the children are in place, so none is applied.
     *now.lock().unwrap() = t(1);
-    prober.set(
-        "10.0.0.7",
-        "/metrics",
-        "laredo_source_rebaseline_total{source=\"users-cache\"} 7\n",
-    );
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":7}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
     let mut s2 = s.clone();
     s2.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx2, handle2) = same_operator(&ctx, prober.clone());
     let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
     script.extend([
         pods_list(),
         expect_status(&status_path, serde_json::to_value(&s2).unwrap()),
@@ -767,6 +782,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     s3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3) = same_operator(&ctx2, prober.clone());
     let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
     script.push(pods_list());
     let server = tokio::spawn(serve(handle3, script));
     source::reconcile(Arc::new(s3), ctx3.clone()).await.unwrap();

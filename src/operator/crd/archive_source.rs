@@ -1,6 +1,7 @@
 //! `ArchiveSource`: an archive replayed into a live engine (`larch engine`) running as a
 //! StatefulSet, with a ConfigMap (the engine config) and a Service.
 
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -85,6 +86,99 @@ pub struct ArchiveSourceSpec {
     /// Pod placement and metadata overrides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodOverrides>,
+    /// Who may use the engine's HTTP API (default: reads open, pause/resume refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<EngineAccess>,
+    /// A NetworkPolicy admitting only the operator's probes and the listed clients to the
+    /// engines (default: the operator's `--network-policies` setting, the chart's
+    /// `networkPolicy.enabled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<EngineNetworkPolicy>,
+}
+
+/// Access control of the engine's HTTP API. `/health/*`, `/status` and `/metrics` (probes,
+/// scrapes; no row data) are always open.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.tokenSecretRef) || !((has(self.control) && self.control) || (has(self.protectReads) && self.protectReads))").message("control and protectReads need tokenSecretRef"))]
+pub struct EngineAccess {
+    /// Secret key holding the API bearer token (at least 16 printable characters), mounted as
+    /// a file; clients send `Authorization: Bearer <token>`. A new token takes effect when the
+    /// engine pods restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+    /// Serve `POST /sources/{id}/pause` and `/resume`, behind the token (default false: refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<bool>,
+    /// Require the token for the tables API (`/tables…`, row data) too (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect_reads: Option<bool>,
+    /// Serve the API over TLS on port 8443 (`https`) with the certificate of this
+    /// `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`); port 8080 then serves only
+    /// `/health/*`, `/status` and `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EngineTls>,
+}
+
+/// The TLS listener's certificate.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineTls {
+    /// A `kubernetes.io/tls` Secret of this namespace (keys `tls.crt` and `tls.key`), e.g.
+    /// one cert-manager issues.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+}
+
+/// Up to 32 NetworkPolicyPeers, free-form (as `spec.pod.affinity`; validated by the operator).
+fn peers_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 32,
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+    })
+}
+
+impl EngineNetworkPolicy {
+    /// `from` as NetworkPolicy peers (free-form in the schema, checked by
+    /// [`crate::operator::validate`]: an entry that is no peer names itself there).
+    pub fn peers(&self) -> Result<Vec<NetworkPolicyPeer>, String> {
+        self.from
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = format!("spec.networkPolicy.from[{i}]");
+                let peer: NetworkPolicyPeer = serde_json::from_value(v.clone())
+                    .map_err(|e| format!("{field} is not a NetworkPolicyPeer: {e}"))?;
+                if peer.pod_selector.is_none()
+                    && peer.namespace_selector.is_none()
+                    && peer.ip_block.is_none()
+                {
+                    return Err(format!(
+                        "{field} names no peer: set podSelector, namespaceSelector or ipBlock"
+                    ));
+                }
+                Ok(peer)
+            })
+            .collect()
+    }
+}
+
+/// The engines' NetworkPolicy (ingress only: egress to the archive store and a target
+/// database is left to the namespace's own policies; see docs/operator.md).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineNetworkPolicy {
+    /// Generate the policy (default: the operator's setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Who else may reach the API ports (8080, and 8443 with TLS): NetworkPolicy peers
+    /// (`podSelector`, `namespaceSelector`, `ipBlock`). The operator's namespace is always
+    /// admitted to port 8080 (its probes read `/status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "peers_schema")]
+    pub from: Option<Vec<serde_json::Value>>,
 }
 
 /// The archive: an ArchiveExport of this namespace, or an explicit location.
@@ -240,7 +334,8 @@ pub struct ArchiveSourceStatus {
     /// Rows held by the engine, where reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<i64>,
-    /// Re-baselines observed from `laredo_source_rebaseline_total`.
+    /// Re-baselines observed from the engines' `/status` (`rebaselines`, the counter behind
+    /// `laredo_source_rebaseline_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebaselines: Option<RebaselineStatus>,
 }

@@ -614,20 +614,24 @@ fn cel_source_set_rules() {
 fn chart_crds_are_identical_to_crds_directory() {
     for (file, crd) in all() {
         // Same content as crds/ (both regenerate with LARCH_UPDATE_GOLDEN=1).
-        assert_golden(&format!("charts/larch/crds/{file}"), &to_yaml(&crd));
+        assert_golden(&format!("charts/larch/files/crds/{file}"), &to_yaml(&crd));
         if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
             continue; // crds/ is being rewritten by another test right now
         }
         assert_eq!(
-            std::fs::read_to_string(repo_path(&format!("charts/larch/crds/{file}"))).unwrap(),
+            std::fs::read_to_string(repo_path(&format!("charts/larch/files/crds/{file}"))).unwrap(),
             std::fs::read_to_string(repo_path(&format!("crds/{file}"))).unwrap(),
-            "charts/larch/crds/{file} differs from crds/{file}"
+            "charts/larch/files/crds/{file} differs from crds/{file}"
         );
     }
-    let count = std::fs::read_dir(repo_path("charts/larch/crds"))
+    let count = std::fs::read_dir(repo_path("charts/larch/files/crds"))
         .unwrap()
         .count();
-    assert_eq!(count, all().len(), "no stray files in charts/larch/crds");
+    assert_eq!(
+        count,
+        all().len(),
+        "no stray files in charts/larch/files/crds"
+    );
 }
 
 /// Every key of values.yaml is declared in values.schema.json (which forbids unknown keys).
