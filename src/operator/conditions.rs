@@ -214,6 +214,23 @@ pub enum JobPhase {
     Missing,
 }
 
+/// How a finished export pod ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodOutcome {
+    pub succeeded: bool,
+    /// What it exported, or why it failed.
+    pub detail: String,
+}
+
+/// A continuous export's writer Deployments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterCounts {
+    pub ready: i32,
+    pub desired: i32,
+    /// A Deployment exceeded its progress deadline.
+    pub stalled: bool,
+}
+
 /// What the export controller observed, reduced to what conditions depend on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExportObservation {
@@ -229,10 +246,10 @@ pub struct ExportObservation {
     pub run: Option<RunStatus>,
     /// Phases of the current run's Jobs, if the run is not recorded as finished.
     pub run_jobs: Vec<JobPhase>,
-    /// Outcome of the most recent finished export pod (scheduled runs): success, message.
-    pub last_outcome: Option<(bool, String)>,
-    /// Continuous: (ready writers, desired writers, a Deployment exceeded its progress deadline).
-    pub writers: (i32, i32, bool),
+    /// Outcome of the most recent finished export pod (scheduled runs).
+    pub last_outcome: Option<PodOutcome>,
+    /// Continuous: how many writers are ready of how many wanted.
+    pub writers: WriterCounts,
     /// Continuous: writers whose `/status` reports a snapshot.
     pub writers_with_snapshot: usize,
     /// Continuous and suspended: what each kept replication slot holds (for Ready's message).
@@ -335,7 +352,7 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
             let detail = o
                 .last_outcome
                 .as_ref()
-                .map(|(_, m)| m.clone())
+                .map(|o| o.detail.clone())
                 .unwrap_or_default();
             vec![
                 c(READY, False, reason, msg.clone()),
@@ -356,7 +373,7 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
         .pod_failure
         .as_ref()
         .filter(|p| !p.transient && !o.suspended)
-        .filter(|_| matches!(o.last_outcome, Some((false, _))));
+        .filter(|_| o.last_outcome.as_ref().is_some_and(|l| !l.succeeded));
     let mut out = vec![match stuck {
         Some(p) => c(
             STALLED,
@@ -381,7 +398,10 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
             c(READY, True, "Suspended", "the schedule is suspended"),
             None,
         ),
-        Some((true, m)) => (
+        Some(PodOutcome {
+            succeeded: true,
+            detail: m,
+        }) => (
             c(
                 READY,
                 True,
@@ -390,7 +410,10 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
             ),
             Some(c(LAST_EXPORT_SUCCEEDED, True, "ExportSucceeded", m.clone())),
         ),
-        Some((false, m)) => (
+        Some(PodOutcome {
+            succeeded: false,
+            detail: m,
+        }) => (
             c(
                 READY,
                 False,
@@ -431,7 +454,11 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
 
 fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {
     use Status::*;
-    let (ready, desired, stalled) = o.writers;
+    let WriterCounts {
+        ready,
+        desired,
+        stalled,
+    } = o.writers;
     let snapshot = if desired > 0 && o.writers_with_snapshot as i32 >= desired {
         c(
             LAST_EXPORT_SUCCEEDED,
@@ -703,14 +730,17 @@ pub enum NamespaceState {
     },
 }
 
-/// A namespace's state from the set's own finding (`problem`: reason, message) or else from
+/// A namespace's state from the set's own finding (`problem`) or else from
 /// its ArchiveSource: Stalled=True is a failure (with its reason and message), Ready=True for
 /// the current generation is ready, anything else is in progress.
 pub fn namespace_state(
-    problem: Option<(String, String)>,
+    problem: Option<Problem>,
     child: Option<&crate::operator::crd::ArchiveSource>,
 ) -> NamespaceState {
-    if let Some((reason, message)) = problem {
+    if let Some(Problem {
+        reason, message, ..
+    }) = problem
+    {
         return NamespaceState::Failing { reason, message };
     }
     let Some(child) = child else {
@@ -739,8 +769,8 @@ pub fn namespace_state(
 /// What the set controller observed, reduced to what its conditions depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetObservation {
-    /// The set itself cannot work (reason, message), e.g. its credentials Secret is missing.
-    pub invalid: Option<(&'static str, String)>,
+    /// The set itself cannot work, e.g. its credentials Secret is missing.
+    pub invalid: Option<Problem>,
     /// Every selected namespace, by name.
     pub namespaces: Vec<(String, NamespaceState)>,
 }
@@ -768,11 +798,14 @@ impl SetObservation {
 
 pub fn source_set_conditions(o: &SetObservation) -> Vec<Cond> {
     use Status::*;
-    if let Some((reason, msg)) = &o.invalid {
+    if let Some(Problem {
+        reason, message, ..
+    }) = &o.invalid
+    {
         return vec![
-            c(READY, False, *reason, msg.clone()),
-            c(RECONCILING, False, *reason, ""),
-            c(STALLED, True, *reason, msg.clone()),
+            c(READY, False, reason, message.clone()),
+            c(RECONCILING, False, reason, ""),
+            c(STALLED, True, reason, message.clone()),
         ];
     }
     let desired = o.namespaces.len();
