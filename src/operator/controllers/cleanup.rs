@@ -18,7 +18,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::apply::Applier;
+use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::cleanup::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
@@ -339,39 +339,12 @@ async fn export_pods_running(
     let name = export.name_any();
     let all = format!("{LABEL_EXPORT}={name}");
     let runs = format!("{all},{LABEL_COMPONENT}=export");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    for d in deployments
-        .list(&ListParams::default().labels(&all))
-        .await
-        .map_err(Error::Cleanup)?
-    {
-        writes(ctx)
-            .delete(&deployments, &d.name_any())
-            .await
-            .map_err(Error::Cleanup)?;
-    }
-    let cron: Api<CronJob> = Api::namespaced(client.clone(), ns);
-    for c in cron
-        .list(&ListParams::default().labels(&all))
-        .await
-        .map_err(Error::Cleanup)?
-    {
-        writes(ctx)
-            .delete(&cron, &c.name_any())
-            .await
-            .map_err(Error::Cleanup)?;
-    }
-    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    for j in jobs
-        .list(&ListParams::default().labels(&runs))
-        .await
-        .map_err(Error::Cleanup)?
-    {
-        writes(ctx)
-            .delete(&jobs, &j.name_any())
-            .await
-            .map_err(Error::Cleanup)?;
-    }
+    // Nothing of the export is wanted any more: each ChildSet prunes all it lists.
+    let writer = writes(ctx);
+    let mut workloads = ChildSet::new(&writer, all.clone());
+    workloads.prune::<Deployment>(ns).await?;
+    workloads.prune::<CronJob>(ns).await?;
+    ChildSet::new(&writer, runs).prune::<Job>(ns).await?;
     let pods: Api<Pod> = Api::namespaced(client, ns);
     let left = pods
         .list(&ListParams::default().labels(&all))
