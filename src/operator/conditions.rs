@@ -27,22 +27,7 @@ pub const SOURCE_TYPES: [&str; 6] = [
     DEGRADED,
 ];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    True,
-    False,
-    Unknown,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::True => "True",
-            Status::False => "False",
-            Status::Unknown => "Unknown",
-        }
-    }
-}
+pub use crate::operator::crd::common::ConditionStatus as Status;
 
 /// A desired condition, before times and generations are filled in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,11 +148,11 @@ pub fn merge(
             match (want, prev) {
                 (Some(w), prev) => Condition {
                     type_: w.type_.into(),
-                    status: w.status.as_str().into(),
+                    status: w.status,
                     reason: w.reason,
                     message: w.message,
                     last_transition_time: match prev {
-                        Some(p) if p.status == w.status.as_str() => p.last_transition_time.clone(),
+                        Some(p) if p.status == w.status => p.last_transition_time.clone(),
                         _ => time_string(now),
                     },
                     observed_generation: generation,
@@ -198,7 +183,7 @@ pub fn transitions<'a>(before: &[Condition], after: &'a [Condition]) -> Vec<&'a 
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
         .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+        .any(|c| c.type_ == type_ && c.status == Status::True)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -753,14 +738,14 @@ pub fn namespace_state(
         return NamespaceState::Progressing("the ArchiveSource is not observed yet".into());
     }
     let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
-    if let Some(s) = find(STALLED).filter(|c| c.status == "True") {
+    if let Some(s) = find(STALLED).filter(|c| c.status == Status::True) {
         return NamespaceState::Failing {
             reason: s.reason.clone(),
             message: s.message.clone(),
         };
     }
     match find(READY) {
-        Some(r) if r.status == "True" => NamespaceState::Ready,
+        Some(r) if r.status == Status::True => NamespaceState::Ready,
         Some(r) => NamespaceState::Progressing(r.message.clone()),
         None => NamespaceState::Progressing("the ArchiveSource reports no Ready condition".into()),
     }

@@ -45,7 +45,7 @@ fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
     assert!(
         first
             .iter()
-            .all(|c| c.status == "Unknown" && c.observed_generation == Some(1))
+            .all(|c| c.status == Status::Unknown && c.observed_generation == Some(1))
     );
     let ready = [c(READY, Status::True, "X", "")];
     let second = merge(&first, &ready, &EXPORT_TYPES, t(1), Some(2));
@@ -73,10 +73,7 @@ fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
     );
     let tr = transitions(&third, &flipped);
     assert_eq!(tr.len(), 1);
-    assert_eq!(
-        (tr[0].type_.as_str(), tr[0].status.as_str()),
-        (READY, "False")
-    );
+    assert_eq!((tr[0].type_.as_str(), tr[0].status), (READY, Status::False));
     assert_eq!(time_string(t(0)), "2027-01-15T08:00:00Z");
 }
 
@@ -483,13 +480,13 @@ fn rebaseline_feed_drives_rebaselining_and_degraded() {
         let next = merge(&conds, &source_conditions(&o), &SOURCE_TYPES, now, Some(1));
         for tr in transitions(&conds, &next) {
             if tr.type_ == REBASELINING || tr.type_ == DEGRADED {
-                events.push((m, tr.type_.clone(), tr.status.clone()));
+                events.push((m, tr.type_.clone(), tr.status.as_str().to_string()));
             }
         }
         seen.push((
             m,
-            get(&next, REBASELINING).status.clone(),
-            get(&next, DEGRADED).status.clone(),
+            get(&next, REBASELINING).status.as_str().to_string(),
+            get(&next, DEGRADED).status.as_str().to_string(),
         ));
         conds = next;
     }
@@ -581,7 +578,7 @@ fn child(
             .iter()
             .map(|(t, st, r, m)| Condition {
                 type_: t.to_string(),
-                status: st.to_string(),
+                status: serde_json::from_value(serde_json::json!(st)).unwrap(),
                 reason: r.to_string(),
                 message: m.to_string(),
                 last_transition_time: "2026-01-01T00:00:00Z".into(),

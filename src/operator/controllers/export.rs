@@ -452,9 +452,11 @@ impl<'a> ExportRound<'a> {
     /// The failing gauge and each table's last success.
     fn record_metrics(&self) {
         let (ns, name) = (self.ns.as_str(), self.export.name_any());
-        let failing = self.status.conditions.iter().any(|c| {
-            c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == Status::False.as_str()
-        });
+        let failing = self
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == Status::False);
         let metrics = &self.ctx.metrics;
         metrics
             .export_failing

@@ -19,7 +19,7 @@ pub struct Transition<'a> {
 impl Transition<'_> {
     /// Whether the condition is `type_` and now has `status`.
     pub fn is(&self, type_: &str, status: Status) -> bool {
-        self.condition.type_ == type_ && self.condition.status == status.as_str()
+        self.condition.type_ == type_ && self.condition.status == status
     }
 
     pub fn first(&self) -> bool {
@@ -70,7 +70,7 @@ pub fn export_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
     let newly_true = |t: &str| {
         after.iter().find(|c| {
             c.type_ == t
-                && c.status == Status::True.as_str()
+                && c.status == Status::True
                 && (changed.iter().any(|x| x.type_ == t)
                     || before.iter().any(|b| b.type_ == t && b.reason != c.reason))
         })
@@ -96,7 +96,7 @@ pub fn source_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
     // A failure's own Event says why it is not ready.
     let failing = transitions(before, after)
         .iter()
-        .any(|c| c.status == True.as_str() && (c.type_ == STALLED || c.type_ == DEGRADED));
+        .any(|c| c.status == True && (c.type_ == STALLED || c.type_ == DEGRADED));
     transition_events(before, after, "Observe", |t| {
         let reason = t.condition.reason.as_str();
         Some(match () {
