@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::operator::crd::common::Condition;
+use crate::operator::crd::common::{Condition, ConditionStatus};
 use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
 
 #[derive(Args, Debug)]
@@ -123,8 +123,8 @@ fn condition(conditions: &[Condition], kind: &str) -> Option<Condition> {
 
 fn ready_of(conditions: &[Condition]) -> (String, Option<String>) {
     match condition(conditions, "Ready") {
-        Some(c) if c.status == "True" => ("True".into(), None),
-        Some(c) => (c.status, Some(c.reason)),
+        Some(c) if c.status == ConditionStatus::True => ("True".into(), None),
+        Some(c) => (c.status.as_str().into(), Some(c.reason)),
         None => ("Unknown".into(), None),
     }
 }
@@ -214,7 +214,8 @@ pub async fn read(
             engines: s.spec.replicas,
             position: status.position.clone(),
             head: status.head.clone(),
-            caught_up: condition(&status.conditions, "CaughtUp").map(|c| c.status == "True"),
+            caught_up: condition(&status.conditions, "CaughtUp")
+                .map(|c| c.status == ConditionStatus::True),
             head_time: status.head_time.clone(),
             rebaselines: status.rebaselines.as_ref().map(|r| r.total),
             rows: status.rows,

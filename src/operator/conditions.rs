@@ -27,22 +27,7 @@ pub const SOURCE_TYPES: [&str; 6] = [
     DEGRADED,
 ];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    True,
-    False,
-    Unknown,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::True => "True",
-            Status::False => "False",
-            Status::Unknown => "Unknown",
-        }
-    }
-}
+pub use crate::operator::crd::common::ConditionStatus as Status;
 
 /// A desired condition, before times and generations are filled in.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,11 +148,11 @@ pub fn merge(
             match (want, prev) {
                 (Some(w), prev) => Condition {
                     type_: w.type_.into(),
-                    status: w.status.as_str().into(),
+                    status: w.status,
                     reason: w.reason,
                     message: w.message,
                     last_transition_time: match prev {
-                        Some(p) if p.status == w.status.as_str() => p.last_transition_time.clone(),
+                        Some(p) if p.status == w.status => p.last_transition_time.clone(),
                         _ => time_string(now),
                     },
                     observed_generation: generation,
@@ -198,7 +183,7 @@ pub fn transitions<'a>(before: &[Condition], after: &'a [Condition]) -> Vec<&'a 
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
         .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+        .any(|c| c.type_ == type_ && c.status == Status::True)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,6 +197,23 @@ pub enum JobPhase {
     Failed,
     /// Not found (removed by its TTL or by hand) before the run was recorded as finished.
     Missing,
+}
+
+/// How a finished export pod ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodOutcome {
+    pub succeeded: bool,
+    /// What it exported, or why it failed.
+    pub detail: String,
+}
+
+/// A continuous export's writer Deployments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterCounts {
+    pub ready: i32,
+    pub desired: i32,
+    /// A Deployment exceeded its progress deadline.
+    pub stalled: bool,
 }
 
 /// What the export controller observed, reduced to what conditions depend on.
@@ -229,10 +231,10 @@ pub struct ExportObservation {
     pub run: Option<RunStatus>,
     /// Phases of the current run's Jobs, if the run is not recorded as finished.
     pub run_jobs: Vec<JobPhase>,
-    /// Outcome of the most recent finished export pod (scheduled runs): success, message.
-    pub last_outcome: Option<(bool, String)>,
-    /// Continuous: (ready writers, desired writers, a Deployment exceeded its progress deadline).
-    pub writers: (i32, i32, bool),
+    /// Outcome of the most recent finished export pod (scheduled runs).
+    pub last_outcome: Option<PodOutcome>,
+    /// Continuous: how many writers are ready of how many wanted.
+    pub writers: WriterCounts,
     /// Continuous: writers whose `/status` reports a snapshot.
     pub writers_with_snapshot: usize,
     /// Continuous and suspended: what each kept replication slot holds (for Ready's message).
@@ -335,7 +337,7 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
             let detail = o
                 .last_outcome
                 .as_ref()
-                .map(|(_, m)| m.clone())
+                .map(|o| o.detail.clone())
                 .unwrap_or_default();
             vec![
                 c(READY, False, reason, msg.clone()),
@@ -356,7 +358,7 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
         .pod_failure
         .as_ref()
         .filter(|p| !p.transient && !o.suspended)
-        .filter(|_| matches!(o.last_outcome, Some((false, _))));
+        .filter(|_| o.last_outcome.as_ref().is_some_and(|l| !l.succeeded));
     let mut out = vec![match stuck {
         Some(p) => c(
             STALLED,
@@ -381,7 +383,10 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
             c(READY, True, "Suspended", "the schedule is suspended"),
             None,
         ),
-        Some((true, m)) => (
+        Some(PodOutcome {
+            succeeded: true,
+            detail: m,
+        }) => (
             c(
                 READY,
                 True,
@@ -390,7 +395,10 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
             ),
             Some(c(LAST_EXPORT_SUCCEEDED, True, "ExportSucceeded", m.clone())),
         ),
-        Some((false, m)) => (
+        Some(PodOutcome {
+            succeeded: false,
+            detail: m,
+        }) => (
             c(
                 READY,
                 False,
@@ -431,7 +439,11 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
 
 fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {
     use Status::*;
-    let (ready, desired, stalled) = o.writers;
+    let WriterCounts {
+        ready,
+        desired,
+        stalled,
+    } = o.writers;
     let snapshot = if desired > 0 && o.writers_with_snapshot as i32 >= desired {
         c(
             LAST_EXPORT_SUCCEEDED,
@@ -703,14 +715,17 @@ pub enum NamespaceState {
     },
 }
 
-/// A namespace's state from the set's own finding (`problem`: reason, message) or else from
+/// A namespace's state from the set's own finding (`problem`) or else from
 /// its ArchiveSource: Stalled=True is a failure (with its reason and message), Ready=True for
 /// the current generation is ready, anything else is in progress.
 pub fn namespace_state(
-    problem: Option<(String, String)>,
+    problem: Option<Problem>,
     child: Option<&crate::operator::crd::ArchiveSource>,
 ) -> NamespaceState {
-    if let Some((reason, message)) = problem {
+    if let Some(Problem {
+        reason, message, ..
+    }) = problem
+    {
         return NamespaceState::Failing { reason, message };
     }
     let Some(child) = child else {
@@ -723,14 +738,14 @@ pub fn namespace_state(
         return NamespaceState::Progressing("the ArchiveSource is not observed yet".into());
     }
     let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
-    if let Some(s) = find(STALLED).filter(|c| c.status == "True") {
+    if let Some(s) = find(STALLED).filter(|c| c.status == Status::True) {
         return NamespaceState::Failing {
             reason: s.reason.clone(),
             message: s.message.clone(),
         };
     }
     match find(READY) {
-        Some(r) if r.status == "True" => NamespaceState::Ready,
+        Some(r) if r.status == Status::True => NamespaceState::Ready,
         Some(r) => NamespaceState::Progressing(r.message.clone()),
         None => NamespaceState::Progressing("the ArchiveSource reports no Ready condition".into()),
     }
@@ -739,8 +754,8 @@ pub fn namespace_state(
 /// What the set controller observed, reduced to what its conditions depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetObservation {
-    /// The set itself cannot work (reason, message), e.g. its credentials Secret is missing.
-    pub invalid: Option<(&'static str, String)>,
+    /// The set itself cannot work, e.g. its credentials Secret is missing.
+    pub invalid: Option<Problem>,
     /// Every selected namespace, by name.
     pub namespaces: Vec<(String, NamespaceState)>,
 }
@@ -768,11 +783,14 @@ impl SetObservation {
 
 pub fn source_set_conditions(o: &SetObservation) -> Vec<Cond> {
     use Status::*;
-    if let Some((reason, msg)) = &o.invalid {
+    if let Some(Problem {
+        reason, message, ..
+    }) = &o.invalid
+    {
         return vec![
-            c(READY, False, *reason, msg.clone()),
-            c(RECONCILING, False, *reason, ""),
-            c(STALLED, True, *reason, msg.clone()),
+            c(READY, False, reason, message.clone()),
+            c(RECONCILING, False, reason, ""),
+            c(STALLED, True, reason, message.clone()),
         ];
     }
     let desired = o.namespaces.len();

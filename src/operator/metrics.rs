@@ -129,7 +129,7 @@ impl Default for Metrics {
         // reconcile or error (the error labels of `controllers::context::Error::label`).
         for controller in ["export", "source", "source-set"] {
             reconciles.with_label_values(&[controller]);
-            for error in ["Kube", "Rejected", "NoNamespace", "CacheNotReady"] {
+            for error in crate::operator::controllers::context::Error::LABELS {
                 errors.with_label_values(&[controller, error]);
             }
         }
@@ -285,7 +285,7 @@ mod tests {
     fn renders_reconcile_metrics() {
         let m = Metrics::default();
         m.reconciles.with_label_values(&["export"]).inc();
-        m.errors.with_label_values(&["source", "Kube"]).inc();
+        m.errors.with_label_values(&["source", "Apply"]).inc();
         m.duration.with_label_values(&["export"]).observe(0.2);
         m.api_writes
             .with_label_values(&["source", "StatefulSet", "apply"])
@@ -300,7 +300,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(
-            "larch_operator_reconcile_errors_total{controller=\"source\",error=\"Kube\"} 1"
+            "larch_operator_reconcile_errors_total{controller=\"source\",error=\"Apply\"} 1"
         ));
         assert!(
             text.contains(

@@ -122,18 +122,18 @@ pub fn set_slot(w: &mut WriterStatus, slot: &SlotJson) {
     };
 }
 
-#[derive(Deserialize, Debug)]
-struct SlotMonitorJson {
+/// What the slot monitor of a suspended export reports: the slots and when they were read.
+#[derive(Debug, Deserialize)]
+pub struct SlotReport {
     #[serde(default)]
-    observed_at: Option<String>,
-    slots: Vec<SlotJson>,
+    pub observed_at: Option<String>,
+    pub slots: Vec<SlotJson>,
 }
 
 /// Parses `larch export slot-status`'s `/status` (the slot monitor of a suspended export):
 /// the slots and when they were read. `None` for any other document.
-pub fn parse_slot_monitor(body: &str) -> Option<(Vec<SlotJson>, Option<String>)> {
-    let m: SlotMonitorJson = serde_json::from_str(body).ok()?;
-    Some((m.slots, m.observed_at))
+pub fn parse_slot_monitor(body: &str) -> Option<SlotReport> {
+    serde_json::from_str(body).ok()
 }
 
 /// One source in an engine's `/status`.
@@ -268,7 +268,10 @@ mod tests {
         assert_eq!(w.wal_status.as_deref(), Some("reserved"));
         assert_eq!(w.slot_losses, Some(1));
         assert!(w.last_slot_loss.unwrap().contains("invalidated"));
-        let (slots, at) = parse_slot_monitor(
+        let SlotReport {
+            slots,
+            observed_at: at,
+        } = parse_slot_monitor(
             r#"{"server":"db:5432/app as user u","observed_at":"2026-12-01T10:00:00Z","slots":[{"name":"larch_a","exists":true,"retained_wal_bytes":4096},{"name":"larch_b","exists":false}],"last_error":null}"#,
         )
         .unwrap();

@@ -9,6 +9,15 @@ use jiff::{SignedDuration, Timestamp};
 pub const RECENT_WINDOW: SignedDuration = SignedDuration::from_mins(5);
 const HOUR: SignedDuration = SignedDuration::from_hours(1);
 
+/// One engine pod's `laredo_source_rebaseline_total`, as one scrape read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RebaselineSample {
+    pub pod: String,
+    pub total: f64,
+    /// The pod was created after the previous scrape (its whole count is new).
+    pub new_pod: bool,
+}
+
 /// Per-ArchiveSource memory of counter samples. Lives in the operator; `total` and `last_time`
 /// are also persisted in status and restored from it after an operator restart.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,28 +42,28 @@ impl RebaselineTracker {
         }
     }
 
-    /// Feeds one scrape: `(pod, counter value)` for every pod that answered. Returns the number
+    /// Feeds one scrape: a sample for every pod that answered. Returns the number
     /// of re-baselines observed since the previous scrape. The first sample of a pod is a
-    /// baseline, not an increase, unless the pod is new since the tracker started (`seen_before`
-    /// is false for pods created after the previous scrape) — then its whole count is new.
+    /// baseline, not an increase, unless the pod is new since the previous scrape (`new_pod`) — then
+    /// its whole count is new.
     /// A counter that went down (the pod restarted) counts its new value as the increase.
-    pub fn observe(&mut self, now: Timestamp, samples: &[(String, f64, bool)]) -> u64 {
+    pub fn observe(&mut self, now: Timestamp, samples: &[RebaselineSample]) -> u64 {
         let mut increase = 0u64;
         let mut seen = BTreeMap::new();
-        for (pod, value, pod_is_new) in samples {
-            let value = if value.is_finite() && *value >= 0.0 {
-                *value
+        for sample in samples {
+            let value = if sample.total.is_finite() && sample.total >= 0.0 {
+                sample.total
             } else {
                 continue;
             };
-            let delta = match self.last.get(pod) {
+            let delta = match self.last.get(&sample.pod) {
                 Some(prev) if value >= *prev => value - prev,
                 Some(_) => value,
-                None if *pod_is_new => value,
+                None if sample.new_pod => value,
                 None => 0.0,
             };
             increase += delta.round() as u64;
-            seen.insert(pod.clone(), value);
+            seen.insert(sample.pod.clone(), value);
         }
         self.last = seen;
         self.last_scrape = Some(now);
@@ -97,8 +106,12 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + mins * 60).unwrap()
     }
 
-    fn s(pod: &str, v: f64) -> (String, f64, bool) {
-        (pod.into(), v, false)
+    fn s(pod: &str, v: f64) -> RebaselineSample {
+        RebaselineSample {
+            pod: pod.into(),
+            total: v,
+            new_pod: false,
+        }
     }
 
     #[test]
@@ -121,7 +134,20 @@ mod tests {
         // Pod a restarted: its counter starts over at 1 → one re-baseline.
         assert_eq!(r.observe(t(1), &[s("a", 1.0)]), 1);
         // A pod created since the last scrape: its whole count is new.
-        assert_eq!(r.observe(t(2), &[s("a", 1.0), ("b".into(), 2.0, true)]), 2);
+        assert_eq!(
+            r.observe(
+                t(2),
+                &[
+                    s("a", 1.0),
+                    RebaselineSample {
+                        pod: "b".into(),
+                        total: 2.0,
+                        new_pod: true
+                    }
+                ]
+            ),
+            2
+        );
         assert_eq!(r.total, 3);
         // A pod that stops answering is forgotten; when it is back its value is a baseline.
         assert_eq!(r.observe(t(3), &[s("a", 1.0)]), 0);

@@ -33,7 +33,6 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use super::spec::StoreSpec;
 use super::{
     GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key,
     check_key_prefix,
@@ -92,43 +91,6 @@ impl S3Config {
             path_style: false,
             credentials: S3Credentials::Ambient,
         }
-    }
-}
-
-impl S3Config {
-    /// Reads the S3 options of a store spec; errors name the field.
-    pub fn from_spec(spec: &StoreSpec) -> Result<S3Config> {
-        let credentials = match (
-            &spec.access_key_id_file,
-            &spec.secret_access_key_file,
-            &spec.session_token_file,
-        ) {
-            (Some(id), Some(secret), token) => S3Credentials::Files {
-                access_key_id_file: id.clone(),
-                secret_access_key_file: secret.clone(),
-                session_token_file: token.clone(),
-            },
-            (None, None, None) => S3Credentials::Ambient,
-            (None, None, Some(_)) => {
-                return Err(ArchiveError::Invalid(
-                    "store: `session_token_file` needs `access_key_id_file` and `secret_access_key_file`"
-                        .into(),
-                ));
-            }
-            _ => {
-                return Err(ArchiveError::Invalid(
-                    "store: `access_key_id_file` and `secret_access_key_file` go together".into(),
-                ));
-            }
-        };
-        Ok(S3Config {
-            bucket: spec.bucket.clone().unwrap_or_default(),
-            prefix: spec.prefix.clone().unwrap_or_default(),
-            region: spec.region.clone(),
-            endpoint: spec.endpoint.clone(),
-            path_style: spec.path_style,
-            credentials,
-        })
     }
 }
 
@@ -259,11 +221,6 @@ impl S3Store {
             bucket,
             prefix,
         })
-    }
-
-    /// The store a `type = s3` spec describes (key files when given, otherwise ambient).
-    pub async fn from_spec(spec: &StoreSpec) -> Result<S3Store> {
-        S3Store::new(S3Config::from_spec(spec)?).await
     }
 
     /// The underlying SDK client (tests and tools that need bucket-level calls).
@@ -800,38 +757,6 @@ mod tests {
         };
         let err = S3Store::new(cfg).await.unwrap_err();
         assert!(err.to_string().contains("/nonexistent/larch/id"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn specs_map_to_configs() {
-        let mut spec = StoreSpec {
-            kind: "s3".into(),
-            bucket: Some("b".into()),
-            prefix: Some("p/".into()),
-            endpoint: Some("http://127.0.0.1:9".into()),
-            path_style: true,
-            ..Default::default()
-        };
-        let cfg = S3Config::from_spec(&spec).unwrap();
-        assert_eq!(cfg.credentials, S3Credentials::Ambient);
-        assert_eq!((cfg.bucket.as_str(), cfg.prefix.as_str()), ("b", "p/"));
-        assert!(cfg.path_style);
-        let s = S3Store::from_spec(&spec).await.unwrap();
-        assert_eq!(s.name(), "s3://b/p/");
-
-        spec.session_token_file = Some("/t".into());
-        let err = S3Config::from_spec(&spec).unwrap_err();
-        assert!(err.to_string().contains("session_token_file"), "{err}");
-        spec.access_key_id_file = Some("/id".into());
-        spec.secret_access_key_file = Some("/secret".into());
-        assert_eq!(
-            S3Config::from_spec(&spec).unwrap().credentials,
-            S3Credentials::Files {
-                access_key_id_file: "/id".into(),
-                secret_access_key_file: "/secret".into(),
-                session_token_file: Some("/t".into()),
-            }
-        );
     }
 
     /// A credential with a control character inside is refused by where it came from, never

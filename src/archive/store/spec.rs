@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Store;
 use super::local::LocalStore;
+use super::s3::{S3Config, S3Credentials, S3Store};
 use crate::archive::error::{ArchiveError, Result};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +86,42 @@ impl StoreSpec {
         Ok(())
     }
 
+    /// The S3 options of the spec; errors name the field.
+    pub fn s3_config(&self) -> Result<S3Config> {
+        let spec = self;
+        let credentials = match (
+            &spec.access_key_id_file,
+            &spec.secret_access_key_file,
+            &spec.session_token_file,
+        ) {
+            (Some(id), Some(secret), token) => S3Credentials::Files {
+                access_key_id_file: id.clone(),
+                secret_access_key_file: secret.clone(),
+                session_token_file: token.clone(),
+            },
+            (None, None, None) => S3Credentials::Ambient,
+            (None, None, Some(_)) => {
+                return Err(ArchiveError::Invalid(
+                    "store: `session_token_file` needs `access_key_id_file` and `secret_access_key_file`"
+                        .into(),
+                ));
+            }
+            _ => {
+                return Err(ArchiveError::Invalid(
+                    "store: `access_key_id_file` and `secret_access_key_file` go together".into(),
+                ));
+            }
+        };
+        Ok(S3Config {
+            bucket: spec.bucket.clone().unwrap_or_default(),
+            prefix: spec.prefix.clone().unwrap_or_default(),
+            region: spec.region.clone(),
+            endpoint: spec.endpoint.clone(),
+            path_style: spec.path_style,
+            credentials,
+        })
+    }
+
     /// Opens the store for writing (a local root is created when missing).
     pub async fn open(&self) -> Result<Arc<dyn Store>> {
         self.open_as(true).await
@@ -106,7 +143,44 @@ impl StoreSpec {
                     LocalStore::for_reading(root)?
                 }))
             }
-            _ => Ok(Arc::new(super::s3::S3Store::from_spec(self).await?)),
+            _ => Ok(Arc::new(S3Store::new(self.s3_config()?).await?)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn specs_map_to_configs() {
+        let mut spec = StoreSpec {
+            kind: "s3".into(),
+            bucket: Some("b".into()),
+            prefix: Some("p/".into()),
+            endpoint: Some("http://127.0.0.1:9".into()),
+            path_style: true,
+            ..Default::default()
+        };
+        let cfg = spec.s3_config().unwrap();
+        assert_eq!(cfg.credentials, S3Credentials::Ambient);
+        assert_eq!((cfg.bucket.as_str(), cfg.prefix.as_str()), ("b", "p/"));
+        assert!(cfg.path_style);
+        let s = S3Store::new(spec.s3_config().unwrap()).await.unwrap();
+        assert_eq!(s.name(), "s3://b/p/");
+
+        spec.session_token_file = Some("/t".into());
+        let err = spec.s3_config().unwrap_err();
+        assert!(err.to_string().contains("session_token_file"), "{err}");
+        spec.access_key_id_file = Some("/id".into());
+        spec.secret_access_key_file = Some("/secret".into());
+        assert_eq!(
+            spec.s3_config().unwrap().credentials,
+            S3Credentials::Files {
+                access_key_id_file: "/id".into(),
+                secret_access_key_file: "/secret".into(),
+                session_token_file: Some("/t".into()),
+            }
+        );
     }
 }

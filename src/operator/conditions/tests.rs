@@ -1,7 +1,7 @@
 use jiff::Timestamp;
 
 use super::*;
-use crate::operator::rebaseline::RebaselineTracker;
+use crate::operator::rebaseline::{RebaselineSample, RebaselineTracker};
 
 fn t(mins: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + mins * 60).unwrap()
@@ -32,7 +32,7 @@ fn export_obs() -> ExportObservation {
         }),
         run_jobs: vec![JobPhase::Active],
         last_outcome: None,
-        writers: (0, 0, false),
+        writers: WriterCounts::default(),
         writers_with_snapshot: 0,
         suspended_slots: vec![],
     }
@@ -45,7 +45,7 @@ fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
     assert!(
         first
             .iter()
-            .all(|c| c.status == "Unknown" && c.observed_generation == Some(1))
+            .all(|c| c.status == Status::Unknown && c.observed_generation == Some(1))
     );
     let ready = [c(READY, Status::True, "X", "")];
     let second = merge(&first, &ready, &EXPORT_TYPES, t(1), Some(2));
@@ -73,10 +73,7 @@ fn merge_sets_every_type_on_first_visit_and_keeps_transition_times() {
     );
     let tr = transitions(&third, &flipped);
     assert_eq!(tr.len(), 1);
-    assert_eq!(
-        (tr[0].type_.as_str(), tr[0].status.as_str()),
-        (READY, "False")
-    );
+    assert_eq!((tr[0].type_.as_str(), tr[0].status), (READY, Status::False));
     assert_eq!(time_string(t(0)), "2027-01-15T08:00:00Z");
 }
 
@@ -109,7 +106,10 @@ fn oneshot_lifecycle() {
 
     o.run.as_mut().unwrap().succeeded = Some(false);
     o.run_jobs = vec![JobPhase::Succeeded, JobPhase::Failed];
-    o.last_outcome = Some((false, "connection refused".into()));
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "connection refused".into(),
+    });
     let failed = export_conditions(&o);
     assert_eq!(status_of(&failed, STALLED), (Status::True, "ExportFailed"));
     assert_eq!(
@@ -172,7 +172,11 @@ fn a_failing_writer_is_stalled_or_degraded_by_its_reason() {
     c.mode = ExportMode::Continuous;
     c.run = None;
     c.run_jobs = vec![];
-    c.writers = (0, 1, false);
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 1,
+        stalled: false,
+    };
     c.pod_failure = Some(pod_problem("TableNotFound", false));
     let cs = export_conditions(&c);
     assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
@@ -190,7 +194,11 @@ fn a_failing_writer_is_stalled_or_degraded_by_its_reason() {
     assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
     // Recovered: Degraded goes back to False.
     c.pod_failure = None;
-    c.writers = (1, 1, false);
+    c.writers = WriterCounts {
+        ready: 1,
+        desired: 1,
+        stalled: false,
+    };
     let cs = export_conditions(&c);
     assert_eq!(status_of(&cs, DEGRADED), (Status::False, "AsExpected"));
     assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
@@ -212,7 +220,10 @@ fn a_failed_run_stalls_with_the_pods_reason() {
     o.run_jobs = vec![JobPhase::Failed];
     o.run.as_mut().unwrap().succeeded = Some(false);
     o.pod_failure = Some(pod_problem("TableNotFound", false));
-    o.last_outcome = Some((false, "pod x exited 2".into()));
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "pod x exited 2".into(),
+    });
     let cs = export_conditions(&o);
     assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
     let msg = &get_cond(&cs, STALLED).message;
@@ -230,7 +241,10 @@ fn a_failed_run_stalls_with_the_pods_reason() {
     s.scheduled = true;
     s.run = None;
     s.run_jobs = vec![];
-    s.last_outcome = Some((false, "pod x exited 2".into()));
+    s.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "pod x exited 2".into(),
+    });
     s.pod_failure = Some(pod_problem("PermissionDenied", false));
     let cs = export_conditions(&s);
     assert_eq!(status_of(&cs, STALLED), (Status::True, "PermissionDenied"));
@@ -253,7 +267,10 @@ fn scheduled_and_continuous() {
         status_of(&cs, LAST_EXPORT_SUCCEEDED),
         (Status::Unknown, "NoExportYet")
     );
-    o.last_outcome = Some((false, "exit code 1".into()));
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "exit code 1".into(),
+    });
     let cs = export_conditions(&o);
     assert_eq!(status_of(&cs, READY), (Status::False, "LastExportFailed"));
     assert_eq!(
@@ -271,13 +288,21 @@ fn scheduled_and_continuous() {
     c.mode = ExportMode::Continuous;
     c.run = None;
     c.run_jobs = vec![];
-    c.writers = (0, 2, false);
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 2,
+        stalled: false,
+    };
     let cs = export_conditions(&c);
     assert_eq!(
         status_of(&cs, RECONCILING),
         (Status::True, "WaitingForWriter")
     );
-    c.writers = (2, 2, false);
+    c.writers = WriterCounts {
+        ready: 2,
+        desired: 2,
+        stalled: false,
+    };
     c.writers_with_snapshot = 2;
     let cs = export_conditions(&c);
     assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
@@ -285,7 +310,11 @@ fn scheduled_and_continuous() {
         status_of(&cs, LAST_EXPORT_SUCCEEDED),
         (Status::True, "SnapshotWritten")
     );
-    c.writers = (0, 2, true);
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 2,
+        stalled: true,
+    };
     assert_eq!(
         status_of(&export_conditions(&c), STALLED),
         (Status::True, "WriterNotProgressing")
@@ -439,20 +468,25 @@ fn rebaseline_feed_drives_rebaselining_and_degraded() {
     let mut seen = vec![];
     for (m, a, b) in samples {
         let now = t(m);
-        tracker.observe(now, &[("p-0".into(), a, false), ("p-1".into(), b, false)]);
+        let sample = |pod: &str, total| RebaselineSample {
+            pod: pod.into(),
+            total,
+            new_pod: false,
+        };
+        tracker.observe(now, &[sample("p-0", a), sample("p-1", b)]);
         let mut o = source_obs();
         o.rebaselining = tracker.recent(now);
         o.rebaselines_last_hour = tracker.in_last_hour(now);
         let next = merge(&conds, &source_conditions(&o), &SOURCE_TYPES, now, Some(1));
         for tr in transitions(&conds, &next) {
             if tr.type_ == REBASELINING || tr.type_ == DEGRADED {
-                events.push((m, tr.type_.clone(), tr.status.clone()));
+                events.push((m, tr.type_.clone(), tr.status.as_str().to_string()));
             }
         }
         seen.push((
             m,
-            get(&next, REBASELINING).status.clone(),
-            get(&next, DEGRADED).status.clone(),
+            get(&next, REBASELINING).status.as_str().to_string(),
+            get(&next, DEGRADED).status.as_str().to_string(),
         ));
         conds = next;
     }
@@ -544,7 +578,7 @@ fn child(
             .iter()
             .map(|(t, st, r, m)| Condition {
                 type_: t.to_string(),
-                status: st.to_string(),
+                status: serde_json::from_value(serde_json::json!(st)).unwrap(),
                 reason: r.to_string(),
                 message: m.to_string(),
                 last_transition_time: "2026-01-01T00:00:00Z".into(),
@@ -566,10 +600,7 @@ fn namespace_state_from_the_child() {
     // The set's own finding wins.
     let ready = child(1, Some(1), &[(READY, "True", "EnginesReady", "1/1")]);
     assert_eq!(
-        namespace_state(
-            Some(("SecretConflict".into(), "taken".into())),
-            Some(&ready)
-        ),
+        namespace_state(Some(Problem::new("SecretConflict", "taken")), Some(&ready)),
         NamespaceState::Failing {
             reason: "SecretConflict".into(),
             message: "taken".into()
@@ -676,7 +707,10 @@ fn source_set_rollup() {
     );
 
     let cs = source_set_conditions(&SetObservation {
-        invalid: Some(("CredentialsNotFound", "Secret platform/x not found".into())),
+        invalid: Some(Problem::new(
+            "CredentialsNotFound",
+            "Secret platform/x not found",
+        )),
         namespaces: vec![("dev-0".into(), R)],
     });
     assert_eq!(

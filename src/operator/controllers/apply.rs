@@ -5,9 +5,10 @@
 //! write is counted here, where the client issues it: `larch_operator_api_writes_total` and
 //! `larch_operator_applies_unchanged_total`, by controller and kind.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::ObjectMeta;
 use kube::runtime::events::Event;
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
@@ -126,42 +127,7 @@ impl<'a> Applier<'a> {
                 rejected.insert(key, (hash, why.clone()));
                 Err(why.into())
             }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// [`Self::apply`] against the cached copy of the child (same namespace and name); returns
-    /// what was applied (`None`: nothing sent) and the cached copy.
-    pub async fn apply_cached<K: Child, C>(
-        &self,
-        api: &Api<K>,
-        desired: K,
-        cache: &Store<C>,
-    ) -> Result<(Option<K>, Option<Arc<C>>), Error>
-    where
-        C: Lookup + Resource + Clone + 'static,
-        <C as Lookup>::DynamicType: Default + Eq + std::hash::Hash + Clone,
-    {
-        let mut key = ObjectRef::<C>::new(&desired.name_any());
-        if let Some(ns) = ResourceExt::namespace(&desired) {
-            key = key.within(&ns);
-        }
-        let observed = cache.get(&key);
-        let applied = self
-            .apply(api, desired, observed.as_ref().map(|o| o.meta()))
-            .await?;
-        Ok((applied, observed))
-    }
-
-    /// [`Self::apply`] of a child no cache holds: reads it first; returns it as it now is.
-    pub async fn apply_read<K: Child>(&self, api: &Api<K>, desired: K) -> Result<K, Error> {
-        let observed = api.get_opt(&desired.name_any()).await?;
-        match self
-            .apply(api, desired, observed.as_ref().map(|o| o.meta()))
-            .await?
-        {
-            Some(applied) => Ok(applied),
-            None => Ok(observed.expect("an apply is skipped only for an observed object")),
+            Err(e) => Err(Error::Apply(e)),
         }
     }
 
@@ -174,9 +140,14 @@ impl<'a> Applier<'a> {
         desired: Option<K>,
     ) -> Result<(), Error> {
         match desired {
-            Some(d) => self.apply_read(api, d).await.map(drop),
-            None => match api.get_metadata_opt(name).await? {
-                Some(_) => self.delete(api, name).await,
+            Some(d) => {
+                let observed = api.get_opt(&d.name_any()).await.map_err(Error::Apply)?;
+                self.apply(api, d, observed.as_ref().map(|o| o.meta()))
+                    .await
+                    .map(drop)
+            }
+            None => match api.get_metadata_opt(name).await.map_err(Error::Prune)? {
+                Some(_) => self.delete(api, name).await.map_err(Error::Prune),
                 None => Ok(()),
             },
         }
@@ -191,7 +162,7 @@ impl<'a> Applier<'a> {
         observed: Option<&S>,
         status: &S,
         events: &[Event],
-    ) -> Result<(), kube::Error>
+    ) -> Result<(), Error>
     where
         K: Child,
         S: serde::Serialize + PartialEq,
@@ -208,24 +179,25 @@ impl<'a> Applier<'a> {
                 &PatchParams::apply(self.manager).force(),
                 &Patch::Apply(&body),
             )
-            .await?;
+            .await
+            .map_err(Error::Status)?;
         }
         self.events(obj, events).await;
         Ok(())
     }
 
     /// Deletes a child (in the background); one already gone is fine.
-    pub async fn delete<K: Child>(&self, api: &Api<K>, name: &str) -> Result<(), Error> {
+    pub async fn delete<K: Child>(&self, api: &Api<K>, name: &str) -> Result<(), kube::Error> {
         self.count(&K::kind(&()), "delete");
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 
     /// Publishes Events about `obj` (best effort: a failed publish does not fail the reconcile).
-    async fn events<K: Resource<DynamicType = ()>>(&self, obj: &K, events: &[Event]) {
+    pub async fn events<K: Resource<DynamicType = ()>>(&self, obj: &K, events: &[Event]) {
         let reference = obj.object_ref(&());
         for e in events {
             self.count("Event", "create");
@@ -235,6 +207,131 @@ impl<'a> Applier<'a> {
         }
     }
 }
+
+/// The children one owner applies in one reconcile (after Stackable's `ClusterResources`): each
+/// is applied through the [`Applier`] and remembered; [`ChildSet::prune`] then deletes the
+/// owner's children (by label) that this round neither applied nor kept.
+pub struct ChildSet<'a> {
+    applier: &'a Applier<'a>,
+    /// The label selector of the owner's children.
+    selector: String,
+    /// `kind/namespace/name` of what this round applied or kept.
+    wanted: HashSet<String>,
+}
+
+fn child_key(kind: &str, namespace: &str, name: &str) -> String {
+    format!("{kind}/{namespace}/{name}")
+}
+
+impl<'a> ChildSet<'a> {
+    pub fn new(applier: &'a Applier<'a>, selector: impl Into<String>) -> Self {
+        Self {
+            applier,
+            selector: selector.into(),
+            wanted: HashSet::new(),
+        }
+    }
+
+    fn api<K: NamespacedChild>(&self, namespace: &str) -> Api<K> {
+        Api::namespaced(self.applier.ctx.client.clone(), namespace)
+    }
+
+    /// Marks a child as wanted without sending it (it stays, whatever this round did).
+    pub fn keep<K: NamespacedChild>(&mut self, namespace: &str, name: &str) {
+        self.wanted
+            .insert(child_key(&K::kind(&()), namespace, name));
+    }
+
+    fn namespace_of<K: NamespacedChild>(desired: &K) -> Result<String, Error> {
+        ResourceExt::namespace(desired).ok_or(Error::NoNamespace)
+    }
+
+    /// Applies `desired` unless `observed` (its metadata as last seen) carries its hash
+    /// already; returns what was applied (`None`: nothing sent).
+    pub async fn apply_over<K: NamespacedChild>(
+        &mut self,
+        desired: K,
+        observed: Option<&ObjectMeta>,
+    ) -> Result<Option<K>, Error> {
+        let ns = Self::namespace_of(&desired)?;
+        self.keep::<K>(&ns, &desired.name_any());
+        self.applier.apply(&self.api(&ns), desired, observed).await
+    }
+
+    /// Applies a child against its cached copy (same namespace and name); returns what was
+    /// applied (`None`: nothing sent) and the cached copy.
+    pub async fn apply_cached<K: NamespacedChild, C>(
+        &mut self,
+        desired: K,
+        cache: &Store<C>,
+    ) -> Result<(Option<K>, Option<Arc<C>>), Error>
+    where
+        C: Lookup + Resource + Clone + 'static,
+        <C as Lookup>::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let ns = Self::namespace_of(&desired)?;
+        let observed = cache.get(&ObjectRef::<C>::new(&desired.name_any()).within(&ns));
+        let applied = self
+            .apply_over(desired, observed.as_ref().map(|o| o.meta()))
+            .await?;
+        Ok((applied, observed))
+    }
+
+    /// Applies a child no cache holds: reads it first; returns it as it now is.
+    pub async fn apply<K: NamespacedChild>(&mut self, desired: &K) -> Result<K, Error> {
+        let ns = Self::namespace_of(desired)?;
+        let observed = self
+            .api::<K>(&ns)
+            .get_opt(&desired.name_any())
+            .await
+            .map_err(Error::Apply)?;
+        let applied = self
+            .apply_over(desired.clone(), observed.as_ref().map(|o| o.meta()))
+            .await?;
+        Ok(applied
+            .or(observed)
+            .expect("an apply is skipped only for an observed object"))
+    }
+
+    /// Deletes the owner's children of kind `K` in `namespace` (listed by the selector) that
+    /// this round did not apply or keep; returns how many.
+    pub async fn prune<K: NamespacedChild>(&mut self, namespace: &str) -> Result<usize, Error> {
+        let api = self.api::<K>(namespace);
+        let listed = api
+            .list(&ListParams::default().labels(&self.selector))
+            .await
+            .map_err(Error::Prune)?;
+        let children = listed
+            .iter()
+            .map(|o| (namespace.to_string(), o.name_any()))
+            .collect();
+        self.prune_among::<K>(children).await
+    }
+
+    /// Deletes those of `children` (namespace, name; known from a cache) that this round did
+    /// not apply or keep; returns how many.
+    pub async fn prune_among<K: NamespacedChild>(
+        &mut self,
+        children: Vec<(String, String)>,
+    ) -> Result<usize, Error> {
+        let kind = K::kind(&());
+        let mut deleted = 0;
+        for (ns, name) in children {
+            if !self.wanted.contains(&child_key(&kind, &ns, &name)) {
+                self.applier
+                    .delete(&self.api::<K>(&ns), &name)
+                    .await
+                    .map_err(Error::Prune)?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// A child in a namespace (every child the controllers apply).
+pub trait NamespacedChild: Child + Resource<Scope = k8s_openapi::NamespaceResourceScope> {}
+impl<K> NamespacedChild for K where K: Child + Resource<Scope = k8s_openapi::NamespaceResourceScope> {}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::apply::Applier;
+use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::cleanup::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
@@ -58,7 +58,8 @@ async fn set_finalizers(
         ..PatchParams::default()
     };
     api.patch(&export.name_any(), &params, &Patch::Merge(&patch))
-        .await?;
+        .await
+        .map_err(Error::Finalizer)?;
     Ok(())
 }
 
@@ -115,7 +116,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
     // removal yet): acting on it would start a second cleanup Job that nobody deletes. Read
     // the object itself; its resourceVersion also makes the finalizer patch succeed.
     let exports: Api<ArchiveExport> = Api::namespaced(client.clone(), &ns);
-    let export = match exports.get_opt(&name).await? {
+    let export = match exports.get_opt(&name).await.map_err(Error::Cleanup)? {
         Some(live) if live.uid() == cached.uid() && has_finalizer(&live) => live,
         _ => return Ok(Action::await_change()),
     };
@@ -152,7 +153,10 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         .get(SKIP_CLEANUP_ANNOTATION)
         .is_some_and(|v| v == "true");
     if skip || deletion_policy(&export) == DeletionPolicy::Retain {
-        writes(&ctx).delete(&jobs, &job_name).await?;
+        writes(&ctx)
+            .delete(&jobs, &job_name)
+            .await
+            .map_err(Error::Cleanup)?;
         publish(Event {
             type_: EventType::Warning,
             reason: "CleanupSkipped".into(),
@@ -168,7 +172,8 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
             action: "Cleanup".into(),
             secondary: None,
         })
-        .await?;
+        .await
+        .map_err(Error::Cleanup)?;
         remove_finalizer(&ctx, &export).await?;
         return Ok(Action::await_change());
     }
@@ -185,7 +190,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         .as_ref()
         .and_then(|s| s.cleanup.clone())
         .unwrap_or_default();
-    let job = jobs.get_opt(&job_name).await?;
+    let job = jobs.get_opt(&job_name).await.map_err(Error::Cleanup)?;
     let phase = job.as_ref().map(super::export::job_phase);
     match phase {
         None => {
@@ -227,7 +232,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                     remove_finalizer(&ctx, &export).await?;
                     return Ok(Action::await_change());
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(Error::Cleanup(e)),
             }
             cleanup.attempts += 1;
             cleanup.last_attempt_time = Some(time_string(now));
@@ -270,7 +275,8 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 action: "Cleanup".into(),
                 secondary: None,
             })
-            .await?;
+            .await
+            .map_err(Error::Cleanup)?;
             // The finalizer first: were the Job deleted first and the patch then refused, the
             // retry would find no Job and run the cleanup again.
             remove_finalizer(&ctx, &export).await?;
@@ -300,9 +306,13 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
                 action: "Cleanup".into(),
                 secondary: None,
             })
-            .await?;
+            .await
+            .map_err(Error::Cleanup)?;
             write_status(&ctx, &export, cleanup, &note).await?;
-            writes(&ctx).delete(&jobs, &job_name).await?;
+            writes(&ctx)
+                .delete(&jobs, &job_name)
+                .await
+                .map_err(Error::Cleanup)?;
             Ok(Action::requeue(delay))
         }
     }
@@ -329,25 +339,17 @@ async fn export_pods_running(
     let name = export.name_any();
     let all = format!("{LABEL_EXPORT}={name}");
     let runs = format!("{all},{LABEL_COMPONENT}=export");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    for d in deployments
-        .list(&ListParams::default().labels(&all))
-        .await?
-    {
-        writes(ctx).delete(&deployments, &d.name_any()).await?;
-    }
-    let cron: Api<CronJob> = Api::namespaced(client.clone(), ns);
-    for c in cron.list(&ListParams::default().labels(&all)).await? {
-        writes(ctx).delete(&cron, &c.name_any()).await?;
-    }
-    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    for j in jobs.list(&ListParams::default().labels(&runs)).await? {
-        writes(ctx).delete(&jobs, &j.name_any()).await?;
-    }
+    // Nothing of the export is wanted any more: each ChildSet prunes all it lists.
+    let writer = writes(ctx);
+    let mut workloads = ChildSet::new(&writer, all.clone());
+    workloads.prune::<Deployment>(ns).await?;
+    workloads.prune::<CronJob>(ns).await?;
+    ChildSet::new(&writer, runs).prune::<Job>(ns).await?;
     let pods: Api<Pod> = Api::namespaced(client, ns);
     let left = pods
         .list(&ListParams::default().labels(&all))
-        .await?
+        .await
+        .map_err(Error::Cleanup)?
         .items
         .into_iter()
         .filter(|p| p.labels().get(LABEL_COMPONENT).map(String::as_str) != Some("cleanup"))
@@ -367,7 +369,8 @@ async fn termination_message(ctx: &Context, ns: &str, name: &str) -> Result<Stri
             &ListParams::default()
                 .labels(&format!("{LABEL_EXPORT}={name},{LABEL_COMPONENT}=cleanup")),
         )
-        .await?;
+        .await
+        .map_err(Error::Cleanup)?;
     let newest = crate::operator::pod_failure::newest_terminated(&listed.items, CLEANUP_CONTAINER);
     Ok(newest
         .map(|(_, t)| {
@@ -497,8 +500,7 @@ async fn write_status(
         Api::namespaced(ctx.client.clone(), &export.namespace().unwrap_or_default());
     writes(ctx)
         .report(&api, export, export.status.as_ref(), &status, &[])
-        .await?;
-    Ok(())
+        .await
 }
 
 #[cfg(test)]

@@ -8,32 +8,33 @@
 //! a recorded run is only ever observed, never re-created, so a Job removed by its TTL (or by
 //! hand) does not run again. A new spec or a new token starts a new run.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
-use super::apply::Applier;
+use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::operator::builders::export::{self as build, ExportChildren};
 use crate::operator::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::operator::conditions::{
-    self, EXPORT_TYPES, ExportObservation, JobPhase, Problem, export_conditions, run_outcome,
-    time_string,
+    self, EXPORT_TYPES, ExportObservation, JobPhase, PodOutcome, Problem, Status, WriterCounts,
+    export_conditions, run_outcome, time_string,
 };
 use crate::operator::crd::archive_export::{
     ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
     RunStatus, WriterStatus,
 };
+use crate::operator::observe::SlotReport;
 use crate::operator::pod_failure::{self, PodFailure};
 use crate::operator::{dereference, observe, validate};
 
@@ -66,8 +67,14 @@ pub(super) fn job_phase(job: &Job) -> JobPhase {
 /// Finished export pods: successes (parsed summaries) and the outcome of the newest one.
 struct PodFindings {
     summaries: Vec<ExportSummary>,
-    /// (finished at, success, message) of the newest finished export container.
-    newest: Option<(String, bool, String)>,
+    newest: Option<FinishedPod>,
+}
+
+/// The newest finished export container.
+struct FinishedPod {
+    /// When it finished (RFC 3339; empty when unknown).
+    finished_at: String,
+    outcome: PodOutcome,
 }
 
 fn read_pods(pods: &[Pod]) -> PodFindings {
@@ -112,9 +119,19 @@ fn read_pods(pods: &[Pod]) -> PodFindings {
                     term.exit_code
                 )
             };
-            let key = finished.unwrap_or_default();
-            if out.newest.as_ref().is_none_or(|(t, _, _)| key > *t) {
-                out.newest = Some((key, ok, detail));
+            let finished_at = finished.unwrap_or_default();
+            if out
+                .newest
+                .as_ref()
+                .is_none_or(|n| finished_at > n.finished_at)
+            {
+                out.newest = Some(FinishedPod {
+                    finished_at,
+                    outcome: PodOutcome {
+                        succeeded: ok,
+                        detail,
+                    },
+                });
             }
         }
     }
@@ -141,33 +158,8 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
     known
 }
 
-/// Applies a child unless it is in place already; returns it as it now is.
-async fn apply<K: super::Child>(applier: &Applier<'_>, api: &Api<K>, obj: &K) -> Result<K, Error> {
-    applier.apply_read(api, obj.clone()).await
-}
-
-/// Deletes the export's children of kind `K` that are not wanted any more (mode or schedule
-/// changed); returns how many. Jobs are left to their TTL.
-async fn prune<K: super::Child>(
-    applier: &Applier<'_>,
-    api: &Api<K>,
-    selector: &str,
-    keep: &BTreeSet<String>,
-) -> Result<usize, Error> {
-    let mut deleted = 0;
-    for obj in api.list(&ListParams::default().labels(selector)).await? {
-        let name = obj.name_any();
-        if !keep.contains(&name) {
-            applier.delete(api, &name).await?;
-            deleted += 1;
-        }
-    }
-    Ok(deleted)
-}
-
 pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = export.namespace().ok_or(Error::NoNamespace)?;
-    let name = export.name_any();
     if export.metadata.deletion_timestamp.is_some() {
         return super::cleanup::finalize(export, ctx).await;
     }
@@ -175,367 +167,463 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
         // The watch brings the object with its finalizer.
         return Ok(Action::await_change());
     }
-    let now = ctx.now();
-    let client = ctx.client.clone();
-    let old = export.status.clone().unwrap_or_default();
     // Exports are few (not one per namespace): children are read back, not cached.
     let applier = Applier::new(&ctx, "export", MANAGER_EXPORT);
-    let mut status = ArchiveExportStatus {
-        observed_generation: export.metadata.generation,
-        ..old.clone()
-    };
-    let suspended = export.spec.suspend == Some(true);
-    let mut obs = ExportObservation {
-        blocked: None,
-        pod_failure: None,
-        mode: export.spec.mode,
-        scheduled: export.spec.schedule.is_some(),
-        suspended,
-        run: old.run.clone(),
-        run_jobs: vec![],
-        last_outcome: None,
-        writers: (0, 0, false),
-        writers_with_snapshot: 0,
-        suspended_slots: vec![],
-    };
-    let mut events: Vec<Event> = vec![];
-    let mut requeue = Duration::from_secs(300);
-
-    // Dereference, then validate: nothing is built while what the spec names is missing or
-    // the spec cannot work.
-    let references = dereference::export_references(&export);
-    if let Some(missing) = dereference::check(&client, &ns, &references).await? {
-        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
-        requeue = dereference::RECHECK;
-    } else if let Err(message) = validate::export(&export) {
-        obs.blocked = Some(Problem::new("InvalidSpec", message));
+    let mut round = ExportRound::new(&export, &ctx, ns);
+    // Nothing is built while what the spec names is missing or the spec cannot work.
+    round.dereference_and_validate().await?;
+    if round.obs.blocked.is_none() {
+        let applied = round.build_apply_observe(&applier).await;
+        round.settle(applied)?;
     }
+    round.conditions();
+    round.record_metrics();
+    round.write_status(&applier).await?;
+    Ok(Action::requeue(round.requeue))
+}
 
-    if obs.blocked.is_none() {
-        let built: Result<Duration, Error> = async {
-            let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            let selector = format!("{LABEL_EXPORT}={name}");
-            let tables = export.spec.source.all_tables();
+/// One reconcile of an export: what it observed, the status and Events it will write.
+struct ExportRound<'a> {
+    export: &'a ArchiveExport,
+    ctx: &'a Context,
+    ns: String,
+    now: Timestamp,
+    old: ArchiveExportStatus,
+    status: ArchiveExportStatus,
+    obs: ExportObservation,
+    events: Vec<Event>,
+    requeue: Duration,
+}
 
-            // Which run, if any, is new and needs its Jobs created.
-            let mut new_run = None;
-            if let Some((id, token)) = wanted_run(&export)
-                && old.run.as_ref().is_none_or(|r| r.id != id)
-                && !suspended
-            {
-                new_run = Some(id.clone());
-                status.run = Some(RunStatus {
-                    id,
-                    token,
-                    start_time: Some(time_string(now)),
-                    completion_time: None,
-                    succeeded: None,
-                });
-            }
-
-            // Build and apply.
-            let children: ExportChildren = build::children(&export, new_run.as_deref(), &ctx.build);
-            if let Some(pvc) = &children.pvc {
-                apply(
-                    &applier,
-                    &Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns),
-                    pvc,
-                )
-                .await?;
-            }
-            let cron_api: Api<CronJob> = Api::namespaced(client.clone(), &ns);
-            for cj in &children.cron_jobs {
-                apply(&applier, &cron_api, cj).await?;
-            }
-            // The Leases and the exporter's rights on them go first: a new pod finds them.
-            let lease_api: Api<Lease> = Api::namespaced(client.clone(), &ns);
-            let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-            let role_api: Api<Role> = Api::namespaced(client.clone(), &ns);
-            let binding_api: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
-            let mut keep_leases = BTreeSet::new();
-            let mut keep_sa = BTreeSet::new();
-            let mut keep_roles = BTreeSet::new();
-            if let Some(la) = &children.lease_access {
-                if let Some(sa) = &la.service_account {
-                    keep_sa.insert(apply(&applier, &sa_api, sa).await?.name_any());
-                }
-                keep_roles.insert(apply(&applier, &role_api, &la.role).await?.name_any());
-                apply(&applier, &binding_api, &la.role_binding).await?;
-                for l in &la.leases {
-                    keep_leases.insert(apply(&applier, &lease_api, l).await?.name_any());
-                }
-            }
-            let dep_api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-            let mut applied_deps = vec![];
-            for d in &children.deployments {
-                applied_deps.push(apply(&applier, &dep_api, d).await?);
-            }
-            if let Some(m) = &children.slot_monitor {
-                apply(&applier, &dep_api, m).await?;
-            }
-            for j in &children.jobs {
-                apply(&applier, &jobs, j).await?;
-            }
-            let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<BTreeSet<_>>();
-            prune(
-                &applier,
-                &cron_api,
-                &selector,
-                &names(
-                    children
-                        .cron_jobs
-                        .iter()
-                        .map(|c| c.metadata.name.clone())
-                        .collect(),
-                ),
-            )
-            .await?;
-            let deployments_pruned = prune(
-                &applier,
-                &dep_api,
-                &selector,
-                &names(
-                    children
-                        .deployments
-                        .iter()
-                        .chain(&children.slot_monitor)
-                        .map(|c| c.metadata.name.clone())
-                        .collect(),
-                ),
-            )
-            .await?;
-            // After the Deployments, so no exporter outlives its Lease rights. Only where some can
-            // be stale: a continuous export (its tables changed) or one that just left that mode.
-            if children.lease_access.is_some() || deployments_pruned > 0 {
-                prune(&applier, &lease_api, &selector, &keep_leases).await?;
-                prune(&applier, &binding_api, &selector, &keep_roles).await?;
-                prune(&applier, &role_api, &selector, &keep_roles).await?;
-                prune(&applier, &sa_api, &selector, &keep_sa).await?;
-            }
-            if let Some(id) = &new_run {
-                events.push(Event {
-                    type_: EventType::Normal,
-                    reason: "ExportStarted".into(),
-                    note: Some(format!("run {id}: {} Job(s) created", children.jobs.len())),
-                    action: "CreateJobs".into(),
-                    secondary: None,
-                });
-            }
-
-            // Observe the current run's Jobs.
-            if let Some(run) = status.run.clone().filter(|r| r.succeeded.is_none()) {
-                if new_run.is_some() {
-                    obs.run_jobs = vec![JobPhase::Active; tables.len()];
-                } else {
-                    let listed = jobs
-                        .list(
-                            &ListParams::default()
-                                .labels(&format!("{selector},{LABEL_RUN}={}", run.id)),
-                        )
-                        .await?;
-                    obs.run_jobs = tables
-                        .iter()
-                        .map(|t| {
-                            let want = build::job_name(&export, t, &run.id);
-                            listed
-                                .items
-                                .iter()
-                                .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                                .map(job_phase)
-                                .unwrap_or(JobPhase::Missing)
-                        })
-                        .collect();
-                    if let Some(ok) = run_outcome(&obs.run_jobs)
-                        && !obs.run_jobs.contains(&JobPhase::Missing)
-                    {
-                        let r = status.run.as_mut().expect("run exists");
-                        r.succeeded = Some(ok);
-                        r.completion_time = Some(time_string(now));
-                        events.push(Event {
-                            type_: if ok {
-                                EventType::Normal
-                            } else {
-                                EventType::Warning
-                            },
-                            reason: if ok {
-                                "ExportSucceeded"
-                            } else {
-                                "ExportFailed"
-                            }
-                            .into(),
-                            note: Some(format!("run {}", run.id)),
-                            action: "Export".into(),
-                            secondary: None,
-                        });
-                    }
-                }
-                requeue = Duration::from_secs(60);
-            }
-            obs.run = status.run.clone();
-
-            // Summaries and outcomes from the export pods' termination messages.
-            if export.spec.mode == ExportMode::OneShot {
-                let listed = pods.list(&ListParams::default().labels(&selector)).await?;
-                let found = read_pods(&listed.items);
-                obs.last_outcome = found.newest.map(|(_, ok, msg)| (ok, msg));
-                // Why the newest attempt failed: of the current run (a scheduled export's last
-                // run is its newest pod).
-                let run_id = status.run.as_ref().map(|r| r.id.clone());
-                let attempts = listed.items.iter().filter(|p| {
-                    export.spec.schedule.is_some()
-                        || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
-                });
-                obs.pod_failure = newest_failure(attempts).map(|f| Problem::of_pod("export", &f));
-                status.tables =
-                    merge_summaries(std::mem::take(&mut status.tables), found.summaries);
-                status.last_export = status
-                    .tables
-                    .iter()
-                    .max_by(|a, b| a.time.cmp(&b.time))
-                    .cloned();
-            }
-
-            // Continuous writers: Deployment status and each ready pod's /status.
-            if export.spec.mode == ExportMode::Continuous {
-                let desired = if suspended { 0 } else { tables.len() as i32 };
-                let ready: i32 = applied_deps
-                    .iter()
-                    .map(|d| {
-                        d.status
-                            .as_ref()
-                            .and_then(|s| s.available_replicas)
-                            .unwrap_or(0)
-                            .min(1)
-                    })
-                    .sum();
-                let stalled = applied_deps.iter().any(|d| {
-                    d.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| {
-                            cs.iter().any(|c| {
-                                c.type_.as_deref() == Some("Progressing")
-                                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-                            })
-                        })
-                });
-                obs.writers = (ready, desired, stalled);
-                let listed = pods.list(&ListParams::default().labels(&selector)).await?;
-                if !suspended {
-                    obs.pod_failure =
-                        pod_failure::first_failure(&listed.items, build::CONTAINER, now)
-                            .map(|f| Problem::of_pod("writer", &f));
-                }
-                let mut writers: Vec<WriterStatus> = vec![];
-                let mut monitor = None;
-                for pod in &listed.items {
-                    let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-                        continue;
-                    };
-                    let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
-                        continue;
-                    };
-                    if let Some(w) = observe::parse_writer_status(&body) {
-                        writers.push(w);
-                    } else if let Some(m) = observe::parse_slot_monitor(&body) {
-                        monitor = Some(m);
-                    }
-                }
-                writers.sort_by(|a, b| a.table.cmp(&b.table));
-                writers.truncate(32);
-                let writers =
-                    super::slots::merge_writers(&export, &old.writers, writers, monitor, suspended);
-                events.extend(super::slots::slot_events(&old.writers, &writers));
-                if suspended {
-                    obs.suspended_slots = super::slots::suspended_slots(&export, &writers);
-                }
-                ctx.metrics.set_retained_wal(
-                    &ns,
-                    &name,
-                    writers
-                        .iter()
-                        .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
-                );
-                obs.writers_with_snapshot = writers
-                    .iter()
-                    .filter(|w| w.last_snapshot_at.is_some())
-                    .count();
-                // The printer columns show the newest snapshot of any writer.
-                if let Some(w) = writers
-                    .iter()
-                    .filter(|w| w.last_snapshot_at.is_some())
-                    .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))
-                {
-                    status.last_export = Some(ExportSummary {
-                        table: w.table.clone(),
-                        key_prefix: None,
-                        position: w.head_position.clone(),
-                        row_count: None,
-                        epoch: w.epoch,
-                        time: w.last_snapshot_at.clone(),
-                        pod: None,
-                    });
-                }
-                status.writers = writers;
-                requeue = Duration::from_secs(30);
-            }
-            Ok(requeue)
-        }
-        .await;
-        match built {
-            Ok(r) => requeue = r,
-            // A child the API server refused: nothing of this run started.
-            Err(Error::Rejected(r)) => {
-                status.run = old.run.clone();
-                obs.run = old.run.clone();
-                obs.run_jobs = vec![];
-                events.clear();
-                obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
-                requeue = Duration::from_secs(60);
-            }
-            Err(e) => return Err(e),
+impl<'a> ExportRound<'a> {
+    fn new(export: &'a ArchiveExport, ctx: &'a Context, ns: String) -> Self {
+        let old = export.status.clone().unwrap_or_default();
+        let obs = ExportObservation {
+            blocked: None,
+            pod_failure: None,
+            mode: export.spec.mode,
+            scheduled: export.spec.schedule.is_some(),
+            suspended: export.spec.suspend == Some(true),
+            run: old.run.clone(),
+            run_jobs: vec![],
+            last_outcome: None,
+            writers: WriterCounts::default(),
+            writers_with_snapshot: 0,
+            suspended_slots: vec![],
+        };
+        Self {
+            export,
+            ctx,
+            ns,
+            now: ctx.now(),
+            status: ArchiveExportStatus {
+                observed_generation: export.metadata.generation,
+                ..old.clone()
+            },
+            old,
+            obs,
+            events: vec![],
+            requeue: Duration::from_secs(300),
         }
     }
 
-    // Conditions, metrics, status (only when changed), events.
-    let desired = export_conditions(&obs);
-    status.conditions = conditions::merge(
-        &old.conditions,
-        &desired,
-        &EXPORT_TYPES,
-        now,
-        export.metadata.generation,
-    );
-    events.extend(super::failure_events(&old.conditions, &status.conditions));
-    let failing = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == "False");
-    ctx.metrics
-        .export_failing
-        .with_label_values(&[ns.as_str(), name.as_str()])
-        .set(if failing { 1.0 } else { 0.0 });
-    for t in &status.tables {
-        if let Some(ts) = t
-            .time
-            .as_deref()
-            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+    fn api<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>>(&self) -> Api<K>
+    where
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.ns)
+    }
+
+    /// The label selector of the export's children.
+    fn selector(&self) -> String {
+        format!("{LABEL_EXPORT}={}", self.export.name_any())
+    }
+
+    /// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate.
+    async fn dereference_and_validate(&mut self) -> Result<(), Error> {
+        let references = dereference::export_references(self.export);
+        if let Some(missing) = dereference::check(&self.ctx.client, &self.ns, &references)
+            .await
+            .map_err(Error::Dereference)?
         {
-            ctx.metrics
-                .set_export_success(&ns, &name, &t.table, ts.as_second() as f64);
+            self.obs.blocked = Some(Problem::new(missing.reason(), missing.message(&self.ns)));
+            self.requeue = dereference::RECHECK;
+        } else if let Err(message) = validate::export(self.export) {
+            self.obs.blocked = Some(Problem::new("InvalidSpec", message));
+        }
+        Ok(())
+    }
+
+    /// Build, apply and prune the children, then observe what they report.
+    async fn build_apply_observe(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
+        let new_run = self.start_run();
+        let children = build::children(self.export, new_run.as_deref(), &self.ctx.build);
+        let mut set = ChildSet::new(applier, self.selector());
+        let deployments = apply_children(&mut set, &children).await?;
+        prune_children(&mut set, &children, &self.ns).await?;
+        if let Some(id) = &new_run {
+            self.events.push(export_started(id, children.jobs.len()));
+        }
+        self.observe_run(new_run.is_some()).await?;
+        match self.export.spec.mode {
+            ExportMode::OneShot => self.observe_export_pods().await,
+            ExportMode::Continuous => self.observe_writers(&deployments).await,
         }
     }
-    applier
-        .report(
-            &Api::<ArchiveExport>::namespaced(client.clone(), &ns),
-            &*export,
-            export.status.as_ref(),
-            &status,
-            &events,
-        )
-        .await?;
-    Ok(Action::requeue(requeue))
+
+    /// A child the API server refused: nothing of this run started, the export is blocked.
+    fn settle(&mut self, applied: Result<(), Error>) -> Result<(), Error> {
+        match applied {
+            Ok(()) => Ok(()),
+            Err(Error::Rejected(r)) => {
+                self.status.run = self.old.run.clone();
+                self.obs.run = self.old.run.clone();
+                self.obs.run_jobs = vec![];
+                self.events.clear();
+                self.obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
+                self.requeue = Duration::from_secs(60);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Which run, if any, is new and needs its Jobs created; records it in status.
+    fn start_run(&mut self) -> Option<String> {
+        let (id, token) = wanted_run(self.export)?;
+        if self.old.run.as_ref().is_some_and(|r| r.id == id) || self.obs.suspended {
+            return None;
+        }
+        self.status.run = Some(RunStatus {
+            id: id.clone(),
+            token,
+            start_time: Some(time_string(self.now)),
+            completion_time: None,
+            succeeded: None,
+        });
+        Some(id)
+    }
+
+    /// The current run's Jobs: their phases, and the run's outcome once all finished.
+    async fn observe_run(&mut self, new_run: bool) -> Result<(), Error> {
+        if let Some(run) = self.status.run.clone().filter(|r| r.succeeded.is_none()) {
+            let tables = self.export.spec.source.all_tables();
+            if new_run {
+                self.obs.run_jobs = vec![JobPhase::Active; tables.len()];
+            } else {
+                let selector = format!("{},{LABEL_RUN}={}", self.selector(), run.id);
+                let listed = self
+                    .api::<Job>()
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(Error::Observe)?;
+                self.obs.run_jobs = tables
+                    .iter()
+                    .map(|t| {
+                        let want = build::job_name(self.export, t, &run.id);
+                        listed
+                            .items
+                            .iter()
+                            .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
+                            .map(job_phase)
+                            .unwrap_or(JobPhase::Missing)
+                    })
+                    .collect();
+                self.finish_run(&run.id);
+            }
+            self.requeue = Duration::from_secs(60);
+        }
+        self.obs.run = self.status.run.clone();
+        Ok(())
+    }
+
+    /// Records the run's outcome once every Job of it finished.
+    fn finish_run(&mut self, id: &str) {
+        let Some(ok) = run_outcome(&self.obs.run_jobs) else {
+            return;
+        };
+        if self.obs.run_jobs.contains(&JobPhase::Missing) {
+            return;
+        }
+        let r = self.status.run.as_mut().expect("run exists");
+        r.succeeded = Some(ok);
+        r.completion_time = Some(time_string(self.now));
+        let (type_, reason) = if ok {
+            (EventType::Normal, "ExportSucceeded")
+        } else {
+            (EventType::Warning, "ExportFailed")
+        };
+        self.events.push(Event {
+            type_,
+            reason: reason.into(),
+            note: Some(format!("run {id}")),
+            action: "Export".into(),
+            secondary: None,
+        });
+    }
+
+    /// OneShot: summaries and outcomes from the export pods' termination messages.
+    async fn observe_export_pods(&mut self) -> Result<(), Error> {
+        let listed = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(Error::Observe)?;
+        let found = read_pods(&listed.items);
+        self.obs.last_outcome = found.newest.map(|n| n.outcome);
+        // Why the newest attempt failed: of the current run (a scheduled export's last run is
+        // its newest pod).
+        let run_id = self.status.run.as_ref().map(|r| r.id.clone());
+        let scheduled = self.export.spec.schedule.is_some();
+        let attempts = listed.items.iter().filter(|p| {
+            scheduled || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
+        });
+        self.obs.pod_failure = newest_failure(attempts).map(|f| Problem::of_pod("export", &f));
+        self.status.tables =
+            merge_summaries(std::mem::take(&mut self.status.tables), found.summaries);
+        self.status.last_export = self
+            .status
+            .tables
+            .iter()
+            .max_by(|a, b| a.time.cmp(&b.time))
+            .cloned();
+        Ok(())
+    }
+
+    /// Continuous: the writers' Deployments, pods and each ready pod's `/status`.
+    async fn observe_writers(&mut self, deployments: &[Deployment]) -> Result<(), Error> {
+        let suspended = self.obs.suspended;
+        let tables = self.export.spec.source.all_tables().len() as i32;
+        self.obs.writers = writer_counts(deployments, if suspended { 0 } else { tables });
+        let listed = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(Error::Observe)?;
+        if !suspended {
+            self.obs.pod_failure =
+                pod_failure::first_failure(&listed.items, build::CONTAINER, self.now)
+                    .map(|f| Problem::of_pod("writer", &f));
+        }
+        let (writers, monitor) = probe_writers(self.ctx, &listed.items).await;
+        let writers = super::slots::merge_writers(
+            self.export,
+            &self.old.writers,
+            writers,
+            monitor,
+            suspended,
+        );
+        self.events
+            .extend(super::slots::slot_events(&self.old.writers, &writers));
+        if suspended {
+            self.obs.suspended_slots = super::slots::suspended_slots(self.export, &writers);
+        }
+        self.ctx.metrics.set_retained_wal(
+            &self.ns,
+            &self.export.name_any(),
+            writers
+                .iter()
+                .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
+        );
+        self.obs.writers_with_snapshot = writers
+            .iter()
+            .filter(|w| w.last_snapshot_at.is_some())
+            .count();
+        if let Some(newest) = newest_snapshot(&writers) {
+            self.status.last_export = Some(newest);
+        }
+        self.status.writers = writers;
+        self.requeue = Duration::from_secs(30);
+        Ok(())
+    }
+
+    /// The conditions the observation asks for, merged into the old ones.
+    fn conditions(&mut self) {
+        let desired = export_conditions(&self.obs);
+        self.status.conditions = conditions::merge(
+            &self.old.conditions,
+            &desired,
+            &EXPORT_TYPES,
+            self.now,
+            self.export.metadata.generation,
+        );
+    }
+
+    /// The failing gauge and each table's last success.
+    fn record_metrics(&self) {
+        let (ns, name) = (self.ns.as_str(), self.export.name_any());
+        let failing = self
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == Status::False);
+        let metrics = &self.ctx.metrics;
+        metrics
+            .export_failing
+            .with_label_values(&[ns, name.as_str()])
+            .set(if failing { 1.0 } else { 0.0 });
+        for t in &self.status.tables {
+            if let Some(ts) = t
+                .time
+                .as_deref()
+                .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+            {
+                metrics.set_export_success(ns, &name, &t.table, ts.as_second() as f64);
+            }
+        }
+    }
+
+    /// Status (only when changed), with the Events of this round and of failure transitions.
+    async fn write_status(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
+        self.events.extend(super::status::export_events(
+            &self.old.conditions,
+            &self.status.conditions,
+        ));
+        let export = self.export;
+        applier
+            .report(
+                &self.api::<ArchiveExport>(),
+                export,
+                export.status.as_ref(),
+                &self.status,
+                &self.events,
+            )
+            .await
+    }
+}
+
+/// Applies the export's children; returns its writer Deployments as they now are. The Leases
+/// and the exporter's rights on them go first: a new pod finds them.
+async fn apply_children(
+    set: &mut ChildSet<'_>,
+    children: &ExportChildren,
+) -> Result<Vec<Deployment>, Error> {
+    if let Some(pvc) = &children.pvc {
+        set.apply(pvc).await?;
+    }
+    for cj in &children.cron_jobs {
+        set.apply(cj).await?;
+    }
+    if let Some(la) = &children.lease_access {
+        if let Some(sa) = &la.service_account {
+            set.apply(sa).await?;
+        }
+        set.apply(&la.role).await?;
+        set.apply(&la.role_binding).await?;
+        for l in &la.leases {
+            set.apply(l).await?;
+        }
+    }
+    let mut deployments = vec![];
+    for d in &children.deployments {
+        deployments.push(set.apply(d).await?);
+    }
+    if let Some(m) = &children.slot_monitor {
+        set.apply(m).await?;
+    }
+    for j in &children.jobs {
+        set.apply(j).await?;
+    }
+    Ok(deployments)
+}
+
+/// Deletes the children not wanted any more (mode, schedule or tables changed). Jobs are left
+/// to their TTL.
+async fn prune_children(
+    set: &mut ChildSet<'_>,
+    children: &ExportChildren,
+    ns: &str,
+) -> Result<(), Error> {
+    set.prune::<CronJob>(ns).await?;
+    let deployments_pruned = set.prune::<Deployment>(ns).await?;
+    // After the Deployments, so no exporter outlives its Lease rights. Only where some can be
+    // stale: a continuous export (its tables changed) or one that just left that mode.
+    if children.lease_access.is_some() || deployments_pruned > 0 {
+        set.prune::<Lease>(ns).await?;
+        set.prune::<RoleBinding>(ns).await?;
+        set.prune::<Role>(ns).await?;
+        set.prune::<ServiceAccount>(ns).await?;
+    }
+    Ok(())
+}
+
+fn export_started(run: &str, jobs: usize) -> Event {
+    Event {
+        type_: EventType::Normal,
+        reason: "ExportStarted".into(),
+        note: Some(format!("run {run}: {jobs} Job(s) created")),
+        action: "CreateJobs".into(),
+        secondary: None,
+    }
+}
+
+/// Ready writers (one per Deployment at most) of `desired`, and whether one's rollout is stuck.
+fn writer_counts(deployments: &[Deployment], desired: i32) -> WriterCounts {
+    let ready = deployments
+        .iter()
+        .map(|d| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.available_replicas)
+                .unwrap_or(0)
+                .min(1)
+        })
+        .sum();
+    let stalled = deployments.iter().any(|d| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_.as_deref() == Some("Progressing")
+                        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+                })
+            })
+    });
+    WriterCounts {
+        ready,
+        desired,
+        stalled,
+    }
+}
+
+/// Each pod's `/status`: the writers' (by table, at most 32) and the slot monitor's.
+async fn probe_writers(ctx: &Context, pods: &[Pod]) -> (Vec<WriterStatus>, Option<SlotReport>) {
+    let mut writers: Vec<WriterStatus> = vec![];
+    let mut monitor = None;
+    for pod in pods {
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
+        let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+            continue;
+        };
+        if let Some(w) = observe::parse_writer_status(&body) {
+            writers.push(w);
+        } else if let Some(m) = observe::parse_slot_monitor(&body) {
+            monitor = Some(m);
+        }
+    }
+    writers.sort_by(|a, b| a.table.cmp(&b.table));
+    writers.truncate(32);
+    (writers, monitor)
+}
+
+/// The newest snapshot of any writer, for the printer columns.
+fn newest_snapshot(writers: &[WriterStatus]) -> Option<ExportSummary> {
+    let w = writers
+        .iter()
+        .filter(|w| w.last_snapshot_at.is_some())
+        .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))?;
+    Some(ExportSummary {
+        table: w.table.clone(),
+        key_prefix: None,
+        position: w.head_position.clone(),
+        row_count: None,
+        epoch: w.epoch,
+        time: w.last_snapshot_at.clone(),
+        pod: None,
+    })
 }
 
 #[cfg(test)]
@@ -581,7 +669,10 @@ mod tests {
         ];
         let f = read_pods(&pods);
         assert_eq!(f.summaries.len(), 2);
-        let (_, success, msg) = f.newest.unwrap();
+        let PodOutcome {
+            succeeded: success,
+            detail: msg,
+        } = f.newest.unwrap().outcome;
         assert!(!success);
         assert!(
             msg.contains("exited 1") && msg.contains("connection refused"),

@@ -11,6 +11,7 @@ pub mod export;
 pub mod slots;
 pub mod source;
 pub mod source_set;
+pub mod status;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -52,50 +53,6 @@ impl<K> Child for K where
 {
 }
 
-/// Events for the failure conditions' transitions: `Stalled=True` (its reason, Warning),
-/// `Degraded=True` without `Stalled` (its reason, Warning), and `Recovered` once a failure
-/// that was reported clears. First visits only when abnormal; nothing while unchanged.
-pub(crate) fn failure_events(
-    before: &[crate::operator::crd::common::Condition],
-    after: &[crate::operator::crd::common::Condition],
-) -> Vec<kube::runtime::events::Event> {
-    use crate::operator::conditions::{DEGRADED, STALLED, is_true, transitions};
-    use kube::runtime::events::{Event, EventType};
-    let event = |type_, reason: &str, note: &str| Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    let was_failing = is_true(before, STALLED) || is_true(before, DEGRADED);
-    let failing = is_true(after, STALLED) || is_true(after, DEGRADED);
-    let changed = transitions(before, after);
-    // Turned True, or True for another reason (one cause fixed, the next one found).
-    let newly_true = |t: &str| {
-        after.iter().find(|c| {
-            c.type_ == t
-                && c.status == "True"
-                && (changed.iter().any(|x| x.type_ == t)
-                    || before.iter().any(|b| b.type_ == t && b.reason != c.reason))
-        })
-    };
-    if let Some(s) = newly_true(STALLED) {
-        return vec![event(EventType::Warning, &s.reason, &s.message)];
-    }
-    if let Some(d) = newly_true(DEGRADED).filter(|_| !is_true(after, STALLED)) {
-        return vec![event(EventType::Warning, &d.reason, &d.message)];
-    }
-    if was_failing && !failing {
-        return vec![event(
-            EventType::Normal,
-            "Recovered",
-            "the failure reported before has cleared",
-        )];
-    }
-    vec![]
-}
-
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -106,7 +63,9 @@ where
     }
 }
 
-fn error_policy<K: kube::Resource>(
+/// A failed reconcile: counted and published as a `ReconcileFailed` Warning Event, both
+/// labelled with the step that failed; retried after 30 s.
+fn error_policy<K: kube::Resource<DynamicType = ()>>(
     controller: &'static str,
 ) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
     move |obj, err, ctx| {
@@ -114,7 +73,25 @@ fn error_policy<K: kube::Resource>(
             .errors
             .with_label_values(&[controller, err.label()])
             .inc();
-        tracing::warn!(%err, controller, object = %obj_name(&*obj), "reconcile failed");
+        tracing::warn!(%err, controller, step = err.label(), object = %obj_name(&*obj), "reconcile failed");
+        let event = status::event(
+            kube::runtime::events::EventType::Warning,
+            "ReconcileFailed",
+            &err.to_string(),
+            err.label(),
+        );
+        let reference = obj.object_ref(&());
+        ctx.metrics
+            .api_writes
+            .with_label_values(&[controller, "Event", "create"])
+            .inc();
+        let recorder = ctx.recorder.clone();
+        // Best effort, off the controller's loop: the next failure publishes again.
+        tokio::spawn(async move {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                tracing::warn!(%err, controller, "could not publish the reconcile failure");
+            }
+        });
         Action::requeue(Duration::from_secs(30))
     }
 }

@@ -6,7 +6,7 @@ use kube::runtime::events::{Event, EventType};
 
 use crate::operator::builders::cleanup::{kept_slots, table_of_slot};
 use crate::operator::crd::archive_export::{ArchiveExport, WriterStatus};
-use crate::operator::observe::{SlotJson, set_slot};
+use crate::operator::observe::{SlotReport, set_slot};
 use crate::source::postgres::format_bytes;
 
 /// Writers' status for this reconcile. Running: what the writers reported. Suspended: the last
@@ -16,14 +16,14 @@ pub fn merge_writers(
     export: &ArchiveExport,
     old: &[WriterStatus],
     reported: Vec<WriterStatus>,
-    monitor: Option<(Vec<SlotJson>, Option<String>)>,
+    monitor: Option<SlotReport>,
     suspended: bool,
 ) -> Vec<WriterStatus> {
     if !suspended {
         return reported;
     }
     let mut out: Vec<WriterStatus> = old.to_vec();
-    let Some((slots, observed_at)) = monitor else {
+    let Some(SlotReport { slots, observed_at }) = monitor else {
         return out;
     };
     for slot in slots {
@@ -129,6 +129,7 @@ pub fn slot_events(old: &[WriterStatus], new: &[WriterStatus]) -> Vec<Event> {
 mod tests {
     use super::*;
     use crate::operator::builders::tests::export_fixture;
+    use crate::operator::observe::SlotJson;
 
     fn slot(name: &str, bytes: i64) -> SlotJson {
         SlotJson {
@@ -156,7 +157,10 @@ mod tests {
             retained_wal_bytes: Some(100),
             ..Default::default()
         }];
-        let m = Some((vec![slot(&slot_name, 4096)], Some("t1".into())));
+        let m = Some(SlotReport {
+            slots: vec![slot(&slot_name, 4096)],
+            observed_at: Some("t1".into()),
+        });
         let w = merge_writers(&e, &last, vec![], m, true);
         assert_eq!(
             (w[0].epoch, w[0].head_position.as_deref()),
@@ -166,7 +170,10 @@ mod tests {
         assert_eq!(w[0].retained_wal_bytes_at_suspension, Some(4096));
         assert_eq!(w[0].buffer_depth, None);
         // Later readings grow; the figure at suspension stays.
-        let m = Some((vec![slot(&slot_name, 1 << 20)], Some("t2".into())));
+        let m = Some(SlotReport {
+            slots: vec![slot(&slot_name, 1 << 20)],
+            observed_at: Some("t2".into()),
+        });
         let w = merge_writers(&e, &w, vec![], m, true);
         assert_eq!(
             (

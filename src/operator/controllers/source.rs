@@ -6,18 +6,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod, Service};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 
-use super::apply::Applier;
+use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
-use crate::operator::builders::engine_config::{resolve, source_id};
+use super::status::source_events;
+use crate::operator::builders::engine_config::{ResolvedArchive, resolve, source_id};
 use crate::operator::builders::{LABEL_SOURCE, source as build};
 use crate::operator::conditions::{
     self, DEFAULT_MAX_REBASELINES_PER_HOUR, Problem, SOURCE_TYPES, SourceObservation,
@@ -25,63 +26,15 @@ use crate::operator::conditions::{
 };
 use crate::operator::crd::archive_export::ArchiveExport;
 use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
-use crate::operator::crd::common::Condition;
 use crate::operator::dereference::{self, Missing};
 use crate::operator::observe::{self, EngineSource};
-use crate::operator::rebaseline::RebaselineTracker;
+use crate::operator::rebaseline::{RebaselineSample, RebaselineTracker};
 use crate::operator::{pod_failure, validate};
 
 /// Parses an LSN (`16/B374D848`) for ordering.
 fn lsn(s: &str) -> Option<u64> {
     let (hi, lo) = s.split_once('/')?;
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
-
-/// Events for failure, re-baseline and readiness transitions (first visits only when
-/// abnormal).
-fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
-    let mut out = vec![];
-    let changed = conditions::transitions(before, after);
-    // A failure's own Event says why it is not ready.
-    let failing = changed.iter().any(|c| {
-        c.status == "True" && (c.type_ == conditions::STALLED || c.type_ == conditions::DEGRADED)
-    });
-    let was = |t: &str| before.iter().find(|b| b.type_ == t);
-    for c in changed {
-        let first = was(&c.type_).is_none();
-        let (type_, reason) = match (c.type_.as_str(), c.status.as_str()) {
-            (conditions::REBASELINING, "True") => (EventType::Warning, "Rebaselining"),
-            (conditions::REBASELINING, "False") if !first => {
-                (EventType::Normal, "RebaselineSettled")
-            }
-            // The condition's reason: a failing engine's, FrequentRebaselines or ShortChain.
-            (conditions::STALLED, "True") => (EventType::Warning, c.reason.as_str()),
-            (conditions::DEGRADED, "True") if !conditions::is_true(after, conditions::STALLED) => {
-                (EventType::Warning, c.reason.as_str())
-            }
-            (conditions::DEGRADED, "False") if !first => {
-                let rebaselines = was(conditions::DEGRADED)
-                    .is_some_and(|d| d.reason == "FrequentRebaselines" || d.reason == "ShortChain");
-                let reason = if rebaselines {
-                    "RebaselinesNormal"
-                } else {
-                    "Recovered"
-                };
-                (EventType::Normal, reason)
-            }
-            (conditions::READY, "True") => (EventType::Normal, "Ready"),
-            (conditions::READY, "False") if !first && !failing => (EventType::Warning, "NotReady"),
-            _ => continue,
-        };
-        out.push(Event {
-            type_,
-            reason: reason.into(),
-            note: Some(c.message.chars().take(1000).collect()),
-            action: "Observe".into(),
-            secondary: None,
-        });
-    }
-    out
 }
 
 /// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
@@ -95,7 +48,8 @@ async fn failed_create(
             "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
             sts.name_any()
         )))
-        .await?;
+        .await
+        .map_err(Error::Observe)?;
     Ok(events
         .items
         .into_iter()
@@ -111,271 +65,370 @@ async fn failed_create(
 
 pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = source.namespace().ok_or(Error::NoNamespace)?;
-    let name = source.name_any();
-    let key = format!("{ns}/{name}");
-    let now = ctx.now();
-    let client = ctx.client.clone();
-    let old = source.status.clone().unwrap_or_default();
     let applier = Applier::new(&ctx, "source", MANAGER_SOURCE);
-    let mut status = ArchiveSourceStatus {
-        observed_generation: source.metadata.generation,
-        ..old.clone()
-    };
-    let suspended = source.spec.suspend == Some(true);
-    let desired_replicas = if suspended {
-        0
-    } else {
-        source.spec.replicas.unwrap_or(1)
-    };
-    let max_per_hour = source
-        .spec
-        .rebaseline
-        .as_ref()
-        .and_then(|r| r.max_per_hour)
-        .map(|m| m as u64)
-        .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR);
-    let mut obs = SourceObservation {
-        blocked: None,
-        pod_failure: None,
-        suspended,
-        desired_replicas,
-        ready_replicas: 0,
-        rolled_out: false,
-        pods_not_created: None,
-        engines: vec![],
-        rebaselining: false,
-        rebaselines_last_hour: 0,
-        max_per_hour,
-    };
-
-    // Engines are polled for lag and re-baselines.
-    let mut requeue = Duration::from_secs(30);
-
-    // Dereference (the export, then what the engines mount), then validate: nothing is built
-    // while something is missing or the spec cannot work. The ArchiveExport watch brings an
-    // export that appears; Secrets and ConfigMaps are looked at again after RECHECK.
-    let export = match &source.spec.archive.export_ref {
-        Some(r) => {
-            Api::<ArchiveExport>::namespaced(client.clone(), &ns)
-                .get_opt(&r.name)
-                .await?
+    let mut round = SourceRound::new(&source, &ctx, ns);
+    // Nothing is built while something is missing or the spec cannot work. The ArchiveExport
+    // watch brings an export that appears; Secrets and ConfigMaps are looked at again after
+    // RECHECK.
+    let export = round.dereference().await?;
+    if let Some(archive) = round.validate(export.as_ref()) {
+        let applied = round.build_and_apply(&applier, &archive).await;
+        if let Some(sts) = round.settle(applied)? {
+            round.observe_stateful_set(&sts).await?;
+            round.observe_engines().await?;
         }
-        None => None,
-    };
-    let references = dereference::source_references(&source, export.as_ref());
-    if let (Some(r), None) = (&source.spec.archive.export_ref, &export) {
-        let missing = Missing::Export {
-            name: r.name.clone(),
-        };
-        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
-    } else if let Some(missing) = dereference::check(&client, &ns, &references).await? {
-        obs.blocked = Some(Problem::new(missing.reason(), missing.message(&ns)));
-        requeue = dereference::RECHECK;
-    } else if let Err(message) = validate::source(&source) {
-        obs.blocked = Some(Problem::new("InvalidSpec", message));
     }
-    let resolved = match obs.blocked {
-        Some(_) => None,
-        None => match resolve(&source, export.as_ref()) {
-            Ok(r) => Some(r),
+    round.conditions();
+    round.write_status(&applier).await?;
+    Ok(Action::requeue(round.requeue))
+}
+
+/// One reconcile of a source: what it observed, the status it will write.
+struct SourceRound<'a> {
+    source: &'a ArchiveSource,
+    ctx: &'a Context,
+    ns: String,
+    now: Timestamp,
+    old: ArchiveSourceStatus,
+    status: ArchiveSourceStatus,
+    obs: SourceObservation,
+    requeue: Duration,
+}
+
+impl<'a> SourceRound<'a> {
+    fn new(source: &'a ArchiveSource, ctx: &'a Context, ns: String) -> Self {
+        let old = source.status.clone().unwrap_or_default();
+        let suspended = source.spec.suspend == Some(true);
+        let obs = SourceObservation {
+            blocked: None,
+            pod_failure: None,
+            suspended,
+            desired_replicas: if suspended {
+                0
+            } else {
+                source.spec.replicas.unwrap_or(1)
+            },
+            ready_replicas: 0,
+            rolled_out: false,
+            pods_not_created: None,
+            engines: vec![],
+            rebaselining: false,
+            rebaselines_last_hour: 0,
+            max_per_hour: source
+                .spec
+                .rebaseline
+                .as_ref()
+                .and_then(|r| r.max_per_hour)
+                .map(|m| m as u64)
+                .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR),
+        };
+        Self {
+            source,
+            ctx,
+            ns,
+            now: ctx.now(),
+            status: ArchiveSourceStatus {
+                observed_generation: source.metadata.generation,
+                ..old.clone()
+            },
+            old,
+            obs,
+            // Engines are polled for lag and re-baselines.
+            requeue: Duration::from_secs(30),
+        }
+    }
+
+    fn api<K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>>(&self) -> Api<K>
+    where
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.ctx.client.clone(), &self.ns)
+    }
+
+    fn block(&mut self, reason: &str, message: String) {
+        self.obs.blocked = Some(Problem::new(reason, message));
+    }
+
+    /// The export (`exportRef`), then what the engines mount; returns the export.
+    async fn dereference(&mut self) -> Result<Option<ArchiveExport>, Error> {
+        let export = match &self.source.spec.archive.export_ref {
+            Some(r) => self
+                .api::<ArchiveExport>()
+                .get_opt(&r.name)
+                .await
+                .map_err(Error::Dereference)?,
+            None => None,
+        };
+        let missing = match (&self.source.spec.archive.export_ref, &export) {
+            (Some(r), None) => Some(Missing::Export {
+                name: r.name.clone(),
+            }),
+            _ => {
+                let references = dereference::source_references(self.source, export.as_ref());
+                let missing = dereference::check(&self.ctx.client, &self.ns, &references)
+                    .await
+                    .map_err(Error::Dereference)?;
+                if missing.is_some() {
+                    self.requeue = dereference::RECHECK;
+                }
+                missing
+            }
+        };
+        if let Some(missing) = missing {
+            self.block(missing.reason(), missing.message(&self.ns));
+        }
+        Ok(export)
+    }
+
+    /// What the schema cannot check, then the archive the engines read; `None`: blocked.
+    fn validate(&mut self, export: Option<&ArchiveExport>) -> Option<ResolvedArchive> {
+        if self.obs.blocked.is_some() {
+            return None;
+        }
+        match validate::source(self.source).and_then(|()| resolve(self.source, export)) {
+            Ok(archive) => Some(archive),
             Err(message) => {
-                obs.blocked = Some(Problem::new("InvalidSpec", message));
+                self.block("InvalidSpec", message);
                 None
             }
-        },
-    };
+        }
+    }
 
-    let mut applied = None;
-    if let Some(archive) = &resolved {
-        let caches = &ctx.caches;
+    /// Builds and applies the engines' ConfigMap, Service and StatefulSet (compared against
+    /// the caches); returns the StatefulSet as it now is.
+    async fn build_and_apply(
+        &self,
+        applier: &Applier<'_>,
+        archive: &ResolvedArchive,
+    ) -> Result<StatefulSet, Error> {
+        let caches = &self.ctx.caches;
         cache_ready(&caches.config_maps).await?;
         cache_ready(&caches.services).await?;
         cache_ready(&caches.stateful_sets).await?;
-        let children = build::children(&source, archive, &ctx.build);
-        let result: Result<StatefulSet, Error> = async {
-            applier
-                .apply_cached(
-                    &Api::<ConfigMap>::namespaced(client.clone(), &ns),
-                    children.config_map,
-                    &caches.config_maps,
-                )
-                .await?;
-            applier
-                .apply_cached(
-                    &Api::<Service>::namespaced(client.clone(), &ns),
-                    children.service,
-                    &caches.services,
-                )
-                .await?;
-            let name = source.name_any();
-            applier
-                .apply_or_prune(
-                    &Api::<NetworkPolicy>::namespaced(client.clone(), &ns),
-                    &name,
-                    children.network_policy,
-                )
-                .await?;
-            applier
-                .apply_or_prune(
-                    &Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns),
-                    &name,
-                    children.pod_disruption_budget,
-                )
-                .await?;
-            Ok(
-                match applier
-                    .apply_cached(
-                        &Api::<StatefulSet>::namespaced(client.clone(), &ns),
-                        children.stateful_set,
-                        &caches.stateful_sets,
-                    )
-                    .await?
-                {
-                    (Some(s), _) => s,
-                    (None, Some(s)) => (*s).clone(),
-                    (None, None) => {
-                        unreachable!("an apply is skipped only for an observed object")
-                    }
-                },
+        let children = build::children(self.source, archive, &self.ctx.build);
+        let mut set = ChildSet::new(
+            applier,
+            format!("{LABEL_SOURCE}={}", self.source.name_any()),
+        );
+        set.apply_cached(children.config_map, &caches.config_maps)
+            .await?;
+        set.apply_cached(children.service, &caches.services).await?;
+        // Optional children: applied when wanted, deleted when not.
+        let name = self.source.name_any();
+        applier
+            .apply_or_prune(&self.api::<NetworkPolicy>(), &name, children.network_policy)
+            .await?;
+        applier
+            .apply_or_prune(
+                &self.api::<PodDisruptionBudget>(),
+                &name,
+                children.pod_disruption_budget,
             )
-        }
-        .await;
-        match result {
-            Ok(sts) => applied = Some(sts),
-            Err(Error::Rejected(r)) => {
-                obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
-                requeue = Duration::from_secs(60);
-            }
-            Err(e) => return Err(e),
+            .await?;
+        match set
+            .apply_cached(children.stateful_set, &caches.stateful_sets)
+            .await?
+        {
+            (Some(applied), _) => Ok(applied),
+            (None, Some(cached)) => Ok((*cached).clone()),
+            (None, None) => unreachable!("an apply is skipped only for an observed object"),
         }
     }
 
-    if let Some(sts) = applied {
-        let st = sts.status.clone().unwrap_or_default();
-        obs.ready_replicas = st.ready_replicas.unwrap_or(0);
-        obs.rolled_out = st.observed_generation.unwrap_or(0)
-            >= sts.metadata.generation.unwrap_or(0)
-            && st.updated_replicas.unwrap_or(0) >= desired_replicas
-            && st.replicas <= desired_replicas;
-        status.ready_replicas = Some(obs.ready_replicas);
-        // Too few pods: say why when the StatefulSet controller could not create one.
-        if !suspended && sts.status.is_some() && st.replicas < desired_replicas {
-            obs.pods_not_created = failed_create(&client, &ns, &sts).await?;
+    /// A child the API server refused is a condition; returns the StatefulSet otherwise.
+    fn settle(
+        &mut self,
+        applied: Result<StatefulSet, Error>,
+    ) -> Result<Option<StatefulSet>, Error> {
+        match applied {
+            Ok(sts) => Ok(Some(sts)),
+            Err(Error::Rejected(r)) => {
+                self.block("ChildRejected", r.to_string());
+                self.requeue = Duration::from_secs(60);
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
+    }
 
-        // Scrape the engines.
-        let id = source_id(&source);
-        let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+    /// Replicas ready and rolled out; too few pods: why the StatefulSet controller could not
+    /// create one.
+    async fn observe_stateful_set(&mut self, sts: &StatefulSet) -> Result<(), Error> {
+        let desired = self.obs.desired_replicas;
+        let st = sts.status.clone().unwrap_or_default();
+        self.obs.ready_replicas = st.ready_replicas.unwrap_or(0);
+        self.obs.rolled_out = st.observed_generation.unwrap_or(0)
+            >= sts.metadata.generation.unwrap_or(0)
+            && st.updated_replicas.unwrap_or(0) >= desired
+            && st.replicas <= desired;
+        self.status.ready_replicas = Some(self.obs.ready_replicas);
+        if !self.obs.suspended && sts.status.is_some() && st.replicas < desired {
+            self.obs.pods_not_created = failed_create(&self.ctx.client, &self.ns, sts).await?;
+        }
+        Ok(())
+    }
+
+    /// The engines' pods, `/status`: failures, positions, lag, re-baselines.
+    async fn observe_engines(&mut self) -> Result<(), Error> {
+        let name = self.source.name_any();
+        let pods = self
+            .api::<Pod>()
             .list(&ListParams::default().labels(&format!("{LABEL_SOURCE}={name}")))
-            .await?;
-        if !suspended {
-            obs.pod_failure = pod_failure::first_failure(&pods.items, build::CONTAINER, now)
-                .map(|f| Problem::of_pod("engine", &f));
+            .await
+            .map_err(Error::Observe)?;
+        if !self.obs.suspended {
+            self.obs.pod_failure =
+                pod_failure::first_failure(&pods.items, build::CONTAINER, self.now)
+                    .map(|f| Problem::of_pod("engine", &f));
         }
-        let mut samples = vec![];
-        let mut engines: Vec<EngineSource> = vec![];
-        // Rows of the fullest engine (replicas hold copies, so no sum).
-        let mut rows: Option<i64> = None;
-        let last_scrape = ctx
-            .trackers
-            .lock()
-            .unwrap()
-            .get(&key)
-            .and_then(|t| t.last_scrape);
-        for pod in &pods.items {
-            let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-                continue;
-            };
-            // `/status` only: open whatever spec.access protects, and free of row data.
-            let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
-                continue;
-            };
-            let Some(entries) = observe::parse_engine_status(&body, &id) else {
-                continue;
-            };
-            if let Some(r) = observe::parse_engine_rows(&body, &id) {
-                rows = Some(rows.map_or(r, |m: i64| m.max(r)));
-            }
-            // The sources' `rebaselines`: the counter behind laredo_source_rebaseline_total.
-            let counts: Vec<i64> = entries.iter().filter_map(|e| e.rebaselines).collect();
-            if !counts.is_empty() {
-                let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
-                let is_new = matches!((last_scrape, created), (Some(l), Some(c)) if c > l);
-                samples.push((pod.name_any(), counts.iter().sum::<i64>() as f64, is_new));
-            }
-            engines.extend(entries);
-        }
-        let tracker = {
-            let mut trackers = ctx.trackers.lock().unwrap();
-            let t = trackers.entry(key.clone()).or_insert_with(|| {
-                let r = old.rebaselines.clone().unwrap_or_default();
-                RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
-            });
-            t.observe(now, &samples);
-            t.clone()
-        };
-        obs.rebaselining = tracker.recent(now);
-        obs.rebaselines_last_hour = tracker.in_last_hour(now);
-        status.rebaselines = Some(RebaselineStatus {
-            total: tracker.total,
-            last_time: tracker.last_time.map(time_string),
-        });
-        status.position = engines
+        let scrape = scrape_engines(self.ctx, self.source, &self.tracker_key(), &pods.items).await;
+        self.track_rebaselines(&scrape.rebaselines);
+        let engines = &scrape.engines;
+        self.status.position = engines
             .iter()
             .filter_map(|e| e.position.clone())
             .min_by_key(|p| lsn(p).unwrap_or(0));
-        status.head = engines
+        self.status.head = engines
             .iter()
             .filter_map(|e| e.head.clone())
             .max_by_key(|p| lsn(p).unwrap_or(0));
         // The time of the head, not its age: status changes when the head does, never by
         // itself (kubectl shows the age in the HEAD AGE column).
-        status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
+        self.status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
         let lag = engines
             .iter()
             .filter_map(|e| e.lag_seconds)
             .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
-        status.rows = rows.or_else(|| engines.iter().filter_map(|e| e.rows).max());
-        obs.engines = engines;
-        ctx.metrics
+        self.status.rows = scrape
+            .rows
+            .or_else(|| engines.iter().filter_map(|e| e.rows).max());
+        self.obs.engines = scrape.engines;
+        let labels = [self.ns.as_str(), name.as_str()];
+        let metrics = &self.ctx.metrics;
+        metrics
             .source_lag
-            .with_label_values(&[ns.as_str(), name.as_str()])
+            .with_label_values(&labels)
             .set(lag.unwrap_or(0.0));
-        ctx.metrics
+        metrics
             .source_rebaselines_last_hour
-            .with_label_values(&[ns.as_str(), name.as_str()])
-            .set(obs.rebaselines_last_hour as f64);
+            .with_label_values(&labels)
+            .set(self.obs.rebaselines_last_hour as f64);
+        Ok(())
     }
 
-    let desired = source_conditions(&obs);
-    status.conditions = conditions::merge(
-        &old.conditions,
-        &desired,
-        &SOURCE_TYPES,
-        now,
-        source.metadata.generation,
-    );
-    ctx.metrics
-        .source_degraded
-        .with_label_values(&[ns.as_str(), name.as_str()])
-        .set(
-            if conditions::is_true(&status.conditions, conditions::DEGRADED) {
-                1.0
-            } else {
-                0.0
-            },
+    /// The re-baseline tracker's key: `namespace/name`.
+    fn tracker_key(&self) -> String {
+        format!("{}/{}", self.ns, self.source.name_any())
+    }
+
+    /// Feeds the engines' re-baseline counters to the tracker (resumed from status after a
+    /// restart) and reads back whether one is under way and how many the last hour saw.
+    fn track_rebaselines(&mut self, samples: &[RebaselineSample]) {
+        let now = self.now;
+        let tracker = {
+            let mut trackers = self.ctx.trackers.lock().unwrap();
+            let t = trackers.entry(self.tracker_key()).or_insert_with(|| {
+                let r = self.old.rebaselines.clone().unwrap_or_default();
+                RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
+            });
+            t.observe(now, samples);
+            t.clone()
+        };
+        self.obs.rebaselining = tracker.recent(now);
+        self.obs.rebaselines_last_hour = tracker.in_last_hour(now);
+        self.status.rebaselines = Some(RebaselineStatus {
+            total: tracker.total,
+            last_time: tracker.last_time.map(time_string),
+        });
+    }
+
+    fn conditions(&mut self) {
+        let desired = source_conditions(&self.obs);
+        self.status.conditions = conditions::merge(
+            &self.old.conditions,
+            &desired,
+            &SOURCE_TYPES,
+            self.now,
+            self.source.metadata.generation,
         );
-    let events = transition_events(&old.conditions, &status.conditions);
-    applier
-        .report(
-            &Api::<ArchiveSource>::namespaced(client.clone(), &ns),
-            &*source,
-            source.status.as_ref(),
-            &status,
-            &events,
-        )
-        .await?;
-    Ok(Action::requeue(requeue))
+        let degraded = conditions::is_true(&self.status.conditions, conditions::DEGRADED);
+        self.ctx
+            .metrics
+            .source_degraded
+            .with_label_values(&[self.ns.as_str(), self.source.name_any().as_str()])
+            .set(if degraded { 1.0 } else { 0.0 });
+    }
+
+    /// Status (only when changed), with Events on its conditions' transitions.
+    async fn write_status(&self, applier: &Applier<'_>) -> Result<(), Error> {
+        let events = source_events(&self.old.conditions, &self.status.conditions);
+        applier
+            .report(
+                &self.api::<ArchiveSource>(),
+                self.source,
+                self.source.status.as_ref(),
+                &self.status,
+                &events,
+            )
+            .await
+    }
+}
+
+/// What the engines' `/status` said.
+struct EngineScrape {
+    engines: Vec<EngineSource>,
+    /// Rows of the fullest engine (replicas hold copies, so no sum).
+    rows: Option<i64>,
+    rebaselines: Vec<RebaselineSample>,
+}
+
+/// Asks each engine pod with an IP for its `/status` (this source's entries).
+async fn scrape_engines(
+    ctx: &Context,
+    source: &ArchiveSource,
+    tracker_key: &str,
+    pods: &[Pod],
+) -> EngineScrape {
+    let id = source_id(source);
+    let mut out = EngineScrape {
+        engines: vec![],
+        rows: None,
+        rebaselines: vec![],
+    };
+    let last_scrape = ctx
+        .trackers
+        .lock()
+        .unwrap()
+        .get(tracker_key)
+        .and_then(|t| t.last_scrape);
+    for pod in pods {
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
+        // `/status` only: open whatever spec.access protects, and free of row data.
+        let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+            continue;
+        };
+        let Some(entries) = observe::parse_engine_status(&body, &id) else {
+            continue;
+        };
+        if let Some(r) = observe::parse_engine_rows(&body, &id) {
+            out.rows = Some(out.rows.map_or(r, |m: i64| m.max(r)));
+        }
+        // The sources' `rebaselines`: the counter behind laredo_source_rebaseline_total.
+        let counts: Vec<i64> = entries.iter().filter_map(|e| e.rebaselines).collect();
+        if !counts.is_empty() {
+            let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let new_pod = matches!((last_scrape, created), (Some(l), Some(c)) if c > l);
+            out.rebaselines.push(RebaselineSample {
+                pod: pod.name_any(),
+                total: counts.iter().sum::<i64>() as f64,
+                new_pod,
+            });
+        }
+        out.engines.extend(entries);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -13,243 +13,326 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::apply::Applier;
+use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
+use super::status::set_events;
 use crate::operator::builders::source_set::{
     LABEL_SOURCE_SET, child_source, copy_name, credentials_digest, owned_by, per_namespace_secret,
     secret_copy, selected_namespaces, shares_credentials,
 };
 use crate::operator::conditions::{
-    self, SOURCE_SET_TYPES, SetObservation, namespace_state, source_set_conditions,
+    self, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state, source_set_conditions,
 };
 use crate::operator::crd::archive_source::ArchiveSource;
 use crate::operator::crd::archive_source_set::{
     ArchiveSourceSet, ArchiveSourceSetStatus, FailingNamespace,
 };
-use crate::operator::crd::common::Condition;
 
 const MAX_FAILING: usize = 64;
 const MAX_MESSAGE: usize = 4096;
-
-fn problem(reason: &str, message: String) -> (String, String) {
-    (reason.to_string(), message)
-}
-
-/// Events when the set becomes ready or starts failing (first visits only when abnormal).
-fn transition_events(before: &[Condition], after: &[Condition]) -> Vec<Event> {
-    let mut out = vec![];
-    for c in conditions::transitions(before, after) {
-        let first = !before.iter().any(|b| b.type_ == c.type_);
-        let (type_, reason) = match (c.type_.as_str(), c.status.as_str()) {
-            (conditions::READY, "True") => (EventType::Normal, "Ready"),
-            (conditions::STALLED, "True") => (EventType::Warning, c.reason.as_str()),
-            (conditions::STALLED, "False") if !first => (EventType::Normal, "Recovered"),
-            _ => continue,
-        };
-        out.push(Event {
-            type_,
-            reason: reason.into(),
-            note: Some(c.message.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        });
-    }
-    out
-}
 
 pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     if set.metadata.deletion_timestamp.is_some() {
         // Owner references: the garbage collector removes the children.
         return Ok(Action::await_change());
     }
-    let client = ctx.client.clone();
     let applier = Applier::new(&ctx, "source-set", MANAGER_SOURCE_SET);
-    let name = set.name_any();
-    let now = ctx.now();
-    let old = set.status.clone().unwrap_or_default();
-
-    // Dereference the shared credentials (opt-in only).
-    let mut invalid = None;
-    let shared = match (&set.spec.credentials, shares_credentials(&set)) {
-        (Some(c), true) => {
-            let r = &c.secret_ref;
-            let s = Api::<Secret>::namespaced(client.clone(), &r.namespace)
-                .get_opt(&r.name)
+    let mut children = ChildSet::new(&applier, format!("{LABEL_SOURCE_SET}={}", set.name_any()));
+    let mut round = SetRound::new(&set, &ctx);
+    let shared = round.dereference().await?;
+    let observed = Observed::from_caches(&set, &ctx).await?;
+    round.keep_selected(&mut children, &observed, shared.is_some());
+    if round.invalid.is_none() {
+        for ns in &observed.selected {
+            round
+                .apply_namespace(&mut children, ns, &observed, shared.as_ref())
                 .await?;
-            if s.is_none() {
-                invalid = Some((
-                    "CredentialsNotFound",
-                    format!(
-                        "the credentials Secret {}/{} (spec.credentials.secretRef) does not exist",
-                        r.namespace, r.name
-                    ),
-                ));
-            }
-            s
         }
-        _ => None,
-    };
-    let digest = shared
-        .as_ref()
-        .map(|s| credentials_digest(&set, &s.data.clone().unwrap_or_default()));
+    }
+    round.prune(&mut children, &observed).await?;
+    round.write_status(&applier, &observed.selected).await?;
+    // Children, namespaces and Secrets trigger reconciles; this is a safety net.
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
 
-    let caches = &ctx.caches;
-    cache_ready(&caches.namespaces).await?;
-    cache_ready(&caches.set_sources).await?;
-    cache_ready(&caches.secrets).await?;
-    let namespaces = caches.namespaces.state();
-    let selected = selected_namespaces(&set, namespaces.iter().map(|n| &**n));
-    let is_selected: HashSet<&str> = selected.iter().map(String::as_str).collect();
+/// What the caches hold of the set's world: the selected namespaces and the objects with the
+/// names the set uses (its labelled ArchiveSources, the Secrets' metadata: copies, and the
+/// Secret the template names per namespace).
+struct Observed {
+    selected: Vec<String>,
+    /// ArchiveSources of the set's name (labelled), by namespace.
+    sources: BTreeMap<String, Arc<ArchiveSource>>,
+    /// Secrets of the copy's name, by namespace.
+    copies: BTreeMap<String, Arc<PartialObjectMeta<Secret>>>,
+    /// Namespaces holding the Secret the template names.
+    has_secret: HashSet<String>,
+}
 
-    // Objects with the names this set uses, from the caches: the labelled ArchiveSources, the
-    // Secrets' metadata (copies, and the Secret the template names per namespace).
-    let sources = caches
-        .set_sources
-        .state_filter(|s| s.name_any() == name)
+impl Observed {
+    async fn from_caches(set: &ArchiveSourceSet, ctx: &Context) -> Result<Self, Error> {
+        let caches = &ctx.caches;
+        cache_ready(&caches.namespaces).await?;
+        cache_ready(&caches.set_sources).await?;
+        cache_ready(&caches.secrets).await?;
+        let name = set.name_any();
+        let copy = copy_name(set);
+        let has_secret = match per_namespace_secret(set) {
+            Some(n) => caches
+                .secrets
+                .state_filter(|s| s.name_any() == n)
+                .iter()
+                .filter_map(|s| s.namespace())
+                .collect(),
+            None => HashSet::new(),
+        };
+        Ok(Self {
+            selected: selected_namespaces(set, caches.namespaces.state().iter().map(|n| &**n)),
+            sources: by_namespace(caches.set_sources.state_filter(|s| s.name_any() == name)),
+            copies: by_namespace(caches.secrets.state_filter(|s| s.name_any() == copy)),
+            has_secret,
+        })
+    }
+}
+
+fn by_namespace<K: kube::Resource>(objects: Vec<Arc<K>>) -> BTreeMap<String, Arc<K>> {
+    objects
         .into_iter()
-        .map(|s| (s.namespace().unwrap_or_default(), s))
-        .collect::<BTreeMap<_, _>>();
-    let copy = copy_name(&set);
-    let copies = caches
-        .secrets
-        .state_filter(|s| s.name_any() == copy)
-        .into_iter()
-        .map(|s| (s.namespace().unwrap_or_default(), s))
-        .collect::<BTreeMap<_, _>>();
-    let per_ns_secret = per_namespace_secret(&set);
-    let has_secret: HashSet<String> = match &per_ns_secret {
-        Some(n) => caches
-            .secrets
-            .state_filter(|s| &s.name_any() == n)
+        .map(|o| (o.meta().namespace.clone().unwrap_or_default(), o))
+        .collect()
+}
+
+/// One reconcile of a set: its findings per namespace, its children as they now are.
+struct SetRound<'a> {
+    set: &'a ArchiveSourceSet,
+    ctx: &'a Context,
+    /// The set itself cannot work (its credentials Secret is missing).
+    invalid: Option<Problem>,
+    /// Why a selected namespace has no working ArchiveSource, by namespace.
+    problems: BTreeMap<String, Problem>,
+    /// The set's ArchiveSources, by namespace (cached or just applied).
+    children: BTreeMap<String, ArchiveSource>,
+    /// The digest of the shared credentials (rolls the engines when they change).
+    digest: Option<String>,
+}
+
+impl<'a> SetRound<'a> {
+    fn new(set: &'a ArchiveSourceSet, ctx: &'a Context) -> Self {
+        Self {
+            set,
+            ctx,
+            invalid: None,
+            problems: BTreeMap::new(),
+            children: BTreeMap::new(),
+            digest: None,
+        }
+    }
+
+    /// The shared credentials (opt-in only); a missing one makes the set invalid.
+    async fn dereference(&mut self) -> Result<Option<Secret>, Error> {
+        let Some(c) = self
+            .set
+            .spec
+            .credentials
+            .as_ref()
+            .filter(|_| shares_credentials(self.set))
+        else {
+            return Ok(None);
+        };
+        let r = &c.secret_ref;
+        let secret = Api::<Secret>::namespaced(self.ctx.client.clone(), &r.namespace)
+            .get_opt(&r.name)
+            .await
+            .map_err(Error::Dereference)?;
+        self.digest = secret
+            .as_ref()
+            .map(|s| credentials_digest(self.set, &s.data.clone().unwrap_or_default()));
+        if secret.is_none() {
+            self.invalid = Some(Problem::new(
+                "CredentialsNotFound",
+                format!(
+                    "the credentials Secret {}/{} (spec.credentials.secretRef) does not exist",
+                    r.namespace, r.name
+                ),
+            ));
+        }
+        Ok(secret)
+    }
+
+    /// Every selected namespace keeps its ArchiveSource, and its credentials copy while the
+    /// set shares them (whether or not this round applies them); the rest is pruned.
+    fn keep_selected(&mut self, children: &mut ChildSet<'_>, observed: &Observed, shared: bool) {
+        self.children = observed
+            .sources
             .iter()
-            .filter_map(|s| s.namespace())
-            .collect(),
-        None => HashSet::new(),
-    };
+            .filter(|(_, s)| owned_by(&***s, self.set))
+            .map(|(ns, s)| (ns.clone(), (**s).clone()))
+            .collect();
+        let sharing = shared || (self.invalid.is_some() && shares_credentials(self.set));
+        let (name, copy) = (self.set.name_any(), copy_name(self.set));
+        for ns in &observed.selected {
+            children.keep::<ArchiveSource>(ns, &name);
+            if sharing {
+                children.keep::<Secret>(ns, &copy);
+            }
+        }
+    }
 
-    let mut problems: BTreeMap<String, (String, String)> = BTreeMap::new();
-    let mut children: BTreeMap<String, ArchiveSource> = sources
-        .iter()
-        .filter(|(_, s)| owned_by(&***s, &set))
-        .map(|(ns, s)| (ns.clone(), (**s).clone()))
-        .collect();
-    if invalid.is_none() {
-        for ns in &selected {
-            let api = Api::<ArchiveSource>::namespaced(client.clone(), ns);
-            // Not cached (the cache holds only labelled ones): before creating, make sure no
-            // ArchiveSource of that name exists that someone else made.
-            let existing = match sources.get(ns) {
-                Some(s) => Some((**s).clone()),
-                None => api.get_opt(&name).await?,
-            };
-            if existing.as_ref().is_some_and(|s| !owned_by(s, &set)) {
-                problems.insert(
-                    ns.clone(),
-                    problem(
-                        "NameConflict",
-                        format!("an ArchiveSource {ns}/{name} exists that this set does not own; rename or delete it"),
-                    ),
-                );
-                continue;
-            }
-            if let Some(secret) = &shared {
-                let ours = match copies.get(ns) {
-                    Some(c) if !owned_by(&**c, &set) => {
-                        problems.insert(
-                            ns.clone(),
-                            problem(
-                                "SecretConflict",
-                                format!("a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"),
-                            ),
-                        );
-                        continue;
-                    }
-                    c => c,
-                };
-                let api = Api::<Secret>::namespaced(client.clone(), ns);
-                let desired = secret_copy(&set, ns, secret);
-                if let Err(e) = applier
-                    .apply(&api, desired, ours.map(|c| &c.metadata))
-                    .await
-                {
-                    problems.insert(
-                        ns.clone(),
-                        problem(
-                            "CopyFailed",
-                            format!("copying the credentials into Secret {ns}/{copy}: {e}"),
-                        ),
-                    );
-                    continue;
-                }
-            }
-            if let Some(n) = per_ns_secret.as_ref().filter(|_| !has_secret.contains(ns)) {
-                problems.insert(
-                    ns.clone(),
-                    problem(
-                        "SecretNotFound",
-                        format!("template.spec.archive.s3.credentials names Secret {n}, which does not exist in namespace {ns}; create it there, or share a Secret with spec.credentials (shareToNamespaces: true)"),
-                    ),
-                );
-                // Applied anyway: the engines start once the Secret is there.
-            }
-            let desired = child_source(&set, ns, digest.as_deref());
-            match applier
-                .apply(&api, desired, existing.as_ref().map(|s| &s.metadata))
+    fn fail(&mut self, ns: &str, reason: &str, message: String) {
+        self.problems
+            .insert(ns.to_string(), Problem::new(reason, message));
+    }
+
+    /// Copies the Secret (opt-in only) and applies the ArchiveSource of one namespace; objects
+    /// of the same names the set does not own are conflicts, never taken over.
+    async fn apply_namespace(
+        &mut self,
+        children: &mut ChildSet<'_>,
+        ns: &str,
+        observed: &Observed,
+        shared: Option<&Secret>,
+    ) -> Result<(), Error> {
+        let name = self.set.name_any();
+        // Not cached (the cache holds only labelled ones): before creating, make sure no
+        // ArchiveSource of that name exists that someone else made.
+        let existing = match observed.sources.get(ns) {
+            Some(s) => Some((**s).clone()),
+            None => Api::<ArchiveSource>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&name)
                 .await
-            {
-                Ok(Some(s)) => {
-                    children.insert(ns.clone(), s);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    problems.insert(
-                        ns.clone(),
-                        problem(
-                            "ApplyFailed",
-                            format!("applying ArchiveSource {ns}/{name}: {e}"),
-                        ),
-                    );
-                }
+                .map_err(Error::Apply)?,
+        };
+        if existing.as_ref().is_some_and(|s| !owned_by(s, self.set)) {
+            self.fail(ns, "NameConflict", format!("an ArchiveSource {ns}/{name} exists that this set does not own; rename or delete it"));
+            return Ok(());
+        }
+        if let Some(secret) = shared
+            && !self.copy_secret(children, ns, observed, secret).await
+        {
+            return Ok(());
+        }
+        if let Some(n) =
+            per_namespace_secret(self.set).filter(|_| !observed.has_secret.contains(ns))
+        {
+            // Applied anyway: the engines start once the Secret is there.
+            self.fail(ns, "SecretNotFound", format!("template.spec.archive.s3.credentials names Secret {n}, which does not exist in namespace {ns}; create it there, or share a Secret with spec.credentials (shareToNamespaces: true)"));
+        }
+        let desired = child_source(self.set, ns, self.digest.as_deref());
+        match children
+            .apply_over(desired, existing.as_ref().map(|s| &s.metadata))
+            .await
+        {
+            Ok(Some(s)) => {
+                self.children.insert(ns.to_string(), s);
             }
+            Ok(None) => {}
+            Err(e) => self.fail(
+                ns,
+                "ApplyFailed",
+                format!("applying ArchiveSource {ns}/{name}: {e}"),
+            ),
         }
+        Ok(())
     }
 
-    // What this set owns outside the selection goes (and the copies once sharing is off).
-    for ns in children
-        .keys()
-        .filter(|ns| !is_selected.contains(ns.as_str()))
-    {
-        applier
-            .delete(&Api::<ArchiveSource>::namespaced(client.clone(), ns), &name)
-            .await?;
-        tracing::info!(set = %name, namespace = %ns, "removed the ArchiveSource of a namespace no longer selected");
-    }
-    let sharing = shared.is_some() || (invalid.is_some() && shares_credentials(&set));
-    for (ns, _) in copies.iter().filter(|(_, c)| owned_by(&***c, &set)) {
-        if !sharing || !is_selected.contains(ns.as_str()) {
-            applier
-                .delete(&Api::<Secret>::namespaced(client.clone(), ns), &copy)
-                .await?;
+    /// Copies the shared credentials into `ns`; false (and a problem) when that failed or a
+    /// Secret of the copy's name is someone else's.
+    async fn copy_secret(
+        &mut self,
+        children: &mut ChildSet<'_>,
+        ns: &str,
+        observed: &Observed,
+        secret: &Secret,
+    ) -> bool {
+        let copy = copy_name(self.set);
+        let ours = observed.copies.get(ns);
+        if ours.is_some_and(|c| !owned_by(&**c, self.set)) {
+            self.fail(ns, "SecretConflict", format!("a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"));
+            return false;
         }
+        let desired = secret_copy(self.set, ns, secret);
+        if let Err(e) = children
+            .apply_over(desired, ours.map(|c| &c.metadata))
+            .await
+        {
+            self.fail(
+                ns,
+                "CopyFailed",
+                format!("copying the credentials into Secret {ns}/{copy}: {e}"),
+            );
+            return false;
+        }
+        true
     }
 
-    let obs = SetObservation {
-        invalid,
-        namespaces: selected
+    /// Deletes what the set owns outside the selection (and the copies once sharing is off).
+    async fn prune(&self, children: &mut ChildSet<'_>, observed: &Observed) -> Result<(), Error> {
+        let name = self.set.name_any();
+        let sources = self
+            .children
+            .keys()
+            .map(|ns| (ns.clone(), name.clone()))
+            .collect();
+        children.prune_among::<ArchiveSource>(sources).await?;
+        let copies = observed
+            .copies
             .iter()
-            .map(|ns| {
-                (
-                    ns.clone(),
-                    namespace_state(problems.remove(ns), children.get(ns)),
-                )
-            })
-            .collect(),
-    };
-    let failing_namespaces = obs
-        .failing()
+            .filter(|(_, c)| owned_by(&***c, self.set))
+            .map(|(ns, c)| (ns.clone(), c.name_any()))
+            .collect();
+        children.prune_among::<Secret>(copies).await?;
+        Ok(())
+    }
+
+    /// The children's conditions rolled up into status (written only when changed), with
+    /// Events on its conditions' transitions.
+    async fn write_status(
+        mut self,
+        applier: &Applier<'_>,
+        selected: &[String],
+    ) -> Result<(), Error> {
+        let obs = SetObservation {
+            invalid: self.invalid.take(),
+            namespaces: selected
+                .iter()
+                .map(|ns| {
+                    let state = namespace_state(self.problems.remove(ns), self.children.get(ns));
+                    (ns.clone(), state)
+                })
+                .collect(),
+        };
+        let old = self.set.status.clone().unwrap_or_default();
+        let generation = self.set.metadata.generation;
+        let status = ArchiveSourceSetStatus {
+            observed_generation: generation,
+            conditions: conditions::merge(
+                &old.conditions,
+                &source_set_conditions(&obs),
+                &SOURCE_SET_TYPES,
+                self.ctx.now(),
+                generation,
+            ),
+            desired_namespaces: Some(selected.len() as i32),
+            ready_namespaces: Some(obs.ready() as i32),
+            failing_namespaces: failing_namespaces(&obs),
+        };
+        let events = set_events(&old.conditions, &status.conditions);
+        applier
+            .report(
+                &Api::<ArchiveSourceSet>::all(self.ctx.client.clone()),
+                self.set,
+                self.set.status.as_ref(),
+                &status,
+                &events,
+            )
+            .await
+    }
+}
+
+/// The failing namespaces for status, bounded in number and size.
+fn failing_namespaces(obs: &SetObservation) -> Vec<FailingNamespace> {
+    obs.failing()
         .into_iter()
         .take(MAX_FAILING)
         .map(|(ns, reason, message)| FailingNamespace {
@@ -257,32 +340,7 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
             reason: reason.chars().take(1024).collect(),
             message: message.chars().take(MAX_MESSAGE).collect(),
         })
-        .collect();
-    let status = ArchiveSourceSetStatus {
-        observed_generation: set.metadata.generation,
-        conditions: conditions::merge(
-            &old.conditions,
-            &source_set_conditions(&obs),
-            &SOURCE_SET_TYPES,
-            now,
-            set.metadata.generation,
-        ),
-        desired_namespaces: Some(selected.len() as i32),
-        ready_namespaces: Some(obs.ready() as i32),
-        failing_namespaces,
-    };
-    let events = transition_events(&old.conditions, &status.conditions);
-    applier
-        .report(
-            &Api::<ArchiveSourceSet>::all(client.clone()),
-            &*set,
-            set.status.as_ref(),
-            &status,
-            &events,
-        )
-        .await?;
-    // Children, namespaces and Secrets trigger reconciles; this is a safety net.
-    Ok(Action::requeue(Duration::from_secs(300)))
+        .collect()
 }
 
 /// Sets a Secret matters to: the set whose copy it is, sets sharing it, sets whose template

@@ -1953,7 +1953,7 @@ mod lifecycle {
         let err = export::reconcile(Arc::new(deleting()), ctx)
             .await
             .expect_err("the reconcile fails, to be retried");
-        assert_eq!(err.label(), "Kube", "{err}");
+        assert_eq!(err.label(), "Cleanup", "{err}");
         // No Job delete, no finalizer patch: serve() fails on any further request.
         let bodies = server.await.unwrap();
         assert_eq!(bodies.last().unwrap()["reason"], "CleanupSucceeded");

@@ -221,6 +221,25 @@ impl TableRef {
     }
 }
 
+/// A condition's status, spelled as Kubernetes spells it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConditionStatus {
+    True,
+    False,
+    #[default]
+    Unknown,
+}
+
+impl ConditionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+}
+
 /// A status condition (the shape of `metav1.Condition`, with bounds).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -230,8 +249,9 @@ pub struct Condition {
     #[schemars(length(min = 1, max = 316))]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
-    #[schemars(length(min = 1, max = 16))]
-    pub status: String,
+    // A string in the schema, as in metav1.Condition (served CRDs stay as they were).
+    #[schemars(with = "String", length(min = 1, max = 16))]
+    pub status: ConditionStatus,
     /// Machine-readable reason (PascalCase).
     #[schemars(length(min = 1, max = 1024))]
     pub reason: String,
