@@ -9,6 +9,7 @@ pub mod engine;
 pub mod export;
 pub mod failure;
 pub mod lease;
+pub mod locks;
 pub mod operator;
 pub mod postgres_connection;
 pub mod progress;

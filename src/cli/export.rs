@@ -16,6 +16,7 @@ use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::failure::{self, Reason};
 use crate::lease::LeaderElector;
+use crate::locks::MutexExt;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -333,7 +334,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         eprintln!("larch export: exporting {table} (status on http://{addr})");
         shared.ready.send_replace(true);
     }
-    shared.status.lock().expect("lock").state = "BASELINE".into();
+    shared.status.locked().state = "BASELINE".into();
     let progress = shared.start_progress(crate::export::continuous::BASELINE, &table);
     let result = export(source.clone(), &table, store, wc, &progress).await;
     stop_tx.send_replace(true);
@@ -450,7 +451,7 @@ async fn follow(
         args.diff_interval
     );
     if let Some(e) = &lease {
-        shared.status.lock().expect("lock").state = "WAITING_FOR_LEASE".into();
+        shared.status.locked().state = "WAITING_FOR_LEASE".into();
         tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
         tokio::select! {
             () = acquire_logging_holder(e) => {}

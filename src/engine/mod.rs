@@ -25,6 +25,7 @@ use self::targets::Target;
 use self::targets::memory::MemoryTarget;
 use self::targets::postgres::PostgresTarget;
 use crate::archive::reader::ArchiveReader;
+use crate::locks::MutexExt;
 use crate::source::SyncSource;
 use crate::source::archive::{ArchiveSource, ArchiveSourceOptions};
 
@@ -178,7 +179,7 @@ pub async fn start(config: &EngineConfig, listen: &str) -> anyhow::Result<Runnin
             let (failed, fatal) = (failed.clone(), fatal.clone());
             tokio::spawn(async move {
                 if let Err(e) = runner.run(stop).await {
-                    fatal.lock().expect("lock").get_or_insert(e);
+                    fatal.locked().get_or_insert(e);
                     failed.cancel();
                 }
             })
@@ -213,8 +214,7 @@ impl RunningEngine {
     pub async fn failure(&self) -> anyhow::Error {
         self.failed.cancelled().await;
         self.fatal
-            .lock()
-            .expect("lock")
+            .locked()
             .take()
             .unwrap_or_else(|| anyhow::anyhow!("a source stopped"))
     }

@@ -38,6 +38,7 @@ use crate::archive::position::same;
 use crate::archive::reader::ArchiveReader;
 use crate::archive::spill::{Spill, SpillConfig};
 use crate::archive::value::Row;
+use crate::locks::MutexExt;
 
 /// Options of one archive source (one table).
 #[derive(Clone, Debug)]
@@ -276,7 +277,7 @@ impl ArchiveSource {
     }
 
     pub fn info(&self) -> ArchiveSourceInfo {
-        let inner = self.inner.lock().expect("lock");
+        let inner = self.inner.locked();
         ArchiveSourceInfo {
             position: inner.position.clone(),
             head: inner.head.clone(),
@@ -309,7 +310,7 @@ impl ArchiveSource {
     }
 
     fn remember(&self, m: &Manifest) {
-        let mut inner = self.inner.lock().expect("lock");
+        let mut inner = self.inner.locked();
         inner.head = Some(m.head_position.clone());
         inner.updated_at = Some(m.updated_at);
     }
@@ -330,7 +331,7 @@ impl ArchiveSource {
         loop {
             let result = op().await;
             // What /status shows while a store fails (the state alone says CONNECTING).
-            self.inner.lock().expect("lock").last_error = result.as_ref().err().map(|e| {
+            self.inner.locked().last_error = result.as_ref().err().map(|e| {
                 (
                     Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                     format!("{what}: {e}"),
@@ -528,7 +529,7 @@ impl SyncSource for ArchiveSource {
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
             Some(m) => {
-                self.inner.lock().expect("lock").init_columns = Some(m.columns.clone());
+                self.inner.locked().init_columns = Some(m.columns.clone());
                 self.columns(&m).await?
             }
             None => {
@@ -570,7 +571,7 @@ impl SyncSource for ArchiveSource {
         };
         // A new epoch with other columns landed since `init`: the targets must be initialised
         // with the columns of the rows they are about to get.
-        let init_columns = self.inner.lock().expect("lock").init_columns.clone();
+        let init_columns = self.inner.locked().init_columns.clone();
         if init_columns.is_some_and(|c| c != m.columns) {
             return Err(SourceError::ReBaselineRequired(
                 "the archive's columns changed since the targets were initialised".into(),
@@ -585,7 +586,7 @@ impl SyncSource for ArchiveSource {
                 p.snapshot.as_ref().map(|s| s.epoch),
             ),
         };
-        self.inner.lock().expect("lock").baseline_rows_expected = head_plan
+        self.inner.locked().baseline_rows_expected = head_plan
             .as_ref()
             .and_then(|p| p.snapshot.as_ref())
             .map(|s| s.row_count.max(0) as u64);
@@ -622,7 +623,7 @@ impl SyncSource for ArchiveSource {
         if let Some(s) = &short {
             tracing::warn!(source = %self.opts.id, "baseline at an older state than the archive's head: {s}");
         }
-        let mut inner = self.inner.lock().expect("lock");
+        let mut inner = self.inner.locked();
         inner.position = Some(position.clone());
         inner.epoch = epoch;
         inner.short_chain = short;
@@ -637,7 +638,7 @@ impl SyncSource for ArchiveSource {
     ) -> Result<(), SourceError> {
         let mut from = from.to_string();
         {
-            let mut inner = self.inner.lock().expect("lock");
+            let mut inner = self.inner.locked();
             if inner.position.as_deref() != Some(from.as_str()) {
                 // Resuming from a stored position: the epoch is unknown.
                 inner.position = Some(from.clone());
@@ -664,7 +665,7 @@ impl SyncSource for ArchiveSource {
                     .context(format!("source {}", self.opts.id)),
                 ));
             };
-            let epoch = self.inner.lock().expect("lock").epoch;
+            let epoch = self.inner.locked().epoch;
             match next_step(&m, &from, epoch) {
                 Step::Replaced(why) => {
                     tracing::warn!(source = %self.opts.id, "re-baseline required: {why}");
@@ -672,7 +673,7 @@ impl SyncSource for ArchiveSource {
                 }
                 Step::Short(short) => {
                     {
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         if inner.short_chain.as_ref() != Some(&short) {
                             tracing::warn!(source = %self.opts.id, "serving an older state than the archive's head: {short}");
                         }
@@ -688,7 +689,7 @@ impl SyncSource for ArchiveSource {
                 }
                 Step::UpToDate => {
                     {
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         inner.short_chain = None;
                         inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
                         inner.behind = Behind::default();
@@ -699,7 +700,7 @@ impl SyncSource for ArchiveSource {
                     self.wait_poll(Some(&events)).await;
                 }
                 Step::Diffs(diffs) => {
-                    self.inner.lock().expect("lock").behind = Behind::of(&diffs);
+                    self.inner.locked().behind = Behind::of(&diffs);
                     for (i, d) in diffs.iter().enumerate() {
                         if self.closed() {
                             return Ok(());
@@ -717,7 +718,7 @@ impl SyncSource for ArchiveSource {
                             .await
                             .map_err(|_| SourceError::Stopped)?;
                         from = d.to_position.clone();
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         inner.position = Some(from.clone());
                         inner.behind = Behind::of(&diffs[i + 1..]);
                     }
@@ -728,7 +729,7 @@ impl SyncSource for ArchiveSource {
                                 .iter()
                                 .any(|d| same(&d.to_position, &from)))
                     {
-                        self.inner.lock().expect("lock").epoch = Some(snap.epoch);
+                        self.inner.locked().epoch = Some(snap.epoch);
                     }
                     if diffs.is_empty() {
                         // A diff-only plan with nothing in it cannot happen; never spin.
@@ -753,7 +754,7 @@ impl SyncSource for ArchiveSource {
                     )
                 })?;
         }
-        self.inner.lock().expect("lock").acked = Some(position.to_string());
+        self.inner.locked().acked = Some(position.to_string());
         Ok(())
     }
 
@@ -791,7 +792,7 @@ impl SyncSource for ArchiveSource {
     }
 
     fn lag(&self) -> Lag {
-        let inner = self.inner.lock().expect("lock");
+        let inner = self.inner.locked();
         Lag {
             bytes: Some(inner.behind.bytes),
             time: inner.updated_at.map(lag_of),

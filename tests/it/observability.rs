@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use larch::locks::MutexExt;
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json, metric, start_engine, wait_ready};
@@ -102,7 +103,7 @@ async fn a_one_shot_export_shows_its_progress_while_it_copies() {
     let log = export.stderr.clone();
     let during = eventually(30, "progress past 10 000 rows", || async {
         if tokio::net::TcpStream::connect(addr).await.is_err() {
-            let lines = log.lock().unwrap().clone();
+            let lines = log.locked().clone();
             panic!("the export stopped serving:\n{}", lines.join("\n"));
         }
         let s = get_json(addr, "/status").await;
@@ -145,7 +146,7 @@ async fn a_one_shot_export_shows_its_progress_while_it_copies() {
     .await
     .unwrap();
     reader.join().unwrap();
-    let log = stderr.lock().unwrap().join("\n");
+    let log = stderr.locked().join("\n");
     assert!(out.0.success(), "{log}");
     let summary: Value = serde_json::from_str(&out.1).unwrap();
     assert_eq!(summary["row_count"], ROWS);
