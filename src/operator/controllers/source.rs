@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType};
 
 use super::apply::Applier;
 use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
+use crate::archive::position::Lsn;
 use crate::operator::builders::engine_config::{resolve, source_id};
 use crate::operator::builders::{LABEL_SOURCE, source as build};
 use crate::operator::conditions::{
@@ -28,12 +29,6 @@ use crate::operator::dereference::{self, Missing};
 use crate::operator::observe::{self, EngineSource};
 use crate::operator::rebaseline::RebaselineTracker;
 use crate::operator::{pod_failure, validate};
-
-/// Parses an LSN (`16/B374D848`) for ordering.
-fn lsn(s: &str) -> Option<u64> {
-    let (hi, lo) = s.split_once('/')?;
-    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
 
 /// Events for failure, re-baseline and readiness transitions (first visits only when
 /// abnormal).
@@ -303,11 +298,11 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         status.position = engines
             .iter()
             .filter_map(|e| e.position.clone())
-            .min_by_key(|p| lsn(p).unwrap_or(0));
+            .min_by_key(|p| Lsn::parse(p).unwrap_or_default());
         status.head = engines
             .iter()
             .filter_map(|e| e.head.clone())
-            .max_by_key(|p| lsn(p).unwrap_or(0));
+            .max_by_key(|p| Lsn::parse(p).unwrap_or_default());
         // The time of the head, not its age: status changes when the head does, never by
         // itself (kubectl shows the age in the HEAD AGE column).
         status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
@@ -356,16 +351,4 @@ pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<
         )
         .await?;
     Ok(Action::requeue(requeue))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lsn_ordering() {
-        assert!(lsn("0/16B3748").unwrap() < lsn("1/0").unwrap());
-        assert!(lsn("0/A").unwrap() > lsn("0/9").unwrap());
-        assert_eq!(lsn("nope"), None);
-    }
 }
