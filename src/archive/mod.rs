@@ -2,6 +2,8 @@
 //! as laredo writes it (`shared/spec/laredo-archive.md`) under larch's rules (`larch-rules.md`).
 
 pub mod error;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod fold;
 pub mod format;
 pub mod identity;

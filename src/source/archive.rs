@@ -218,34 +218,9 @@ fn next_step(manifest: &Manifest, from: &str, epoch: Option<i64>) -> Step {
     }
 }
 
-/// Writes `contents` to `path` durably: directory created when missing, temp file, fsync,
-/// rename, directory fsync.
+/// Writes the state file durably and atomically (directory created when missing).
 pub fn write_state_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::archive::store::atomic_file::write(path, contents.as_bytes())
 }
 
 impl ArchiveSource {
@@ -811,28 +786,8 @@ impl SyncSource for ArchiveSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::fixtures::{art, manifest};
     use crate::archive::manifest::{ArtifactKind, now_utc};
-
-    fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Artifact {
-        Artifact {
-            kind,
-            epoch,
-            from_position: from.map(str::to_string),
-            to_position: to.into(),
-            created_at: now_utc(),
-            row_count: 0,
-            change_count: 0,
-            formats: Default::default(),
-        }
-    }
-
-    fn manifest(arts: Vec<Artifact>, head: &str) -> Manifest {
-        let mut m = Manifest::new("public.t");
-        m.epoch = arts.iter().map(|a| a.epoch).max().unwrap_or(0);
-        m.artifacts = arts;
-        m.head_position = head.into();
-        m
-    }
 
     #[test]
     fn behind_counts_the_undelivered_diffs_and_their_bytes() {
