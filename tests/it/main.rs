@@ -32,4 +32,5 @@ mod schema_changes;
 mod self_contained;
 mod store_conformance;
 mod support;
+mod target_conformance;
 mod writer;
