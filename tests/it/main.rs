@@ -30,6 +30,7 @@ mod restore_copy;
 mod s3_protocol;
 mod schema_changes;
 mod self_contained;
+mod source_conformance;
 mod store_conformance;
 mod support;
 mod target_conformance;
