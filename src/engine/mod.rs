@@ -27,7 +27,7 @@ use self::targets::postgres::PostgresTarget;
 use crate::archive::reader::ArchiveReader;
 use crate::locks::MutexExt;
 use crate::source::SyncSource;
-use crate::source::archive::{ArchiveSource, ArchiveSourceOptions};
+use crate::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 
 /// What the HTTP layer and the runners share.
 pub struct Shared {
@@ -101,12 +101,12 @@ async fn build_source(
 ) -> anyhow::Result<(SourceRunner, Option<Arc<MemoryTarget>>)> {
     let store = sc.store.open_for_reading().await.context("store")?;
     let reader = ArchiveReader::new(store, &sc.key_prefix, sc.formats.clone())?;
-    let mut opts = ArchiveSourceOptions::new(&sc.id, sc.table.clone());
+    let mut opts = ArchiveReplayOptions::new(&sc.id, sc.table.clone());
     opts.key_fields = sc.key_fields.clone();
     opts.follow = sc.follow;
     opts.poll_interval = sc.poll_interval;
     opts.state_path = sc.state_path.clone();
-    let archive = Arc::new(ArchiveSource::new(reader, opts));
+    let archive = Arc::new(ArchiveReplaySource::new(reader, opts));
     let mut memory = None;
     let mut pipelines = Vec::new();
     for (i, tc) in sc.targets.iter().enumerate() {

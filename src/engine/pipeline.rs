@@ -26,7 +26,7 @@ use crate::archive::model::{ColumnDefinition, TableId, check_key_fields, effecti
 use crate::archive::value::Row;
 use crate::locks::MutexExt;
 use crate::progress::{Progress, Reporter};
-use crate::source::archive::ArchiveSource;
+use crate::source::archive::ArchiveReplaySource;
 use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
 
 const BATCH: usize = 1024;
@@ -115,7 +115,7 @@ pub struct SourceRunner {
     pub key_fields: Vec<String>,
     pub source: Arc<dyn SyncSource>,
     /// The same source, for archive-specific status (head, epoch).
-    pub archive: Option<Arc<ArchiveSource>>,
+    pub archive: Option<Arc<ArchiveReplaySource>>,
     pub pipelines: Vec<Arc<Pipeline>>,
     metrics: Metrics,
     rebaselines: AtomicU64,
@@ -132,7 +132,7 @@ impl SourceRunner {
         table: TableId,
         key_fields: Vec<String>,
         source: Arc<dyn SyncSource>,
-        archive: Option<Arc<ArchiveSource>>,
+        archive: Option<Arc<ArchiveReplaySource>>,
         pipelines: Vec<Arc<Pipeline>>,
         metrics: Metrics,
     ) -> SourceRunner {

@@ -42,7 +42,7 @@ use crate::locks::MutexExt;
 
 /// Options of one archive source (one table).
 #[derive(Clone, Debug)]
-pub struct ArchiveSourceOptions {
+pub struct ArchiveReplayOptions {
     /// Source id (for logs and metrics).
     pub id: String,
     /// The table this source serves.
@@ -57,9 +57,9 @@ pub struct ArchiveSourceOptions {
     pub spill: SpillConfig,
 }
 
-impl ArchiveSourceOptions {
+impl ArchiveReplayOptions {
     pub fn new(id: impl Into<String>, table: TableId) -> Self {
-        ArchiveSourceOptions {
+        ArchiveReplayOptions {
             id: id.into(),
             table,
             key_fields: Vec::new(),
@@ -73,7 +73,7 @@ impl ArchiveSourceOptions {
 
 /// What `/status` shows about an archive source.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ArchiveSourceInfo {
+pub struct ArchiveReplayInfo {
     /// The position delivered so far (baseline or last diff).
     pub position: Option<String>,
     /// The head of the last manifest read.
@@ -146,9 +146,11 @@ impl Behind {
     }
 }
 
-pub struct ArchiveSource {
+/// A [`SyncSource`] that replays an archive: its folded head as the baseline, its diffs as
+/// the stream. (Not the `ArchiveSource` custom resource, which configures an engine.)
+pub struct ArchiveReplaySource {
     reader: ArchiveReader,
-    opts: ArchiveSourceOptions,
+    opts: ArchiveReplayOptions,
     spill: Arc<Spill>,
     state: watch::Sender<SourceState>,
     inner: Mutex<Inner>,
@@ -223,14 +225,14 @@ pub fn write_state_file(path: &Path, contents: &str) -> std::io::Result<()> {
     crate::archive::store::atomic_file::write(path, contents.as_bytes())
 }
 
-impl ArchiveSource {
-    pub fn new(reader: ArchiveReader, opts: ArchiveSourceOptions) -> ArchiveSource {
+impl ArchiveReplaySource {
+    pub fn new(reader: ArchiveReader, opts: ArchiveReplayOptions) -> ArchiveReplaySource {
         let (state, _) = watch::channel(SourceState::Connecting);
         let tag = crate::archive::spill::tag(
             "source",
             &[&opts.id, &reader.store().name(), reader.key_prefix()],
         );
-        ArchiveSource {
+        ArchiveReplaySource {
             spill: Spill::open(opts.spill.clone(), &tag),
             reader,
             opts,
@@ -247,13 +249,13 @@ impl ArchiveSource {
         &self.opts.table
     }
 
-    pub fn options(&self) -> &ArchiveSourceOptions {
+    pub fn options(&self) -> &ArchiveReplayOptions {
         &self.opts
     }
 
-    pub fn info(&self) -> ArchiveSourceInfo {
+    pub fn info(&self) -> ArchiveReplayInfo {
         let inner = self.inner.locked();
-        ArchiveSourceInfo {
+        ArchiveReplayInfo {
             position: inner.position.clone(),
             head: inner.head.clone(),
             epoch: inner.epoch,
@@ -426,7 +428,7 @@ impl ArchiveSource {
     }
 }
 
-impl ArchiveSource {
+impl ArchiveReplaySource {
     /// Sends one diff's changes as events, streamed; `false` when the consumer went away.
     async fn send_diff(
         &self,
@@ -489,7 +491,7 @@ fn change_event(table: &TableId, position: &str, c: crate::archive::model::Chang
 }
 
 #[async_trait]
-impl SyncSource for ArchiveSource {
+impl SyncSource for ArchiveReplaySource {
     async fn init(
         &self,
         tables: &[TableId],

@@ -23,7 +23,7 @@ use larch::archive::model::{Action, TableId};
 use larch::archive::position;
 use larch::archive::reader::ArchiveReader;
 use larch::archive::store::Store;
-use larch::source::archive::{ArchiveSource, ArchiveSourceOptions};
+use larch::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 use larch::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
 use larch::source::{ChangeEvent, SourceError, SourceEvent, SourceState, SyncSource};
 use tokio::sync::mpsc;
@@ -164,11 +164,11 @@ impl Subject for Archive {
     fn source(&self) -> Arc<dyn SyncSource> {
         let reader =
             ArchiveReader::new(self.store.clone(), "public.items/", vec![Format::Jsonl]).unwrap();
-        let mut o = ArchiveSourceOptions::new("suite", table());
+        let mut o = ArchiveReplayOptions::new("suite", table());
         o.follow = true;
         o.poll_interval = Duration::from_millis(50);
         o.state_path = Some(self.state_dir.path().join("suite.pos"));
-        Arc::new(ArchiveSource::new(reader, o))
+        Arc::new(ArchiveReplaySource::new(reader, o))
     }
 
     async fn commit(&mut self, txn: &Txn) {
