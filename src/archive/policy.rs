@@ -1,4 +1,6 @@
-//! laredo's re-base policy (spec §6.7): when a flush writes a snapshot instead of a diff.
+//! The new-epoch policy (laredo's "re-base" policy, spec §6.7): when the writer starts a new
+//! epoch (a snapshot) instead of writing another diff. Not a re-baseline, which is a consumer
+//! reloading its table.
 
 use std::time::Duration;
 
@@ -108,7 +110,7 @@ mod tests {
         assert_eq!(
             base.evaluate(&inputs()),
             None,
-            "an all-zero policy never re-bases"
+            "an all-zero policy never starts a new epoch"
         );
         let p = Policy {
             max_interval: Duration::from_secs(60),

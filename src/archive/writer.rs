@@ -1,5 +1,5 @@
 //! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
-//! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
+//! new-epoch policy, commit order and compare-and-swap, retention that deletes what it prunes.
 //!
 //! Memory is bounded by configuration, not by the data ([`SpillConfig`]): the changes of the
 //! transaction being received and those waiting for the next diff collapse in memory up to
@@ -113,11 +113,11 @@ impl WriterConfig {
 pub enum FlushOutcome {
     /// Nothing buffered and no trigger due.
     Idle,
-    /// A diff was committed; `rebase` names the policy trigger that asks for a new snapshot
-    /// now (see [`ArchiveWriter::compact`]).
+    /// A diff was committed; `new_epoch` names the policy trigger that asks for a new epoch
+    /// (a snapshot) now (see [`ArchiveWriter::compact`]).
     Diff {
         artifact: Artifact,
-        rebase: Option<&'static str>,
+        new_epoch: Option<&'static str>,
     },
     /// Nothing buffered, but the policy asks for a new snapshot (`max_interval` on an idle
     /// table).
@@ -490,13 +490,16 @@ impl ArchiveWriter {
         // laredo writes a snapshot *instead of* the diff, so every follower must re-baseline.
         // larch commits the diff first and then compacts: followers walk the diff to the head
         // and continue into the new epoch without a re-baseline.
-        let rebase = self.config.policy.evaluate(&inputs);
+        let new_epoch = self.config.policy.evaluate(&inputs);
         if let Err(e) = self.commit(artifact.clone(), None).await {
             self.cleanup(&written).await;
             return Err(e);
         }
         self.buffer.clear();
-        Ok(FlushOutcome::Diff { artifact, rebase })
+        Ok(FlushOutcome::Diff {
+            artifact,
+            new_epoch,
+        })
     }
 
     /// One streaming upload per format and store for `artifact`.

@@ -90,7 +90,7 @@ pub struct ExportArgs {
     /// How often buffered changes are written as a diff (--follow).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub diff_interval: std::time::Duration,
-    /// Never re-base sooner than this after the last snapshot.
+    /// Never start a new epoch sooner than this after the last snapshot.
     #[arg(long, value_parser = parse_duration_arg)]
     pub min_interval: Option<std::time::Duration>,
     /// Re-base when the last snapshot is older than this (also on an idle table).

@@ -1,6 +1,6 @@
 //! Continuous export (laredo's `archive export --follow` and `laredo-snapshotter`): a base
-//! snapshot, then the source's changes collapsed into diffs every `diff_interval`, re-based by
-//! the policy, acknowledged to PostgreSQL only once the diff holding them is committed.
+//! snapshot, then the source's changes collapsed into diffs every `diff_interval`, a new epoch
+//! started when the new-epoch policy says so, acknowledged to PostgreSQL only once the diff holding them is committed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -767,7 +767,7 @@ impl ContinuousExport {
                 return Ok(());
             }
         };
-        let rebase = match outcome {
+        let new_epoch = match outcome {
             FlushOutcome::Idle => {
                 // Transactions without changes to this table still move the slot along.
                 if !last_position.is_empty()
@@ -778,7 +778,10 @@ impl ContinuousExport {
                 None
             }
             FlushOutcome::SnapshotNeeded(trigger) => Some(trigger),
-            FlushOutcome::Diff { artifact, rebase } => {
+            FlushOutcome::Diff {
+                artifact,
+                new_epoch,
+            } => {
                 let now = Utc::now();
                 let lag_of = self.shared.metrics.commit_lag.with_label_values(&[&table]);
                 for (at, changes) in std::mem::take(&mut commit_times.closed) {
@@ -801,11 +804,14 @@ impl ContinuousExport {
                 if let Err(e) = self.source.ack(&artifact.to_position).await {
                     tracing::warn!(error = %e, "could not acknowledge the committed diff");
                 }
-                rebase
+                new_epoch
             }
         };
-        if let Some(trigger) = rebase {
-            tracing::info!(trigger, "re-base policy fired: compacting a new snapshot");
+        if let Some(trigger) = new_epoch {
+            tracing::info!(
+                trigger,
+                "new-epoch policy fired: compacting a snapshot into a new epoch"
+            );
             let progress = self.shared.start_progress(COMPACTION, &self.table);
             let reporter = crate::progress::Reporter::start(progress.clone());
             let compacted = self.writer.compact_reporting(Some(progress)).await;

@@ -1,5 +1,5 @@
 //! Export: PostgreSQL into an archive. One-shot (a base snapshot, a new epoch) or continuous
-//! (a snapshot, then diffs until stopped, re-based by the policy).
+//! (a snapshot, then diffs until stopped, a new epoch whenever the new-epoch policy fires).
 
 pub mod continuous;
 pub mod slot;

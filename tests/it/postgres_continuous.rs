@@ -1,6 +1,6 @@
 //! `larch export --follow` against a real PostgreSQL 15: every kind of change reaches the
 //! diffs, SIGTERM flushes, a restart resumes from the persistent slot, kill -9 loses nothing,
-//! the policy re-bases.
+//! the new-epoch policy compacts a snapshot.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -327,7 +327,7 @@ async fn kill_9_then_restart_resumes_from_the_slot_with_nothing_lost_or_doubled(
 }
 
 #[tokio::test]
-async fn the_policy_rebases_by_compaction() {
+async fn the_new_epoch_policy_compacts_a_snapshot() {
     let db = new_database().await;
     setup(&db).await;
     let dir = tempfile::tempdir().unwrap();
