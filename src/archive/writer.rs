@@ -23,7 +23,7 @@ use super::manifest::{
     referenced_keys,
 };
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
-use super::policy::{Policy, PolicyInputs};
+use super::policy::{EpochTrigger, Policy, PolicyInputs};
 use super::position::{self, compare};
 use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
 use super::store::{ObjectWriter, Store, check_key_prefix};
@@ -117,11 +117,11 @@ pub enum FlushOutcome {
     /// (a snapshot) now (see [`ArchiveWriter::compact`]).
     Diff {
         artifact: Artifact,
-        new_epoch: Option<&'static str>,
+        new_epoch: Option<EpochTrigger>,
     },
     /// Nothing buffered, but the policy asks for a new snapshot (`max_interval` on an idle
     /// table).
-    SnapshotNeeded(&'static str),
+    SnapshotNeeded(EpochTrigger),
 }
 
 /// What the open transaction did so far, applied to the writer's counters at its commit.
@@ -432,7 +432,7 @@ impl ArchiveWriter {
                 && (p.min_interval.is_zero() || since >= p.min_interval)
                 && self.manifest.epoch > 0
             {
-                return Ok(FlushOutcome::SnapshotNeeded("max_interval"));
+                return Ok(FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval));
             }
             return Ok(FlushOutcome::Idle);
         }

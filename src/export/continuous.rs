@@ -809,7 +809,7 @@ impl ContinuousExport {
         };
         if let Some(trigger) = new_epoch {
             tracing::info!(
-                trigger,
+                trigger = %trigger,
                 "new-epoch policy fired: compacting a snapshot into a new epoch"
             );
             let progress = self.shared.start_progress(COMPACTION, &self.table);
@@ -817,7 +817,7 @@ impl ContinuousExport {
             let compacted = self.writer.compact_reporting(Some(progress)).await;
             reporter.finish(compacted.is_ok());
             match compacted {
-                Ok(_) => self.note_snapshot(trigger),
+                Ok(_) => self.note_snapshot(trigger.as_str()),
                 Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
                 Err(e) => {
                     self.shared

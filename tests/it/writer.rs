@@ -7,6 +7,7 @@ use larch::archive::error::ArchiveError;
 use larch::archive::format::Format;
 use larch::archive::manifest::ArtifactKind;
 use larch::archive::model::{Action, ColumnDefinition};
+use larch::archive::policy::EpochTrigger;
 use larch::archive::reader::ArchiveReader;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
@@ -255,7 +256,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     else {
         panic!("a diff")
     };
-    assert_eq!(new_epoch, Some("max_churn_records"));
+    assert_eq!(new_epoch, Some(EpochTrigger::MaxChurnRecords));
     assert_eq!(artifact.epoch, 1);
     let snap = w.compact().await.unwrap();
     assert_eq!(
@@ -302,7 +303,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     assert!(matches!(
         w.flush("0/2").await.unwrap(),
         FlushOutcome::Diff {
-            new_epoch: Some("max_diff_bytes"),
+            new_epoch: Some(EpochTrigger::MaxDiffBytes),
             ..
         }
     ));
@@ -318,7 +319,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
         w.flush("0/1").await.unwrap(),
-        FlushOutcome::SnapshotNeeded("max_interval"),
+        FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval),
         "fires on an idle table too"
     );
     let s = w.compact().await.unwrap();
