@@ -14,8 +14,8 @@ use super::env_help::{CRASH, KUBE, LOG, PG, S3};
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
+use crate::export::lease::LeaderElector;
 use crate::failure::{self, Reason};
-use crate::lease::LeaderElector;
 use crate::locks::MutexExt;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
@@ -82,8 +82,8 @@ pub struct ExportArgs {
     /// Slot mode with --follow: `persistent` (the default: survives restarts, kept on exit) or
     /// `temporary` (dropped with the connection). A one-shot export always uses a temporary
     /// slot.
-    #[arg(long, value_parser = ["persistent", "temporary"])]
-    pub slot_mode: Option<String>,
+    #[arg(long, value_enum)]
+    pub slot_mode: Option<SlotMode>,
     /// Keep exporting: a snapshot, then diffs every --diff-interval until SIGTERM/SIGINT.
     #[arg(long)]
     pub follow: bool,
@@ -291,14 +291,13 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let store = args.store.spec().open().await?;
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
-    config.slot_mode = match args.slot_mode.as_deref() {
-        Some("persistent") if !args.follow => failure::bail!(
+    config.slot_mode = match args.slot_mode {
+        Some(SlotMode::Persistent) if !args.follow => failure::bail!(
             Reason::InvalidConfig,
             "--slot-mode persistent needs --follow: a one-shot export always uses a temporary slot \
              (a persistent one would keep WAL on the server after the export)"
         ),
-        Some("persistent") => SlotMode::Persistent,
-        Some(_) => SlotMode::Temporary,
+        Some(mode) => mode,
         None if args.follow => SlotMode::Persistent,
         None => SlotMode::Temporary,
     };

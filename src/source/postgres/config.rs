@@ -16,7 +16,8 @@ use crate::archive::model::TableId;
 pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
      -c extra_float_digits=1 -c bytea_output=hex -c client_encoding=UTF8";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Also `--slot-mode persistent|temporary`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SlotMode {
     /// The slot survives restarts; a restarted source resumes from its confirmed position.
     Persistent,
