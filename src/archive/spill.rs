@@ -418,7 +418,7 @@ impl RunWriter {
         stats.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
         stats.runs.fetch_add(1, Ordering::Relaxed);
         stats.runs_written.fetch_add(1, Ordering::Relaxed);
-        crate::crashpoint::crash_point("spill.after-run");
+        super::crashpoint::crash_point(super::crashpoint::SPILL_AFTER_RUN);
         Ok(Run {
             path: std::mem::take(&mut self.path),
             bytes,

@@ -683,7 +683,7 @@ impl ArchiveWriter {
         next.artifacts = kept;
         let bytes = Bytes::from(next.to_json());
         let key = manifest_key(&self.config.key_prefix);
-        crate::crashpoint::crash_point("writer.after-upload");
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_UPLOAD);
         self.check_uploads(next.artifacts.last().expect("just pushed"))
             .await?;
         for (i, store) in self.stores.iter().enumerate() {
@@ -698,7 +698,7 @@ impl ArchiveWriter {
             }
         }
         self.manifest = next;
-        crate::crashpoint::crash_point("writer.after-commit");
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_COMMIT);
         self.delete_artifacts(&pruned).await;
         let first_due = self.sweep_after_commit
             && self.opened_at.elapsed() > super::orphans::STORE_TIME_RESOLUTION;

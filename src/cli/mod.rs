@@ -23,9 +23,10 @@ pub mod env_help {
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
                       info); logs are JSON lines on stderr";
     pub const CRASH: &str =
-        "  LARCH_CRASH_AT      tests only: POINT[@N] kills the process at a crash point
-                      (docs/archive.md); LARCH_PAUSE_AT=POINT=MS holds a race window
-                      open for MS milliseconds; never set either in production";
+        "  LARCH_CRASH_AT      tests only (builds with the crashpoints feature): POINT[@N]
+                      kills the process at a crash point (docs/archive.md);
+                      LARCH_PAUSE_AT=POINT=MS holds a race window open for MS
+                      milliseconds; never set either in production";
     pub const PG: &str =
         "  LARCH_PG_DSN        the PostgreSQL connection string when neither --connection nor
                       --connection-file is given

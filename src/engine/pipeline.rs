@@ -676,7 +676,9 @@ impl SourceRunner {
                     self.set_position(&pos);
                     self.note_error(None);
                     // Targets committed `pos`; the source's state file does not have it yet.
-                    crate::crashpoint::crash_point("engine.after-checkpoint");
+                    crate::archive::crashpoint::crash_point(
+                        crate::archive::crashpoint::ENGINE_AFTER_CHECKPOINT,
+                    );
                     if durable && let Err(e) = self.source.ack(&pos).await {
                         tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
                     }

@@ -717,6 +717,7 @@ async fn a_transaction_larger_than_the_buffer_memory_is_archived_whole_while_fol
     );
 }
 
+#[cfg(feature = "crashpoints")]
 #[tokio::test]
 async fn kill_9_while_a_large_transaction_spills_then_restart_archives_it_whole() {
     use crate::postgres_continuous::{Follow, archive_rows, table_rows};

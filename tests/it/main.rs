@@ -8,6 +8,7 @@ mod bad_input;
 mod bounded_memory;
 mod census;
 mod cli_archive;
+#[cfg(feature = "crashpoints")]
 mod crash_safety;
 mod engine_config;
 mod engine_follow;

@@ -244,7 +244,7 @@ impl PostgresTarget {
     }
 
     async fn connect(&self) -> anyhow::Result<Client> {
-        let dsn = crate::postgres_connection::PgDsn::parse(&self.connection.resolve()?)
+        let dsn = crate::source::postgres::connection::PgDsn::parse(&self.connection.resolve()?)
             .with_context(|| format!("postgres target {}", self.table))?;
         let (client, connection) = dsn
             .config

@@ -9,9 +9,10 @@
 //!
 //! Connections: tokio-postgres for SQL (schema, COPY, slot inspection, TOAST look-ups) and
 //! pgwire-replication for the replication session; decoding is [`pgoutput`]. Both take the
-//! connection string's TLS settings ([`crate::postgres_connection`]).
+//! connection string's TLS settings ([`crate::source::postgres::connection`]).
 
 mod config;
+pub mod connection;
 mod lifecycle;
 mod pgoutput;
 mod schema;
@@ -560,7 +561,7 @@ async fn lock_and_discover(
     copy_client: &Client,
     tables: &[TableId],
 ) -> Result<Result<BTreeMap<TableId, TableSchema>, TableId>, SourceError> {
-    crate::crashpoint::pause_point("baseline.before-lock").await;
+    crate::archive::crashpoint::pause_point(crate::archive::crashpoint::BASELINE_BEFORE_LOCK).await;
     for t in tables {
         let table = config::qualified(t);
         copy_client
