@@ -2,6 +2,9 @@
 //! engine's baseline against the manifest's row count, and docs/metrics.md checked against real
 //! scrapes of an exporter, an engine and the operator's endpoint.
 
+// The one-shot progress test needs the crashpoints feature; its helpers are unused without it.
+#![cfg_attr(not(feature = "crashpoints"), allow(dead_code, unused_imports))]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
