@@ -3,14 +3,12 @@
 
 pub mod archive;
 pub mod cli;
-pub mod crashpoint;
 pub mod duration;
 pub mod engine;
 pub mod export;
 pub mod failure;
-pub mod lease;
+pub mod locks;
 pub mod operator;
-pub mod postgres_connection;
 pub mod progress;
 pub mod source;
 pub mod telemetry;

@@ -250,17 +250,9 @@ pub fn artifact_key(key_prefix: &str, artifact: &Artifact, extension: &str) -> S
 mod tests {
     use super::*;
 
+    /// The tests' artifacts are all in epoch 2.
     fn art(kind: ArtifactKind, from: Option<&str>, to: &str) -> Artifact {
-        Artifact {
-            kind,
-            epoch: 2,
-            from_position: from.map(str::to_string),
-            to_position: to.to_string(),
-            created_at: now_utc(),
-            row_count: 0,
-            change_count: 0,
-            formats: BTreeMap::new(),
-        }
+        crate::archive::fixtures::art(kind, 2, from, to)
     }
 
     #[test]

@@ -212,28 +212,7 @@ pub fn plan_as_of(manifest: &Manifest, at: &str) -> Result<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::archive::manifest::now_utc;
-    use std::collections::BTreeMap;
-
-    fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Artifact {
-        Artifact {
-            kind,
-            epoch,
-            from_position: from.map(str::to_string),
-            to_position: to.to_string(),
-            created_at: now_utc(),
-            row_count: 0,
-            change_count: 0,
-            formats: BTreeMap::new(),
-        }
-    }
-
-    fn manifest(arts: Vec<Artifact>, head: &str) -> Manifest {
-        let mut m = Manifest::new("public.t");
-        m.artifacts = arts;
-        m.head_position = head.into();
-        m
-    }
+    use crate::archive::fixtures::{art, manifest};
 
     #[test]
     fn plans_follow_laredo() {

@@ -1,4 +1,6 @@
-//! laredo's re-base policy (spec §6.7): when a flush writes a snapshot instead of a diff.
+//! The new-epoch policy (laredo's "re-base" policy, spec §6.7): when the writer starts a new
+//! epoch (a snapshot) instead of writing another diff. Not a re-baseline, which is a consumer
+//! reloading its table.
 
 use std::time::Duration;
 
@@ -29,6 +31,34 @@ impl Default for Policy {
     }
 }
 
+/// The policy trigger that starts a new epoch; `as_str` is laredo's name (metric labels, logs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochTrigger {
+    MaxInterval,
+    MaxDiffBytes,
+    MaxDiffFraction,
+    MaxChurnRecords,
+    MaxChurnFraction,
+}
+
+impl EpochTrigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EpochTrigger::MaxInterval => "max_interval",
+            EpochTrigger::MaxDiffBytes => "max_diff_bytes",
+            EpochTrigger::MaxDiffFraction => "max_diff_fraction",
+            EpochTrigger::MaxChurnRecords => "max_churn_records",
+            EpochTrigger::MaxChurnFraction => "max_churn_fraction",
+        }
+    }
+}
+
+impl std::fmt::Display for EpochTrigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What the policy looks at.
 #[derive(Clone, Debug, Default)]
 pub struct PolicyInputs {
@@ -55,31 +85,31 @@ impl Policy {
         Ok(())
     }
 
-    /// The name of the first trigger that fires (laredo's order), or `None` for a diff.
-    pub fn evaluate(&self, i: &PolicyInputs) -> Option<&'static str> {
+    /// The first trigger that fires (laredo's order), or `None` for a diff.
+    pub fn evaluate(&self, i: &PolicyInputs) -> Option<EpochTrigger> {
         if !self.min_interval.is_zero() && i.since_snapshot < self.min_interval {
             return None;
         }
         if !self.max_interval.is_zero() && i.since_snapshot >= self.max_interval {
-            return Some("max_interval");
+            return Some(EpochTrigger::MaxInterval);
         }
         if self.max_diff_bytes > 0 && i.diff_bytes >= self.max_diff_bytes {
-            return Some("max_diff_bytes");
+            return Some(EpochTrigger::MaxDiffBytes);
         }
         if self.max_diff_fraction > 0.0
             && i.last_snapshot_bytes > 0
             && i.diff_bytes as f64 >= self.max_diff_fraction * i.last_snapshot_bytes as f64
         {
-            return Some("max_diff_fraction");
+            return Some(EpochTrigger::MaxDiffFraction);
         }
         if self.max_churn_records > 0 && i.churn >= self.max_churn_records {
-            return Some("max_churn_records");
+            return Some(EpochTrigger::MaxChurnRecords);
         }
         if self.max_churn_fraction > 0.0
             && i.row_count > 0
             && i.churn as f64 >= self.max_churn_fraction * i.row_count as f64
         {
-            return Some("max_churn_fraction");
+            return Some(EpochTrigger::MaxChurnFraction);
         }
         None
     }
@@ -108,33 +138,33 @@ mod tests {
         assert_eq!(
             base.evaluate(&inputs()),
             None,
-            "an all-zero policy never re-bases"
+            "an all-zero policy never starts a new epoch"
         );
         let p = Policy {
             max_interval: Duration::from_secs(60),
             ..base.clone()
         };
-        assert_eq!(p.evaluate(&inputs()), Some("max_interval"));
+        assert_eq!(p.evaluate(&inputs()), Some(EpochTrigger::MaxInterval));
         let p = Policy {
             max_diff_bytes: 1000,
             ..base.clone()
         };
-        assert_eq!(p.evaluate(&inputs()), Some("max_diff_bytes"));
+        assert_eq!(p.evaluate(&inputs()), Some(EpochTrigger::MaxDiffBytes));
         let p = Policy {
             max_diff_fraction: 0.5,
             ..base.clone()
         };
-        assert_eq!(p.evaluate(&inputs()), Some("max_diff_fraction"));
+        assert_eq!(p.evaluate(&inputs()), Some(EpochTrigger::MaxDiffFraction));
         let p = Policy {
             max_churn_records: 50,
             ..base.clone()
         };
-        assert_eq!(p.evaluate(&inputs()), Some("max_churn_records"));
+        assert_eq!(p.evaluate(&inputs()), Some(EpochTrigger::MaxChurnRecords));
         let p = Policy {
             max_churn_fraction: 0.5,
             ..base.clone()
         };
-        assert_eq!(p.evaluate(&inputs()), Some("max_churn_fraction"));
+        assert_eq!(p.evaluate(&inputs()), Some(EpochTrigger::MaxChurnFraction));
         let p = Policy {
             max_churn_fraction: 0.6,
             ..base.clone()

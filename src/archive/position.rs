@@ -21,6 +21,16 @@ impl Lsn {
     }
 }
 
+impl std::str::FromStr for Lsn {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Lsn, String> {
+        Lsn::parse(text).ok_or_else(|| {
+            format!("{text:?} is not an LSN (two hex halves of at most 8 digits: 16/B374D848)")
+        })
+    }
+}
+
 /// laredo's spelling: uppercase hex, high half unpadded, low half padded to 8 digits (`0/016B3748`).
 impl fmt::Display for Lsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -77,6 +87,21 @@ mod tests {
         assert!(Lsn::parse("/0").is_none());
         assert!(Lsn::parse("0/xyz").is_none());
         assert!(Lsn::parse("0/100000000").is_none());
+    }
+
+    #[test]
+    fn lsns_order_by_value_not_by_text() {
+        let l = |s| Lsn::parse(s).unwrap();
+        assert!(l("0/16B3748") < l("1/0"));
+        assert!(l("0/A") > l("0/9"));
+        assert!(l("0/10") > l("0/9"));
+        assert_eq!(Lsn::parse("nope"), None);
+        assert_eq!(
+            "0/016b3748".parse::<Lsn>().unwrap().to_string(),
+            "0/016B3748"
+        );
+        let e = "16/".parse::<Lsn>().unwrap_err();
+        assert!(e.contains("\"16/\""), "{e}");
     }
 
     #[test]

@@ -4,6 +4,8 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 
+use crate::locks::MutexExt;
+
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::io::SyncIoBridge;
@@ -473,7 +475,7 @@ pub struct IntegrityOutcome(Arc<std::sync::Mutex<Option<std::result::Result<(), 
 
 impl IntegrityOutcome {
     pub fn check(&self, key: &str) -> Result<()> {
-        match self.0.lock().expect("lock").clone() {
+        match self.0.locked().clone() {
             Some(Ok(())) => Ok(()),
             Some(Err(detail)) => Err(ArchiveError::Integrity {
                 key: key.to_string(),
@@ -530,9 +532,9 @@ impl<R: Read> Read for IntegrityReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         if n == 0 {
-            if self.outcome.0.lock().expect("lock").is_none() {
+            if self.outcome.0.locked().is_none() {
                 let verdict = self.verdict();
-                *self.outcome.0.lock().expect("lock") = Some(verdict);
+                *self.outcome.0.locked() = Some(verdict);
             }
             return Ok(0);
         }

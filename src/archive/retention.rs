@@ -85,19 +85,12 @@ fn epoch_ends(artifacts: &[Artifact]) -> BTreeMap<i64, DateTime<FixedOffset>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap as Map;
 
+    /// An artifact created `hours_ago` before [`now`].
     fn art(kind: ArtifactKind, epoch: i64, hours_ago: i64) -> Artifact {
-        let now = DateTime::parse_from_rfc3339("2026-12-01T12:00:00Z").unwrap();
         Artifact {
-            kind,
-            epoch,
-            from_position: None,
-            to_position: format!("0/{epoch}{hours_ago}"),
-            created_at: now - chrono::Duration::hours(hours_ago),
-            row_count: 0,
-            change_count: 0,
-            formats: Map::new(),
+            created_at: now() - chrono::Duration::hours(hours_ago),
+            ..crate::archive::fixtures::art(kind, epoch, None, &format!("0/{epoch}{hours_ago}"))
         }
     }
 

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::locks::MutexExt;
+
 use super::error::{ArchiveError, Result};
 use super::identity::Identity;
 use super::model::Action;
@@ -165,7 +167,7 @@ impl Spill {
 
     /// The path of a new run file, creating (and locking) this process's directory first.
     fn new_run_path(&self) -> Result<PathBuf> {
-        let mut live = self.live.lock().expect("lock");
+        let mut live = self.live.locked();
         if live.is_none() {
             let path = self
                 .config
@@ -200,11 +202,7 @@ impl Spill {
 
     /// This process's spill directory, once created.
     pub fn live_dir(&self) -> Option<PathBuf> {
-        self.live
-            .lock()
-            .expect("lock")
-            .as_ref()
-            .map(|l| l.path.clone())
+        self.live.locked().as_ref().map(|l| l.path.clone())
     }
 
     fn add_memory(&self, delta: i64) {
@@ -420,7 +418,7 @@ impl RunWriter {
         stats.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
         stats.runs.fetch_add(1, Ordering::Relaxed);
         stats.runs_written.fetch_add(1, Ordering::Relaxed);
-        crate::crashpoint::crash_point("spill.after-run");
+        super::crashpoint::crash_point(super::crashpoint::SPILL_AFTER_RUN);
         Ok(Run {
             path: std::mem::take(&mut self.path),
             bytes,

@@ -1,5 +1,5 @@
 //! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
-//! re-base policy, commit order and compare-and-swap, retention that deletes what it prunes.
+//! new-epoch policy, commit order and compare-and-swap, retention that deletes what it prunes.
 //!
 //! Memory is bounded by configuration, not by the data ([`SpillConfig`]): the changes of the
 //! transaction being received and those waiting for the next diff collapse in memory up to
@@ -23,7 +23,7 @@ use super::manifest::{
     referenced_keys,
 };
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
-use super::policy::{Policy, PolicyInputs};
+use super::policy::{EpochTrigger, Policy, PolicyInputs};
 use super::position::{self, compare};
 use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
 use super::store::{ObjectWriter, Store, check_key_prefix};
@@ -113,15 +113,15 @@ impl WriterConfig {
 pub enum FlushOutcome {
     /// Nothing buffered and no trigger due.
     Idle,
-    /// A diff was committed; `rebase` names the policy trigger that asks for a new snapshot
-    /// now (see [`ArchiveWriter::compact`]).
+    /// A diff was committed; `new_epoch` names the policy trigger that asks for a new epoch
+    /// (a snapshot) now (see [`ArchiveWriter::compact`]).
     Diff {
         artifact: Artifact,
-        rebase: Option<&'static str>,
+        new_epoch: Option<EpochTrigger>,
     },
     /// Nothing buffered, but the policy asks for a new snapshot (`max_interval` on an idle
     /// table).
-    SnapshotNeeded(&'static str),
+    SnapshotNeeded(EpochTrigger),
 }
 
 /// What the open transaction did so far, applied to the writer's counters at its commit.
@@ -432,7 +432,7 @@ impl ArchiveWriter {
                 && (p.min_interval.is_zero() || since >= p.min_interval)
                 && self.manifest.epoch > 0
             {
-                return Ok(FlushOutcome::SnapshotNeeded("max_interval"));
+                return Ok(FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval));
             }
             return Ok(FlushOutcome::Idle);
         }
@@ -490,13 +490,16 @@ impl ArchiveWriter {
         // laredo writes a snapshot *instead of* the diff, so every follower must re-baseline.
         // larch commits the diff first and then compacts: followers walk the diff to the head
         // and continue into the new epoch without a re-baseline.
-        let rebase = self.config.policy.evaluate(&inputs);
+        let new_epoch = self.config.policy.evaluate(&inputs);
         if let Err(e) = self.commit(artifact.clone(), None).await {
             self.cleanup(&written).await;
             return Err(e);
         }
         self.buffer.clear();
-        Ok(FlushOutcome::Diff { artifact, rebase })
+        Ok(FlushOutcome::Diff {
+            artifact,
+            new_epoch,
+        })
     }
 
     /// One streaming upload per format and store for `artifact`.
@@ -680,7 +683,7 @@ impl ArchiveWriter {
         next.artifacts = kept;
         let bytes = Bytes::from(next.to_json());
         let key = manifest_key(&self.config.key_prefix);
-        crate::crashpoint::crash_point("writer.after-upload");
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_UPLOAD);
         self.check_uploads(next.artifacts.last().expect("just pushed"))
             .await?;
         for (i, store) in self.stores.iter().enumerate() {
@@ -695,7 +698,7 @@ impl ArchiveWriter {
             }
         }
         self.manifest = next;
-        crate::crashpoint::crash_point("writer.after-commit");
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_COMMIT);
         self.delete_artifacts(&pruned).await;
         let first_due = self.sweep_after_commit
             && self.opened_at.elapsed() > super::orphans::STORE_TIME_RESOLUTION;

@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
-use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
+use super::{StoreArgs, StoreType, parse_formats, parse_list, parse_table_arg};
 use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
 use crate::archive::model::{TableId, effective_key_fields};
@@ -129,7 +129,7 @@ impl ArchiveArgs {
     /// A reader on an existing archive. Creates nothing: a missing local root or manifest is an
     /// error naming what was tried and which archives the store does hold.
     async fn reader(&self) -> anyhow::Result<ArchiveReader> {
-        if self.store.store == "local"
+        if self.store.store == StoreType::Local
             && let Some(path) = &self.store.path
             && !path.is_dir()
         {

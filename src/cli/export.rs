@@ -14,8 +14,9 @@ use super::env_help::{CRASH, KUBE, LOG, PG, S3};
 use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
+use crate::export::lease::LeaderElector;
 use crate::failure::{self, Reason};
-use crate::lease::LeaderElector;
+use crate::locks::MutexExt;
 use crate::source::SyncSource;
 use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -81,15 +82,15 @@ pub struct ExportArgs {
     /// Slot mode with --follow: `persistent` (the default: survives restarts, kept on exit) or
     /// `temporary` (dropped with the connection). A one-shot export always uses a temporary
     /// slot.
-    #[arg(long, value_parser = ["persistent", "temporary"])]
-    pub slot_mode: Option<String>,
+    #[arg(long, value_enum)]
+    pub slot_mode: Option<SlotMode>,
     /// Keep exporting: a snapshot, then diffs every --diff-interval until SIGTERM/SIGINT.
     #[arg(long)]
     pub follow: bool,
     /// How often buffered changes are written as a diff (--follow).
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub diff_interval: std::time::Duration,
-    /// Never re-base sooner than this after the last snapshot.
+    /// Never start a new epoch sooner than this after the last snapshot.
     #[arg(long, value_parser = parse_duration_arg)]
     pub min_interval: Option<std::time::Duration>,
     /// Re-base when the last snapshot is older than this (also on an idle table).
@@ -290,14 +291,13 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let store = args.store.spec().open().await?;
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
-    config.slot_mode = match args.slot_mode.as_deref() {
-        Some("persistent") if !args.follow => failure::bail!(
+    config.slot_mode = match args.slot_mode {
+        Some(SlotMode::Persistent) if !args.follow => failure::bail!(
             Reason::InvalidConfig,
             "--slot-mode persistent needs --follow: a one-shot export always uses a temporary slot \
              (a persistent one would keep WAL on the server after the export)"
         ),
-        Some("persistent") => SlotMode::Persistent,
-        Some(_) => SlotMode::Temporary,
+        Some(mode) => mode,
         None if args.follow => SlotMode::Persistent,
         None => SlotMode::Temporary,
     };
@@ -333,7 +333,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         eprintln!("larch export: exporting {table} (status on http://{addr})");
         shared.ready.send_replace(true);
     }
-    shared.status.lock().expect("lock").state = "BASELINE".into();
+    shared.status.locked().state = "BASELINE".into();
     let progress = shared.start_progress(crate::export::continuous::BASELINE, &table);
     let result = export(source.clone(), &table, store, wc, &progress).await;
     stop_tx.send_replace(true);
@@ -450,7 +450,7 @@ async fn follow(
         args.diff_interval
     );
     if let Some(e) = &lease {
-        shared.status.lock().expect("lock").state = "WAITING_FOR_LEASE".into();
+        shared.status.locked().state = "WAITING_FOR_LEASE".into();
         tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
         tokio::select! {
             () = acquire_logging_holder(e) => {}

@@ -23,9 +23,10 @@ pub mod env_help {
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
                       info); logs are JSON lines on stderr";
     pub const CRASH: &str =
-        "  LARCH_CRASH_AT      tests only: POINT[@N] kills the process at a crash point
-                      (docs/archive.md); LARCH_PAUSE_AT=POINT=MS holds a race window
-                      open for MS milliseconds; never set either in production";
+        "  LARCH_CRASH_AT      tests only (builds with the crashpoints feature): POINT[@N]
+                      kills the process at a crash point (docs/archive.md);
+                      LARCH_PAUSE_AT=POINT=MS holds a race window open for MS
+                      milliseconds; never set either in production";
     pub const PG: &str =
         "  LARCH_PG_DSN        the PostgreSQL connection string when neither --connection nor
                       --connection-file is given
@@ -88,12 +89,29 @@ pub enum Command {
     Status(status::StatusArgs),
 }
 
+/// `--store`: the store types a command line can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreType {
+    Local,
+    S3,
+}
+
+impl StoreType {
+    /// The `type` of the store spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreType::Local => "local",
+            StoreType::S3 => "s3",
+        }
+    }
+}
+
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Store type: local or s3.
-    #[arg(long, default_value = "local")]
-    pub store: String,
+    /// Store type.
+    #[arg(long, value_enum, default_value_t = StoreType::Local)]
+    pub store: StoreType,
     /// Local store root directory.
     #[arg(long)]
     pub path: Option<std::path::PathBuf>,
@@ -117,7 +135,7 @@ pub struct StoreArgs {
 impl StoreArgs {
     pub fn spec(&self) -> StoreSpec {
         StoreSpec {
-            kind: self.store.clone(),
+            kind: self.store.as_str().to_string(),
             path: self.path.clone(),
             bucket: self.bucket.clone(),
             prefix: self.prefix.clone(),

@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use super::export::{ConnectionArgs, parse_duration_arg};
 use crate::export::slot::{SlotMetrics, SlotReport, now_string};
+use crate::locks::MutexExt;
 use crate::source::postgres::{PostgresConfig, SlotWatcher, cleanup, format_bytes};
 
 #[derive(Subcommand, Debug)]
@@ -209,14 +210,14 @@ async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
                 for r in &reports {
                     served.metrics.set(r);
                 }
-                let mut s = served.status.lock().expect("lock");
+                let mut s = served.status.locked();
                 s.slots = reports;
                 s.observed_at = Some(now_string());
                 s.last_error = None;
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "reading the replication slots");
-                served.status.lock().expect("lock").last_error = Some(format!("{e:#}"));
+                served.status.locked().last_error = Some(format!("{e:#}"));
             }
         }
     }
@@ -246,7 +247,7 @@ async fn serve(listen: &str, served: Arc<Served>) -> anyhow::Result<SocketAddr> 
 }
 
 async fn status(State(s): State<Arc<Served>>) -> Response {
-    axum::Json(s.status.lock().expect("lock").clone()).into_response()
+    axum::Json(s.status.locked().clone()).into_response()
 }
 
 async fn metrics(State(s): State<Arc<Served>>) -> Response {

@@ -27,8 +27,9 @@ use self::targets::Target;
 use self::targets::memory::MemoryTarget;
 use self::targets::postgres::PostgresTarget;
 use crate::archive::reader::ArchiveReader;
+use crate::locks::MutexExt;
 use crate::source::SyncSource;
-use crate::source::archive::{ArchiveSource, ArchiveSourceOptions};
+use crate::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 
 /// What the HTTP layer and the runners share.
 pub struct Shared {
@@ -102,12 +103,12 @@ async fn build_source(
 ) -> anyhow::Result<(SourceRunner, Option<Arc<MemoryTarget>>)> {
     let store = sc.store.open_for_reading().await.context("store")?;
     let reader = ArchiveReader::new(store, &sc.key_prefix, sc.formats.clone())?;
-    let mut opts = ArchiveSourceOptions::new(&sc.id, sc.table.clone());
+    let mut opts = ArchiveReplayOptions::new(&sc.id, sc.table.clone());
     opts.key_fields = sc.key_fields.clone();
     opts.follow = sc.follow;
     opts.poll_interval = sc.poll_interval;
     opts.state_path = sc.state_path.clone();
-    let archive = Arc::new(ArchiveSource::new(reader, opts));
+    let archive = Arc::new(ArchiveReplaySource::new(reader, opts));
     let mut memory = None;
     let mut pipelines = Vec::new();
     for (i, tc) in sc.targets.iter().enumerate() {
@@ -237,7 +238,7 @@ pub async fn start_serving(
             let (failed, fatal) = (failed.clone(), fatal.clone());
             tokio::spawn(async move {
                 if let Err(e) = runner.run(stop).await {
-                    fatal.lock().expect("lock").get_or_insert(e);
+                    fatal.locked().get_or_insert(e);
                     failed.cancel();
                 }
             })
@@ -280,8 +281,7 @@ impl RunningEngine {
     pub async fn failure(&self) -> anyhow::Error {
         self.failed.cancelled().await;
         self.fatal
-            .lock()
-            .expect("lock")
+            .locked()
             .take()
             .unwrap_or_else(|| anyhow::anyhow!("a source stopped"))
     }

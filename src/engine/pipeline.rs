@@ -24,8 +24,9 @@ use super::metrics::{Metrics, PipelineState};
 use super::targets::{Resume, Target};
 use crate::archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use crate::archive::value::Row;
+use crate::locks::MutexExt;
 use crate::progress::{Progress, Reporter};
-use crate::source::archive::ArchiveSource;
+use crate::source::archive::ArchiveReplaySource;
 use crate::source::{SourceError, SourceEvent, SourceState, SyncSource};
 
 const BATCH: usize = 1024;
@@ -91,11 +92,11 @@ impl Pipeline {
     }
 
     pub fn state(&self) -> PipelineState {
-        *self.state.lock().expect("lock")
+        *self.state.locked()
     }
 
     pub fn position(&self) -> Option<String> {
-        self.position.lock().expect("lock").clone()
+        self.position.locked().clone()
     }
 }
 
@@ -114,7 +115,7 @@ pub struct SourceRunner {
     pub key_fields: Vec<String>,
     pub source: Arc<dyn SyncSource>,
     /// The same source, for archive-specific status (head, epoch).
-    pub archive: Option<Arc<ArchiveSource>>,
+    pub archive: Option<Arc<ArchiveReplaySource>>,
     pub pipelines: Vec<Arc<Pipeline>>,
     metrics: Metrics,
     rebaselines: AtomicU64,
@@ -131,7 +132,7 @@ impl SourceRunner {
         table: TableId,
         key_fields: Vec<String>,
         source: Arc<dyn SyncSource>,
-        archive: Option<Arc<ArchiveSource>>,
+        archive: Option<Arc<ArchiveReplaySource>>,
         pipelines: Vec<Arc<Pipeline>>,
         metrics: Metrics,
     ) -> SourceRunner {
@@ -160,7 +161,7 @@ impl SourceRunner {
     }
 
     fn note_error(&self, e: Option<&anyhow::Error>) {
-        *self.last_error.lock().expect("lock") = e.map(|e| {
+        *self.last_error.locked() = e.map(|e| {
             (
                 Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true),
                 format!("{e:#}"),
@@ -179,14 +180,14 @@ impl SourceRunner {
 
     fn set_state(&self, state: PipelineState) {
         for p in &self.pipelines {
-            *p.state.lock().expect("lock") = state;
+            *p.state.locked() = state;
             self.metrics.set_state(&p.id, state);
         }
     }
 
     fn set_position(&self, position: &str) {
         for p in &self.pipelines {
-            *p.position.lock().expect("lock") = Some(position.to_string());
+            *p.position.locked() = Some(position.to_string());
         }
     }
 
@@ -225,7 +226,7 @@ impl SourceRunner {
         }
         let paused = self.source.state() == SourceState::Paused;
         for p in &self.pipelines {
-            let mut s = p.state.lock().expect("lock");
+            let mut s = p.state.locked();
             let next = match (*s, paused) {
                 (PipelineState::Streaming, true) => PipelineState::Paused,
                 (PipelineState::Paused, false) => PipelineState::Streaming,
@@ -239,7 +240,7 @@ impl SourceRunner {
     }
 
     fn baseline_report(&self) -> Option<crate::progress::ProgressReport> {
-        let p = self.baseline_progress.lock().expect("lock").clone();
+        let p = self.baseline_progress.locked().clone();
         p.map(|p| p.report())
     }
 
@@ -272,7 +273,7 @@ impl SourceRunner {
             })),
             // Why it is not STREAMING: the storage error being retried, else the last failed
             // baseline or stream.
-            "last_error": info.last_error.or_else(|| self.last_error.lock().expect("lock").clone())
+            "last_error": info.last_error.or_else(|| self.last_error.locked().clone())
                 .map(|(at, message)| serde_json::json!({"at": at, "message": message})),
         });
         let pipelines = self
@@ -291,7 +292,7 @@ impl SourceRunner {
                         "baseline_rows": p.baseline_rows.load(Ordering::SeqCst),
                         // The baseline loading now (else the last): rows of the manifest's.
                         "baseline_progress": baseline,
-                        "last_rebaseline": p.last_rebaseline.lock().expect("lock")
+                        "last_rebaseline": p.last_rebaseline.locked()
                             .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
                     }),
                 )
@@ -481,7 +482,7 @@ impl SourceRunner {
         let table = self.table.clone();
         let task = tokio::spawn(async move { source.baseline(&[table], tx).await });
         let progress = Progress::new("baseline", self.id.clone());
-        *self.baseline_progress.lock().expect("lock") = Some(progress.clone());
+        *self.baseline_progress.locked() = Some(progress.clone());
         let reporter = Reporter::start(progress.clone());
         let mut rows = 0u64;
         let loaded: anyhow::Result<()> = async {
@@ -547,7 +548,7 @@ impl SourceRunner {
         for p in &self.pipelines {
             p.baseline_rows.store(rows, Ordering::SeqCst);
             if rebaseline {
-                *p.last_rebaseline.lock().expect("lock") = Some(Utc::now());
+                *p.last_rebaseline.locked() = Some(Utc::now());
             }
             self.metrics
                 .baseline_duration_seconds
@@ -675,7 +676,9 @@ impl SourceRunner {
                     self.set_position(&pos);
                     self.note_error(None);
                     // Targets committed `pos`; the source's state file does not have it yet.
-                    crate::crashpoint::crash_point("engine.after-checkpoint");
+                    crate::archive::crashpoint::crash_point(
+                        crate::archive::crashpoint::ENGINE_AFTER_CHECKPOINT,
+                    );
                     if durable && let Err(e) = self.source.ack(&pos).await {
                         tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
                     }

@@ -1,6 +1,6 @@
 //! Continuous export (laredo's `archive export --follow` and `laredo-snapshotter`): a base
-//! snapshot, then the source's changes collapsed into diffs every `diff_interval`, re-based by
-//! the policy, acknowledged to PostgreSQL only once the diff holding them is committed.
+//! snapshot, then the source's changes collapsed into diffs every `diff_interval`, a new epoch
+//! started when the new-epoch policy says so, acknowledged to PostgreSQL only once the diff holding them is committed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,6 +26,7 @@ use crate::archive::plan::plan_head;
 use crate::archive::position::{compare, same};
 use crate::archive::spill::Spill;
 use crate::archive::writer::{ArchiveWriter, FlushOutcome};
+use crate::locks::MutexExt;
 use crate::source::postgres::{PostgresSource, SchemaChange, schema_change};
 use crate::source::{SourceError, SourceEvent, SyncSource};
 
@@ -252,18 +253,18 @@ impl Shared {
         table: &TableId,
     ) -> Arc<crate::progress::Progress> {
         let p = crate::progress::Progress::new(operation, table.to_string());
-        *self.progress.lock().expect("lock") = Some(p.clone());
+        *self.progress.locked() = Some(p.clone());
         p
     }
 
     fn progress_report(&self) -> Option<crate::progress::ProgressReport> {
-        let p = self.progress.lock().expect("lock").clone();
+        let p = self.progress.locked().clone();
         p.map(|p| p.report())
     }
 
     /// Names the replication slot in `/status` before the source reports on it.
     pub fn set_slot(&self, slot: &str) {
-        self.status.lock().expect("lock").slot = Some(super::slot::SlotReport {
+        self.status.locked().slot = Some(super::slot::SlotReport {
             name: slot.to_string(),
             ..Default::default()
         });
@@ -272,12 +273,12 @@ impl Shared {
     /// Makes a lost slot's report wait up to `wait` for a `/status` read (the operator's
     /// poll) before the re-baseline.
     pub fn set_loss_report_wait(&self, wait: Duration) {
-        *self.loss_report_wait.lock().expect("lock") = Some(wait);
+        *self.loss_report_wait.locked() = Some(wait);
     }
 
     /// The status, with the spill's figures as of now.
     pub fn status(&self) -> ExportStatus {
-        let mut s = self.status.lock().expect("lock").clone();
+        let mut s = self.status.locked().clone();
         self.add_spill_figures(&mut s);
         s
     }
@@ -345,7 +346,7 @@ async fn ready(State(s): State<Arc<Shared>>) -> Response {
 
 async fn status(State(s): State<Arc<Shared>>) -> Response {
     let mut body = {
-        let status = s.status.lock().expect("lock");
+        let status = s.status.locked();
         s.status_reads.send_modify(|n| *n += 1);
         status.clone()
     };
@@ -355,8 +356,8 @@ async fn status(State(s): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
     s.refresh_spill_metrics();
-    if let Some(t) = *s.last_snapshot.lock().expect("lock") {
-        let table = s.status.lock().expect("lock").table.clone();
+    if let Some(t) = *s.last_snapshot.locked() {
+        let table = s.status.locked().table.clone();
         s.metrics
             .snapshot_age
             .with_label_values(&[&table])
@@ -415,9 +416,9 @@ impl ContinuousExport {
         if let Some(usage) = self.source.slot_usage() {
             let report = super::slot::SlotReport::new(&usage.slot, Some(&usage));
             m.slot.set(&report);
-            self.shared.status.lock().expect("lock").slot = Some(report);
+            self.shared.status.locked().slot = Some(report);
         }
-        let mut s = self.shared.status.lock().expect("lock");
+        let mut s = self.shared.status.locked();
         s.state = state.to_string();
         s.epoch = self.writer.epoch();
         s.head_position = self.writer.head().to_string();
@@ -433,8 +434,8 @@ impl ContinuousExport {
             .artifacts
             .with_label_values(&[&table, "snapshot", reason])
             .inc();
-        *self.shared.last_snapshot.lock().expect("lock") = Some(Instant::now());
-        let mut s = self.shared.status.lock().expect("lock");
+        *self.shared.last_snapshot.locked() = Some(Instant::now());
+        let mut s = self.shared.status.locked();
         s.snapshots += 1;
         s.last_snapshot_at = Some(format_time(&Utc::now().fixed_offset()));
     }
@@ -630,7 +631,7 @@ impl ContinuousExport {
     /// waits for the next `/status` read so the operator's Event precedes the re-baseline.
     async fn report_slot_loss(&self, why: &str) {
         let seen = {
-            let mut s = self.shared.status.lock().expect("lock");
+            let mut s = self.shared.status.locked();
             s.state = "SLOT_LOST".into();
             s.slot_losses += 1;
             s.last_slot_loss = Some(super::slot::SlotLoss {
@@ -639,7 +640,7 @@ impl ContinuousExport {
             });
             *self.shared.status_reads.borrow()
         };
-        let wait = *self.shared.loss_report_wait.lock().expect("lock");
+        let wait = *self.shared.loss_report_wait.locked();
         if let Some(wait) = wait {
             tracing::warn!(reason = %why, "replication slot lost: waiting up to {wait:?} for /status to be read before the re-baseline");
             let read =
@@ -696,7 +697,7 @@ impl ContinuousExport {
                     .buffer_depth
                     .with_label_values(&[&self.table.to_string()])
                     .set(depth as i64);
-                self.shared.status.lock().expect("lock").buffer_depth = depth;
+                self.shared.status.locked().buffer_depth = depth;
                 committed
             }
         };
@@ -706,7 +707,7 @@ impl ContinuousExport {
                 .errors
                 .with_label_values(&[&self.table.to_string(), "spill"])
                 .inc();
-            self.shared.status.lock().expect("lock").last_error = Some(e.to_string());
+            self.shared.status.locked().last_error = Some(e.to_string());
             anyhow!(e).context("buffering a change")
         })
     }
@@ -727,8 +728,7 @@ impl ContinuousExport {
         let why = self
             .shared
             .status
-            .lock()
-            .expect("lock")
+            .locked()
             .last_error
             .clone()
             .unwrap_or_else(|| "unknown error".into());
@@ -762,12 +762,12 @@ impl ContinuousExport {
                     .errors
                     .with_label_values(&[&table, "diff"])
                     .inc();
-                self.shared.status.lock().expect("lock").last_error = Some(e.to_string());
+                self.shared.status.locked().last_error = Some(e.to_string());
                 tracing::warn!(error = %e, "flush failed; the changes stay buffered for the next interval");
                 return Ok(());
             }
         };
-        let rebase = match outcome {
+        let new_epoch = match outcome {
             FlushOutcome::Idle => {
                 // Transactions without changes to this table still move the slot along.
                 if !last_position.is_empty()
@@ -778,7 +778,10 @@ impl ContinuousExport {
                 None
             }
             FlushOutcome::SnapshotNeeded(trigger) => Some(trigger),
-            FlushOutcome::Diff { artifact, rebase } => {
+            FlushOutcome::Diff {
+                artifact,
+                new_epoch,
+            } => {
                 let now = Utc::now();
                 let lag_of = self.shared.metrics.commit_lag.with_label_values(&[&table]);
                 for (at, changes) in std::mem::take(&mut commit_times.closed) {
@@ -793,7 +796,7 @@ impl ContinuousExport {
                     .with_label_values(&[&table, "diff", "interval"])
                     .inc();
                 {
-                    let mut s = self.shared.status.lock().expect("lock");
+                    let mut s = self.shared.status.locked();
                     s.diffs += 1;
                     s.last_diff_at = Some(format_time(&now.fixed_offset()));
                     s.last_error = None;
@@ -801,17 +804,20 @@ impl ContinuousExport {
                 if let Err(e) = self.source.ack(&artifact.to_position).await {
                     tracing::warn!(error = %e, "could not acknowledge the committed diff");
                 }
-                rebase
+                new_epoch
             }
         };
-        if let Some(trigger) = rebase {
-            tracing::info!(trigger, "re-base policy fired: compacting a new snapshot");
+        if let Some(trigger) = new_epoch {
+            tracing::info!(
+                trigger = %trigger,
+                "new-epoch policy fired: compacting a snapshot into a new epoch"
+            );
             let progress = self.shared.start_progress(COMPACTION, &self.table);
             let reporter = crate::progress::Reporter::start(progress.clone());
             let compacted = self.writer.compact_reporting(Some(progress)).await;
             reporter.finish(compacted.is_ok());
             match compacted {
-                Ok(_) => self.note_snapshot(trigger),
+                Ok(_) => self.note_snapshot(trigger.as_str()),
                 Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
                 Err(e) => {
                     self.shared

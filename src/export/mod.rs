@@ -1,7 +1,8 @@
 //! Export: PostgreSQL into an archive. One-shot (a base snapshot, a new epoch) or continuous
-//! (a snapshot, then diffs until stopped, re-based by the policy).
+//! (a snapshot, then diffs until stopped, a new epoch whenever the new-epoch policy fires).
 
 pub mod continuous;
+pub mod lease;
 pub mod slot;
 
 use std::sync::Arc;
@@ -64,7 +65,10 @@ async fn copy_into_snapshot(
             while let Some((_, row)) = src_rx.recv().await {
                 progress.add(1, row.as_str().len() as u64);
                 if progress.rows() == PAUSE_AFTER_ROWS {
-                    crate::crashpoint::pause_point("export.baseline-rows").await;
+                    crate::archive::crashpoint::pause_point(
+                        crate::archive::crashpoint::EXPORT_BASELINE_ROWS,
+                    )
+                    .await;
                 }
                 if row_tx.send(row).await.is_err() {
                     break;

@@ -13,7 +13,7 @@ use super::controllers::{self, context::Context};
 use super::metrics::Metrics;
 use super::probe::HttpProber;
 use super::server::{ServerState, router};
-use crate::lease::LeaderElector;
+use crate::export::lease::LeaderElector;
 
 /// `larch crd`: print every CRD as multi-document YAML. Returns the exit code.
 pub fn crd() -> i32 {

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
+use crate::locks::MutexExt;
+
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -183,8 +185,7 @@ impl Metrics {
             .with_label_values(&[namespace, name, table])
             .set(unix);
         self.export_tables
-            .lock()
-            .unwrap()
+            .locked()
             .entry((namespace.into(), name.into()))
             .or_default()
             .insert(table.into());
@@ -197,7 +198,7 @@ impl Metrics {
         name: &str,
         slots: impl Iterator<Item = (String, i64)>,
     ) {
-        let mut known = self.export_slots.lock().unwrap();
+        let mut known = self.export_slots.locked();
         let entry = known.entry((namespace.into(), name.into())).or_default();
         let mut now = BTreeSet::new();
         for (slot, bytes) in slots {
@@ -217,8 +218,8 @@ impl Metrics {
     /// Objects that have per-object gauges: `(namespace, name)`.
     pub fn tracked(&self) -> Vec<(String, String)> {
         let mut out: BTreeSet<(String, String)> =
-            self.export_tables.lock().unwrap().keys().cloned().collect();
-        out.extend(self.export_slots.lock().unwrap().keys().cloned());
+            self.export_tables.locked().keys().cloned().collect();
+        out.extend(self.export_slots.locked().keys().cloned());
         for vec in [
             &self.export_failing,
             &self.source_lag,
@@ -245,8 +246,7 @@ impl Metrics {
     pub fn forget(&self, namespace: &str, name: &str) {
         if let Some(tables) = self
             .export_tables
-            .lock()
-            .unwrap()
+            .locked()
             .remove(&(namespace.to_string(), name.to_string()))
         {
             for t in tables {
@@ -257,8 +257,7 @@ impl Metrics {
         }
         if let Some(slots) = self
             .export_slots
-            .lock()
-            .unwrap()
+            .locked()
             .remove(&(namespace.to_string(), name.to_string()))
         {
             for s in slots {

@@ -38,10 +38,11 @@ use crate::archive::position::same;
 use crate::archive::reader::ArchiveReader;
 use crate::archive::spill::{Spill, SpillConfig};
 use crate::archive::value::Row;
+use crate::locks::MutexExt;
 
 /// Options of one archive source (one table).
 #[derive(Clone, Debug)]
-pub struct ArchiveSourceOptions {
+pub struct ArchiveReplayOptions {
     /// Source id (for logs and metrics).
     pub id: String,
     /// The table this source serves.
@@ -56,9 +57,9 @@ pub struct ArchiveSourceOptions {
     pub spill: SpillConfig,
 }
 
-impl ArchiveSourceOptions {
+impl ArchiveReplayOptions {
     pub fn new(id: impl Into<String>, table: TableId) -> Self {
-        ArchiveSourceOptions {
+        ArchiveReplayOptions {
             id: id.into(),
             table,
             key_fields: Vec::new(),
@@ -72,7 +73,7 @@ impl ArchiveSourceOptions {
 
 /// What `/status` shows about an archive source.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ArchiveSourceInfo {
+pub struct ArchiveReplayInfo {
     /// The position delivered so far (baseline or last diff).
     pub position: Option<String>,
     /// The head of the last manifest read.
@@ -145,9 +146,11 @@ impl Behind {
     }
 }
 
-pub struct ArchiveSource {
+/// A [`SyncSource`] that replays an archive: its folded head as the baseline, its diffs as
+/// the stream. (Not the `ArchiveSource` custom resource, which configures an engine.)
+pub struct ArchiveReplaySource {
     reader: ArchiveReader,
-    opts: ArchiveSourceOptions,
+    opts: ArchiveReplayOptions,
     spill: Arc<Spill>,
     state: watch::Sender<SourceState>,
     inner: Mutex<Inner>,
@@ -217,44 +220,19 @@ fn next_step(manifest: &Manifest, from: &str, epoch: Option<i64>) -> Step {
     }
 }
 
-/// Writes `contents` to `path` durably: directory created when missing, temp file, fsync,
-/// rename, directory fsync.
+/// Writes the state file durably and atomically (directory created when missing).
 pub fn write_state_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{:016x}", rand::random::<u64>()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::archive::store::atomic_file::write(path, contents.as_bytes())
 }
 
-impl ArchiveSource {
-    pub fn new(reader: ArchiveReader, opts: ArchiveSourceOptions) -> ArchiveSource {
+impl ArchiveReplaySource {
+    pub fn new(reader: ArchiveReader, opts: ArchiveReplayOptions) -> ArchiveReplaySource {
         let (state, _) = watch::channel(SourceState::Connecting);
         let tag = crate::archive::spill::tag(
             "source",
             &[&opts.id, &reader.store().name(), reader.key_prefix()],
         );
-        ArchiveSource {
+        ArchiveReplaySource {
             spill: Spill::open(opts.spill.clone(), &tag),
             reader,
             opts,
@@ -271,13 +249,13 @@ impl ArchiveSource {
         &self.opts.table
     }
 
-    pub fn options(&self) -> &ArchiveSourceOptions {
+    pub fn options(&self) -> &ArchiveReplayOptions {
         &self.opts
     }
 
-    pub fn info(&self) -> ArchiveSourceInfo {
-        let inner = self.inner.lock().expect("lock");
-        ArchiveSourceInfo {
+    pub fn info(&self) -> ArchiveReplayInfo {
+        let inner = self.inner.locked();
+        ArchiveReplayInfo {
             position: inner.position.clone(),
             head: inner.head.clone(),
             epoch: inner.epoch,
@@ -309,7 +287,7 @@ impl ArchiveSource {
     }
 
     fn remember(&self, m: &Manifest) {
-        let mut inner = self.inner.lock().expect("lock");
+        let mut inner = self.inner.locked();
         inner.head = Some(m.head_position.clone());
         inner.updated_at = Some(m.updated_at);
     }
@@ -330,7 +308,7 @@ impl ArchiveSource {
         loop {
             let result = op().await;
             // What /status shows while a store fails (the state alone says CONNECTING).
-            self.inner.lock().expect("lock").last_error = result.as_ref().err().map(|e| {
+            self.inner.locked().last_error = result.as_ref().err().map(|e| {
                 (
                     Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                     format!("{what}: {e}"),
@@ -450,7 +428,7 @@ impl ArchiveSource {
     }
 }
 
-impl ArchiveSource {
+impl ArchiveReplaySource {
     /// Sends one diff's changes as events, streamed; `false` when the consumer went away.
     async fn send_diff(
         &self,
@@ -513,7 +491,7 @@ fn change_event(table: &TableId, position: &str, c: crate::archive::model::Chang
 }
 
 #[async_trait]
-impl SyncSource for ArchiveSource {
+impl SyncSource for ArchiveReplaySource {
     async fn init(
         &self,
         tables: &[TableId],
@@ -528,7 +506,7 @@ impl SyncSource for ArchiveSource {
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
             Some(m) => {
-                self.inner.lock().expect("lock").init_columns = Some(m.columns.clone());
+                self.inner.locked().init_columns = Some(m.columns.clone());
                 self.columns(&m).await?
             }
             None => {
@@ -570,7 +548,7 @@ impl SyncSource for ArchiveSource {
         };
         // A new epoch with other columns landed since `init`: the targets must be initialised
         // with the columns of the rows they are about to get.
-        let init_columns = self.inner.lock().expect("lock").init_columns.clone();
+        let init_columns = self.inner.locked().init_columns.clone();
         if init_columns.is_some_and(|c| c != m.columns) {
             return Err(SourceError::ReBaselineRequired(
                 "the archive's columns changed since the targets were initialised".into(),
@@ -585,7 +563,7 @@ impl SyncSource for ArchiveSource {
                 p.snapshot.as_ref().map(|s| s.epoch),
             ),
         };
-        self.inner.lock().expect("lock").baseline_rows_expected = head_plan
+        self.inner.locked().baseline_rows_expected = head_plan
             .as_ref()
             .and_then(|p| p.snapshot.as_ref())
             .map(|s| s.row_count.max(0) as u64);
@@ -622,7 +600,7 @@ impl SyncSource for ArchiveSource {
         if let Some(s) = &short {
             tracing::warn!(source = %self.opts.id, "baseline at an older state than the archive's head: {s}");
         }
-        let mut inner = self.inner.lock().expect("lock");
+        let mut inner = self.inner.locked();
         inner.position = Some(position.clone());
         inner.epoch = epoch;
         inner.short_chain = short;
@@ -637,7 +615,7 @@ impl SyncSource for ArchiveSource {
     ) -> Result<(), SourceError> {
         let mut from = from.to_string();
         {
-            let mut inner = self.inner.lock().expect("lock");
+            let mut inner = self.inner.locked();
             if inner.position.as_deref() != Some(from.as_str()) {
                 // Resuming from a stored position: the epoch is unknown.
                 inner.position = Some(from.clone());
@@ -664,7 +642,7 @@ impl SyncSource for ArchiveSource {
                     .context(format!("source {}", self.opts.id)),
                 ));
             };
-            let epoch = self.inner.lock().expect("lock").epoch;
+            let epoch = self.inner.locked().epoch;
             match next_step(&m, &from, epoch) {
                 Step::Replaced(why) => {
                     tracing::warn!(source = %self.opts.id, "re-baseline required: {why}");
@@ -672,7 +650,7 @@ impl SyncSource for ArchiveSource {
                 }
                 Step::Short(short) => {
                     {
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         if inner.short_chain.as_ref() != Some(&short) {
                             tracing::warn!(source = %self.opts.id, "serving an older state than the archive's head: {short}");
                         }
@@ -688,7 +666,7 @@ impl SyncSource for ArchiveSource {
                 }
                 Step::UpToDate => {
                     {
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         inner.short_chain = None;
                         inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
                         inner.behind = Behind::default();
@@ -699,7 +677,7 @@ impl SyncSource for ArchiveSource {
                     self.wait_poll(Some(&events)).await;
                 }
                 Step::Diffs(diffs) => {
-                    self.inner.lock().expect("lock").behind = Behind::of(&diffs);
+                    self.inner.locked().behind = Behind::of(&diffs);
                     for (i, d) in diffs.iter().enumerate() {
                         if self.closed() {
                             return Ok(());
@@ -717,7 +695,7 @@ impl SyncSource for ArchiveSource {
                             .await
                             .map_err(|_| SourceError::Stopped)?;
                         from = d.to_position.clone();
-                        let mut inner = self.inner.lock().expect("lock");
+                        let mut inner = self.inner.locked();
                         inner.position = Some(from.clone());
                         inner.behind = Behind::of(&diffs[i + 1..]);
                     }
@@ -728,7 +706,7 @@ impl SyncSource for ArchiveSource {
                                 .iter()
                                 .any(|d| same(&d.to_position, &from)))
                     {
-                        self.inner.lock().expect("lock").epoch = Some(snap.epoch);
+                        self.inner.locked().epoch = Some(snap.epoch);
                     }
                     if diffs.is_empty() {
                         // A diff-only plan with nothing in it cannot happen; never spin.
@@ -753,7 +731,7 @@ impl SyncSource for ArchiveSource {
                     )
                 })?;
         }
-        self.inner.lock().expect("lock").acked = Some(position.to_string());
+        self.inner.locked().acked = Some(position.to_string());
         Ok(())
     }
 
@@ -791,7 +769,7 @@ impl SyncSource for ArchiveSource {
     }
 
     fn lag(&self) -> Lag {
-        let inner = self.inner.lock().expect("lock");
+        let inner = self.inner.locked();
         Lag {
             bytes: Some(inner.behind.bytes),
             time: inner.updated_at.map(lag_of),
@@ -810,28 +788,8 @@ impl SyncSource for ArchiveSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::archive::fixtures::{art, manifest};
     use crate::archive::manifest::{ArtifactKind, now_utc};
-
-    fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Artifact {
-        Artifact {
-            kind,
-            epoch,
-            from_position: from.map(str::to_string),
-            to_position: to.into(),
-            created_at: now_utc(),
-            row_count: 0,
-            change_count: 0,
-            formats: Default::default(),
-        }
-    }
-
-    fn manifest(arts: Vec<Artifact>, head: &str) -> Manifest {
-        let mut m = Manifest::new("public.t");
-        m.epoch = arts.iter().map(|a| a.epoch).max().unwrap_or(0);
-        m.artifacts = arts;
-        m.head_position = head.into();
-        m
-    }
 
     #[test]
     fn behind_counts_the_undelivered_diffs_and_their_bytes() {

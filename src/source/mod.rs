@@ -1,5 +1,6 @@
 //! Sources: where changes come from. `postgres` (logical replication) feeds exports;
-//! `archive` (an archive on a store) feeds engines. Both implement [`SyncSource`].
+//! `archive` (an archive on a store) feeds engines. Both implement [`SyncSource`] and pass its
+//! conformance suite in `tests/it/source_conformance.rs` (real PostgreSQL, S3 on SeaweedFS).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -428,10 +428,7 @@ fn s03_oneshot_export_to_s3() {
     assert_eq!(last["rowCount"].as_i64(), Some(count), "{last}");
     let position = last["position"].as_str().expect("position");
     assert!(
-        position.contains('/')
-            && position
-                .split('/')
-                .all(|h| u64::from_str_radix(h, 16).is_ok()),
+        larch::archive::position::Lsn::parse(position).is_some(),
         "an LSN: {position}"
     );
     let key_prefix = last["keyPrefix"].as_str().unwrap_or("public.events/");

@@ -14,7 +14,7 @@ use larch::archive::reader::ArchiveReader;
 use larch::archive::store::local::LocalStore;
 use larch::archive::store::memory::MemoryStore;
 use larch::archive::store::{GetResult, ObjectInfo, ObjectReader, ObjectWriter, Store};
-use larch::source::archive::{ArchiveSource, ArchiveSourceOptions};
+use larch::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 use larch::source::{SourceError, SourceEvent, SourceState, SyncSource};
 use tokio::sync::mpsc;
 
@@ -24,15 +24,15 @@ fn table() -> TableId {
     TableId::new("public", "t")
 }
 
-fn source(store: Arc<dyn Store>, prefix: &str, follow: bool) -> ArchiveSource {
+fn source(store: Arc<dyn Store>, prefix: &str, follow: bool) -> ArchiveReplaySource {
     let reader = ArchiveReader::new(store, prefix, vec![Format::Jsonl]).unwrap();
-    let mut o = ArchiveSourceOptions::new("seed", table());
+    let mut o = ArchiveReplayOptions::new("seed", table());
     o.follow = follow;
     o.poll_interval = Duration::from_millis(50);
-    ArchiveSource::new(reader, o)
+    ArchiveReplaySource::new(reader, o)
 }
 
-async fn baseline(src: &ArchiveSource) -> (BTreeSet<String>, String) {
+async fn baseline(src: &ArchiveReplaySource) -> (BTreeSet<String>, String) {
     let (tx, mut rx) = mpsc::channel(16);
     let collect = tokio::spawn(async move {
         let mut got = BTreeSet::new();
@@ -151,9 +151,9 @@ async fn laredo_fixtures_baseline_like_the_reader() {
             .map(|a| a.iter().map(|k| k.as_str().unwrap().to_string()).collect())
             .unwrap_or_default();
         let reader = ArchiveReader::new(store, prefix, formats).unwrap();
-        let mut o = ArchiveSourceOptions::new("fx", table());
+        let mut o = ArchiveReplayOptions::new("fx", table());
         o.key_fields = key_fields.clone();
-        let src = ArchiveSource::new(reader.clone(), o);
+        let src = ArchiveReplaySource::new(reader.clone(), o);
         src.init(&[table()]).await.unwrap();
         let (got, pos) = baseline(&src).await;
         let (m, folded) = reader.reconstruct_at(None, &key_fields).await.unwrap();
@@ -338,9 +338,9 @@ async fn ack_writes_the_state_file_and_resume_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let reader = ArchiveReader::new(store, "", vec![Format::Jsonl]).unwrap();
-    let mut o = ArchiveSourceOptions::new("seed", table());
+    let mut o = ArchiveReplayOptions::new("seed", table());
     o.state_path = Some(dir.path().join("state/dir/seed.pos"));
-    let src = ArchiveSource::new(reader.clone(), o.clone());
+    let src = ArchiveReplaySource::new(reader.clone(), o.clone());
     assert!(src.supports_resume());
     assert_eq!(src.last_acked_position().await.unwrap(), None);
     src.ack("0/16B3748").await.unwrap();
@@ -348,12 +348,12 @@ async fn ack_writes_the_state_file_and_resume_reads_it() {
         std::fs::read(dir.path().join("state/dir/seed.pos")).unwrap(),
         b"0/16B3748"
     );
-    let again = ArchiveSource::new(reader.clone(), o);
+    let again = ArchiveReplaySource::new(reader.clone(), o);
     assert_eq!(
         again.last_acked_position().await.unwrap().as_deref(),
         Some("0/16B3748")
     );
-    let plain = ArchiveSource::new(reader, ArchiveSourceOptions::new("x", table()));
+    let plain = ArchiveReplaySource::new(reader, ArchiveReplayOptions::new("x", table()));
     assert!(!plain.supports_resume());
     assert_eq!(plain.last_acked_position().await.unwrap(), None);
 }
@@ -364,9 +364,9 @@ async fn columns_come_from_the_manifest_or_the_first_row() {
     let mut a = TestArchive::new(store.clone(), "", "public.t");
     a.snapshot("0/1", &[r#"{"z":1,"id":1,"a":"x"}"#]).await;
     let reader = ArchiveReader::new(store.clone(), "", vec![Format::Jsonl]).unwrap();
-    let mut o = ArchiveSourceOptions::new("seed", table());
+    let mut o = ArchiveReplayOptions::new("seed", table());
     o.key_fields = vec!["id".into()];
-    let src = ArchiveSource::new(reader.clone(), o);
+    let src = ArchiveReplaySource::new(reader.clone(), o);
     let cols = src
         .init(&[table()])
         .await

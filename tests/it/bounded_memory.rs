@@ -18,7 +18,7 @@ use larch::archive::store::Store;
 use larch::archive::store::memory::MemoryStore;
 use larch::archive::value::Row;
 use larch::archive::writer::{ArchiveWriter, FlushOutcome, WriterConfig};
-use larch::source::archive::{ArchiveSource, ArchiveSourceOptions};
+use larch::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 use larch::source::{SourceEvent, SyncSource};
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
@@ -347,19 +347,23 @@ async fn compaction_of_a_table_sized_diff_spills_and_equals_the_fold() {
     );
 }
 
-fn archive_source(store: Arc<dyn Store>, spill_dir: &Path, memory_limit: u64) -> ArchiveSource {
+fn archive_source(
+    store: Arc<dyn Store>,
+    spill_dir: &Path,
+    memory_limit: u64,
+) -> ArchiveReplaySource {
     let reader = ArchiveReader::new(store, PREFIX, vec![Format::Jsonl]).unwrap();
-    let mut o = ArchiveSourceOptions::new("seed", TableId::new("public", "items"));
+    let mut o = ArchiveReplayOptions::new("seed", TableId::new("public", "items"));
     o.poll_interval = Duration::from_millis(50);
     o.spill = SpillConfig {
         dir: spill_dir.to_path_buf(),
         memory_limit,
         disk_limit: 0,
     };
-    ArchiveSource::new(reader, o)
+    ArchiveReplaySource::new(reader, o)
 }
 
-async fn source_baseline(src: &ArchiveSource) -> BTreeSet<String> {
+async fn source_baseline(src: &ArchiveReplaySource) -> BTreeSet<String> {
     let (tx, mut rx) = mpsc::channel(16);
     let collect = tokio::spawn(async move {
         let mut got = BTreeSet::new();
@@ -713,6 +717,7 @@ async fn a_transaction_larger_than_the_buffer_memory_is_archived_whole_while_fol
     );
 }
 
+#[cfg(feature = "crashpoints")]
 #[tokio::test]
 async fn kill_9_while_a_large_transaction_spills_then_restart_archives_it_whole() {
     use crate::postgres_continuous::{Follow, archive_rows, table_rows};

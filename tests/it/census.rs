@@ -219,7 +219,7 @@ async fn archive_commands_refuse_bad_flags_and_write_nothing() {
         case("inspect-store-path-is-a-file", 1, &["a-file: not a directory (the local store root)"],
              &["archive", "inspect", "--store", "local", "--key-prefix", "public.t/", "--path"])
             .arg(&file),
-        case("inspect-unknown-store-type", 1, &["store: unknown type \"nfs\" (expected local or s3)"],
+        case("inspect-unknown-store-type", 2, &["invalid value 'nfs' for '--store <STORE>'", "[possible values: local, s3]"],
              &["archive", "inspect", "--store", "nfs", "--path"]).arg(d),
         case("inspect-s3-without-bucket", 1, &["store: type s3 requires `bucket`"],
              &["archive", "inspect", "--store", "s3"]),

@@ -22,6 +22,7 @@ use larch::archive::store::local::LocalStore;
 use larch::archive::store::{GetResult, ObjectInfo, ObjectReader, ObjectWriter, Store};
 use larch::archive::verify::verify;
 use larch::archive::writer::{ArchiveWriter, Clock, FlushOutcome, WriterConfig};
+use larch::locks::MutexExt;
 
 use crate::writer::{row, rows_channel};
 
@@ -54,15 +55,15 @@ impl RacingStore {
     }
 
     fn set(&self, w: InTheWindow) {
-        *self.window.lock().unwrap() = w;
+        *self.window.locked() = w;
     }
 
     fn take_deleted(&self) -> Vec<String> {
-        std::mem::take(&mut *self.deleted.lock().unwrap())
+        std::mem::take(&mut *self.deleted.locked())
     }
 
     async fn race(&self) -> Result<()> {
-        let what = *self.window.lock().unwrap();
+        let what = *self.window.locked();
         if what == InTheWindow::Nothing {
             return Ok(());
         }
@@ -81,7 +82,7 @@ impl RacingStore {
             ],
         };
         let deleted = remove(self.inner.as_ref(), &found, &classes).await?;
-        self.deleted.lock().unwrap().extend(deleted);
+        self.deleted.locked().extend(deleted);
         Ok(())
     }
 }

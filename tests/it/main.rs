@@ -8,6 +8,7 @@ mod bad_input;
 mod bounded_memory;
 mod census;
 mod cli_archive;
+#[cfg(feature = "crashpoints")]
 mod crash_safety;
 mod engine_access;
 mod engine_config;
@@ -31,6 +32,8 @@ mod restore_copy;
 mod s3_protocol;
 mod schema_changes;
 mod self_contained;
+mod source_conformance;
 mod store_conformance;
 mod support;
+mod target_conformance;
 mod writer;

@@ -2,11 +2,15 @@
 //! engine's baseline against the manifest's row count, and docs/metrics.md checked against real
 //! scrapes of an exporter, an engine and the operator's endpoint.
 
+// The one-shot progress test needs the crashpoints feature; its helpers are unused without it.
+#![cfg_attr(not(feature = "crashpoints"), allow(dead_code, unused_imports))]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use larch::locks::MutexExt;
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json, metric, start_engine, wait_ready};
@@ -86,6 +90,8 @@ tables:
     )
 }
 
+// The pause point holds the copy open long enough to read its progress.
+#[cfg(feature = "crashpoints")]
 #[tokio::test]
 async fn a_one_shot_export_shows_its_progress_while_it_copies() {
     let db = table_of(ROWS).await;
@@ -102,7 +108,7 @@ async fn a_one_shot_export_shows_its_progress_while_it_copies() {
     let log = export.stderr.clone();
     let during = eventually(30, "progress past 10 000 rows", || async {
         if tokio::net::TcpStream::connect(addr).await.is_err() {
-            let lines = log.lock().unwrap().clone();
+            let lines = log.locked().clone();
             panic!("the export stopped serving:\n{}", lines.join("\n"));
         }
         let s = get_json(addr, "/status").await;
@@ -145,7 +151,7 @@ async fn a_one_shot_export_shows_its_progress_while_it_copies() {
     .await
     .unwrap();
     reader.join().unwrap();
-    let log = stderr.lock().unwrap().join("\n");
+    let log = stderr.locked().join("\n");
     assert!(out.0.success(), "{log}");
     let summary: Value = serde_json::from_str(&out.1).unwrap();
     assert_eq!(summary["row_count"], ROWS);

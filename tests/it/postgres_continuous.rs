@@ -1,6 +1,6 @@
 //! `larch export --follow` against a real PostgreSQL 15: every kind of change reaches the
 //! diffs, SIGTERM flushes, a restart resumes from the persistent slot, kill -9 loses nothing,
-//! the policy re-bases.
+//! the new-epoch policy compacts a snapshot.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -13,6 +13,7 @@ use larch::archive::format::Format;
 use larch::archive::reader::ArchiveReader;
 use larch::archive::store::local::LocalStore;
 use larch::archive::verify::verify;
+use larch::locks::MutexExt;
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json};
@@ -91,7 +92,7 @@ impl Follow {
         let code = self.child.wait().unwrap().code().unwrap_or(-1);
         // The reader drains the pipe until EOF, which the exit brings.
         let _ = self.reader.join();
-        (code, self.stderr.lock().unwrap().join("\n"))
+        (code, self.stderr.locked().join("\n"))
     }
 
     pub fn kill9(mut self) {
@@ -123,7 +124,7 @@ pub fn listening(
     let log = stderr.clone();
     let reader = std::thread::spawn(move || {
         for l in lines.map_while(Result::ok) {
-            log.lock().unwrap().push(l);
+            log.locked().push(l);
         }
     });
     (addr, stderr, reader)
@@ -326,7 +327,7 @@ async fn kill_9_then_restart_resumes_from_the_slot_with_nothing_lost_or_doubled(
 }
 
 #[tokio::test]
-async fn the_policy_rebases_by_compaction() {
+async fn the_new_epoch_policy_compacts_a_snapshot() {
     let db = new_database().await;
     setup(&db).await;
     let dir = tempfile::tempdir().unwrap();

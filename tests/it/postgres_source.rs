@@ -54,14 +54,9 @@ fn field(row: &Row, name: &str) -> String {
         .to_string()
 }
 
+/// An LSN in laredo's spelling (the one `Lsn` formats: uppercase, low half padded to 8).
 fn is_laredo_lsn(p: &str) -> bool {
-    let Some((hi, lo)) = p.split_once('/') else {
-        return false;
-    };
-    !hi.is_empty()
-        && lo.len() == 8
-        && p.bytes()
-            .all(|c| c == b'/' || c.is_ascii_digit() || c.is_ascii_uppercase())
+    Lsn::parse(p).is_some_and(|l| l.to_string() == p)
 }
 
 struct Streamer {

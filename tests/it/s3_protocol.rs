@@ -10,6 +10,7 @@ use bytes::Bytes;
 use larch::archive::ArchiveError;
 use larch::archive::store::Store;
 use larch::archive::store::s3::{S3Config, S3Store};
+use larch::locks::MutexExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
@@ -134,10 +135,9 @@ async fn canned_server(responses: Vec<Canned>) -> (String, Arc<Mutex<Vec<Request
                         .unwrap_or(0);
                     let mut body = vec![0u8; len];
                     conn.read_exact(&mut body).await.unwrap();
-                    seen.lock().unwrap().push(req);
+                    seen.locked().push(req);
                     let resp = queue
-                        .lock()
-                        .unwrap()
+                        .locked()
                         .pop_front()
                         .unwrap_or_else(|| error(500, "InternalError"));
                     let mut head = format!(
@@ -189,7 +189,7 @@ async fn conditional_request_conflict_is_retried_then_succeeds() {
         .await
         .unwrap();
     assert_eq!(rev, "\"abc\"");
-    let seen = seen.lock().unwrap();
+    let seen = seen.locked();
     assert_eq!(seen.len(), 3, "{seen:?}");
     for r in seen.iter() {
         assert_eq!(r.method, "PUT");
@@ -216,7 +216,7 @@ async fn persistent_conditional_request_conflict_becomes_a_cas_conflict() {
         "{r:?}"
     );
     // One try plus a bounded number of retries, not forever.
-    let n = seen.lock().unwrap().len();
+    let n = seen.locked().len();
     assert!((2..=6).contains(&n), "{n} attempts");
 }
 
@@ -228,7 +228,7 @@ async fn if_match_on_a_missing_key_404_is_a_conflict() {
         .put_cas("t/manifest.json", Bytes::from_static(b"{}"), "\"e1\"")
         .await;
     assert!(matches!(r, Err(ArchiveError::CasConflict { .. })), "{r:?}");
-    let seen = seen.lock().unwrap();
+    let seen = seen.locked();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].header("if-match"), Some("\"e1\""));
     assert_eq!(seen[0].header("if-none-match"), None);
@@ -242,7 +242,7 @@ async fn precondition_failed_is_a_conflict_without_retry() {
         .put_cas("t/manifest.json", Bytes::from_static(b"{}"), "")
         .await;
     assert!(matches!(r, Err(ArchiveError::CasConflict { .. })), "{r:?}");
-    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(seen.locked().len(), 1);
 }
 
 #[tokio::test]
@@ -281,7 +281,7 @@ async fn list_follows_continuation_tokens_and_strips_the_prefix() {
     let got: Vec<(&str, u64)> = listed.iter().map(|o| (o.key.as_str(), o.size)).collect();
     assert_eq!(got, vec![("t/a", 1), ("t/b", 2), ("t/c", 3), ("t/d", 4)]);
     assert!(listed.iter().all(|o| o.modified.is_some()));
-    let seen = seen.lock().unwrap();
+    let seen = seen.locked();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(
         seen[0].path.contains("prefix=pre%2Ft%2F"),

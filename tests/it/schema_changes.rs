@@ -664,6 +664,7 @@ async fn a_relation_message_ends_the_epoch_at_once_after_a_last_diff_of_whole_tr
     assert_eq!(f.terminate(), 0);
 }
 
+#[cfg(feature = "crashpoints")]
 #[tokio::test]
 async fn a_table_rewritten_between_the_slot_and_the_copy_is_copied_again_not_empty() {
     // A rewrite (ALTER COLUMN TYPE) committed after the slot's snapshot makes the table look

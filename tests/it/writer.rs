@@ -7,6 +7,7 @@ use larch::archive::error::ArchiveError;
 use larch::archive::format::Format;
 use larch::archive::manifest::ArtifactKind;
 use larch::archive::model::{Action, ColumnDefinition};
+use larch::archive::policy::EpochTrigger;
 use larch::archive::reader::ArchiveReader;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
@@ -119,7 +120,7 @@ async fn round_trip_in_every_format() {
         .unwrap();
         let FlushOutcome::Diff {
             artifact: d,
-            rebase: None,
+            new_epoch: None,
         } = w.flush("0/20").await.unwrap()
         else {
             panic!("expected a diff")
@@ -248,10 +249,14 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
         Some(row(r#"{"id":22,"name":"b moved"}"#)),
     )
     .unwrap();
-    let FlushOutcome::Diff { artifact, rebase } = w.flush("0/2").await.unwrap() else {
+    let FlushOutcome::Diff {
+        artifact,
+        new_epoch,
+    } = w.flush("0/2").await.unwrap()
+    else {
         panic!("a diff")
     };
-    assert_eq!(rebase, Some("max_churn_records"));
+    assert_eq!(new_epoch, Some(EpochTrigger::MaxChurnRecords));
     assert_eq!(artifact.epoch, 1);
     let snap = w.compact().await.unwrap();
     assert_eq!(
@@ -271,7 +276,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
         .unwrap();
     let FlushOutcome::Diff {
         artifact,
-        rebase: None,
+        new_epoch: None,
     } = w.flush("0/3").await.unwrap()
     else {
         panic!()
@@ -298,7 +303,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     assert!(matches!(
         w.flush("0/2").await.unwrap(),
         FlushOutcome::Diff {
-            rebase: Some("max_diff_bytes"),
+            new_epoch: Some(EpochTrigger::MaxDiffBytes),
             ..
         }
     ));
@@ -314,7 +319,7 @@ async fn policy_triggers_commit_the_diff_then_compact_without_breaking_followers
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(
         w.flush("0/1").await.unwrap(),
-        FlushOutcome::SnapshotNeeded("max_interval"),
+        FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval),
         "fires on an idle table too"
     );
     let s = w.compact().await.unwrap();

@@ -1,5 +1,6 @@
-//! Local filesystem store: temp file + fsync + rename + directory fsync; manifest CAS under an
-//! exclusive file lock, with the SHA-256 of the content as revision.
+//! Local filesystem store: atomic writes (`atomic_file`: temp file + fsync + rename + directory
+//! fsync); manifest CAS under an exclusive file lock, with the SHA-256 of the content as
+//! revision.
 //!
 //! Keys never leave the root: not by their text (`..`, absolute paths: `check_key`), and not
 //! through a symbolic link inside the root that points outside it (a linked snapshot, a linked
@@ -16,7 +17,8 @@ use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
 use super::{
-    GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key, sha256_hex,
+    GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, atomic_file, check_key,
+    sha256_hex,
 };
 use crate::archive::error::{ArchiveError, Result};
 
@@ -95,37 +97,6 @@ impl LocalStore {
     }
 }
 
-fn temp_path(target: &Path) -> PathBuf {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let suffix: u64 = rand::random();
-    target.with_file_name(format!(".tmp-{name}-{suffix:016x}"))
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Writes `bytes` to `target` durably: temp file, fsync, rename, directory fsync.
-fn write_atomic(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = target.parent().expect("object paths have a parent");
-    fs::create_dir_all(dir)?;
-    let tmp = temp_path(target);
-    let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, target)?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 struct LocalWriter {
     target: PathBuf,
     tmp: PathBuf,
@@ -160,9 +131,7 @@ impl ObjectWriter for LocalWriter {
         let tmp = self.tmp.clone();
         let done = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             let f = file.into_inner().map_err(|e| e.into_error())?;
-            f.sync_all()?;
-            fs::rename(&tmp, &target)?;
-            sync_dir(target.parent().expect("parent"))
+            atomic_file::commit(f, &tmp, &target)
         })
         .await
         .expect("blocking task");
@@ -223,18 +192,9 @@ impl Store for LocalStore {
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let target = self.path(key)?;
-        let dir = target
-            .parent()
-            .expect("object paths have a parent")
-            .to_path_buf();
-        fs::create_dir_all(&dir)
-            .map_err(|e| ArchiveError::io(format!("creating {}", dir.display()), e))?;
-        let tmp = temp_path(&target);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| ArchiveError::io(format!("creating {}", tmp.display()), e))?;
+        let (file, tmp) = atomic_file::create_temp(&target).map_err(|e| {
+            ArchiveError::io(format!("creating a temp file for {}", target.display()), e)
+        })?;
         Ok(Box::new(LocalWriter {
             uri: self.uri(key),
             target,
@@ -274,7 +234,7 @@ impl Store for LocalStore {
             if current != expected {
                 return Err(ArchiveError::CasConflict { key: key.clone() });
             }
-            write_atomic(&target, &bytes).map_err(|e| ArchiveError::storage(&key, e))?;
+            atomic_file::write(&target, &bytes).map_err(|e| ArchiveError::storage(&key, e))?;
             Ok(sha256_hex(&bytes))
         })
         .await
@@ -328,7 +288,8 @@ impl Store for LocalStore {
                         .to_string_lossy()
                         .replace('\\', "/");
                     let name = entry.file_name().to_string_lossy().to_string();
-                    if name.starts_with(".tmp-") || name.ends_with(".lock") && name.starts_with('.')
+                    if name.starts_with(atomic_file::TEMP_PREFIX)
+                        || name.ends_with(".lock") && name.starts_with('.')
                     {
                         continue; // in-flight writes and CAS locks, not objects
                     }

@@ -11,6 +11,7 @@ use super::{
     GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key, sha256_hex,
 };
 use crate::archive::error::{ArchiveError, Result};
+use crate::locks::MutexExt;
 
 /// An object's bytes and when they were written (the `modified` of a listing).
 #[derive(Debug, Clone)]
@@ -39,14 +40,13 @@ impl MemoryStore {
     }
 
     pub fn keys(&self) -> Vec<String> {
-        self.objects.lock().expect("lock").keys().cloned().collect()
+        self.objects.locked().keys().cloned().collect()
     }
 
     /// Overwrites an object directly (tests that corrupt archives).
     pub fn insert_raw(&self, key: &str, bytes: impl Into<Bytes>) {
         self.objects
-            .lock()
-            .expect("lock")
+            .locked()
             .insert(key.to_string(), Stored::now(bytes.into()));
     }
 }
@@ -70,8 +70,7 @@ impl ObjectWriter for MemoryWriter {
         let uri = self.store.uri(&self.key);
         self.store
             .objects
-            .lock()
-            .expect("lock")
+            .locked()
             .insert(self.key, Stored::now(Bytes::from(self.buf)));
         Ok(PutResult { uri, size, sha256 })
     }
@@ -91,25 +90,15 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &str) -> Result<Option<GetResult>> {
         check_key(key)?;
-        Ok(self
-            .objects
-            .lock()
-            .expect("lock")
-            .get(key)
-            .map(|o| GetResult {
-                revision: sha256_hex(&o.bytes),
-                bytes: o.bytes.clone(),
-            }))
+        Ok(self.objects.locked().get(key).map(|o| GetResult {
+            revision: sha256_hex(&o.bytes),
+            bytes: o.bytes.clone(),
+        }))
     }
 
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {
         check_key(key)?;
-        let bytes = self
-            .objects
-            .lock()
-            .expect("lock")
-            .get(key)
-            .map(|o| o.bytes.clone());
+        let bytes = self.objects.locked().get(key).map(|o| o.bytes.clone());
         Ok(bytes.map(|b| Box::pin(std::io::Cursor::new(b)) as ObjectReader))
     }
 
@@ -124,7 +113,7 @@ impl Store for MemoryStore {
 
     async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {
         check_key(key)?;
-        let mut objects = self.objects.lock().expect("lock");
+        let mut objects = self.objects.locked();
         let current = objects
             .get(key)
             .map(|o| sha256_hex(&o.bytes))
@@ -141,12 +130,12 @@ impl Store for MemoryStore {
 
     async fn delete(&self, key: &str) -> Result<()> {
         check_key(key)?;
-        self.objects.lock().expect("lock").remove(key);
+        self.objects.locked().remove(key);
         Ok(())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
-        let objects = self.objects.lock().expect("lock");
+        let objects = self.objects.locked();
         Ok(objects
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))

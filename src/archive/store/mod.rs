@@ -1,6 +1,7 @@
 //! Object stores: where archives live. Each store passes the conformance suite in
 //! `tests/it/store_conformance.rs` (local, S3 on SeaweedFS, in-memory alike).
 
+pub mod atomic_file;
 pub mod local;
 pub mod memory;
 pub mod s3;

@@ -24,6 +24,7 @@ use super::Target;
 use crate::archive::identity::{Identity, KeyCapture, change_identity, identity_of, row_identity};
 use crate::archive::model::{Action, ColumnDefinition, TableId};
 use crate::archive::value::{Row, canonical_text, compare_canonical, string_value};
+use crate::locks::{MutexExt, RwLockExt};
 use crate::source::ChangeEvent;
 
 /// An identity in the table's order: numbers first (numerically), then the rest by text. A
@@ -305,7 +306,7 @@ impl MemoryTarget {
     }
 
     pub fn len(&self) -> usize {
-        self.live.read().expect("lock").len()
+        self.live.read_locked().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -313,14 +314,13 @@ impl MemoryTarget {
     }
 
     pub fn position(&self) -> Option<String> {
-        self.meta.lock().expect("lock").position.clone()
+        self.meta.locked().position.clone()
     }
 
     /// All rows as JSON texts, in table order (tests, benchmarks).
     pub fn rows(&self) -> Vec<String> {
         self.live
-            .read()
-            .expect("lock")
+            .read_locked()
             .rows
             .values()
             .map(|r| r.as_str().to_string())
@@ -329,8 +329,8 @@ impl MemoryTarget {
 
     /// `GET /tables/{t}`.
     pub fn describe(&self) -> serde_json::Value {
-        let key_fields = self.live.read().expect("lock").key_fields.clone();
-        let meta = self.meta.lock().expect("lock");
+        let key_fields = self.live.read_locked().key_fields.clone();
+        let meta = self.meta.locked();
         serde_json::json!({
             "table": self.table.to_string(),
             "columns": meta.columns,
@@ -378,7 +378,7 @@ impl MemoryTarget {
                 }
             }
         }
-        let data = self.live.read().expect("lock");
+        let data = self.live.read_locked();
         let lower = match &after {
             Some(a) => Bound::Excluded(a),
             None => Bound::Unbounded,
@@ -437,7 +437,7 @@ impl MemoryTarget {
 
     /// `GET /tables/{t}/row?<pk>=<value>...`: the row's exact text, `None` when absent.
     pub fn get(&self, params: &[(String, String)]) -> Result<Option<String>, QueryError> {
-        let data = self.live.read().expect("lock");
+        let data = self.live.read_locked();
         let key_fields = data.key_fields.clone();
         refuse_repeats(params)?;
         for (k, _) in params {
@@ -537,13 +537,13 @@ impl Target for MemoryTarget {
         columns: &[ColumnDefinition],
         key_fields: &[String],
     ) -> anyhow::Result<()> {
-        *self.next.lock().expect("lock") = (key_fields.to_vec().into(), columns.to_vec());
+        *self.next.locked() = (key_fields.to_vec().into(), columns.to_vec());
         Ok(())
     }
 
     async fn begin_baseline(&self) -> anyhow::Result<()> {
-        let (key_fields, columns) = self.next.lock().expect("lock").clone();
-        *self.aside.lock().expect("lock") = Some((
+        let (key_fields, columns) = self.next.locked().clone();
+        *self.aside.locked() = Some((
             TableData::new(key_fields, self.index_fields.clone()),
             columns,
         ));
@@ -551,7 +551,7 @@ impl Target for MemoryTarget {
     }
 
     async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
-        let mut aside = self.aside.lock().expect("lock");
+        let mut aside = self.aside.locked();
         let (data, _) = aside
             .as_mut()
             .ok_or_else(|| anyhow::anyhow!("baseline rows without a baseline in progress"))?;
@@ -565,13 +565,12 @@ impl Target for MemoryTarget {
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
         let (new, columns) = self
             .aside
-            .lock()
-            .expect("lock")
+            .locked()
             .take()
             .ok_or_else(|| anyhow::anyhow!("commit without a baseline in progress"))?;
         let old = {
-            let mut live = self.live.write().expect("lock");
-            let mut meta = self.meta.lock().expect("lock");
+            let mut live = self.live.write_locked();
+            let mut meta = self.meta.locked();
             meta.columns = columns;
             meta.position = Some(position.to_string());
             meta.baselines += 1;
@@ -586,16 +585,16 @@ impl Target for MemoryTarget {
     }
 
     async fn abort_baseline(&self) {
-        self.aside.lock().expect("lock").take();
+        self.aside.locked().take();
     }
 
     async fn apply(&self, change: &ChangeEvent) -> anyhow::Result<()> {
-        self.live.write().expect("lock").apply(change);
+        self.live.write_locked().apply(change);
         Ok(())
     }
 
     async fn checkpoint(&self, position: &str) -> anyhow::Result<()> {
-        self.meta.lock().expect("lock").position = Some(position.to_string());
+        self.meta.locked().position = Some(position.to_string());
         Ok(())
     }
 
@@ -725,7 +724,7 @@ mod tests {
         assert!(t.get(&[]).is_err());
         t.apply(&ev(Action::Truncate, None, None)).await.unwrap();
         assert_eq!(t.len(), 0);
-        assert!(t.live.read().unwrap().indexes[0].is_empty());
+        assert!(t.live.read_locked().indexes[0].is_empty());
     }
 
     /// Issue 14 item 9: a cursor not made by a `next` field (valid base64 of anything else, a

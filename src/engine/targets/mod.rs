@@ -1,5 +1,6 @@
 //! Targets: where a pipeline puts the table. `memory` (indexed, served over HTTP) and
-//! `postgres` (a database table, durable).
+//! `postgres` (a database table, durable). Each target passes the conformance suite of the
+//! [`Target`] contract in `tests/it/target_conformance.rs` (PostgreSQL on a real server).
 
 pub mod memory;
 pub mod postgres;

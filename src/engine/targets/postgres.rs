@@ -36,6 +36,7 @@ use crate::archive::identity::{Identity, change_identity, row_identity};
 use crate::archive::model::{Action, Change, ColumnDefinition, TableId};
 use crate::archive::value::Row;
 use crate::engine::config::Connection;
+use crate::locks::MutexExt;
 use crate::source::ChangeEvent;
 
 /// Name of the checkpoint table created in the destination schema.
@@ -243,7 +244,7 @@ impl PostgresTarget {
     }
 
     async fn connect(&self) -> anyhow::Result<Client> {
-        let dsn = crate::postgres_connection::PgDsn::parse(&self.connection.resolve()?)
+        let dsn = crate::source::postgres::connection::PgDsn::parse(&self.connection.resolve()?)
             .with_context(|| format!("postgres target {}", self.table))?;
         let (client, connection) = dsn
             .config
@@ -274,8 +275,7 @@ impl PostgresTarget {
 
     fn statements(&self) -> anyhow::Result<Statements> {
         self.statements
-            .lock()
-            .expect("lock")
+            .locked()
             .clone()
             .ok_or_else(|| anyhow::anyhow!("postgres target {}: not initialised", self.table))
     }
@@ -384,7 +384,7 @@ impl PostgresTarget {
     /// Runs `stmt` (the upsert or the delete) over `rows` in batches, each deduplicated by
     /// identity (one statement cannot touch a row twice).
     async fn upsert_rows(&self, client: &Client, rows: &[&Row], stmt: &str) -> anyhow::Result<()> {
-        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let key_fields = self.key_fields.locked().clone();
         for chunk in rows.chunks(BATCH_ROWS) {
             let mut seen: HashMap<Identity, usize> = HashMap::new();
             let mut keep: Vec<&Row> = Vec::with_capacity(chunk.len());
@@ -489,8 +489,8 @@ impl Target for PostgresTarget {
                 .with_context(|| format!("postgres target: {sql}"))?;
             tracing::info!(table = %self.table, "created the destination table");
         }
-        *self.key_fields.lock().expect("lock") = key_fields.to_vec();
-        *self.columns.lock().expect("lock") = columns.to_vec();
+        *self.key_fields.locked() = key_fields.to_vec();
+        *self.columns.locked() = columns.to_vec();
         let shape = postgres_alter::read_shape(client, &qualified(&self.table)).await?;
         let alters = postgres_alter::alter_statements(&self.table, &shape, columns, key_fields);
         self.needs_alter
@@ -504,7 +504,7 @@ impl Target for PostgresTarget {
             Err(_) if !alters.is_empty() => None,
             Err(e) => return Err(e),
         };
-        *self.statements.lock().expect("lock") = st;
+        *self.statements.locked() = st;
         Ok(())
     }
 
@@ -558,8 +558,8 @@ impl Target for PostgresTarget {
             .with_context(|| format!("postgres target {}: starting the baseline", self.table))?;
         conn.in_tx = true;
         let started = async {
-            let columns = self.columns.lock().expect("lock").clone();
-            let key_fields = self.key_fields.lock().expect("lock").clone();
+            let columns = self.columns.locked().clone();
+            let key_fields = self.key_fields.locked().clone();
             let shape = postgres_alter::read_shape(&conn.client, &qualified(&staging)).await?;
             let alters =
                 postgres_alter::column_statements(&staging, &shape, &columns, &key_fields);
@@ -643,7 +643,7 @@ impl Target for PostgresTarget {
                 self.table
             );
         };
-        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let key_fields = self.key_fields.locked().clone();
         let st = match self.swap_in(conn, copy, &key_fields, position).await {
             Ok(st) => st,
             Err(e) => {
@@ -652,8 +652,8 @@ impl Target for PostgresTarget {
             }
         };
         conn.in_tx = false;
-        *self.pending.lock().expect("lock") = Pending::default();
-        *self.statements.lock().expect("lock") = Some(st);
+        *self.pending.locked() = Pending::default();
+        *self.statements.locked() = Some(st);
         self.needs_alter
             .store(false, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -683,7 +683,7 @@ impl Target for PostgresTarget {
     }
 
     async fn discard_pending(&self) {
-        *self.pending.lock().expect("lock") = Pending::default();
+        *self.pending.locked() = Pending::default();
         let mut guard = self.conn.lock().await;
         if let Some(conn) = guard.as_mut() {
             rollback(conn).await;
@@ -839,7 +839,7 @@ impl PostgresTarget {
     ) -> anyhow::Result<()> {
         let tbl = qualified(&self.table);
         client.batch_execute(&format!("TRUNCATE {tbl}")).await?;
-        let archive_columns = self.columns.lock().expect("lock").clone();
+        let archive_columns = self.columns.locked().clone();
         let shape = postgres_alter::read_shape(client, &tbl).await?;
         for sql in
             postgres_alter::alter_statements(&self.table, &shape, &archive_columns, key_fields)
@@ -874,14 +874,14 @@ async fn rollback(conn: &mut Conn) {
 impl PostgresTarget {
     /// Collapses one change into the pending operations; returns how many there are.
     fn collapse(&self, c: &ChangeEvent) -> usize {
-        let key_fields = self.key_fields.lock().expect("lock").clone();
+        let key_fields = self.key_fields.locked().clone();
         let change = Change {
             action: c.action,
             key: String::new(),
             old: c.old.clone(),
             new: c.new.clone(),
         };
-        let mut p = self.pending.lock().expect("lock");
+        let mut p = self.pending.locked();
         match c.action {
             Action::Truncate => {
                 p.ops.clear();
@@ -915,7 +915,7 @@ impl PostgresTarget {
     /// TRUNCATE, then deletes and upserts of distinct identities (their order does not matter).
     async fn write_pending(&self, conn: &mut Conn) -> anyhow::Result<()> {
         let st = self.statements()?;
-        let pending = self.pending.lock().expect("lock").take();
+        let pending = self.pending.locked().take();
         if !conn.in_tx {
             conn.client.batch_execute("BEGIN").await?;
             conn.in_tx = true;

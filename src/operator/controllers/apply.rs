@@ -5,6 +5,7 @@
 //! write is counted here, where the client issues it: `larch_operator_api_writes_total` and
 //! `larch_operator_applies_unchanged_total`, by controller and kind.
 
+use crate::locks::MutexExt;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -96,7 +97,7 @@ impl<'a> Applier<'a> {
             "{kind}/{}/{name}",
             ResourceExt::namespace(&desired).unwrap_or_default()
         );
-        if let Some((refused, why)) = self.ctx.rejected.lock().unwrap().get(&key)
+        if let Some((refused, why)) = self.ctx.rejected.locked().get(&key)
             && *refused == hash
         {
             return Err(why.clone().into());
@@ -112,7 +113,7 @@ impl<'a> Applier<'a> {
                 &Patch::Apply(&desired),
             )
             .await;
-        let mut rejected = self.ctx.rejected.lock().unwrap();
+        let mut rejected = self.ctx.rejected.locked();
         match applied {
             Ok(out) => {
                 rejected.remove(&key);

@@ -13,6 +13,7 @@ pub mod source;
 pub mod source_set;
 pub mod status;
 
+use crate::locks::MutexExt;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -246,8 +247,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
     // The source controller's children fill the caches its reconciles compare against.
     let writers = ctx
         .cache_writers
-        .lock()
-        .unwrap()
+        .locked()
         .take()
         .expect("controllers::run runs once per Context");
     let stateful_sets = watcher(api::<StatefulSet>(&client, ns), owned.clone())
@@ -359,7 +359,7 @@ async fn janitor(ctx: Arc<Context>, exports: Store<ArchiveExport>, sources: Stor
                 ctx.metrics.forget(&ns, &name);
             }
         }
-        ctx.trackers.lock().unwrap().retain(|k, _| {
+        ctx.trackers.locked().retain(|k, _| {
             k.split_once('/')
                 .is_some_and(|(ns, n)| live_sources.contains(&(ns.to_string(), n.to_string())))
         });

@@ -3,6 +3,7 @@
 //! refused child is a condition) → observe (StatefulSet, engine pods' failures, engines'
 //! `/status`) → status, with Events on failure and re-baseline transitions.
 
+use crate::locks::MutexExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use kube::runtime::controller::Action;
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
 use super::status::source_events;
+use crate::archive::position::Lsn;
 use crate::operator::builders::engine_config::{ResolvedArchive, resolve, source_id};
 use crate::operator::builders::{LABEL_SOURCE, source as build};
 use crate::operator::conditions::{
@@ -30,12 +32,6 @@ use crate::operator::dereference::{self, Missing};
 use crate::operator::observe::{self, EngineSource};
 use crate::operator::rebaseline::{RebaselineSample, RebaselineTracker};
 use crate::operator::{pod_failure, validate};
-
-/// Parses an LSN (`16/B374D848`) for ordering.
-fn lsn(s: &str) -> Option<u64> {
-    let (hi, lo) = s.split_once('/')?;
-    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
 
 /// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
 async fn failed_create(
@@ -287,11 +283,11 @@ impl<'a> SourceRound<'a> {
         self.status.position = engines
             .iter()
             .filter_map(|e| e.position.clone())
-            .min_by_key(|p| lsn(p).unwrap_or(0));
+            .min_by_key(|p| Lsn::parse(p).unwrap_or_default());
         self.status.head = engines
             .iter()
             .filter_map(|e| e.head.clone())
-            .max_by_key(|p| lsn(p).unwrap_or(0));
+            .max_by_key(|p| Lsn::parse(p).unwrap_or_default());
         // The time of the head, not its age: status changes when the head does, never by
         // itself (kubectl shows the age in the HEAD AGE column).
         self.status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
@@ -326,7 +322,7 @@ impl<'a> SourceRound<'a> {
     fn track_rebaselines(&mut self, samples: &[RebaselineSample]) {
         let now = self.now;
         let tracker = {
-            let mut trackers = self.ctx.trackers.lock().unwrap();
+            let mut trackers = self.ctx.trackers.locked();
             let t = trackers.entry(self.tracker_key()).or_insert_with(|| {
                 let r = self.old.rebaselines.clone().unwrap_or_default();
                 RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
@@ -397,8 +393,7 @@ async fn scrape_engines(
     };
     let last_scrape = ctx
         .trackers
-        .lock()
-        .unwrap()
+        .locked()
         .get(tracker_key)
         .and_then(|t| t.last_scrape);
     for pod in pods {
@@ -429,16 +424,4 @@ async fn scrape_engines(
         out.engines.extend(entries);
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lsn_ordering() {
-        assert!(lsn("0/16B3748").unwrap() < lsn("1/0").unwrap());
-        assert!(lsn("0/A").unwrap() > lsn("0/9").unwrap());
-        assert_eq!(lsn("nope"), None);
-    }
 }

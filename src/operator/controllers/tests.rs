@@ -3,6 +3,7 @@
 //! server-side apply PATCHes of children with the controller's fieldManager, list calls, the
 //! status apply and Events — answers them, and fails on any other request.
 
+use crate::locks::MutexExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -192,10 +193,7 @@ struct FakeProber(Mutex<HashMap<String, String>>);
 
 impl FakeProber {
     fn set(&self, ip: &str, path: &str, body: &str) {
-        self.0
-            .lock()
-            .unwrap()
-            .insert(format!("{ip}{path}"), body.into());
+        self.0.locked().insert(format!("{ip}{path}"), body.into());
     }
 }
 
@@ -209,8 +207,7 @@ impl Prober for FakeProber {
             "the operator reads only /status and /health/* of its pods, not {path}"
         );
         self.0
-            .lock()
-            .unwrap()
+            .locked()
             .get(&format!("{ip}{path}"))
             .cloned()
             .ok_or_else(|| "refused".into())
@@ -232,7 +229,7 @@ fn context(prober: Arc<FakeProber>) -> (Arc<Context>, Handle, Arc<Mutex<Timestam
     );
     let now = Arc::new(Mutex::new(t(0)));
     let clock = now.clone();
-    ctx.clock = Arc::new(move || *clock.lock().unwrap());
+    ctx.clock = Arc::new(move || *clock.locked());
     (Arc::new(ctx), handle, now)
 }
 
@@ -366,12 +363,12 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     assert_eq!(bodies[11]["reason"], "ExportStarted");
 
     // 2. The Job completed and its pod wrote the summary: the run is recorded as succeeded.
-    *now.lock().unwrap() = t(3);
+    *now.locked() = t(3);
     let mut e2 = e.clone();
     e2.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx2, handle2, _) = {
         let (c, h, n) = context(Arc::default());
-        *n.lock().unwrap() = t(3);
+        *n.locked() = t(3);
         (c, h, n)
     };
     let summary = r#"{"key_prefix": "team-a/public.users/", "position": "0/016B3748", "row_count": 3, "table": "public.users", "epoch": 2}"#;
@@ -427,7 +424,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     let mut e3 = e.clone();
     e3.status = Some(serde_json::from_value(st.clone()).unwrap());
     let (ctx3, handle3, n3) = context(Arc::default());
-    *n3.lock().unwrap() = t(600);
+    *n3.locked() = t(600);
     let script = with_users_references(vec![
         expect(
             Method::GET,
@@ -602,7 +599,7 @@ fn meta_of<K: kube::Resource<DynamicType = ()>>(body: &Value) -> PartialObjectMe
 }
 
 fn writers(ctx: &Context) -> CacheWriters {
-    ctx.cache_writers.lock().unwrap().take().unwrap()
+    ctx.cache_writers.locked().take().unwrap()
 }
 
 /// Write requests counted by the operator's own metric.
@@ -630,11 +627,11 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
         build: ctx.build.clone(),
         metrics: ctx.metrics.clone(),
         prober,
-        trackers: Mutex::new(ctx.trackers.lock().unwrap().clone()),
+        trackers: Mutex::new(ctx.trackers.locked().clone()),
         clock: ctx.clock.clone(),
         caches: ctx.caches.clone(),
         cache_writers: Mutex::new(None),
-        rejected: Mutex::new(ctx.rejected.lock().unwrap().clone()),
+        rejected: Mutex::new(ctx.rejected.locked().clone()),
     });
     (ctx2, handle)
 }
@@ -729,7 +726,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
 
     // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
     // each with a Warning Event; the children are in place, so none is applied.
-    *now.lock().unwrap() = t(1);
+    *now.locked() = t(1);
     prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":7}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
     let mut s2 = s.clone();
     s2.status = Some(serde_json::from_value(st.clone()).unwrap());
@@ -776,7 +773,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
 
     // Nothing changed (the head only got older): the probe reads, nothing is written.
     let before = writes(&ctx);
-    *now.lock().unwrap() = t(2);
+    *now.locked() = t(2);
     prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":121.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":7}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
     let mut s3 = s.clone();
     s3.status = Some(serde_json::from_value(st.clone()).unwrap());

@@ -16,7 +16,8 @@ use crate::archive::model::TableId;
 pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
      -c extra_float_digits=1 -c bytea_output=hex -c client_encoding=UTF8";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Also `--slot-mode persistent|temporary`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SlotMode {
     /// The slot survives restarts; a restarted source resumes from its confirmed position.
     Persistent,
@@ -130,8 +131,8 @@ impl PostgresConfig {
 
     /// The connection string with its TLS settings and larch's session defaults. The parser's
     /// messages never include the password; the DSN itself is not repeated.
-    pub(crate) fn dsn(&self) -> anyhow::Result<crate::postgres_connection::PgDsn> {
-        let mut dsn = crate::postgres_connection::PgDsn::parse(&self.dsn)?;
+    pub(crate) fn dsn(&self) -> anyhow::Result<crate::source::postgres::connection::PgDsn> {
+        let mut dsn = crate::source::postgres::connection::PgDsn::parse(&self.dsn)?;
         let cfg = &mut dsn.config;
         let options = match cfg.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} {SESSION_OPTIONS}"),

@@ -9,9 +9,10 @@
 //!
 //! Connections: tokio-postgres for SQL (schema, COPY, slot inspection, TOAST look-ups) and
 //! pgwire-replication for the replication session; decoding is [`pgoutput`]. Both take the
-//! connection string's TLS settings ([`crate::postgres_connection`]).
+//! connection string's TLS settings ([`crate::source::postgres::connection`]).
 
 mod config;
+pub mod connection;
 mod lifecycle;
 mod pgoutput;
 mod schema;
@@ -41,6 +42,7 @@ pub use types::{Kind, to_json};
 use crate::archive::model::{ColumnDefinition, TableId};
 use crate::archive::position::Lsn;
 use crate::archive::value::Row;
+use crate::locks::MutexExt;
 use crate::source::{Lag, SourceError, SourceEvent, SourceState, SyncSource, ValidationError};
 use snapshot::CreatedSlot;
 
@@ -115,7 +117,7 @@ impl PostgresSource {
 
     /// The discovered schema of a table (after `init`).
     pub fn table_schema(&self, table: &TableId) -> Option<TableSchema> {
-        self.inner.schemas.lock().unwrap().get(table).cloned()
+        self.inner.schemas.locked().get(table).cloned()
     }
 
     /// [`SyncSource::baseline`] that also reports the baseline's position as soon as the slot
@@ -151,12 +153,12 @@ impl PostgresSource {
 
     /// The slot's WAL figures as last refreshed (every 5 s while streaming).
     pub fn slot_usage(&self) -> Option<SlotUsage> {
-        self.inner.usage.lock().unwrap().clone()
+        self.inner.usage.locked().clone()
     }
 
     /// Why the persistent slot could not be resumed at `init` (it was invalidated), once.
     pub fn take_slot_lost_at_init(&self) -> Option<String> {
-        self.inner.lost_at_init.lock().unwrap().take()
+        self.inner.lost_at_init.locked().take()
     }
 
     /// How `table`'s schema now differs from the columns an archive was written with (and the
@@ -200,7 +202,7 @@ impl PostgresSource {
 
 impl Inner {
     fn set_state(&self, s: SourceState) {
-        *self.state.lock().unwrap() = s;
+        *self.state.locked() = s;
     }
 
     fn is_closed(&self) -> bool {
@@ -232,7 +234,7 @@ impl Inner {
         let lag = usage.as_ref().and_then(|u| u.lag_bytes);
         self.lag_bytes
             .store(lag.unwrap_or(u64::MAX), Ordering::Relaxed);
-        *self.usage.lock().unwrap() = usage;
+        *self.usage.locked() = usage;
         Ok(lag)
     }
 
@@ -253,7 +255,7 @@ impl Inner {
     }
 
     fn tables(&self) -> Vec<TableId> {
-        self.tables.lock().unwrap().clone()
+        self.tables.locked().clone()
     }
 }
 
@@ -273,7 +275,7 @@ impl SyncSource for PostgresSource {
         if tables.is_empty() {
             bail!("no table configured for the PostgreSQL source");
         }
-        *inner.tables.lock().unwrap() = tables.clone();
+        *inner.tables.locked() = tables.clone();
         let result = async {
             let client = inner.client().await?;
             schema::check_wal_level(&client, &inner.config).await?;
@@ -306,11 +308,11 @@ impl SyncSource for PostgresSource {
                     }
                     if info.wal_status.as_deref() == Some("lost") {
                         tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
-                        *inner.lost_at_init.lock().unwrap() = Some(format!(
+                        *inner.lost_at_init.locked() = Some(format!(
                             "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
                         ));
                     } else if let Some(c) = info.confirmed_flush {
-                        *inner.last_acked.lock().unwrap() = Some(Lsn(c).to_string());
+                        *inner.last_acked.locked() = Some(Lsn(c).to_string());
                         inner.resume.store(true, Ordering::Relaxed);
                     }
                 }
@@ -328,7 +330,7 @@ impl SyncSource for PostgresSource {
                     .iter()
                     .map(|(t, s)| (t.clone(), s.columns.clone()))
                     .collect();
-                *inner.schemas.lock().unwrap() = schemas;
+                *inner.schemas.locked() = schemas;
                 inner.set_state(SourceState::Connected);
                 Ok(columns)
             }
@@ -402,7 +404,7 @@ impl SyncSource for PostgresSource {
         let lsn = Lsn::parse(position)
             .with_context(|| format!("cannot ack {position:?}: not a PostgreSQL LSN"))?;
         let end = {
-            let mut ends = self.inner.ends.lock().unwrap();
+            let mut ends = self.inner.ends.locked();
             let end = ends.get(&lsn.0).copied();
             // Everything up to this commit is acknowledged: forget it.
             *ends = ends.split_off(&(lsn.0 + 1));
@@ -411,14 +413,14 @@ impl SyncSource for PostgresSource {
             end.unwrap_or(lsn.0 + 1)
         };
         self.inner.acked_end.fetch_max(end, Ordering::SeqCst);
-        *self.inner.last_acked.lock().unwrap() = Some(position.to_string());
+        *self.inner.last_acked.locked() = Some(position.to_string());
         // notify_one keeps a permit when the stream is busy, so an idle stream still wakes up.
         self.inner.ack_notify.notify_one();
         Ok(())
     }
 
     async fn last_acked_position(&self) -> anyhow::Result<Option<String>> {
-        Ok(self.inner.last_acked.lock().unwrap().clone())
+        Ok(self.inner.last_acked.locked().clone())
     }
 
     fn supports_resume(&self) -> bool {
@@ -444,7 +446,7 @@ impl SyncSource for PostgresSource {
     }
 
     fn state(&self) -> SourceState {
-        *self.inner.state.lock().unwrap()
+        *self.inner.state.locked()
     }
 
     async fn close(&self) {
@@ -504,9 +506,9 @@ async fn baseline(
         .batch_execute("COMMIT")
         .await
         .map_err(|e| schema::db_error("finishing the baseline transaction", &e))?;
-    inner.ends.lock().unwrap().clear();
+    inner.ends.locked().clear();
     inner.acked_end.store(0, Ordering::SeqCst);
-    *inner.last_acked.lock().unwrap() = None;
+    *inner.last_acked.locked() = None;
     inner.resume.store(
         inner.config.slot_mode == SlotMode::Persistent,
         Ordering::Relaxed,
@@ -559,7 +561,7 @@ async fn lock_and_discover(
     copy_client: &Client,
     tables: &[TableId],
 ) -> Result<Result<BTreeMap<TableId, TableSchema>, TableId>, SourceError> {
-    crate::crashpoint::pause_point("baseline.before-lock").await;
+    crate::archive::crashpoint::pause_point(crate::archive::crashpoint::BASELINE_BEFORE_LOCK).await;
     for t in tables {
         let table = config::qualified(t);
         copy_client
@@ -586,7 +588,7 @@ async fn lock_and_discover(
             schema::check_published_columns(&client, &inner.config.publication_name, s).await?;
         }
     }
-    inner.schemas.lock().unwrap().extend(schemas.clone());
+    inner.schemas.locked().extend(schemas.clone());
     Ok(Ok(schemas))
 }
 
@@ -608,7 +610,7 @@ async fn wait_slot_idle(client: &Client, slot: &str) -> anyhow::Result<Option<sc
 }
 
 fn remember_end(inner: &Inner, commit: u64, end: u64) {
-    let mut ends = inner.ends.lock().unwrap();
+    let mut ends = inner.ends.locked();
     ends.insert(commit, end);
     while ends.len() > MAX_PENDING_ENDS {
         ends.pop_first();

@@ -20,6 +20,7 @@ use super::{Inner, remember_end};
 use crate::archive::model::{Action, TableId};
 use crate::archive::position::Lsn;
 use crate::archive::value::{Row, RowMap, raw};
+use crate::locks::MutexExt;
 use crate::source::{ChangeEvent, SourceError, SourceEvent, SourceState};
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
@@ -432,7 +433,7 @@ async fn handle(
             let Some(r) = tracked(rels, rel)? else {
                 return Ok(());
             };
-            let schema = inner.schemas.lock().unwrap().get(&r.table).cloned();
+            let schema = inner.schemas.locked().get(&r.table).cloned();
             let mut built = build_row(r, &new, old.as_ref());
             if !built.missing.is_empty() {
                 fill_unchanged(inner, r, schema.as_ref(), &new, old.as_ref(), &mut built).await?;
@@ -471,7 +472,7 @@ async fn schema_drift(
     table: &TableId,
     rel: &pgoutput::Relation,
 ) -> Result<Option<String>, Failure> {
-    let Some(recorded) = inner.schemas.lock().unwrap().get(table).cloned() else {
+    let Some(recorded) = inner.schemas.locked().get(table).cloned() else {
         return Ok(None);
     };
     if let Some(why) = schema_change::relation_differs(rel, &recorded) {
