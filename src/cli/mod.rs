@@ -50,9 +50,11 @@ fn all_env() -> String {
         KUBE,
         "  LARCH_EXPORT_LEASE, POD_NAME, POD_NAMESPACE
                       export: --lease, --lease-identity, --lease-namespace
-  LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS
+  LARCH_ENGINE_TOKEN  engine: the API token when no --token-file is given
+  LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS,
+  LARCH_NETWORK_POLICIES
                       operator: --image, --namespace, --leader-election,
-                      --disable-source-sets",
+                      --disable-source-sets, --network-policies",
         LOG,
         CRASH,
     ])

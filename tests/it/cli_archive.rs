@@ -663,8 +663,16 @@ fn http_listeners_default_to_loopback() {
     for cmd in [&["export"][..], &["engine"], &["operator"]] {
         let out = larch().args(cmd).arg("--help").output().unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
+        // A one-shot export listens only when asked; --follow defaults like the others.
+        let default = if cmd == ["export"] {
+            "(default 127.0.0.1:8080)"
+        } else {
+            "[default: 127.0.0.1:8080]"
+        };
         assert!(
-            text.contains("[default: 127.0.0.1:8080]") && !text.contains("0.0.0.0:8080]"),
+            text.contains(default)
+                && !text.contains("0.0.0.0:8080]")
+                && !text.contains("default 0.0.0.0:8080"),
             "{cmd:?}: {text}"
         );
     }

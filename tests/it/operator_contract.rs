@@ -75,5 +75,14 @@ fn generated_engine_configs_pass_the_engine_validation() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 3);
+    // One engine ConfigMap per engine StatefulSet of the ArchiveSource goldens.
+    let sources = golden_docs()
+        .into_iter()
+        .filter(|(file, doc)| file.starts_with("source-") && doc["kind"] == "StatefulSet")
+        .count();
+    assert!(
+        sources >= 4,
+        "the engine StatefulSets of the goldens were found ({sources})"
+    );
+    assert_eq!(checked, sources);
 }
