@@ -14,6 +14,9 @@ pub fn art(kind: ArtifactKind, epoch: i64, from: Option<&str>, to: &str) -> Arti
         row_count: 0,
         change_count: 0,
         formats: Default::default(),
+        first_commit_time: None,
+        last_commit_time: None,
+        snapshot_time: None,
     }
 }
 

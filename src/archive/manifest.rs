@@ -47,6 +47,28 @@ pub struct Artifact {
     pub change_count: i64,
     #[serde(default)]
     pub formats: BTreeMap<String, FormatRef>,
+    /// larch's additive fields (laredo ignores them): a diff's commit times of the first and the
+    /// last transaction it holds (from pgoutput's BEGIN), absent in archives laredo or an older
+    /// larch wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339_opt")]
+    pub first_commit_time: Option<DateTime<FixedOffset>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339_opt")]
+    pub last_commit_time: Option<DateTime<FixedOffset>>,
+    /// larch's additive field: the time of the state a snapshot holds (a baseline: when its
+    /// consistent point was taken; a compaction: the last commit time it folds in).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339_opt")]
+    pub snapshot_time: Option<DateTime<FixedOffset>>,
+}
+
+impl Artifact {
+    /// The commit time of the state this artifact ends at: a snapshot's `snapshot_time`, a
+    /// diff's `last_commit_time`.
+    pub fn end_time(&self) -> Option<DateTime<FixedOffset>> {
+        match self.kind {
+            ArtifactKind::Snapshot => self.snapshot_time,
+            ArtifactKind::Diff => self.last_commit_time,
+        }
+    }
 }
 
 fn is_zero(v: &i64) -> bool {
@@ -99,6 +121,31 @@ mod rfc3339 {
         let text = String::deserialize(d)?;
         DateTime::parse_from_rfc3339(&text)
             .map_err(|e| serde::de::Error::custom(format!("time {text:?}: {e}")))
+    }
+}
+
+mod rfc3339_opt {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(
+        t: &Option<DateTime<FixedOffset>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&format_time(t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<DateTime<FixedOffset>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(text) => DateTime::parse_from_rfc3339(&text)
+                .map(Some)
+                .map_err(|e| serde::de::Error::custom(format!("time {text:?}: {e}"))),
+        }
     }
 }
 

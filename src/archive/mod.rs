@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod model;
 pub mod orphans;
 pub mod plan;
+pub mod point_in_time;
 pub mod policy;
 pub mod position;
 pub mod reader;

@@ -157,6 +157,10 @@ pub struct ArchiveWriter {
     opened_at: Instant,
     /// Counts the rows of the snapshot being written (a compaction's progress).
     row_progress: Option<Arc<crate::progress::Progress>>,
+    /// Commit times of the first and last transaction in `buffer` (the next diff's).
+    buffer_commit_times: Option<(DateTime<FixedOffset>, DateTime<FixedOffset>)>,
+    /// The time of the state the next snapshot holds ([`Self::set_snapshot_time`]).
+    next_snapshot_time: Option<DateTime<FixedOffset>>,
 }
 
 impl ArchiveWriter {
@@ -224,6 +228,8 @@ impl ArchiveWriter {
             sweep_after_commit: true,
             opened_at: Instant::now(),
             row_progress: None,
+            buffer_commit_times: None,
+            next_snapshot_time: None,
             config,
         };
         writer.sweep_orphans().await;
@@ -364,6 +370,26 @@ impl ArchiveWriter {
         self.within_memory_limit()
     }
 
+    /// The open transaction's COMMIT arrived, committed at `commit_time` (when the source
+    /// knows it): its changes join the next diff, whose commit time range it widens.
+    pub fn commit_pending_at(&mut self, commit_time: Option<DateTime<FixedOffset>>) -> Result<()> {
+        if let Some(t) = commit_time
+            && self.pending_counts.changes > 0
+        {
+            self.buffer_commit_times = Some(match self.buffer_commit_times {
+                Some((first, last)) => (first.min(t), last.max(t)),
+                None => (t, t),
+            });
+        }
+        self.commit_pending()
+    }
+
+    /// The time of the state the next [`Self::write_snapshot`] holds (recorded as its
+    /// `snapshot_time`); a compaction sets it itself.
+    pub fn set_snapshot_time(&mut self, at: DateTime<FixedOffset>) {
+        self.next_snapshot_time = Some(at);
+    }
+
     /// The open transaction's COMMIT arrived: its changes join the next diff.
     pub fn commit_pending(&mut self) -> Result<()> {
         let txn = std::mem::replace(&mut self.pending, ChangeBuffer::new(self.spill.clone()));
@@ -451,6 +477,9 @@ impl ArchiveWriter {
             row_count: 0,
             change_count: 0,
             formats: BTreeMap::new(),
+            first_commit_time: self.buffer_commit_times.map(|(first, _)| first),
+            last_commit_time: self.buffer_commit_times.map(|(_, last)| last),
+            snapshot_time: None,
         };
         // Streamed from the merge of the buffer's runs and memory straight into the uploads.
         let mut uploads = self
@@ -496,6 +525,7 @@ impl ArchiveWriter {
             return Err(e);
         }
         self.buffer.clear();
+        self.buffer_commit_times = None;
         Ok(FlushOutcome::Diff {
             artifact,
             new_epoch,
@@ -555,6 +585,9 @@ impl ArchiveWriter {
             row_count: 0,
             change_count: 0,
             formats: BTreeMap::new(),
+            first_commit_time: None,
+            last_commit_time: None,
+            snapshot_time: self.next_snapshot_time.take(),
         };
         let mut uploads = self
             .start_uploads(&artifact, &self.config.snapshot_formats)
@@ -590,6 +623,7 @@ impl ArchiveWriter {
             return Err(e);
         }
         self.buffer.clear();
+        self.buffer_commit_times = None;
         self.churn = 0;
         self.rows_estimate = count as u64;
         self.last_snapshot_at = Some(Instant::now());
@@ -618,6 +652,12 @@ impl ArchiveWriter {
         }
         let plan = super::plan::plan_head(&self.manifest);
         let expected = plan.snapshot.as_ref().map(|s| s.row_count);
+        // The head's time: the last diff's commit time, else the base snapshot's.
+        self.next_snapshot_time = plan
+            .diffs
+            .last()
+            .or(plan.snapshot.as_ref())
+            .and_then(Artifact::end_time);
         if !position::same(&plan.head_position, &self.manifest.head_position) {
             return Err(ArchiveError::Invalid(format!(
                 "cannot compact: the chain from the newest snapshot reaches {:?}, not the head {:?}",

@@ -10,7 +10,8 @@ use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
 use crate::archive::model::{TableId, effective_key_fields};
 use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreferenced, remove};
-use crate::archive::plan::{broken_link_reason, plan_as_of, plan_head, short_chain};
+use crate::archive::plan::{broken_link_reason, plan_head, short_chain};
+use crate::archive::point_in_time::{PointInTime, resolve, window};
 use crate::archive::reader::ArchiveReader;
 use crate::archive::verify::verify;
 
@@ -70,9 +71,12 @@ pub struct ReconstructArgs {
     /// Key fields (default: the manifest's primary key, else `id`).
     #[arg(long, value_delimiter = ',')]
     pub key_fields: Vec<String>,
-    /// Position to reconstruct as of (default: the head).
-    #[arg(long)]
-    pub at: Option<String>,
+    /// The point to reconstruct (default: the head): a position (`16/B374D848`), or an RFC 3339
+    /// time (`2026-11-30T14:00:00Z`) for the state after the last transaction committed at or
+    /// before it. Before the archive's start is an error naming its earliest point; past the
+    /// head reads the head, with a notice.
+    #[arg(long, value_name = "POSITION|TIME", value_parser = parse_point_in_time)]
+    pub at: Option<PointInTime>,
     /// Without --at, print the state the diff chain reaches even when it stops before the
     /// manifest head (a warning says so); without this flag that is an error.
     #[arg(long)]
@@ -109,6 +113,11 @@ pub struct GcArgs {
     /// killed before its commit). Only when no writer is running on the prefix.
     #[arg(long)]
     pub include_listed_epochs: bool,
+}
+
+/// `--at`: a position or an RFC 3339 time (the parser of every `--at`).
+pub fn parse_point_in_time(s: &str) -> Result<PointInTime, String> {
+    s.parse()
 }
 
 /// A duration, where zero is allowed (`0`, `0s`).
@@ -220,8 +229,19 @@ async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
     let reader = args.archive.reader().await?;
     let key_fields: Vec<String> = args.key_fields.iter().flat_map(|k| parse_list(k)).collect();
     let manifest = reader.load_manifest().await?;
-    let plan = match args.at.as_deref() {
-        Some(at) => plan_as_of(&manifest, at)?,
+    let resolution = match &args.at {
+        Some(at) => {
+            let r = resolve(&manifest, at)
+                .with_context(|| format!("{}: --at {}", reader.manifest_key(), at.value()))?;
+            if let Some(notice) = &r.notice {
+                eprintln!("notice: {notice}");
+            }
+            Some(r)
+        }
+        None => None,
+    };
+    let plan = match &resolution {
+        Some(r) => r.plan.clone(),
         None => plan_head(&manifest),
     };
     if args.at.is_none()
@@ -251,8 +271,21 @@ async fn reconstruct(args: ReconstructArgs) -> anyhow::Result<i32> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     write!(
         out,
-        "{{\n  \"position\": {},\n  \"row_count\": {},\n  \"rows\": [",
-        serde_json::to_string(&folded.position)?,
+        "{{\n  \"position\": {},\n",
+        serde_json::to_string(&folded.position)?
+    )?;
+    if let Some(r) = &resolution {
+        let time = r.time.map(|t| format_time(&t));
+        write!(
+            out,
+            "  \"time\": {},\n  \"precision\": {},\n",
+            serde_json::to_string(&time)?,
+            serde_json::to_string(r.precision.as_str())?
+        )?;
+    }
+    write!(
+        out,
+        "  \"row_count\": {},\n  \"rows\": [",
         folded.rows.len()
     )?;
     for (i, row) in folded.rows.values().enumerate() {
@@ -288,6 +321,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
         })
         .collect();
     let reaches_head = crate::archive::position::same(&plan.head_position, &manifest.head_position);
+    let restorable = window(&manifest);
     if args.json {
         let doc = serde_json::json!({
             "table": manifest.table,
@@ -299,6 +333,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             "columns": manifest.columns,
             "artifacts": manifest.artifacts,
             "chain": {"snapshot_epoch": plan.snapshot.as_ref().map(|s| s.epoch), "diffs": plan.diffs.len(), "reaches": plan.head_position, "reaches_head": reaches_head, "broken_links": broken},
+            "restorable": restorable,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(0);
@@ -370,6 +405,25 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
     }
     for b in &broken {
         println!("broken link:  {b}");
+    }
+    let time = |t: Option<chrono::DateTime<chrono::FixedOffset>>| {
+        t.map(|t| format_time(&t))
+            .unwrap_or_else(|| "no commit time recorded".into())
+    };
+    match &restorable {
+        Some(w) => {
+            println!(
+                "restorable:   from {} ({})",
+                w.earliest_position,
+                time(w.earliest_time)
+            );
+            println!(
+                "              to   {} ({})",
+                w.latest_position,
+                time(w.latest_time)
+            );
+        }
+        None => println!("restorable:   nothing (no snapshot)"),
     }
     Ok(0)
 }

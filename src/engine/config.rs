@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::archive::format::Format;
 use crate::archive::model::TableId;
+use crate::archive::point_in_time::PointInTime;
 use crate::archive::store::check_key_prefix;
 use crate::archive::store::spec::StoreSpec;
 
@@ -63,6 +64,8 @@ struct RawSource {
     format: Option<OneOrMany>,
     #[serde(default)]
     follow: bool,
+    #[serde(default)]
+    at: Option<String>,
     #[serde(default)]
     poll_interval: Option<serde_yaml_ng::Value>,
     #[serde(default)]
@@ -154,6 +157,9 @@ pub struct SourceConfig {
     pub key_fields: Vec<String>,
     pub formats: Vec<Format>,
     pub follow: bool,
+    /// Serve the table as it was at this point (a position or an RFC 3339 time); never with
+    /// `follow`.
+    pub at: Option<PointInTime>,
     pub poll_interval: Duration,
     pub state_path: Option<PathBuf>,
     pub table: TableId,
@@ -343,6 +349,18 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
                     .collect::<Result<Vec<_>, _>>()?
             }
         };
+        let at = match &s.at {
+            None => None,
+            Some(text) => Some(
+                text.parse::<PointInTime>()
+                    .map_err(|e| format!("{path}.at: {e}"))?,
+            ),
+        };
+        if at.is_some() && s.follow {
+            return Err(format!(
+                "{path}.at: a source pinned at a point in time does not follow the archive: remove follow: true (or at)"
+            ));
+        }
         let poll_interval = match &s.poll_interval {
             None => Duration::from_secs(5),
             Some(serde_yaml_ng::Value::String(t)) => crate::duration::parse_positive(t)
@@ -388,6 +406,7 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
                 key_fields: key_fields.clone(),
                 formats: formats.clone(),
                 follow: s.follow,
+                at,
                 poll_interval,
                 state_path,
                 table,
@@ -479,6 +498,36 @@ mod tests {
                 "{text:?}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn at_takes_a_position_or_a_time_and_never_follows() {
+        let yaml = |extra: &str| {
+            format!(
+                "sources:\n  s:\n    type: archive\n    store: {{type: local, path: /tmp/x}}\n    {extra}\ntables:\n  - {{source: s, schema: public, table: t, targets: [{{type: memory}}]}}\n"
+            )
+        };
+        let c = EngineConfig::parse("e.yaml", &yaml("at: 0/16B3748")).unwrap();
+        assert_eq!(c.sources[0].at, Some("0/16B3748".parse().unwrap()));
+        let c = EngineConfig::parse("e.yaml", &yaml("at: \"2026-11-30T14:00:00Z\"")).unwrap();
+        assert_eq!(
+            c.sources[0].at,
+            Some("2026-11-30T14:00:00Z".parse().unwrap())
+        );
+        let e = EngineConfig::parse("e.yaml", &yaml("at: noon"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("e.yaml: sources.s.at: \"noon\" is neither a position"),
+            "{e}"
+        );
+        let e = EngineConfig::parse("e.yaml", &yaml("at: 0/10\n    follow: true"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("sources.s.at: a source pinned at a point in time does not follow"),
+            "{e}"
+        );
     }
 
     #[test]

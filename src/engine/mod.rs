@@ -106,6 +106,7 @@ async fn build_source(
     let mut opts = ArchiveReplayOptions::new(&sc.id, sc.table.clone());
     opts.key_fields = sc.key_fields.clone();
     opts.follow = sc.follow;
+    opts.at = sc.at;
     opts.poll_interval = sc.poll_interval;
     opts.state_path = sc.state_path.clone();
     let archive = Arc::new(ArchiveReplaySource::new(reader, opts));

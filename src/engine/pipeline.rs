@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Metrics, PipelineState};
 use super::targets::{Resume, Target};
+use crate::archive::manifest::format_time;
 use crate::archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use crate::archive::value::Row;
 use crate::locks::MutexExt;
@@ -271,6 +272,17 @@ impl SourceRunner {
             "short_chain": info.short_chain.map(|s| serde_json::json!({
                 "reached": s.reached, "head": s.head, "reason": s.reason,
             })),
+            // Pinned at a point in time: what was asked for and what is served.
+            "at": self.archive.as_ref().and_then(|a| a.options().at).map(|at| {
+                let r = info.restored.as_ref();
+                serde_json::json!({
+                    "requested": at.value(),
+                    "position": r.map(|r| r.position.clone()),
+                    "time": r.and_then(|r| r.time).map(|t| format_time(&t)),
+                    "precision": r.map(|r| r.precision.as_str()),
+                    "notice": r.and_then(|r| r.notice.clone()),
+                })
+            }),
             // Why it is not STREAMING: the storage error being retried, else the last failed
             // baseline or stream.
             "last_error": info.last_error.or_else(|| self.last_error.locked().clone())

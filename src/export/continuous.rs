@@ -66,6 +66,8 @@ pub struct ExportStatus {
     /// The snapshot being written (a baseline copied from PostgreSQL or a compaction of the
     /// archive), else the last one: rows and bytes so far, the expected total, rate and ETA.
     pub progress: Option<crate::progress::ProgressReport>,
+    /// The restorable window: the oldest snapshot to the head, positions and commit times.
+    pub restorable: Option<crate::archive::point_in_time::Window>,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.
@@ -425,6 +427,7 @@ impl ContinuousExport {
         s.buffer_depth = self.writer.buffer_depth();
         s.churn_records = self.writer.churn();
         s.open_transaction_changes = self.writer.pending_changes();
+        s.restorable = crate::archive::point_in_time::window(self.writer.manifest());
     }
 
     fn note_snapshot(&self, reason: &str) {
@@ -679,7 +682,8 @@ impl ContinuousExport {
                     return Ok(());
                 }
                 let changes = self.writer.pending_changes();
-                if let Some(t) = commit_times.open.take() {
+                let commit_time = commit_times.open.take();
+                if let Some(t) = commit_time {
                     *commit_times
                         .closed
                         .entry(t.timestamp_millis() / 10)
@@ -688,7 +692,9 @@ impl ContinuousExport {
                 if crate::archive::position::is_valid(&position) {
                     *last_position = position;
                 }
-                let committed = self.writer.commit_pending();
+                let committed = self
+                    .writer
+                    .commit_pending_at(commit_time.map(|t| t.fixed_offset()));
                 // Between flushes too: with a long --diff-interval, /status and the gauge would
                 // otherwise show the depth of the last tick for the whole interval.
                 let depth = self.writer.buffer_depth();

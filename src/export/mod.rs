@@ -91,7 +91,12 @@ async fn copy_into_snapshot(
     });
     let with_reason = |e: anyhow::Error| failure::tag_opt(source_reason.get().copied(), e);
     let position = match pos_rx.await {
-        Ok(p) => p,
+        // Read right after the slot's consistent point: every commit the snapshot holds is
+        // earlier.
+        Ok(p) => {
+            writer.set_snapshot_time(chrono::Utc::now().fixed_offset());
+            p
+        }
         // The baseline failed before it had a position: report why.
         Err(_) => {
             return Err(match verdict_rx.await {

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::operator::crd::archive_export::{ExportSummary, WriterStatus};
+use crate::operator::crd::archive_export::{ExportSummary, RestorableWindow, WriterStatus};
 
 /// The JSON summary `larch export` writes to `/dev/termination-log`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
@@ -61,6 +61,18 @@ struct WriterJson {
     slot_losses: Option<i64>,
     #[serde(default)]
     last_slot_loss: Option<SlotLossJson>,
+    #[serde(default)]
+    restorable: Option<WindowJson>,
+}
+
+#[derive(Deserialize, Debug)]
+struct WindowJson {
+    earliest_position: String,
+    #[serde(default)]
+    earliest_time: Option<String>,
+    latest_position: String,
+    #[serde(default)]
+    latest_time: Option<String>,
 }
 
 /// A replication slot as exporters and `larch export slot-status` report it.
@@ -101,6 +113,12 @@ pub fn parse_writer_status(body: &str) -> Option<WriterStatus> {
                 .chars()
                 .take(1024)
                 .collect()
+        }),
+        restorable: w.restorable.map(|r| RestorableWindow {
+            earliest_position: r.earliest_position,
+            earliest_time: r.earliest_time,
+            latest_position: r.latest_position,
+            latest_time: r.latest_time,
         }),
         ..Default::default()
     };
@@ -159,6 +177,9 @@ pub struct EngineSource {
     /// Present while the engine sits at the end of a diff chain that stops before the head.
     #[serde(default)]
     pub short_chain: Option<EngineShortChain>,
+    /// Present when the source is pinned at a point in time (`at`).
+    #[serde(default)]
+    pub at: Option<crate::operator::crd::archive_source::RestoredPoint>,
 }
 
 /// An engine's report of a diff chain that stops before the archive's head.
@@ -268,6 +289,20 @@ mod tests {
         assert_eq!(w.wal_status.as_deref(), Some("reserved"));
         assert_eq!(w.slot_losses, Some(1));
         assert!(w.last_slot_loss.unwrap().contains("invalidated"));
+        assert_eq!(w.restorable, None);
+        let w = parse_writer_status(
+            r#"{"table":"public.events","epoch":2,"restorable":{"earliest_position":"0/10","earliest_time":"2026-11-30T14:00:00Z","latest_position":"0/30"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            w.restorable,
+            Some(RestorableWindow {
+                earliest_position: "0/10".into(),
+                earliest_time: Some("2026-11-30T14:00:00Z".into()),
+                latest_position: "0/30".into(),
+                latest_time: None,
+            })
+        );
         let SlotReport {
             slots,
             observed_at: at,
@@ -301,6 +336,21 @@ mod tests {
             Some(("0/20", "0/40"))
         );
         assert!(parse_engine_status(body, "missing").unwrap().is_empty());
+        let pinned = r#"{"sources":{"seed":{"position":"0/20","at":{"requested":"2026-11-30T14:00:25Z","position":"0/20","time":"2026-11-30T14:00:20Z","precision":"transaction","notice":null}}}}"#;
+        let e = &parse_engine_status(pinned, "seed").unwrap()[0];
+        let at = e.at.as_ref().unwrap();
+        assert_eq!(
+            (
+                at.position.as_deref(),
+                at.time.as_deref(),
+                at.precision.as_deref()
+            ),
+            (
+                Some("0/20"),
+                Some("2026-11-30T14:00:20Z"),
+                Some("transaction")
+            )
+        );
         assert!(parse_engine_status("<html>", "seed").is_none());
         let with_pipelines = r#"{"sources":{},"pipelines":{"p1":{"source":"seed","row_count":3},"p2":{"source":"seed","row_count":4},"p3":{"source":"other","row_count":9}}}"#;
         assert_eq!(parse_engine_rows(with_pipelines, "seed"), Some(7));

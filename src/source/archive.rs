@@ -33,7 +33,10 @@ use crate::archive::error::ArchiveError;
 use crate::archive::fold::{head_rows, is_stopped};
 use crate::archive::manifest::{Artifact, Manifest};
 use crate::archive::model::{Action, ColumnDefinition, TableId, effective_key_fields};
-use crate::archive::plan::{ShortChain, chain_from, newest_snapshot, plan, plan_head, short_chain};
+use crate::archive::plan::{
+    Plan, ShortChain, chain_from, newest_snapshot, plan, plan_head, short_chain,
+};
+use crate::archive::point_in_time::{PointInTime, Resolution, resolve};
 use crate::archive::position::same;
 use crate::archive::reader::ArchiveReader;
 use crate::archive::spill::{Spill, SpillConfig};
@@ -55,6 +58,9 @@ pub struct ArchiveReplayOptions {
     pub state_path: Option<PathBuf>,
     /// Memory for the chain's net effect while baselining, and where it spills past it.
     pub spill: SpillConfig,
+    /// Serve the table as it was at this point (no following, no resume): the baseline reads
+    /// the plan [`resolve`] gives, and the stream delivers nothing after it.
+    pub at: Option<PointInTime>,
 }
 
 impl ArchiveReplayOptions {
@@ -67,6 +73,7 @@ impl ArchiveReplayOptions {
             poll_interval: Duration::from_secs(5),
             state_path: None,
             spill: SpillConfig::default(),
+            at: None,
         }
     }
 }
@@ -93,6 +100,8 @@ pub struct ArchiveReplayInfo {
     pub baseline_rows_expected: Option<u64>,
     /// Distance behind the head: 0 when caught up.
     pub behind: Behind,
+    /// With `at`: the point actually served, once the baseline resolved it.
+    pub restored: Option<Resolution>,
 }
 
 #[derive(Default)]
@@ -110,6 +119,7 @@ struct Inner {
     baseline_rows_expected: Option<u64>,
     /// Diffs between our position and the head not yet delivered, and their bytes.
     behind: Behind,
+    restored: Option<Resolution>,
 }
 
 /// How far a consumer is behind the archive's head: 0 when caught up.
@@ -269,6 +279,7 @@ impl ArchiveReplaySource {
             last_error: inner.last_error.clone(),
             baseline_rows_expected: inner.baseline_rows_expected,
             behind: inner.behind,
+            restored: inner.restored.clone(),
         }
     }
 
@@ -555,7 +566,21 @@ impl SyncSource for ArchiveReplaySource {
             ));
         }
         let key_fields = self.key_fields(&m);
-        let head_plan = plan(&m, "");
+        let (head_plan, restored): (Option<Plan>, _) = match &self.opts.at {
+            None => (plan(&m, ""), None),
+            Some(at) => {
+                let r = resolve(&m, at).map_err(|e| {
+                    SourceError::Other(
+                        anyhow::Error::new(e).context(format!("source {}: at {at}", self.opts.id)),
+                    )
+                })?;
+                if let Some(notice) = &r.notice {
+                    tracing::warn!(source = %self.opts.id, "{notice}");
+                }
+                tracing::info!(source = %self.opts.id, "serving the table at {at}: {}", r.describe());
+                (Some(r.plan.clone()), Some(r))
+            }
+        };
         let (position, epoch) = match &head_plan {
             None => (m.head_position.clone(), None),
             Some(p) => (
@@ -596,7 +621,10 @@ impl SyncSource for ArchiveReplaySource {
                 }
             }
         }
-        let short = plan(&m, "").and_then(|p| short_chain(&m, &p));
+        let short = match &restored {
+            None => plan(&m, "").and_then(|p| short_chain(&m, &p)),
+            Some(_) => None,
+        };
         if let Some(s) = &short {
             tracing::warn!(source = %self.opts.id, "baseline at an older state than the archive's head: {s}");
         }
@@ -605,6 +633,7 @@ impl SyncSource for ArchiveReplaySource {
         inner.epoch = epoch;
         inner.short_chain = short;
         inner.behind = Behind::default();
+        inner.restored = restored;
         Ok(position)
     }
 
@@ -623,6 +652,10 @@ impl SyncSource for ArchiveReplaySource {
             }
         }
         self.set_state(SourceState::Streaming);
+        if self.opts.at.is_some() {
+            // Pinned at a point: nothing after it is delivered.
+            return Ok(());
+        }
         loop {
             if !self.wait_unpaused().await {
                 return Ok(());
@@ -750,7 +783,8 @@ impl SyncSource for ArchiveReplaySource {
     }
 
     fn supports_resume(&self) -> bool {
-        self.opts.state_path.is_some()
+        // Pinned at a point, every start reads that point afresh.
+        self.opts.state_path.is_some() && self.opts.at.is_none()
     }
 
     fn pause(&self) {

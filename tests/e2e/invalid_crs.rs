@@ -223,6 +223,30 @@ fn s20_invalid_crs_are_refused_with_the_field_named() {
             "claimName",
         ),
         (
+            "at-and-follow",
+            source_doc("at-and-follow", "  follow: true\n  at: {position: 0/10}\n"),
+            "spec",
+            "at serves the table as it was at a point in time and never follows",
+        ),
+        (
+            "at-both",
+            source_doc(
+                "at-both",
+                "  at: {position: 0/10, time: \"2026-11-30T14:00:00Z\"}\n",
+            ),
+            "spec.at",
+            "set exactly one of position or time",
+        ),
+        (
+            "at-time",
+            source_doc(
+                "at-time",
+                "  at: {time: \"noon on the 30th of November\"}\n",
+            ),
+            "spec.at.time",
+            "time must be an RFC 3339 time",
+        ),
+        (
             "a-source-name-longer-than-forty-characters-x",
             source_doc("a-source-name-longer-than-forty-characters-x", ""),
             // A rule on the object itself: the API server names no path, the message the field.

@@ -764,7 +764,9 @@ fn continuous_export_of_copy(e: &Env, ns: &str, name: &str, rows: i64, bucket: &
 
 /// Scenario 5: a Continuous ArchiveExport (a Deployment running `larch export --follow`) and an
 /// ArchiveSource following it: rows inserted, updated and deleted in PostgreSQL show up through
-/// the engine.
+/// the engine. Then an ArchiveSource with `at.time` serves the table as it was at that time (a
+/// later transaction is not in it), its status shows the point served, and the export's status
+/// shows the restorable window.
 #[test]
 fn s05_continuous_export_followed_by_engine() {
     let _g = serial();
@@ -785,6 +787,53 @@ fn s05_continuous_export_followed_by_engine() {
     // A second transaction after the first has been followed.
     e.sql("UPDATE public.followed SET flag = NOT flag WHERE id = 1; DELETE FROM public.followed WHERE id = 2");
     wait_engine_matches(e, ns, "followed-cache", "followed");
+
+    // The table at a time, then a transaction after it that the pinned source must not serve.
+    let then = pg_rows(e, "followed");
+    let at = e
+        .sql("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+        .trim()
+        .to_string();
+    e.sql("DELETE FROM public.followed WHERE id BETWEEN 300 AND 399; UPDATE public.followed SET tenant = 'later' WHERE id = 5");
+    wait_engine_matches(e, ns, "followed-cache", "followed");
+    e.apply(&format!(
+        r#"apiVersion: larch.dev/v1alpha1
+kind: ArchiveSource
+metadata: {{name: followed-then, namespace: {ns}}}
+spec:
+  archive:
+    exportRef: {{name: followed}}
+  at: {{time: "{at}"}}
+  target:
+    memory: {{}}
+"#
+    ));
+    let o = wait_source_ready(e, ns, "followed-then");
+    let ip = engine_ip(e, ns, "followed-then");
+    let served = engine_tuples(&engine_rows(e, &ip, "public.followed").unwrap());
+    assert_eq!(served.len(), then.len(), "rows at {at}");
+    assert!(
+        served == then,
+        "the pinned engine serves the table as it was at {at}"
+    );
+    let restored = e.wait_for(ns, "status.restored of followed-then", 120, || {
+        let o = e.get(&["archivesource", "followed-then", "-n", ns])?;
+        o["status"]["restored"]["position"]
+            .as_str()
+            .map(|_| o["status"]["restored"].clone())
+    });
+    assert_eq!(restored["precision"], "transaction", "{o}");
+    let time = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap();
+    assert!(
+        time(restored["time"].as_str().unwrap()) <= time(&at),
+        "{restored}"
+    );
+    let export = get_cr(e, "archiveexport", ns, "followed");
+    let window = &export["status"]["writers"][0]["restorable"];
+    assert!(
+        window["earliestTime"].is_string() && window["latestPosition"].is_string(),
+        "{export}"
+    );
 }
 
 /// The writer pod of a continuous export's Deployment (not a copy made by the test).

@@ -74,6 +74,9 @@ impl TestArchive {
             row_count: rows.len() as i64,
             change_count: 0,
             formats: BTreeMap::new(),
+            first_commit_time: None,
+            last_commit_time: None,
+            snapshot_time: None,
         };
         self.put(&mut art, enc.finish().unwrap()).await;
         self.manifest.epoch = epoch;
@@ -109,6 +112,9 @@ impl TestArchive {
             row_count: 0,
             change_count: changes.len() as i64,
             formats: BTreeMap::new(),
+            first_commit_time: None,
+            last_commit_time: None,
+            snapshot_time: None,
         };
         self.put(&mut art, enc.finish().unwrap()).await;
         self.manifest.head_position = to.into();

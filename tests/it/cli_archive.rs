@@ -143,8 +143,10 @@ fn invalid_position_is_an_error_not_a_hang() {
         .args(["--key-prefix", "public.events/", "--at", "not-a-position"])
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid position"));
+    assert_eq!(out.status.code(), Some(2), "a command-line error");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"not-a-position\" is neither a position")
+    );
 }
 
 #[tokio::test]

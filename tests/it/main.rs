@@ -22,6 +22,7 @@ mod image_contract;
 mod laredo_hocon;
 mod observability;
 mod operator_contract;
+mod point_in_time;
 mod postgres_continuous;
 mod postgres_export;
 mod postgres_lifecycle;

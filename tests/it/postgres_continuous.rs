@@ -149,15 +149,19 @@ pub async fn read_archive(
     dir: &std::path::Path,
 ) -> larch::archive::Result<(String, i64, BTreeMap<i64, Value>)> {
     let (manifest, folded) = items_reader(dir).reconstruct_at(None, &[]).await?;
-    let rows = folded
+    Ok((manifest.head_position, manifest.epoch, rows_by_id(&folded)))
+}
+
+/// The rows of a folded archive of `items`, by id.
+pub fn rows_by_id(folded: &larch::archive::reader::Folded) -> BTreeMap<i64, Value> {
+    folded
         .rows
         .values()
         .map(|r| {
             let v: Value = serde_json::from_str(r.as_str()).unwrap();
             (v["id"].as_i64().unwrap(), v)
         })
-        .collect();
-    Ok((manifest.head_position, manifest.epoch, rows))
+        .collect()
 }
 
 /// [`read_archive`] of an archive no writer is changing, which must verify.

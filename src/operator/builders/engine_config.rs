@@ -125,6 +125,8 @@ pub struct SourceConfig {
     pub format: Option<Vec<&'static str>>,
     pub follow: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_interval: Option<String>,
     pub state_path: String,
     pub group: bool,
@@ -227,7 +229,9 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
             .formats
             .as_ref()
             .map(|fs| fs.iter().map(|f| f.as_str()).collect()),
-        follow: spec.follow.unwrap_or(true),
+        // Pinned at a point in time, the engine never follows.
+        follow: spec.at.is_none() && spec.follow.unwrap_or(true),
+        at: spec.at.as_ref().and_then(|a| a.value()).map(str::to_string),
         poll_interval: spec.poll_interval.clone(),
         state_path,
         group: archive.group,

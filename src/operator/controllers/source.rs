@@ -291,6 +291,11 @@ impl<'a> SourceRound<'a> {
         // The time of the head, not its age: status changes when the head does, never by
         // itself (kubectl shows the age in the HEAD AGE column).
         self.status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
+        // Pinned at a point: every engine resolves it alike; the first that has says where.
+        self.status.restored = engines
+            .iter()
+            .filter_map(|e| e.at.clone())
+            .find(|a| a.position.is_some());
         let lag = engines
             .iter()
             .filter_map(|e| e.lag_seconds)

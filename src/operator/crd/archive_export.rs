@@ -449,4 +449,24 @@ pub struct WriterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub slot_observed_at: Option<String>,
+    /// What can be restored from the table's archive: its oldest snapshot to its head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restorable: Option<RestorableWindow>,
+}
+
+/// The restorable window of one table's archive (CloudNativePG's first recoverability point to
+/// the head): positions, and commit times where the archive records them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestorableWindow {
+    #[schemars(length(max = 64))]
+    pub earliest_position: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub earliest_time: Option<String>,
+    #[schemars(length(max = 64))]
+    pub latest_position: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub latest_time: Option<String>,
 }

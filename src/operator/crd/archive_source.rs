@@ -36,6 +36,7 @@ use super::common_pod::{PodOverrides, Resources};
     validation = Rule::new("!has(self.table) || !has(self.tables)").message("set at most one of table or tables"),
     validation = Rule::new("has(self.archive.exportRef) || has(self.table) || has(self.tables)").message("with an explicit location, set table or tables"),
     validation = Rule::new("has(self.state) == has(oldSelf.state) && (!has(self.state) || self.state == oldSelf.state)").message("state is immutable (StatefulSet volumeClaimTemplates)"),
+    validation = Rule::new("!has(self.at) || !has(self.follow) || !self.follow").message("at serves the table as it was at a point in time and never follows the archive: remove follow: true (or at)"),
 )]
 pub struct ArchiveSourceSpec {
     /// The archive to replay.
@@ -52,9 +53,13 @@ pub struct ArchiveSourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
     pub key_fields: Option<Vec<String>>,
-    /// Keep polling the archive for new diffs (default true).
+    /// Keep polling the archive for new diffs (default true; false with `at`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow: Option<bool>,
+    /// Serve the table as it was at a point in time (a position, or the last transaction
+    /// committed at or before a time) instead of following the archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<PointInTimeSpec>,
     /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), pattern(crate::duration::CRD_PATTERN))]
@@ -94,6 +99,33 @@ pub struct ArchiveSourceSpec {
     /// `networkPolicy.enabled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<EngineNetworkPolicy>,
+}
+
+/// A point in time: exactly one of `position` or `time`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.position) != has(self.time)").message("set exactly one of position or time"))]
+pub struct PointInTimeSpec {
+    /// A WAL position (LSN), e.g. `16/B374D848`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 3, max = 17),
+        pattern(r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$")
+    )]
+    pub position: Option<String>,
+    /// An RFC 3339 time, e.g. `2026-11-30T14:00:00Z`: the state after the last transaction
+    /// committed at or before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 20, max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}([.][0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$')").message("time must be an RFC 3339 time such as 2026-11-30T14:00:00Z"))]
+    pub time: Option<String>,
+}
+
+impl PointInTimeSpec {
+    /// The point as the engine's `at` option spells it.
+    pub fn value(&self) -> Option<&str> {
+        self.position.as_deref().or(self.time.as_deref())
+    }
 }
 
 /// Access control of the engine's HTTP API. `/health/*`, `/status` and `/metrics` (probes,
@@ -338,6 +370,32 @@ pub struct ArchiveSourceStatus {
     /// `laredo_source_rebaseline_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebaselines: Option<RebaselineStatus>,
+    /// With `spec.at`: the point the engines actually serve (from their `/status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<RestoredPoint>,
+}
+
+/// The point in time an engine serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoredPoint {
+    /// The position of the state served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub position: Option<String>,
+    /// The commit time of that state (RFC 3339), when the archive records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub time: Option<String>,
+    /// `transaction` (exactly the state at the point asked for) or `diff` (the end of the last
+    /// diff before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub precision: Option<String>,
+    /// Set when the point asked for is past the archive's head (the head is served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub notice: Option<String>,
 }
 
 /// Re-baseline counters.
