@@ -10,5 +10,6 @@ pub mod failure;
 pub mod locks;
 pub mod operator;
 pub mod progress;
+pub mod restore;
 pub mod source;
 pub mod telemetry;

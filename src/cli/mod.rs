@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod engine;
 pub mod export;
+pub mod restore;
 pub mod slot;
 pub mod status;
 
@@ -81,6 +82,10 @@ pub enum Command {
     Export(Box<export::ExportArgs>),
     /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
     Engine(engine::EngineArgs),
+    /// Restore tables of an archive into a PostgreSQL database, at the head or as of a point,
+    /// in one transaction, and exit (docs/restore.md).
+    #[command(after_help = env_section(&[PG, S3, LOG]))]
+    Restore(Box<restore::RestoreArgs>),
     /// Print the operator's CustomResourceDefinitions (multi-document YAML).
     Crd,
     /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
@@ -190,7 +195,7 @@ fn prints_a_result(command: &Command) -> bool {
     match command {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
-        Command::Engine(_) | Command::Operator(_) => false,
+        Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
     }
 }
 
@@ -206,6 +211,7 @@ impl Command {
         match self {
             Command::Export(a) | Command::Archive(archive::ArchiveCommand::Export(a)) => export(a),
             Command::Engine(a) => a.termination_log.clone(),
+            Command::Restore(a) => a.summary_file.clone(),
             _ => None,
         }
     }
@@ -217,12 +223,13 @@ impl Command {
             Command::Export(_)
                 | Command::Archive(archive::ArchiveCommand::Export(_))
                 | Command::Engine(_)
+                | Command::Restore(_)
         )
     }
 }
 
 /// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
-/// archive export`) and `larch engine` the failure's (see [`crate::failure`]: 2 needs someone
+/// archive export`), `larch engine` and `larch restore` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -250,6 +257,7 @@ pub fn main() -> i32 {
             Command::Archive(c) => archive::run(c).await,
             Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
+            Command::Restore(a) => restore::run(*a).await,
             Command::Crd => Ok(crate::operator::cli::crd()),
             Command::Status(a) => status::run(a).await,
             Command::Operator(args) => {

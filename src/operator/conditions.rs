@@ -18,6 +18,7 @@ pub const DEGRADED: &str = "Degraded";
 
 pub const EXPORT_TYPES: [&str; 5] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED, DEGRADED];
 pub const SOURCE_SET_TYPES: [&str; 3] = [READY, RECONCILING, STALLED];
+pub const RESTORE_TYPES: [&str; 3] = [READY, RECONCILING, STALLED];
 pub const SOURCE_TYPES: [&str; 6] = [
     READY,
     RECONCILING,
@@ -849,3 +850,66 @@ pub fn source_set_conditions(o: &SetObservation) -> Vec<Cond> {
 
 #[cfg(test)]
 mod tests;
+
+/// What an ArchiveRestore reconcile saw.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RestoreObservation {
+    /// What the spec names is missing, or the spec cannot work: no Job is created.
+    pub blocked: Option<Problem>,
+    /// The current run's id and outcome (`None` while it runs).
+    pub run: Option<(String, Option<bool>)>,
+    /// Why the run's pod failed (its termination message, classified).
+    pub pod_failure: Option<Problem>,
+    /// The summary line of a run that succeeded.
+    pub restored: Option<String>,
+}
+
+/// kstatus conditions of an ArchiveRestore: `Reconciling` while its Job runs, `Ready` once a
+/// run restored, `Stalled` when it cannot start or its run failed (a new spec or a new
+/// `larch.dev/run-requested` token runs it again).
+pub fn restore_conditions(o: &RestoreObservation) -> Vec<Cond> {
+    use Status::*;
+    if let Some(p) = &o.blocked {
+        return blocked(p);
+    }
+    match &o.run {
+        None => vec![
+            c(READY, False, "Pending", "no run yet"),
+            c(RECONCILING, True, "Pending", "no run yet"),
+            c(STALLED, False, "Pending", ""),
+        ],
+        Some((id, None)) => {
+            let message = match &o.pod_failure {
+                Some(p) => format!("run {id}: retrying after a failure: {}", p.message),
+                None => format!("run {id}: the restore Job is running"),
+            };
+            vec![
+                c(READY, False, "Restoring", message.clone()),
+                c(RECONCILING, True, "Restoring", message),
+                c(STALLED, False, "Restoring", ""),
+            ]
+        }
+        Some((id, Some(true))) => {
+            let message = format!("run {id}: {}", o.restored.as_deref().unwrap_or("restored"));
+            vec![
+                c(READY, True, "Restored", message),
+                c(RECONCILING, False, "Restored", ""),
+                c(STALLED, False, "Restored", ""),
+            ]
+        }
+        Some((id, Some(false))) => {
+            let p = o.pod_failure.clone().unwrap_or_else(|| {
+                Problem::new(
+                    "RestoreFailed",
+                    "the restore Job failed (its pod reported no reason)",
+                )
+            });
+            let message = format!("run {id}: {}", p.message);
+            vec![
+                c(READY, False, &p.reason, message.clone()),
+                c(RECONCILING, False, &p.reason, ""),
+                c(STALLED, True, &p.reason, message),
+            ]
+        }
+    }
+}

@@ -17,8 +17,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
 use kube::api::Api;
 
 use crate::operator::crd::archive_export::ArchiveExport;
-use crate::operator::crd::archive_source::ArchiveSource;
-use crate::operator::crd::common::{CaBundleRef, Location};
+use crate::operator::crd::archive_restore::ArchiveRestore;
+use crate::operator::crd::archive_source::{ArchiveRef, ArchiveSource};
+use crate::operator::crd::common::{CaBundleRef, Location, SecretKeyRef};
 
 /// How soon a custom resource that names something missing is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(10);
@@ -172,26 +173,55 @@ pub fn export_references(export: &ArchiveExport) -> Vec<Reference> {
 /// export's (`export`), named as its field.
 pub fn source_references(source: &ArchiveSource, export: Option<&ArchiveExport>) -> Vec<Reference> {
     let spec = &source.spec;
-    let mut out = match (&spec.archive.export_ref, export) {
+    let mut out = archive_references(&spec.archive, export);
+    if let Some(pg) = &spec.target.postgres {
+        out.extend(target_references(
+            &pg.connection_secret_ref,
+            pg.ca_bundle.as_ref(),
+        ));
+    }
+    out
+}
+
+/// What reading an archive needs: with `exportRef` the export's location (`export`), named as
+/// its field.
+fn archive_references(archive: &ArchiveRef, export: Option<&ArchiveExport>) -> Vec<Reference> {
+    match (&archive.export_ref, export) {
         (Some(r), Some(e)) => location_references(
             &e.spec.destination,
             &format!("spec.destination of ArchiveExport {}", r.name),
         ),
-        _ => spec
-            .archive
+        _ => archive
             .location()
             .map(|l| location_references(&l, "spec.archive"))
             .unwrap_or_default(),
-    };
-    if let Some(pg) = &spec.target.postgres {
-        out.push(Reference::secret(
-            &pg.connection_secret_ref.name,
-            &pg.connection_secret_ref.key,
-            "spec.target.postgres.connectionSecretRef",
-        ));
-        if let Some(ca) = &pg.ca_bundle {
-            out.extend(ca_reference(ca, "spec.target.postgres.caBundle"));
-        }
+    }
+}
+
+/// Everything an ArchiveRestore's pod mounts or reads.
+pub fn restore_references(
+    restore: &ArchiveRestore,
+    export: Option<&ArchiveExport>,
+) -> Vec<Reference> {
+    let spec = &restore.spec;
+    let mut out = archive_references(&spec.archive, export);
+    let pg = &spec.target.postgres;
+    out.extend(target_references(
+        &pg.connection_secret_ref,
+        pg.ca_bundle.as_ref(),
+    ));
+    out
+}
+
+/// A PostgreSQL target's DSN Secret key and CA bundle (`spec.target.postgres`).
+fn target_references(secret: &SecretKeyRef, ca: Option<&CaBundleRef>) -> Vec<Reference> {
+    let mut out = vec![Reference::secret(
+        &secret.name,
+        &secret.key,
+        "spec.target.postgres.connectionSecretRef",
+    )];
+    if let Some(ca) = ca {
+        out.extend(ca_reference(ca, "spec.target.postgres.caBundle"));
     }
     out
 }

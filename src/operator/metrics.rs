@@ -129,7 +129,7 @@ impl Default for Metrics {
         .unwrap();
         // Zero from the start, so dashboards and rate() see every controller before its first
         // reconcile or error (the error labels of `controllers::context::Error::label`).
-        for controller in ["export", "source", "source-set"] {
+        for controller in ["export", "source", "source-set", "restore"] {
             reconciles.with_label_values(&[controller]);
             for error in crate::operator::controllers::context::Error::LABELS {
                 errors.with_label_values(&[controller, error]);

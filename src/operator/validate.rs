@@ -13,6 +13,7 @@
 
 use crate::archive::model::TableId;
 use crate::operator::crd::archive_export::ArchiveExport;
+use crate::operator::crd::archive_restore::ArchiveRestore;
 use crate::operator::crd::archive_source::ArchiveSource;
 use crate::operator::crd::common::TableRef;
 use crate::operator::crd::common_pod::PodOverrides;
@@ -105,6 +106,24 @@ pub fn source(source: &ArchiveSource) -> Result<(), String> {
     key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
     if let Some(np) = &spec.network_policy {
         np.peers()?;
+    }
+    Ok(())
+}
+
+/// What the ArchiveRestore schema cannot check.
+pub fn restore(restore: &ArchiveRestore) -> Result<(), String> {
+    let spec = &restore.spec;
+    affinity(spec.pod.as_ref())?;
+    if let Some(ts) = &spec.tables {
+        tables("spec.tables", ts)?;
+    }
+    key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
+    if let Some(time) = spec.at.as_ref().and_then(|a| a.time.as_deref())
+        && time.parse::<jiff::Timestamp>().is_err()
+    {
+        return Err(format!(
+            "spec.at.time {time:?} is not an RFC 3339 time such as 2026-11-30T14:00:00Z"
+        ));
     }
     Ok(())
 }

@@ -332,6 +332,11 @@ stringData:
 
     /// `psql -At -c SQL` on the sample database; stdout trimmed.
     pub fn sql(&self, sql: &str) -> String {
+        self.sql_in("app", sql)
+    }
+
+    /// `psql -At -c SQL` on `database` of the environment's PostgreSQL; stdout trimmed.
+    pub fn sql_in(&self, database: &str, sql: &str) -> String {
         let out = Command::new(PSQL)
             .args([
                 "-X",
@@ -342,7 +347,7 @@ stringData:
                 "127.0.0.1",
                 "-U",
             ])
-            .args(["postgres", "-d", "app", "-p", &self.pg_port, "-c", sql])
+            .args(["postgres", "-d", database, "-p", &self.pg_port, "-c", sql])
             .output()
             .expect("running psql");
         assert!(

@@ -29,6 +29,7 @@ mod postgres_lifecycle;
 mod postgres_source;
 mod postgres_tls;
 mod quickstart;
+mod restore_command;
 mod restore_copy;
 mod s3_protocol;
 mod schema_changes;

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::pod::{ARCHIVE_DIR, STATE_DIR};
 use crate::operator::crd::archive_export::ArchiveExport;
-use crate::operator::crd::archive_source::ArchiveSource;
+use crate::operator::crd::archive_source::{ArchiveRef, ArchiveSource};
 use crate::operator::crd::common::{Format, Location, TableRef};
 
 pub const TARGET_DSN_DIR: &str = "/etc/larch/target";
@@ -37,7 +37,25 @@ pub fn resolve(
         .tables
         .clone()
         .or_else(|| spec.table.clone().map(|t| vec![t]));
-    if let Some(r) = &spec.archive.export_ref {
+    resolve_archive(
+        &spec.archive,
+        tables_override,
+        spec.tables.is_some(),
+        spec.key_fields.clone(),
+        export,
+    )
+}
+
+/// Resolves an archive reference (an ArchiveSource's, an ArchiveRestore's): `tables` overrides
+/// the export's, `group` says an explicit location holds `<schema>.<table>/` archives.
+pub fn resolve_archive(
+    archive: &ArchiveRef,
+    tables_override: Option<Vec<TableRef>>,
+    group_override: bool,
+    key_fields: Option<Vec<String>>,
+    export: Option<&ArchiveExport>,
+) -> Result<ResolvedArchive, String> {
+    if let Some(r) = &archive.export_ref {
         let export = export
             .ok_or_else(|| format!("ArchiveExport {} not found in this namespace", r.name))?;
         let e = &export.spec;
@@ -76,20 +94,16 @@ pub fn resolve(
             key_prefix,
             formats: e.format.map(|f| vec![f]),
             tables,
-            key_fields: spec
-                .key_fields
-                .clone()
-                .or_else(|| e.source.key_fields.clone()),
+            key_fields: key_fields.or_else(|| e.source.key_fields.clone()),
             group,
         });
     }
-    let location = spec
-        .archive
+    let location = archive
         .location()
         .ok_or("set archive.exportRef, archive.s3 or archive.volume")?;
     let tables = tables_override.ok_or("with an explicit location, set table or tables")?;
-    let group = spec.tables.is_some();
-    let key_prefix = match (&spec.archive.key_prefix, group) {
+    let group = group_override;
+    let key_prefix = match (&archive.key_prefix, group) {
         (Some(kp), _) => kp.clone(),
         (None, true) => String::new(),
         (None, false) => format!("{}/", tables[0].qualified()),
@@ -98,9 +112,9 @@ pub fn resolve(
         claim_name: location.volume.as_ref().and_then(|v| v.claim_name.clone()),
         location,
         key_prefix,
-        formats: spec.archive.formats.clone(),
+        formats: archive.formats.clone(),
         tables,
-        key_fields: spec.key_fields.clone(),
+        key_fields,
         group,
     })
 }

@@ -7,10 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
-use k8s_openapi::api::batch::v1::{
-    CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec, PodFailurePolicy,
-    PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
-};
+use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ServiceAccount,
@@ -420,19 +417,7 @@ fn job_spec(
 ) -> JobSpec {
     JobSpec {
         backoff_limit: Some(export.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
-        // Exit status 2 is a failure no retry fixes (a missing table, a wrong password, a bad
-        // configuration: see crate::failure): the Job fails at once instead of retrying.
-        pod_failure_policy: Some(PodFailurePolicy {
-            rules: vec![PodFailurePolicyRule {
-                action: "FailJob".into(),
-                on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                    container_name: Some(CONTAINER.into()),
-                    operator: "In".into(),
-                    values: vec![crate::failure::EXIT_PERMANENT],
-                }),
-                on_pod_conditions: None,
-            }],
-        }),
+        pod_failure_policy: Some(pod::fail_fast(CONTAINER)),
         ttl_seconds_after_finished: Some(
             export
                 .spec

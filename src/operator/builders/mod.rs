@@ -5,6 +5,7 @@ pub mod cleanup;
 pub mod engine_config;
 pub mod export;
 pub mod pod;
+pub mod restore;
 pub mod source;
 pub mod source_set;
 

@@ -12,7 +12,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::operator::crd::common::{CaBundleRef, Location};
+use k8s_openapi::api::batch::v1::{
+    PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
+
+use crate::operator::crd::common::{CaBundleRef, Location, SecretKeyRef};
 use crate::operator::crd::common_pod::{PodOverrides, Resources};
 
 /// UID/GID of generated pods (the image's non-root user).
@@ -247,6 +251,44 @@ pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -
 /// Where a PostgreSQL source's and target's CA bundles are mounted (`ca.crt` inside).
 pub const SOURCE_CA_DIR: &str = "/etc/larch/source-ca";
 pub const TARGET_CA_DIR: &str = "/etc/larch/target-ca";
+
+/// A PostgreSQL target's DSN (its Secret key as `/etc/larch/target/dsn`) and CA bundle
+/// (`/etc/larch/target-ca/ca.crt`): volumes and read-only mounts.
+pub fn target_dsn(
+    secret: &SecretKeyRef,
+    ca: Option<&CaBundleRef>,
+) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![secret_file_volume(
+        "target",
+        &secret.name,
+        &secret.key,
+        "dsn",
+    )];
+    let mut mounts = vec![mount("target", super::engine_config::TARGET_DSN_DIR, true)];
+    if let Some(ca) = ca {
+        let (v, m) = ca_bundle("target-ca", TARGET_CA_DIR, ca);
+        volumes.push(v);
+        mounts.push(m);
+    }
+    (volumes, mounts)
+}
+
+/// A Job's pod failure policy: exit status 2 of `container` is a failure no retry fixes (a
+/// missing table, a wrong password, a bad configuration: see crate::failure), so the Job fails
+/// at once instead of retrying.
+pub fn fail_fast(container: &str) -> PodFailurePolicy {
+    PodFailurePolicy {
+        rules: vec![PodFailurePolicyRule {
+            action: "FailJob".into(),
+            on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                container_name: Some(container.into()),
+                operator: "In".into(),
+                values: vec![crate::failure::EXIT_PERMANENT],
+            }),
+            on_pod_conditions: None,
+        }],
+    }
+}
 
 /// The volume and read-only mount of a CA bundle as `<dir>/ca.crt`.
 pub fn ca_bundle(volume: &str, dir: &str, ca: &CaBundleRef) -> (Volume, VolumeMount) {

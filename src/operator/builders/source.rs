@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::engine_config::{ResolvedArchive, TARGET_DSN_DIR, engine_config, engine_yaml};
+use super::engine_config::{ResolvedArchive, engine_config, engine_yaml};
 use super::export::TERMINATION_LOG;
 use super::pod::{self, HTTP_PORT, HTTPS_PORT, STATE_DIR};
 use super::{
@@ -103,18 +103,9 @@ pub fn children(
         volumes.push(pod::empty_dir("state"));
     }
     if let Some(pg) = &spec.target.postgres {
-        volumes.push(pod::secret_file_volume(
-            "target",
-            &pg.connection_secret_ref.name,
-            &pg.connection_secret_ref.key,
-            "dsn",
-        ));
-        mounts.push(pod::mount("target", TARGET_DSN_DIR, true));
-        if let Some(ca) = &pg.ca_bundle {
-            let (v, m) = pod::ca_bundle("target-ca", pod::TARGET_CA_DIR, ca);
-            volumes.push(v);
-            mounts.push(m);
-        }
+        let (v, m) = pod::target_dsn(&pg.connection_secret_ref, pg.ca_bundle.as_ref());
+        volumes.extend(v);
+        mounts.extend(m);
     }
     mounts.extend(access.mounts);
     volumes.extend(access.volumes);

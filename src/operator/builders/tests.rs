@@ -10,7 +10,7 @@ use super::engine_config::{ResolvedArchive, resolve};
 use super::export::{self, ExportChildren};
 use super::source::{self, SourceChildren};
 use super::*;
-use crate::operator::crd::{ArchiveExport, ArchiveSource};
+use crate::operator::crd::{ArchiveExport, ArchiveRestore, ArchiveSource};
 
 pub(crate) fn ctx() -> BuildContext {
     BuildContext {
@@ -110,6 +110,61 @@ fn export_children_match_golden() {
     for name in EXPORTS {
         golden(name, &export_docs(&export_children(name)));
     }
+}
+
+/// (fixture, referenced export fixture)
+const RESTORES: [(&str, Option<&str>); 2] = [
+    ("restore-exportref-tables", Some("export-scheduled-tables")),
+    ("restore-s3-at-position", None),
+];
+
+pub(crate) fn restore_fixture(name: &str) -> ArchiveRestore {
+    let path = format!(
+        "{}/src/operator/builders/testdata/{name}.input.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn restore_job(name: &str, export: Option<&str>) -> k8s_openapi::api::batch::v1::Job {
+    let r = restore_fixture(name);
+    let e = export.map(export_fixture);
+    let archive = restore::resolve(&r, e.as_ref()).unwrap();
+    restore::job(&r, &archive, &restore::run_id(&r, None), &ctx())
+}
+
+#[test]
+fn restore_jobs_match_golden() {
+    for (name, export) in RESTORES {
+        golden(name, &docs(&[restore_job(name, export)]));
+    }
+}
+
+/// The run changes with the spec and with the run-requested token, not with metadata.
+#[test]
+fn a_restore_run_is_the_spec_and_the_token() {
+    let r = restore_fixture("restore-s3-at-position");
+    let first = restore::run_id(&r, None);
+    let mut labelled = r.clone();
+    labelled.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+    assert_eq!(restore::run_id(&labelled, None), first);
+    assert_ne!(restore::run_id(&r, Some("2026-12-01T10:00:00Z")), first);
+    let mut replace = r.clone();
+    replace.spec.if_exists = Some(crate::operator::crd::archive_restore::IfExists::Replace);
+    assert_ne!(restore::run_id(&replace, None), first);
+}
+
+/// A table the export does not write is refused, naming it.
+#[test]
+fn a_restore_of_a_table_the_export_lacks_is_refused() {
+    let mut r = restore_fixture("restore-exportref-tables");
+    r.spec.tables = Some(vec![crate::operator::crd::common::TableRef {
+        schema: None,
+        name: "nope".into(),
+    }]);
+    let e = export_fixture("export-scheduled-tables");
+    let err = restore::resolve(&r, Some(&e)).unwrap_err();
+    assert!(err.contains("public.nope"), "{err}");
 }
 
 #[test]
@@ -219,6 +274,13 @@ fn all_pod_specs() -> Vec<(String, PodSpec)> {
         out.push((
             format!("{name} statefulset"),
             c.stateful_set.spec.template.spec.unwrap(),
+        ));
+    }
+    for (name, export) in RESTORES {
+        let j = restore_job(name, export);
+        out.push((
+            format!("{name} job"),
+            j.spec.unwrap().template.spec.unwrap(),
         ));
     }
     out

@@ -24,6 +24,7 @@ use crate::operator::rebaseline::RebaselineTracker;
 pub const MANAGER_EXPORT: &str = "larch-operator/export";
 pub const MANAGER_SOURCE: &str = "larch-operator/source";
 pub const MANAGER_SOURCE_SET: &str = "larch-operator/source-set";
+pub const MANAGER_RESTORE: &str = "larch-operator/restore";
 
 pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod cleanup;
 pub mod context;
 pub mod export;
+pub mod restore;
 pub mod slots;
 pub mod source;
 pub mod source_set;
@@ -34,7 +35,7 @@ use kube::{Client, ResourceExt};
 use self::context::{Context, Error};
 use crate::operator::builders::source_set::LABEL_SOURCE_SET;
 use crate::operator::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, MANAGED_BY};
-use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
+use crate::operator::crd::{ArchiveExport, ArchiveRestore, ArchiveSource, ArchiveSourceSet};
 
 /// What the controllers apply: any Kubernetes object they can serialise and read back.
 pub trait Child:
@@ -244,6 +245,17 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
         )
         .for_each(|_| futures::future::ready(()));
 
+    // Restores own their Jobs; their pods' termination messages are read once a Job ends.
+    let restores = Controller::new(api::<ArchiveRestore>(&client, ns), cfg.clone())
+        .owns(api::<Job>(&client, ns), owned.clone())
+        .shutdown_on_signal()
+        .run(
+            |o, c| measured("restore", o, c, restore::reconcile),
+            error_policy::<ArchiveRestore>("restore"),
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
     // The source controller's children fill the caches its reconciles compare against.
     let writers = ctx
         .cache_writers
@@ -326,7 +338,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
         }
     };
     tokio::select! {
-        _ = async { futures::join!(exports, sources) } => {}
+        _ = async { futures::join!(exports, sources, restores) } => {}
         _ = sets => {}
         _ = janitor(ctx, export_store, source_store) => {}
     }

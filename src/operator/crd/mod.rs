@@ -1,6 +1,7 @@
 //! The custom resources (`larch.dev/v1alpha1`) and their generated definitions.
 
 pub mod archive_export;
+pub mod archive_restore;
 pub mod archive_source;
 pub mod archive_source_set;
 pub mod common;
@@ -10,6 +11,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use archive_export::{ArchiveExport, ArchiveExportSpec, ArchiveExportStatus};
+pub use archive_restore::{ArchiveRestore, ArchiveRestoreSpec, ArchiveRestoreStatus};
 pub use archive_source::{ArchiveSource, ArchiveSourceSpec, ArchiveSourceStatus};
 pub use archive_source_set::{ArchiveSourceSet, ArchiveSourceSetSpec, ArchiveSourceSetStatus};
 
@@ -19,6 +21,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
         ("archiveexports.larch.dev.yaml", ArchiveExport::crd()),
         ("archivesources.larch.dev.yaml", ArchiveSource::crd()),
         ("archivesourcesets.larch.dev.yaml", ArchiveSourceSet::crd()),
+        ("archiverestores.larch.dev.yaml", ArchiveRestore::crd()),
     ]
 }
 

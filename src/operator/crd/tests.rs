@@ -56,7 +56,8 @@ fn larch_crd_output_is_every_crd_as_multi_doc_yaml() {
         [
             "archiveexports.larch.dev",
             "archivesources.larch.dev",
-            "archivesourcesets.larch.dev"
+            "archivesourcesets.larch.dev",
+            "archiverestores.larch.dev"
         ]
     );
     for d in &docs {

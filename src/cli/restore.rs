@@ -1,0 +1,103 @@
+//! `larch restore`: tables of an archive into a PostgreSQL database, once (docs/restore.md).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::export::ConnectionArgs;
+use super::{StoreArgs, parse_formats, parse_table_arg};
+use crate::archive::model::TableId;
+use crate::archive::spill::SpillConfig;
+use crate::failure::{self, Reason};
+use crate::restore::{IfExists, RestoreRequest, restore, table_key_prefix};
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The table(s) to restore, `[schema.]name` (schema `public` when omitted), comma-separated
+    /// or repeated: each is read from `<key-prefix-root><schema>.<table>/`, where `larch export`
+    /// writes it. Several tables restore at one point, in one transaction.
+    #[arg(long, required = true, value_name = "[SCHEMA.]NAME", value_delimiter = ',', value_parser = parse_table_arg)]
+    pub table: Vec<TableId>,
+    /// A prefix before each table's `<schema>.<table>/` (the `keyPrefix` of an ArchiveExport
+    /// of several tables).
+    #[arg(long, default_value = "", conflicts_with = "key_prefix")]
+    pub key_prefix_root: String,
+    /// One table only: its archive's exact key prefix (an export's --key-prefix).
+    #[arg(long)]
+    pub key_prefix: Option<String>,
+    /// The point to restore at, as every `--at` takes it: a position or an RFC 3339 time.
+    /// Default: the head; with several tables, the greatest position every table reaches.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// When a destination table exists: fail (an error naming it, nothing restored) or
+    /// replace (its rows, in the same transaction; its definition is kept).
+    #[arg(long, value_enum, default_value_t = IfExists::Fail)]
+    pub if_exists: IfExists,
+    /// The target database: LARCH_PG_DSN, --connection-file or --connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+    /// Formats to read, in preference order.
+    #[arg(long, default_value = "jsonl,protobuf,jsonl+zstd")]
+    pub format: String,
+    /// Bytes of folded changes held in memory per table; past it they spill to --spill-dir.
+    #[arg(long, default_value = "64Mi", value_parser = crate::archive::spill::parse_size)]
+    pub buffer_memory: u64,
+    /// Directory for spilled changes (default: $TMPDIR/larch-spill).
+    #[arg(long)]
+    pub spill_dir: Option<PathBuf>,
+    /// Also write the summary JSON to this file; on a failure, `{"reason": …, "error": …}`
+    /// instead (Kubernetes: /dev/termination-log, which the operator reads).
+    #[arg(long)]
+    pub summary_file: Option<PathBuf>,
+}
+
+pub async fn run(args: RestoreArgs) -> anyhow::Result<i32> {
+    super::init_tracing();
+    let formats = parse_formats(&args.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
+    let tables: Vec<(TableId, String)> = match &args.key_prefix {
+        Some(prefix) if args.table.len() == 1 => vec![(args.table[0].clone(), prefix.clone())],
+        Some(_) => {
+            return Err(failure::tag(
+                Reason::InvalidConfig,
+                anyhow::anyhow!(
+                    "--key-prefix names one table's archive: pass one --table (or --key-prefix-root for several)"
+                ),
+            ));
+        }
+        None => args
+            .table
+            .iter()
+            .map(|t| (t.clone(), table_key_prefix(&args.key_prefix_root, t)))
+            .collect(),
+    };
+    let dsn = args.connection.dsn()?;
+    let store = args.store.spec().open_for_reading().await?;
+    let mut spill = SpillConfig {
+        memory_limit: args.buffer_memory,
+        ..SpillConfig::default()
+    };
+    if let Some(dir) = &args.spill_dir {
+        spill.dir = dir.clone();
+    }
+    let summary = restore(RestoreRequest {
+        store,
+        tables,
+        formats,
+        at: args.at.clone(),
+        if_exists: args.if_exists,
+        dsn,
+        spill,
+    })
+    .await?;
+    let text = serde_json::to_string_pretty(&summary)?;
+    if let Some(path) = &args.summary_file {
+        // Compact: a Kubernetes termination message holds 4096 bytes.
+        std::fs::write(path, format!("{}\n", serde_json::to_string(&summary)?))
+            .with_context(|| format!("writing --summary-file {}", path.display()))?;
+    }
+    println!("{text}");
+    Ok(0)
+}

@@ -1,0 +1,373 @@
+//! `larch restore` on real PostgreSQL: tables of an archive into a second database, at the
+//! head and as of a position, several at one point, `--if-exists fail|replace`, and bad input
+//! that names what is wrong and leaves the target as it was (docs/restore.md).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::support::postgres::{Database, new_database};
+
+/// The rows of a table, ordered by key, as one digest.
+async fn digest(db: &Database, table: &str) -> String {
+    db.client
+        .query_one(
+            &format!(
+                "SELECT count(*)::text || ' rows, md5 ' || coalesce(md5(string_agg(t::text, '|' ORDER BY id)), '-') FROM {table} t"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn create_source(db: &Database) {
+    db.client
+        .batch_execute(
+            "CREATE TABLE orders (id int8 PRIMARY KEY, note text, amount numeric(12,2), placed timestamptz);
+             INSERT INTO orders SELECT g, 'order ' || g || E'\\t\\\\', g * 1.25, '2026-11-30 14:00:00+00'::timestamptz + g * interval '1 minute'
+               FROM generate_series(1, 3000) g;
+             CREATE TABLE items (id int4 PRIMARY KEY, payload jsonb, tags text[]);
+             INSERT INTO items SELECT g, jsonb_build_object('g', g, 's', 'q\"' || g), ARRAY['a' || g, NULL]
+               FROM generate_series(1, 500) g;",
+        )
+        .await
+        .unwrap();
+}
+
+async fn mutate_source(db: &Database) {
+    db.client
+        .batch_execute(
+            "UPDATE orders SET note = 'changed' WHERE id % 7 = 0;
+             DELETE FROM orders WHERE id % 11 = 0;
+             INSERT INTO orders SELECT g, 'late', 1, now() FROM generate_series(3001, 3100) g;
+             UPDATE items SET tags = ARRAY['x'] WHERE id < 50;
+             DELETE FROM items WHERE id > 490;",
+        )
+        .await
+        .unwrap();
+}
+
+fn dsn_file(dir: &Path, db: &Database) -> std::path::PathBuf {
+    let f = dir.join(format!("{}.dsn", db.name));
+    std::fs::write(&f, &db.dsn).unwrap();
+    f
+}
+
+/// One-shot `larch export` of `table`: its summary's position. The slot is named after the
+/// database: slots are per cluster, and tests export tables of the same name at once.
+fn export(source: &Database, dir: &Path, archive: &Path, table: &str) -> String {
+    let slot = format!("larch_{}_{table}", source.name);
+    let out = Command::new(env!("CARGO_BIN_EXE_larch"))
+        .env_remove("LARCH_PG_DSN")
+        .args(["export", "--connection-file"])
+        .arg(dsn_file(dir, source))
+        .args(["--slot", &slot])
+        .args(["--table", table, "--store", "local", "--path"])
+        .arg(archive)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    summary["position"].as_str().unwrap().to_string()
+}
+
+/// `larch restore` into `target` (its DSN in the environment, as a Secret would give it).
+fn restore(target: &Database, archive: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_larch"))
+        .env("LARCH_PG_DSN", &target.dsn)
+        .env("LARCH_LOG", "warn")
+        .args(["restore", "--store", "local", "--path"])
+        .arg(archive)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn summary(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "larch restore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn failed(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "larch restore succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+async fn table_exists(db: &Database, table: &str) -> bool {
+    db.client
+        .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&table])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Two exports of two tables, the source changed in between: a restore at the first position
+/// gives the first states, one at the head the latest, and several tables without --at land
+/// at the greatest position both reach.
+#[tokio::test]
+async fn restores_tables_at_a_position_and_at_the_head_equal_to_the_source_then() {
+    let source = new_database().await;
+    create_source(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let orders_1 = export(&source, dir.path(), &archive, "orders");
+    let items_1 = export(&source, dir.path(), &archive, "items");
+    let (orders_then, items_then) = (
+        digest(&source, "orders").await,
+        digest(&source, "items").await,
+    );
+    assert!(orders_then.starts_with("3000 rows"), "{orders_then}");
+    mutate_source(&source).await;
+    let orders_2 = export(&source, dir.path(), &archive, "orders");
+    let items_2 = export(&source, dir.path(), &archive, "items");
+    let (orders_now, items_now) = (
+        digest(&source, "orders").await,
+        digest(&source, "items").await,
+    );
+    assert_ne!(orders_now, orders_then);
+
+    // As of the first exports' point: both tables as they were then.
+    let then = new_database().await;
+    let s = summary(&restore(
+        &then,
+        &archive,
+        &["--table", "orders,items", "--at", &items_1],
+    ));
+    assert_eq!(s["position"], items_1.as_str());
+    assert_eq!(s["at"], items_1.as_str());
+    assert_eq!(s["tables"][0]["table"], "public.orders");
+    assert_eq!(s["tables"][0]["position"], orders_1.as_str());
+    assert_eq!(s["tables"][0]["rows"], 3000);
+    assert_eq!(s["tables"][0]["action"], "created");
+    assert_eq!(s["tables"][1]["position"], items_1.as_str());
+    assert_eq!(s["tables"][1]["rows"], 500);
+    assert!(s["duration_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(digest(&then, "orders").await, orders_then);
+    assert_eq!(digest(&then, "items").await, items_then);
+
+    // One table at its head.
+    let now = new_database().await;
+    let s = summary(&restore(&now, &archive, &["--table", "public.orders"]));
+    assert_eq!(s["position"], orders_2.as_str());
+    assert_eq!(digest(&now, "orders").await, orders_now);
+
+    // Both without --at: the smallest head (orders', exported first), where items is still
+    // at its first snapshot, the last it has at or before that point.
+    let both = new_database().await;
+    let s = summary(&restore(
+        &both,
+        &archive,
+        &["--table", "orders", "--table", "items"],
+    ));
+    assert_eq!(s["position"], orders_2.as_str());
+    assert_eq!(s["tables"][1]["position"], items_1.as_str());
+    assert_eq!(digest(&both, "orders").await, orders_now);
+    assert_eq!(digest(&both, "items").await, items_then);
+    // ... and at items' head, both are at their latest.
+    let latest = new_database().await;
+    summary(&restore(
+        &latest,
+        &archive,
+        &["--table", "orders,items", "--at", &items_2],
+    ));
+    assert_eq!(digest(&latest, "orders").await, orders_now);
+    assert_eq!(digest(&latest, "items").await, items_now);
+}
+
+/// `--if-exists fail` (the default) refuses an existing table and leaves it as it was;
+/// `replace` replaces its rows and keeps its definition (an index of the user's).
+#[tokio::test]
+async fn an_existing_table_is_left_untouched_unless_replaced() {
+    let source = new_database().await;
+    create_source(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    export(&source, dir.path(), &archive, "orders");
+    let expected = digest(&source, "orders").await;
+
+    let target = new_database().await;
+    target
+        .client
+        .batch_execute(
+            "CREATE TABLE orders (id int8 PRIMARY KEY, note text, amount numeric(12,2), placed timestamptz, extra int DEFAULT 7);
+             CREATE INDEX orders_note ON orders (note);
+             INSERT INTO orders (id, note) VALUES (1, 'mine'), (99999, 'only here');",
+        )
+        .await
+        .unwrap();
+    let before = digest(&target, "orders").await;
+    let err = failed(&restore(&target, &archive, &["--table", "orders"]));
+    assert!(
+        err.contains("table public.orders already exists") && err.contains("--if-exists"),
+        "{err}"
+    );
+    assert_eq!(digest(&target, "orders").await, before, "left untouched");
+
+    let s = summary(&restore(
+        &target,
+        &archive,
+        &["--table", "orders", "--if-exists", "replace"],
+    ));
+    assert_eq!(s["tables"][0]["action"], "replaced");
+    assert_eq!(s["tables"][0]["rows"], 3000);
+    // The user's column not in the archive takes its default; the archived ones equal the source.
+    let restored: String = target
+        .client
+        .query_one(
+            "SELECT count(*)::text || ' rows, md5 ' || md5(string_agg((id, note, amount, placed)::text, '|' ORDER BY id))
+               FROM orders WHERE extra = 7",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let source_rows: String = source
+        .client
+        .query_one(
+            "SELECT count(*)::text || ' rows, md5 ' || md5(string_agg((id, note, amount, placed)::text, '|' ORDER BY id)) FROM orders",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(restored, source_rows);
+    assert_eq!(expected.split(',').next(), restored.split(',').next());
+    let index: bool = target
+        .client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'orders_note')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(index, "the user's index is kept");
+}
+
+/// A missing table, a bad point, a table lacking an archived column and a value the existing
+/// column cannot take: each names what is wrong, exits non-zero, and leaves the target as it
+/// was (no table of the restore created, the existing rows kept).
+#[tokio::test]
+async fn bad_input_names_what_is_wrong_and_writes_nothing() {
+    let source = new_database().await;
+    create_source(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let items_at = export(&source, dir.path(), &archive, "items");
+    let orders_at = export(&source, dir.path(), &archive, "orders");
+    let target = new_database().await;
+
+    // Two one-shot exports have no common point: the default point (items' head) predates
+    // orders' archive, and the error says which --at works.
+    let err = failed(&restore(&target, &archive, &["--table", "items,orders"]));
+    assert!(
+        err.contains("table public.orders: its archive starts at")
+            && err.contains(&items_at)
+            && err.contains(&format!("pass --at {orders_at} or later")),
+        "{err}"
+    );
+
+    let out = restore(&target, &archive, &["--table", "items,missing"]);
+    let err = failed(&out);
+    assert!(err.contains("table public.missing"), "{err}");
+    assert!(
+        err.contains("public.missing/"),
+        "names the key prefix: {err}"
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!table_exists(&target, "public.items").await);
+
+    let err = failed(&restore(
+        &target,
+        &archive,
+        &["--table", "items", "--at", "yesterday"],
+    ));
+    assert!(err.contains("\"yesterday\""), "{err}");
+    let err = failed(&restore(
+        &target,
+        &archive,
+        &["--table", "items", "--at", "0/1"],
+    ));
+    assert!(
+        err.contains("0/1") && err.contains("table public.items"),
+        "{err}"
+    );
+    assert!(!table_exists(&target, "public.items").await);
+
+    // orders exists without an archived column: refused before anything is written.
+    target
+        .client
+        .batch_execute(
+            "CREATE TABLE orders (id int8 PRIMARY KEY, note text, amount int4);
+             INSERT INTO orders VALUES (1, 'mine', 5)",
+        )
+        .await
+        .unwrap();
+    let before = digest(&target, "orders").await;
+    let err = failed(&restore(
+        &target,
+        &archive,
+        &[
+            "--table",
+            "items,orders",
+            "--if-exists",
+            "replace",
+            "--at",
+            &orders_at,
+        ],
+    ));
+    assert!(
+        err.contains("table public.orders") && err.contains("\"placed\""),
+        "{err}"
+    );
+    assert!(!table_exists(&target, "public.items").await);
+    assert_eq!(digest(&target, "orders").await, before);
+
+    // Every column there, but amount cannot take 1.25: items (restored first) is rolled back
+    // with it.
+    target
+        .client
+        .batch_execute("ALTER TABLE orders ADD COLUMN placed timestamptz")
+        .await
+        .unwrap();
+    let before = digest(&target, "orders").await;
+    let summary_file = dir.path().join("termination-log");
+    let out = restore(
+        &target,
+        &archive,
+        &[
+            "--table",
+            "items,orders",
+            "--if-exists",
+            "replace",
+            "--at",
+            &orders_at,
+            "--summary-file",
+            summary_file.to_str().unwrap(),
+        ],
+    );
+    let err = failed(&out);
+    assert!(err.contains("orders") && err.contains("integer"), "{err}");
+    assert!(!table_exists(&target, "public.items").await, "rolled back");
+    assert_eq!(digest(&target, "orders").await, before, "rolled back");
+    let reported: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_file).unwrap()).unwrap();
+    assert!(reported["reason"].is_string(), "{reported}");
+    assert!(
+        reported["error"].as_str().unwrap().contains("orders"),
+        "{reported}"
+    );
+}
