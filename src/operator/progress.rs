@@ -149,12 +149,14 @@ pub fn ended(
     Some(p)
 }
 
-/// Sets `updated_time`: kept from `old` when nothing else changed (so an unchanged
-/// operation writes no status), `now` otherwise.
+/// Sets `updated_time`: kept from `old` when nothing else changed (so an unchanged operation
+/// writes no status), `now` otherwise. While the same operation keeps running, the figures move
+/// at most every [`REQUEUE_WHILE_RUNNING`]: a status write wakes the controller's own watch, so
+/// without this bound every write would bring the next one at once.
 pub fn stamp(
     old: Option<&OperationProgress>,
     new: Option<OperationProgress>,
-    now: &str,
+    now: jiff::Timestamp,
 ) -> Option<OperationProgress> {
     let mut new = new?;
     let unchanged = old.is_some_and(|o| {
@@ -163,11 +165,23 @@ pub fn stamp(
         new.updated_time = None;
         o == new
     });
-    new.updated_time = if unchanged {
-        old.and_then(|o| o.updated_time.clone())
-    } else {
-        Some(now.to_string())
-    };
+    if unchanged {
+        new.updated_time = old.and_then(|o| o.updated_time.clone());
+        return Some(new);
+    }
+    if let Some(o) = old
+        && is_running(Some(o))
+        && is_running(Some(&new))
+        && o.phase == new.phase
+        && let Some(at) = o
+            .updated_time
+            .as_deref()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        && now.duration_since(at).unsigned_abs() < REQUEUE_WHILE_RUNNING
+    {
+        return Some(o.clone());
+    }
+    new.updated_time = Some(crate::operator::conditions::time_string(now));
     Some(new)
 }
 
@@ -307,19 +321,35 @@ mod tests {
     }
 
     #[test]
-    fn the_update_time_moves_only_with_the_figures() {
+    fn the_update_time_moves_only_with_the_figures_and_at_most_every_10s() {
+        let at = |s: u64| jiff::Timestamp::from_second(1_800_000_000 + s as i64).unwrap();
         let p = export_progress(&[report("baseline", 10, Some(100), 1)]);
-        let first = stamp(None, p.clone(), "t1").unwrap();
-        assert_eq!(first.updated_time.as_deref(), Some("t1"));
-        let same = stamp(Some(&first), p, "t2").unwrap();
+        let first = stamp(None, p.clone(), at(0)).unwrap();
+        assert_eq!(first.updated_time.as_deref(), Some("2027-01-15T08:00:00Z"));
+        let same = stamp(Some(&first), p, at(30)).unwrap();
         assert_eq!(
             same, first,
             "unchanged figures keep their time: no status write"
         );
         let moved = export_progress(&[report("baseline", 20, Some(100), 2)]);
-        let moved = stamp(Some(&first), moved, "t3").unwrap();
-        assert_eq!(moved.updated_time.as_deref(), Some("t3"));
-        assert_eq!(stamp(Some(&first), None, "t4"), None);
+        assert_eq!(
+            stamp(Some(&first), moved.clone(), at(9)).as_ref(),
+            Some(&first),
+            "9 s after the last figures: not yet"
+        );
+        let later = stamp(Some(&first), moved, at(10)).unwrap();
+        assert_eq!(
+            (later.rows, later.updated_time.as_deref()),
+            (20, Some("2027-01-15T08:00:10Z"))
+        );
+        // The end of the operation is written at once.
+        let ended = ended(Some(&later), true, Some(100));
+        let ended = stamp(Some(&later), ended, at(11)).unwrap();
+        assert_eq!(
+            (ended.phase.as_str(), ended.updated_time.as_deref()),
+            (COMPLETE, Some("2027-01-15T08:00:11Z"))
+        );
+        assert_eq!(stamp(Some(&first), None, at(12)), None);
     }
 
     #[test]

@@ -326,8 +326,7 @@ impl<'a> SourceRound<'a> {
         if progress::is_running(new.as_ref()) {
             self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
         }
-        self.status.progress =
-            progress::stamp(self.old.progress.as_ref(), new, &time_string(self.now));
+        self.status.progress = progress::stamp(self.old.progress.as_ref(), new, self.now);
     }
 
     /// The re-baseline tracker's key: `namespace/name`.

@@ -636,11 +636,21 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
     (ctx2, handle)
 }
 
-#[tokio::test]
-async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
-    let prober = Arc::new(FakeProber::default());
-    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
-    let (ctx, handle, now) = context(prober.clone());
+/// What a first visit of the `users-cache` source left: its context (empty caches filled),
+/// the caches' writers, the clock, the source, its status path, the request bodies (the three
+/// children applied, the status, a Ready Event) and the action.
+struct FirstVisit {
+    ctx: Arc<Context>,
+    caches: CacheWriters,
+    now: Arc<Mutex<Timestamp>>,
+    s: ArchiveSource,
+    status_path: String,
+    bodies: Vec<Value>,
+    action: kube::runtime::controller::Action,
+}
+
+async fn first_source_visit(prober: Arc<FakeProber>) -> FirstVisit {
+    let (ctx, handle, now) = context(prober);
     let mut caches = writers(&ctx);
     fill(&mut caches.config_maps, []);
     fill(&mut caches.services, []);
@@ -649,8 +659,6 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
     );
-
-    // First visit: children applied, status written, engines ready → a Ready event.
     let mut script = source_script(1);
     script.push(expect_status(
         &status_path,
@@ -662,10 +670,49 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
         None,
     ));
     let server = tokio::spawn(serve(handle, script));
-    source::reconcile(Arc::new(s.clone()), ctx.clone())
+    let action = source::reconcile(Arc::new(s.clone()), ctx.clone())
         .await
         .unwrap();
     let bodies = server.await.unwrap();
+    FirstVisit {
+        ctx,
+        caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        action,
+    }
+}
+
+/// The caches as the watches fill them with the children a first visit applied (the
+/// StatefulSet with its status).
+fn watches_deliver(caches: &mut CacheWriters, bodies: &[Value]) {
+    let mut sts = bodies[3].clone();
+    sts["status"] = sts_answer(1)["status"].clone();
+    sts["metadata"]["generation"] = json!(1);
+    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
+    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
+    fill(
+        &mut caches.stateful_sets,
+        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
+    );
+}
+
+#[tokio::test]
+async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
+    let prober = Arc::new(FakeProber::default());
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
+    // First visit: children applied, status written, engines ready → a Ready event.
+    let FirstVisit {
+        ctx,
+        mut caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        ..
+    } = first_source_visit(prober.clone()).await;
     assert_eq!(bodies[1]["kind"], "ConfigMap");
     assert!(
         bodies[1]["data"]["engine.yaml"]
@@ -714,15 +761,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     assert_eq!(writes(&ctx), 5, "3 applies, the status, the Event");
 
     // The watches deliver what was applied (the StatefulSet with its status).
-    let mut sts = bodies[3].clone();
-    sts["status"] = sts_answer(1)["status"].clone();
-    sts["metadata"]["generation"] = json!(1);
-    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
-    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
-    fill(
-        &mut caches.stateful_sets,
-        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
-    );
+    watches_deliver(&mut caches, &bodies);
 
     // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
     // each with a Warning Event; the children are in place, so none is applied.
@@ -2164,26 +2203,15 @@ async fn an_engine_loading_behind_the_head_reports_lag_and_progress() {
             900.0,
         ),
     );
-    let (ctx, handle, now) = context(prober.clone());
-    let mut caches = writers(&ctx);
-    fill(&mut caches.config_maps, []);
-    fill(&mut caches.services, []);
-    fill(&mut caches.stateful_sets, []);
-    let s = source_fixture("source-exportref-memory");
-    let status_path = format!(
-        "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
-    );
-    let mut script = source_script(1);
-    script.push(expect_status(
-        &status_path,
-        serde_json::to_value(&s).unwrap(),
-    ));
-    script.push(expect(Method::POST, EVENTS_POST, None));
-    let server = tokio::spawn(serve(handle, script));
-    let action = source::reconcile(Arc::new(s.clone()), ctx.clone())
-        .await
-        .unwrap();
-    let bodies = server.await.unwrap();
+    let FirstVisit {
+        ctx,
+        mut caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        action,
+    } = first_source_visit(prober.clone()).await;
     let st = &bodies[5]["status"];
     assert_eq!(
         st["lag"],
@@ -2207,15 +2235,7 @@ async fn an_engine_loading_behind_the_head_reports_lag_and_progress() {
         ),
         "the gauge is the lag, not the head's age"
     );
-    let mut sts = bodies[3].clone();
-    sts["status"] = sts_answer(1)["status"].clone();
-    sts["metadata"]["generation"] = json!(1);
-    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
-    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
-    fill(
-        &mut caches.stateful_sets,
-        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
-    );
+    watches_deliver(&mut caches, &bodies);
 
     // Loaded and caught up (the head is 15 minutes old all the same).
     *now.locked() = t(1);
