@@ -10,6 +10,7 @@ mod gitops;
 mod invalid_crs;
 mod monitoring;
 mod multi_tenancy;
+mod progress;
 mod status_command;
 mod support;
 

@@ -2046,6 +2046,22 @@ mod lifecycle {
     }
 }
 
+/// The prune lists of a OneShot export's later rounds: its CronJobs and Deployments (none).
+fn oneshot_prune_lists() -> Vec<Expect> {
+    vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+    ]
+}
+
 /// The `/status` a one-shot exporter serves while it copies: `rows` of `total` after `secs`.
 fn copying(rows: u64, total: u64, secs: f64) -> String {
     let r = crate::progress::ProgressReport {
@@ -2076,30 +2092,18 @@ async fn a_running_export_reports_its_progress_and_requeues_until_it_completes()
     };
     let running = pod(json!({"running": {"startedAt": "2027-01-15T08:00:05Z"}}));
     let round = |job: Value, pod: Value, write: bool| {
-        let mut script = with_users_references(vec![
-            expect(
-                Method::GET,
-                &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
-                list("CronJobList", "batch/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
-                list("DeploymentList", "apps/v1", vec![]),
-            ),
-            expect(
-                Method::GET,
-                &format!(
-                    "/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"
-                ),
-                list("JobList", "batch/v1", vec![job]),
-            ),
-            expect(
-                Method::GET,
-                &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-                list("PodList", "v1", vec![pod]),
-            ),
-        ]);
+        let mut lists = oneshot_prune_lists();
+        lists.push(expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
+            list("JobList", "batch/v1", vec![job]),
+        ));
+        lists.push(expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![pod]),
+        ));
+        let mut script = with_users_references(lists);
         if write {
             script.push(expect_status(
                 &status_path,
