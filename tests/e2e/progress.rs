@@ -1,6 +1,6 @@
 //! Scenario 27: progress and honest columns on the real control plane. A one-shot export of
 //! 200 000 rows, read through a bandwidth-throttled TCP proxy in front of PostgreSQL (so the
-//! copy takes about half a minute, deterministically, with nothing test-only in larch), shows
+//! copy takes about 45 s, deterministically, with nothing test-only in larch), shows
 //! `status.progress` advancing before it completes; an ArchiveSource following it has LAG 0 once
 //! caught up while its data age is separate and grows; every printer column of the three kinds
 //! (`kubectl get`, `-o wide`) has the header and the value the status says.
@@ -16,7 +16,7 @@ use super::{export_manifest, get_cr, source_manifest, wait_export_succeeded, wai
 
 const NS: &str = "e2e-progress";
 const ROWS: i64 = 200_000;
-/// What the proxy lets through from PostgreSQL: ~8 MB of COPY text in ~30 s.
+/// What the proxy lets through from PostgreSQL: ~11 MB of COPY text in ~45 s.
 const BYTES_PER_SECOND: usize = 256 * 1024;
 
 /// A TCP proxy to `127.0.0.1:upstream` that passes the server's bytes at `BYTES_PER_SECOND`
