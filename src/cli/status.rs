@@ -11,6 +11,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::operator::crd::common::{Condition, ConditionStatus};
+use crate::operator::crd::progress::OperationProgress;
 use crate::operator::crd::{ArchiveExport, ArchiveSource, ArchiveSourceSet};
 
 #[derive(Args, Debug)]
@@ -50,6 +51,11 @@ pub struct ExportLine {
     pub schedule: Option<String>,
     /// The run in progress or the last one: `running`, `succeeded`, `failed`.
     pub run: Option<String>,
+    /// When the schedule fires next (RFC 3339 UTC; the schedule's `timeZone`, else UTC);
+    /// absent without a schedule or while it is suspended.
+    pub next_run: Option<String>,
+    /// `status.progress`: the phase and percent of the baseline being written (`Copying 42%`).
+    pub progress: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,6 +74,10 @@ pub struct SourceLine {
     pub head_time: Option<String>,
     pub rebaselines: Option<i64>,
     pub rows: Option<i64>,
+    /// Distance behind the head (`status.lag.summary`): `0` when caught up.
+    pub lag: Option<String>,
+    /// `status.progress` of the engines' baseline load (`Loading 42%`).
+    pub progress: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -200,6 +210,8 @@ pub async fn read(
                 }
             }),
             run,
+            next_run: next_run(&e, jiff::Timestamp::now()),
+            progress: status.progress.as_ref().map(progress_text),
         });
     }
     for s in sources {
@@ -219,6 +231,8 @@ pub async fn read(
             head_time: status.head_time.clone(),
             rebaselines: status.rebaselines.as_ref().map(|r| r.total),
             rows: status.rows,
+            lag: status.lag.as_ref().map(|l| l.summary.clone()),
+            progress: status.progress.as_ref().map(progress_text),
         });
     }
     for set in sets {
@@ -274,6 +288,25 @@ pub async fn read(
     Ok(out)
 }
 
+/// When a scheduled, unsuspended export runs next after `now` (its cron in its time zone);
+/// `None` for one the operator would refuse too.
+fn next_run(e: &ArchiveExport, now: jiff::Timestamp) -> Option<String> {
+    let s = e.spec.schedule.as_ref()?;
+    if s.suspend == Some(true) || e.spec.suspend == Some(true) {
+        return None;
+    }
+    let next = crate::operator::cron::next_after(&s.cron, s.time_zone.as_deref(), now).ok()??;
+    Some(next.to_string())
+}
+
+/// `Copying 42%`, `Complete 100%`, or the phase and rows without an expected total.
+fn progress_text(p: &OperationProgress) -> String {
+    match &p.percent {
+        Some(pct) => format!("{} {pct}", p.phase),
+        None => format!("{} {} rows", p.phase, p.rows),
+    }
+}
+
 /// Columns padded to their widest cell.
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -321,7 +354,9 @@ pub fn render(o: &Overview) -> String {
             "POSITION",
             "EPOCH",
             "ROWS",
+            "PROGRESS",
             "SCHEDULE",
+            "NEXT RUN",
         ],
         o.exports
             .iter()
@@ -336,7 +371,9 @@ pub fn render(o: &Overview) -> String {
                     or_dash(&e.position),
                     or_dash(&e.epoch),
                     or_dash(&e.rows),
+                    or_dash(&e.progress),
                     or_dash(&e.schedule),
+                    or_dash(&e.next_run),
                 ]
             })
             .collect(),
@@ -349,9 +386,11 @@ pub fn render(o: &Overview) -> String {
             "READY",
             "ENGINES",
             "CAUGHT UP",
+            "LAG",
             "POSITION",
             "HEAD",
             "HEAD WRITTEN",
+            "PROGRESS",
             "REBASELINES",
             "ROWS",
         ],
@@ -368,9 +407,11 @@ pub fn render(o: &Overview) -> String {
                         or_dash(&s.engines.or(Some(1)))
                     ),
                     or_dash(&s.caught_up),
+                    or_dash(&s.lag),
                     or_dash(&s.position),
                     or_dash(&s.head),
                     or_dash(&s.head_time),
+                    or_dash(&s.progress),
                     or_dash(&s.rebaselines),
                     or_dash(&s.rows),
                 ]
@@ -432,6 +473,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_next_run_of_a_scheduled_export_in_its_time_zone() {
+        let now: jiff::Timestamp = "2027-01-14T10:17:30Z".parse().unwrap();
+        let mut e = crate::operator::builders::tests::export_fixture("export-oneshot-s3");
+        e.spec.schedule = None;
+        assert_eq!(next_run(&e, now), None, "no schedule");
+        e.spec.schedule = Some(
+            serde_json::from_value(
+                serde_json::json!({"cron": "30 2 * * *", "timeZone": "Asia/Tokyo"}),
+            )
+            .unwrap(),
+        );
+        // 02:30 in Tokyo (UTC+9) is 17:30 UTC the day before.
+        assert_eq!(next_run(&e, now).as_deref(), Some("2027-01-14T17:30:00Z"));
+        e.spec.schedule.as_mut().unwrap().suspend = Some(true);
+        assert_eq!(next_run(&e, now), None, "suspended");
+    }
+
+    #[test]
     fn one_screen_pads_columns_and_says_why_not_ready() {
         let o = Overview {
             exports: vec![ExportLine {
@@ -446,6 +505,8 @@ mod tests {
                 rows: Some(200_000),
                 schedule: Some("@daily".into()),
                 run: Some("failed".into()),
+                next_run: Some("2027-01-16T00:00:00Z".into()),
+                progress: Some("Failed 60%".into()),
             }],
             source_sets: vec![SourceSetLine {
                 name: "seed".into(),
@@ -468,9 +529,10 @@ mod tests {
             "{text}"
         );
         assert!(
-            lines[2].contains("200000") && lines[2].ends_with("@daily"),
+            lines[2].contains("200000  Failed 60%  @daily    2027-01-16T00:00:00Z"),
             "{text}"
         );
+        assert!(lines[1].ends_with("SCHEDULE  NEXT RUN"), "{text}");
         assert!(
             text.contains("seed  False  2/3               dev-c: QuotaExceeded"),
             "{text}"

@@ -669,7 +669,10 @@ fn caught_up(engines: &[EngineSource]) -> Cond {
         .iter()
         .filter(|e| {
             let at_head = matches!((&e.position, &e.head), (Some(p), Some(h)) if p == h);
-            let small_lag = e.lag_seconds.is_some_and(|l| l <= CAUGHT_UP_LAG_SECONDS);
+            // How long the oldest diff not applied has waited; from engines without
+            // `behind`, the head's age.
+            let waited = e.behind.map(|b| b.seconds).or(e.lag_seconds);
+            let small_lag = waited.is_some_and(|l| l <= CAUGHT_UP_LAG_SECONDS);
             !(at_head || small_lag)
         })
         // Positions, not the age of the head: the message must not change by itself.

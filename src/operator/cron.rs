@@ -63,6 +63,22 @@ const DOW: Bounds = Bounds {
 /// Checks `schedule` as the API server checks a CronJob's `spec.schedule`; the error says
 /// what is wrong in robfig's words.
 pub fn check_schedule(schedule: &str) -> Result<(), String> {
+    parse(schedule).map(|_| ())
+}
+
+/// A parsed schedule (robfig's SpecSchedule or ConstantDelaySchedule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parsed {
+    /// One bit per allowed value of minute, hour, day of month, month, day of week; bit 63
+    /// (robfig's starBit) on a field written `*` or `?` without a step above 1.
+    Fields([u64; 5]),
+    /// `@every`: nanoseconds between runs.
+    Every(i128),
+}
+
+const STAR: u64 = 1 << 63;
+
+fn parse(schedule: &str) -> Result<Parsed, String> {
     if schedule.contains("TZ") {
         return Err("cannot use TZ or CRON_TZ in schedule, use timeZone field instead".into());
     }
@@ -81,21 +97,105 @@ pub fn check_schedule(schedule: &str) -> Result<(), String> {
             fields.join(" ")
         ));
     }
-    for (field, bounds) in fields.iter().zip([MINUTES, HOURS, DOM, MONTHS, DOW]) {
+    let mut bits = [0u64; 5];
+    for (i, (field, bounds)) in fields
+        .iter()
+        .zip([MINUTES, HOURS, DOM, MONTHS, DOW])
+        .enumerate()
+    {
         // strings.FieldsFunc on ',': empty items are skipped, not refused.
         for expr in field.split(',').filter(|e| !e.is_empty()) {
-            range(expr, &bounds)?;
+            bits[i] |= range(expr, &bounds)?;
         }
     }
-    Ok(())
+    Ok(Parsed::Fields(bits))
 }
 
-/// `number | number "-" number [ "/" number ]`, `*` or `?` (robfig's getRange).
-fn range(expr: &str, r: &Bounds) -> Result<(), String> {
+/// The first time after `after` that `schedule` fires, in `time_zone` (IANA; UTC when
+/// `None`), as the CronJob controller schedules it: robfig's `Next` (day of month and day of
+/// week: both must match when either is `*`, else either). `@every` counts from `after`.
+/// `None` when it never fires in the next five years (`0 0 31 2 *`).
+pub fn next_after(
+    schedule: &str,
+    time_zone: Option<&str>,
+    after: jiff::Timestamp,
+) -> Result<Option<jiff::Timestamp>, String> {
+    use jiff::{ToSpan, civil::DateTime};
+    let tz = match time_zone {
+        Some(name) => {
+            jiff::tz::TimeZone::get(name).map_err(|e| format!("timeZone {name:?}: {e}"))?
+        }
+        None => jiff::tz::TimeZone::UTC,
+    };
+    let bits = match parse(schedule)? {
+        Parsed::Every(nanos) => {
+            // robfig: at least a second, whole seconds.
+            let secs = (nanos / 1_000_000_000).max(1) as i64;
+            let next = jiff::Timestamp::from_second(after.as_second() + secs)
+                .map_err(|e| e.to_string())?;
+            return Ok(Some(next));
+        }
+        Parsed::Fields(bits) => bits,
+    };
+    let [minute, hour, dom, month, dow] = bits;
+    let has = |set: u64, v: i8| set & (1 << v as u64) != 0;
+    let day_matches = |d: DateTime| {
+        let dom_match = has(dom, d.day());
+        let dow_match = has(dow, d.weekday().to_sunday_zero_offset());
+        if dom & STAR != 0 || dow & STAR != 0 {
+            dom_match && dow_match
+        } else {
+            dom_match || dow_match
+        }
+    };
+    let start = after.to_zoned(tz.clone()).datetime();
+    // The next whole minute.
+    let mut t = start
+        .with()
+        .second(0)
+        .subsec_nanosecond(0)
+        .build()
+        .map_err(|e| e.to_string())?
+        .checked_add(1.minute())
+        .map_err(|e| e.to_string())?;
+    let limit = start.year() + 5;
+    let step = |t: DateTime, span: jiff::Span| t.checked_add(span).map_err(|e| e.to_string());
+    while t.year() <= limit {
+        if !has(month, t.month()) {
+            t = step(t.first_of_month().start_of_day(), 1.month())?;
+        } else if !day_matches(t) {
+            t = step(t.start_of_day(), 1.day())?;
+        } else if !has(hour, t.hour()) {
+            t = step(
+                t.with().minute(0).build().map_err(|e| e.to_string())?,
+                1.hour(),
+            )?;
+        } else if !has(minute, t.minute()) {
+            t = step(t, 1.minute())?;
+        } else {
+            let at = tz
+                .to_ambiguous_zoned(t)
+                .compatible()
+                .map_err(|e| e.to_string())?
+                .timestamp();
+            // A time skipped by a DST change maps to the next one that exists.
+            if at > after {
+                return Ok(Some(at));
+            }
+            t = step(t, 1.minute())?;
+        }
+    }
+    Ok(None)
+}
+
+/// `number | number "-" number [ "/" number ]`, `*` or `?` (robfig's getRange): the bits of
+/// the values it allows.
+fn range(expr: &str, r: &Bounds) -> Result<u64, String> {
     let range_and_step: Vec<&str> = expr.split('/').collect();
     let low_and_high: Vec<&str> = range_and_step[0].split('-').collect();
     let single = low_and_high.len() == 1;
-    let (start, mut end) = if low_and_high[0] == "*" || low_and_high[0] == "?" {
+    let star = low_and_high[0] == "*" || low_and_high[0] == "?";
+    let (start, mut end) = if star {
         // robfig ignores anything after `*-`.
         (r.min, r.max)
     } else {
@@ -138,7 +238,13 @@ fn range(expr: &str, r: &Bounds) -> Result<(), String> {
     if step == 0 {
         return Err(format!("step of range should be a positive number: {expr}"));
     }
-    Ok(())
+    let mut bits = (start..=end)
+        .step_by(step as usize)
+        .fold(0u64, |b, v| b | 1 << v);
+    if star && step == 1 {
+        bits |= STAR;
+    }
+    Ok(bits)
 }
 
 fn int_or_name(expr: &str, r: &Bounds) -> Result<u64, String> {
@@ -175,23 +281,23 @@ fn int(expr: &str) -> Result<u64, String> {
 }
 
 /// `@yearly` … `@hourly`, or `@every <Go duration>` (robfig's parseDescriptor).
-fn descriptor(d: &str) -> Result<(), String> {
-    const NAMED: [&str; 7] = [
-        "@yearly",
-        "@annually",
-        "@monthly",
-        "@weekly",
-        "@daily",
-        "@midnight",
-        "@hourly",
+fn descriptor(d: &str) -> Result<Parsed, String> {
+    const NAMED: [(&str, &str); 7] = [
+        ("@yearly", "0 0 1 1 *"),
+        ("@annually", "0 0 1 1 *"),
+        ("@monthly", "0 0 1 * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@hourly", "0 * * * *"),
     ];
-    if NAMED.contains(&d) {
-        return Ok(());
+    if let Some((_, fields)) = NAMED.iter().find(|(n, _)| *n == d) {
+        return parse(fields);
     }
     match d.strip_prefix("@every ") {
-        Some(duration) => {
-            go_duration(duration).map_err(|e| format!("failed to parse duration {d}: {e}"))
-        }
+        Some(duration) => go_duration(duration)
+            .map(Parsed::Every)
+            .map_err(|e| format!("failed to parse duration {d}: {e}")),
         None => Err(format!("unrecognized descriptor: {d}")),
     }
 }
@@ -199,14 +305,14 @@ fn descriptor(d: &str) -> Result<(), String> {
 /// Go's time.ParseDuration grammar: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+` (or `0`), units ns, us
 /// (µs, μs), ms, s, m, h, the total within ±2^63 ns. robfig accepts any value (it rounds up to
 /// one second).
-fn go_duration(s: &str) -> Result<(), String> {
+fn go_duration(s: &str) -> Result<i128, String> {
     let invalid = || format!("time: invalid duration {s:?}");
     let mut rest = s;
     if let Some(r) = rest.strip_prefix(['-', '+']) {
         rest = r;
     }
     if rest == "0" {
-        return Ok(());
+        return Ok(0);
     }
     if rest.is_empty() {
         return Err(invalid());
@@ -264,12 +370,63 @@ fn go_duration(s: &str) -> Result<(), String> {
     if total == 1 << 63 && !s.starts_with('-') {
         return Err(invalid());
     }
-    Ok(())
+    let total = total as i128;
+    Ok(if s.starts_with('-') { -total } else { total })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::check_schedule;
+    use super::{check_schedule, next_after};
+
+    #[test]
+    fn the_next_run_is_what_the_cronjob_controller_schedules() {
+        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
+        // Thursday 2027-01-14 10:17:30 UTC.
+        let now = at("2027-01-14T10:17:30Z");
+        let next = |cron: &str, tz: Option<&str>| {
+            next_after(cron, tz, now).unwrap().map(|t| t.to_string())
+        };
+        let cases: &[(&str, Option<&str>, Option<&str>)] = &[
+            ("0 2 * * *", None, Some("2027-01-15T02:00:00Z")),
+            ("*/5 * * * *", None, Some("2027-01-14T10:20:00Z")),
+            ("17 10 * * *", None, Some("2027-01-15T10:17:00Z")),
+            ("@hourly", None, Some("2027-01-14T11:00:00Z")),
+            ("@weekly", None, Some("2027-01-17T00:00:00Z")),
+            ("@yearly", None, Some("2028-01-01T00:00:00Z")),
+            // Either day field matches when neither is `*`: the 20th or a Monday.
+            ("0 0 20 * mon", None, Some("2027-01-18T00:00:00Z")),
+            // Both when one is `*` (`*/1` too): Mondays only.
+            ("0 0 * * 1", None, Some("2027-01-18T00:00:00Z")),
+            ("0 0 */1 * 5", None, Some("2027-01-15T00:00:00Z")),
+            ("0 0 29 2 *", None, Some("2028-02-29T00:00:00Z")),
+            ("0 0 31 2 *", None, None),
+            // 02:00 in Berlin (UTC+1 in winter).
+            (
+                "0 2 * * *",
+                Some("Europe/Berlin"),
+                Some("2027-01-15T01:00:00Z"),
+            ),
+            ("@every 1h30m", None, Some("2027-01-14T11:47:30Z")),
+        ];
+        for (cron, tz, want) in cases {
+            assert_eq!(next(cron, *tz).as_deref(), *want, "{cron} {tz:?}");
+        }
+        assert!(
+            next_after("0 2 * * *", Some("Mars/Olympus"), now)
+                .unwrap_err()
+                .contains("Mars/Olympus")
+        );
+        assert!(next_after("61 * * * *", None, now).is_err());
+        // 02:30 does not exist in Berlin on 2027-03-28 (clocks jump 02:00 -> 03:00).
+        let spring = at("2027-03-28T00:00:00Z");
+        assert_eq!(
+            next_after("30 2 * * *", Some("Europe/Berlin"), spring)
+                .unwrap()
+                .unwrap()
+                .to_string(),
+            "2027-03-28T01:30:00Z"
+        );
+    }
 
     /// (schedule, accepted, error text) — each row checked against robfig/cron v3.0.1's
     /// ParseStandard (the parser Kubernetes 1.37 validates CronJobs with).

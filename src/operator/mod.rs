@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod observe;
 pub mod pod_failure;
 pub mod probe;
+pub mod progress;
 pub mod rebaseline;
 pub mod server;
 pub mod validate;

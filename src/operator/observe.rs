@@ -5,6 +5,8 @@
 use serde::Deserialize;
 
 use crate::operator::crd::archive_export::{ExportSummary, RestorableWindow, WriterStatus};
+use crate::operator::progress::{Behind, combine};
+use crate::progress::ProgressReport;
 
 /// The JSON summary `larch export` writes to `/dev/termination-log`.
 #[derive(Deserialize, Debug, Clone, PartialEq)]
@@ -180,6 +182,9 @@ pub struct EngineSource {
     /// Present when the source is pinned at a point in time (`at`).
     #[serde(default)]
     pub at: Option<crate::operator::crd::archive_source::RestoredPoint>,
+    /// Distance behind the head (0 when caught up); absent from engines before it existed.
+    #[serde(default)]
+    pub behind: Option<Behind>,
 }
 
 /// An engine's report of a diff chain that stops before the archive's head.
@@ -207,6 +212,37 @@ struct PipelineJson {
     source: String,
     #[serde(default)]
     row_count: Option<i64>,
+    #[serde(default)]
+    baseline_progress: Option<ProgressReport>,
+}
+
+#[derive(Deserialize, Debug)]
+struct ExporterProgressJson {
+    #[serde(default)]
+    progress: Option<ProgressReport>,
+}
+
+/// The snapshot an exporter (one-shot or continuous) is writing, else its last one: the
+/// `progress` of its `/status`. `None` when it has none (or the body is no exporter's).
+pub fn parse_export_progress(body: &str) -> Option<ProgressReport> {
+    serde_json::from_str::<ExporterProgressJson>(body)
+        .ok()?
+        .progress
+}
+
+/// One engine's baseline load for source `id`: its sources' `baseline_progress` (each source's
+/// pipelines report the same load, so one per source), combined over a group's members.
+pub fn parse_engine_progress(body: &str, id: &str) -> Option<ProgressReport> {
+    let s: EngineStatusJson = serde_json::from_str(body).ok()?;
+    let mut by_source = std::collections::BTreeMap::new();
+    for p in s.pipelines.into_values() {
+        if is_member(&p.source, id)
+            && let Some(r) = p.baseline_progress
+        {
+            by_source.entry(p.source).or_insert(r);
+        }
+    }
+    combine(&by_source.into_values().collect::<Vec<_>>())
 }
 
 /// Rows held by one engine for source `id`: the sum of its pipelines' `row_count`.
@@ -266,6 +302,34 @@ mod tests {
         );
         assert!(parse_summary("panic: boom", None, None).is_none());
         assert!(parse_summary("", None, None).is_none());
+    }
+
+    #[test]
+    fn progress_of_exporters_and_engines() {
+        // What `larch export --listen` serves while it copies (ExportStatus).
+        let exporter = r#"{"table":"public.events","state":"BASELINE","epoch":0,"progress":{"operation":"baseline","subject":"public.events","rows":120,"bytes":9000,"total_rows":200,"percent":60.0,"rows_per_second":40.0,"bytes_per_second":3000.0,"eta_seconds":2.0,"elapsed_seconds":3.0,"started_at":"2027-01-15T08:00:00Z","done":false}}"#;
+        let r = parse_export_progress(exporter).unwrap();
+        assert_eq!((r.rows, r.total_rows, r.done), (120, Some(200), false));
+        assert!(parse_export_progress(r#"{"table":"public.events","progress":null}"#).is_none());
+        assert!(parse_export_progress("<html>").is_none());
+        // An engine: two pipelines of one source report the same load once; a group's members
+        // add up; other sources are not ours.
+        let load = |rows: u64, total: u64| {
+            format!(
+                r#"{{"operation":"baseline","subject":"s","rows":{rows},"bytes":0,"total_rows":{total},"percent":null,"rows_per_second":10.0,"bytes_per_second":0.0,"eta_seconds":null,"elapsed_seconds":1.0,"started_at":"t","done":false}}"#
+            )
+        };
+        let engine = format!(
+            r#"{{"sources":{{}},"pipelines":{{"a":{{"source":"g/public.a","baseline_progress":{}}},"a2":{{"source":"g/public.a","baseline_progress":{}}},"b":{{"source":"g/public.b","baseline_progress":{}}},"x":{{"source":"gx","baseline_progress":{}}}}}}}"#,
+            load(10, 100),
+            load(10, 100),
+            load(5, 50),
+            load(999, 999)
+        );
+        let r = parse_engine_progress(&engine, "g").unwrap();
+        assert_eq!((r.rows, r.total_rows), (15, Some(150)));
+        assert_eq!(r.rows_per_second, 20.0);
+        assert!(parse_engine_progress(&engine, "other").is_none());
     }
 
     #[test]
@@ -350,6 +414,12 @@ mod tests {
                 Some("2026-11-30T14:00:20Z"),
                 Some("transaction")
             )
+        );
+        assert_eq!(e.behind, None, "an engine without `behind`");
+        let caught_up = r#"{"sources":{"seed":{"behind":{"diffs":0,"bytes":0,"seconds":0.0},"lag_seconds":900.0}}}"#;
+        assert_eq!(
+            parse_engine_status(caught_up, "seed").unwrap()[0].behind,
+            Some(Behind::default())
         );
         assert!(parse_engine_status("<html>", "seed").is_none());
         let with_pipelines = r#"{"sources":{},"pipelines":{"p1":{"source":"seed","row_count":3},"p2":{"source":"seed","row_count":4},"p3":{"source":"other","row_count":9}}}"#;

@@ -11,6 +11,7 @@ mod invalid_crs;
 mod monitoring;
 mod multi_tenancy;
 mod restore;
+mod progress;
 mod status_command;
 mod support;
 

@@ -792,3 +792,27 @@ async fn kill_9_while_a_large_transaction_spills_then_restart_archives_it_whole(
     assert_eq!(f.terminate(), 0);
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
 }
+
+/// A compaction counts the rows it writes against the newest snapshot's `row_count` (what
+/// `/status` `progress` and `larch_export_progress_*` show), and the operator reads it as
+/// `Compacting`, then `Complete` once it ended.
+#[tokio::test]
+async fn compaction_reports_its_progress_against_the_snapshots_rows() {
+    use larch::operator::progress::export_progress;
+    let spill_dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut w = backfilled(store, spill_dir.path(), 3000, 1 << 20).await;
+    let progress = larch::progress::Progress::new("compaction", "public.items");
+    let snap = w.compact_reporting(Some(progress.clone())).await.unwrap();
+    let r = progress.report();
+    assert_eq!(r.total_rows, Some(3000), "the newest snapshot's row_count");
+    assert_eq!(r.rows, snap.row_count as u64, "every row written counted");
+    assert!(r.bytes > 0, "{r:?}");
+    assert_eq!(r.percent, Some(100.0));
+    let running = export_progress(std::slice::from_ref(&r)).unwrap();
+    assert_eq!(running.phase, "Compacting");
+    progress.finish();
+    let ended = export_progress(&[progress.report()]).unwrap();
+    assert_eq!((ended.phase.as_str(), ended.rows), ("Complete", 3000));
+    assert_eq!(ended.percent.as_deref(), Some("100%"));
+}

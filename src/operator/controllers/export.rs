@@ -34,9 +34,12 @@ use crate::operator::crd::archive_export::{
     ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
     RunStatus, WriterStatus,
 };
+use crate::operator::crd::progress::OperationProgress;
 use crate::operator::observe::SlotReport;
 use crate::operator::pod_failure::{self, PodFailure};
+use crate::operator::progress;
 use crate::operator::{dereference, observe, validate};
+use crate::progress::ProgressReport;
 
 /// The run the spec and token ask for: always one without a schedule; with a schedule only
 /// when the run-requested annotation is set.
@@ -294,6 +297,8 @@ impl<'a> ExportRound<'a> {
         if self.old.run.as_ref().is_some_and(|r| r.id == id) || self.obs.suspended {
             return None;
         }
+        // The last run's progress is not this one's.
+        self.status.progress = None;
         self.status.run = Some(RunStatus {
             id: id.clone(),
             token,
@@ -387,7 +392,62 @@ impl<'a> ExportRound<'a> {
             .iter()
             .max_by(|a, b| a.time.cmp(&b.time))
             .cloned();
+        self.observe_run_progress(&listed.items).await;
         Ok(())
+    }
+
+    /// OneShot: the running export pods' `/status` progress (a Job's or a CronJob's run),
+    /// summed over their tables; once none runs, the operation `Complete` (rows of the tables'
+    /// summaries) or `Failed`. Comes back every [`progress::REQUEUE_WHILE_RUNNING`] meanwhile.
+    async fn observe_run_progress(&mut self, pods: &[Pod]) {
+        let running: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| is_running_export(p))
+            .take(progress::MAX_PROBED_PODS)
+            .collect();
+        let mut reports = vec![];
+        for pod in &running {
+            if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+                && let Ok(body) = self.ctx.prober.get(ip, 8080, "/status").await
+                && let Some(r) = observe::parse_export_progress(&body)
+            {
+                reports.push(r);
+            }
+        }
+        // What this round starts from (a new run starts from nothing).
+        let old = self.status.progress.as_ref();
+        let new = if !reports.is_empty() {
+            progress::export_progress(&reports)
+        } else if !running.is_empty() {
+            // Started, its listener not up yet: nothing new to say.
+            old.cloned()
+        } else {
+            let succeeded = match self.status.run.as_ref().and_then(|r| r.succeeded) {
+                Some(ok) => ok,
+                None => self.obs.last_outcome.as_ref().is_some_and(|o| o.succeeded),
+            };
+            let tables = self.export.spec.source.all_tables();
+            let rows = self
+                .status
+                .tables
+                .iter()
+                .filter(|s| tables.iter().any(|t| t.qualified() == s.table))
+                .map(|s| s.row_count)
+                .sum::<Option<i64>>();
+            progress::ended(old, succeeded, rows)
+        };
+        if !running.is_empty() {
+            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
+        }
+        self.set_progress(new);
+    }
+
+    /// `status.progress`, its time moved only when its figures did.
+    fn set_progress(&mut self, new: Option<OperationProgress>) {
+        if progress::is_running(new.as_ref()) {
+            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
+        }
+        self.status.progress = progress::stamp(self.old.progress.as_ref(), new, self.now);
     }
 
     /// Continuous: the writers' Deployments, pods and each ready pod's `/status`.
@@ -405,7 +465,7 @@ impl<'a> ExportRound<'a> {
                 pod_failure::first_failure(&listed.items, build::CONTAINER, self.now)
                     .map(|f| Problem::of_pod("writer", &f));
         }
-        let (writers, monitor) = probe_writers(self.ctx, &listed.items).await;
+        let (writers, monitor, reports) = probe_writers(self.ctx, &listed.items).await;
         let writers = super::slots::merge_writers(
             self.export,
             &self.old.writers,
@@ -434,6 +494,13 @@ impl<'a> ExportRound<'a> {
         }
         self.status.writers = writers;
         self.requeue = Duration::from_secs(30);
+        // The writers' baseline or compaction; while none answers, what was last seen.
+        let new = if reports.is_empty() {
+            self.status.progress.clone()
+        } else {
+            progress::export_progress(&reports)
+        };
+        self.set_progress(new);
         Ok(())
     }
 
@@ -587,11 +654,16 @@ fn writer_counts(deployments: &[Deployment], desired: i32) -> WriterCounts {
     }
 }
 
-/// Each pod's `/status`: the writers' (by table, at most 32) and the slot monitor's.
-async fn probe_writers(ctx: &Context, pods: &[Pod]) -> (Vec<WriterStatus>, Option<SlotReport>) {
+/// Each pod's `/status`: the writers' (by table, at most 32), the slot monitor's, and the
+/// writers' progress.
+async fn probe_writers(
+    ctx: &Context,
+    pods: &[Pod],
+) -> (Vec<WriterStatus>, Option<SlotReport>, Vec<ProgressReport>) {
     let mut writers: Vec<WriterStatus> = vec![];
     let mut monitor = None;
-    for pod in pods {
+    let mut reports = vec![];
+    for pod in pods.iter().take(progress::MAX_PROBED_PODS) {
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
         };
@@ -599,6 +671,7 @@ async fn probe_writers(ctx: &Context, pods: &[Pod]) -> (Vec<WriterStatus>, Optio
             continue;
         };
         if let Some(w) = observe::parse_writer_status(&body) {
+            reports.extend(observe::parse_export_progress(&body));
             writers.push(w);
         } else if let Some(m) = observe::parse_slot_monitor(&body) {
             monitor = Some(m);
@@ -606,7 +679,20 @@ async fn probe_writers(ctx: &Context, pods: &[Pod]) -> (Vec<WriterStatus>, Optio
     }
     writers.sort_by(|a, b| a.table.cmp(&b.table));
     writers.truncate(32);
-    (writers, monitor)
+    (writers, monitor, reports)
+}
+
+/// An export pod whose exporter is still running (it may answer `/status`).
+fn is_running_export(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    status.phase.as_deref() == Some("Running")
+        && status.container_statuses.as_ref().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.name == build::CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
+            })
+        })
 }
 
 /// The newest snapshot of any writer, for the printer columns.

@@ -30,8 +30,10 @@ use crate::operator::crd::archive_export::ArchiveExport;
 use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
 use crate::operator::dereference::{self, Missing};
 use crate::operator::observe::{self, EngineSource};
+use crate::operator::progress;
 use crate::operator::rebaseline::{RebaselineSample, RebaselineTracker};
 use crate::operator::{pod_failure, validate};
+use crate::progress::ProgressReport;
 
 /// The message of the latest `FailedCreate` event of this StatefulSet (same uid), if any.
 async fn failed_create(
@@ -289,32 +291,47 @@ impl<'a> SourceRound<'a> {
             .filter_map(|e| e.head.clone())
             .max_by_key(|p| Lsn::parse(p).unwrap_or_default());
         // The time of the head, not its age: status changes when the head does, never by
-        // itself (kubectl shows the age in the HEAD AGE column).
+        // itself (kubectl shows the age in the DATA AGE column).
         self.status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
         // Pinned at a point: every engine resolves it alike; the first that has says where.
         self.status.restored = engines
             .iter()
             .filter_map(|e| e.at.clone())
             .find(|a| a.position.is_some());
-        let lag = engines
-            .iter()
-            .filter_map(|e| e.lag_seconds)
-            .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
         self.status.rows = scrape
             .rows
             .or_else(|| engines.iter().filter_map(|e| e.rows).max());
+        self.observe_lag_and_progress(&scrape);
         self.obs.engines = scrape.engines;
         let labels = [self.ns.as_str(), name.as_str()];
         let metrics = &self.ctx.metrics;
+        // The lag behind the head, not the head's age (which grows on an idle archive).
         metrics
             .source_lag
             .with_label_values(&labels)
-            .set(lag.unwrap_or(0.0));
+            .set(self.status.lag.as_ref().map_or(0.0, |l| l.seconds as f64));
         metrics
             .source_rebaselines_last_hour
             .with_label_values(&labels)
             .set(self.obs.rebaselines_last_hour as f64);
         Ok(())
+    }
+
+    /// `status.lag` from the engines' `behind` (the furthest), and `status.progress` from their
+    /// baseline loads (the engine furthest behind; while none answers, what was last seen).
+    /// Comes back every [`progress::REQUEUE_WHILE_RUNNING`] while a load runs.
+    fn observe_lag_and_progress(&mut self, scrape: &EngineScrape) {
+        let behind: Vec<_> = scrape.engines.iter().filter_map(|e| e.behind).collect();
+        self.status.lag = progress::source_lag(&behind);
+        let new = if scrape.progress.is_empty() {
+            self.old.progress.clone()
+        } else {
+            progress::source_progress(&scrape.progress)
+        };
+        if progress::is_running(new.as_ref()) {
+            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
+        }
+        self.status.progress = progress::stamp(self.old.progress.as_ref(), new, self.now);
     }
 
     /// The re-baseline tracker's key: `namespace/name`.
@@ -381,6 +398,8 @@ struct EngineScrape {
     /// Rows of the fullest engine (replicas hold copies, so no sum).
     rows: Option<i64>,
     rebaselines: Vec<RebaselineSample>,
+    /// Each engine's baseline load (the last one once loaded).
+    progress: Vec<ProgressReport>,
 }
 
 /// Asks each engine pod with an IP for its `/status` (this source's entries).
@@ -395,6 +414,7 @@ async fn scrape_engines(
         engines: vec![],
         rows: None,
         rebaselines: vec![],
+        progress: vec![],
     };
     let last_scrape = ctx
         .trackers
@@ -412,6 +432,8 @@ async fn scrape_engines(
         let Some(entries) = observe::parse_engine_status(&body, &id) else {
             continue;
         };
+        out.progress
+            .extend(observe::parse_engine_progress(&body, &id));
         if let Some(r) = observe::parse_engine_rows(&body, &id) {
             out.rows = Some(out.rows.map_or(r, |m: i64| m.max(r)));
         }

@@ -636,11 +636,21 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
     (ctx2, handle)
 }
 
-#[tokio::test]
-async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
-    let prober = Arc::new(FakeProber::default());
-    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
-    let (ctx, handle, now) = context(prober.clone());
+/// What a first visit of the `users-cache` source left: its context (empty caches filled),
+/// the caches' writers, the clock, the source, its status path, the request bodies (the three
+/// children applied, the status, a Ready Event) and the action.
+struct FirstVisit {
+    ctx: Arc<Context>,
+    caches: CacheWriters,
+    now: Arc<Mutex<Timestamp>>,
+    s: ArchiveSource,
+    status_path: String,
+    bodies: Vec<Value>,
+    action: kube::runtime::controller::Action,
+}
+
+async fn first_source_visit(prober: Arc<FakeProber>) -> FirstVisit {
+    let (ctx, handle, now) = context(prober);
     let mut caches = writers(&ctx);
     fill(&mut caches.config_maps, []);
     fill(&mut caches.services, []);
@@ -649,8 +659,6 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
     );
-
-    // First visit: children applied, status written, engines ready → a Ready event.
     let mut script = source_script(1);
     script.push(expect_status(
         &status_path,
@@ -662,10 +670,49 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
         None,
     ));
     let server = tokio::spawn(serve(handle, script));
-    source::reconcile(Arc::new(s.clone()), ctx.clone())
+    let action = source::reconcile(Arc::new(s.clone()), ctx.clone())
         .await
         .unwrap();
     let bodies = server.await.unwrap();
+    FirstVisit {
+        ctx,
+        caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        action,
+    }
+}
+
+/// The caches as the watches fill them with the children a first visit applied (the
+/// StatefulSet with its status).
+fn watches_deliver(caches: &mut CacheWriters, bodies: &[Value]) {
+    let mut sts = bodies[3].clone();
+    sts["status"] = sts_answer(1)["status"].clone();
+    sts["metadata"]["generation"] = json!(1);
+    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
+    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
+    fill(
+        &mut caches.stateful_sets,
+        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
+    );
+}
+
+#[tokio::test]
+async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_and_events() {
+    let prober = Arc::new(FakeProber::default());
+    prober.set("10.0.0.7", "/status", r#"{"sources":{"users-cache":{"state":"following","position":"0/10","head":"0/10","epoch":2,"lag_seconds":1.0,"head_time":"2027-01-15T07:59:59Z","rebaselines":4}},"pipelines":{"users-cache/memory":{"source":"users-cache","row_count":42}}}"#);
+    // First visit: children applied, status written, engines ready → a Ready event.
+    let FirstVisit {
+        ctx,
+        mut caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        ..
+    } = first_source_visit(prober.clone()).await;
     assert_eq!(bodies[1]["kind"], "ConfigMap");
     assert!(
         bodies[1]["data"]["engine.yaml"]
@@ -714,15 +761,7 @@ async fn archive_source_applies_children_and_turns_rebaselines_into_conditions_a
     assert_eq!(writes(&ctx), 5, "3 applies, the status, the Event");
 
     // The watches deliver what was applied (the StatefulSet with its status).
-    let mut sts = bodies[3].clone();
-    sts["status"] = sts_answer(1)["status"].clone();
-    sts["metadata"]["generation"] = json!(1);
-    fill(&mut caches.config_maps, [meta_of::<ConfigMap>(&bodies[1])]);
-    fill(&mut caches.services, [meta_of::<Service>(&bodies[2])]);
-    fill(
-        &mut caches.stateful_sets,
-        [serde_json::from_value::<StatefulSet>(sts).unwrap()],
-    );
+    watches_deliver(&mut caches, &bodies);
 
     // The counter goes up by 3 within the hour (maxPerHour is 2): Rebaselining and Degraded,
     // each with a Warning Event; the children are in place, so none is applied.
@@ -2211,4 +2250,253 @@ async fn a_failed_restore_stalls_with_the_pods_reason() {
         (&bodies[3]["type"], &bodies[3]["reason"]),
         (&json!("Warning"), &json!("RestoreFailed"))
     );
+}
+
+/// The prune lists of a OneShot export's later rounds: its CronJobs and Deployments (none).
+fn oneshot_prune_lists() -> Vec<Expect> {
+    vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+    ]
+}
+
+/// The `/status` a one-shot exporter serves while it copies: `rows` of `total` after `secs`.
+fn copying(rows: u64, total: u64, secs: f64) -> String {
+    let r = crate::progress::ProgressReport {
+        operation: "baseline".into(),
+        subject: "public.users".into(),
+        ..crate::progress::compute(rows, rows * 50, Some(total), Duration::from_secs_f64(secs))
+    };
+    json!({"table": "public.users", "state": "BASELINE", "epoch": 0, "progress": r}).to_string()
+}
+
+/// A OneShot run's pod copying: its `/status` progress reaches `status.progress` (phase,
+/// rows of the estimate, rate, ETA, percent), the reconcile comes back in 10 s; an unchanged
+/// report writes nothing; once the Job completed, the run's progress is `Complete` with the
+/// summary's rows, and the usual interval is back.
+#[tokio::test]
+async fn a_running_export_reports_its_progress_and_requeues_until_it_completes() {
+    use kube::runtime::controller::Action;
+    let e = users_export();
+    let run = crate::operator::builders::export::run_id(&e, None);
+    let status_path = format!(
+        "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
+    );
+    let recorded = json!({"run": {"id": run, "startTime": "2027-01-15T08:00:00Z"}});
+    let pod = |state: Value| {
+        json!({"metadata": {"name": format!("users-{run}-x"), "namespace": "data", "labels": {"larch.dev/run": run}},
+            "status": {"phase": if state.get("running").is_some() { "Running" } else { "Succeeded" }, "podIP": "10.0.0.9",
+                "containerStatuses": [{"name": "larch", "image": "i", "imageID": "", "ready": true, "restartCount": 0, "state": state}]}})
+    };
+    let running = pod(json!({"running": {"startedAt": "2027-01-15T08:00:05Z"}}));
+    let round = |job: Value, pod: Value, write: bool| {
+        let mut lists = oneshot_prune_lists();
+        lists.push(expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
+            list("JobList", "batch/v1", vec![job]),
+        ));
+        lists.push(expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            list("PodList", "v1", vec![pod]),
+        ));
+        let mut script = with_users_references(lists);
+        if write {
+            script.push(expect_status(
+                &status_path,
+                serde_json::to_value(&e).unwrap(),
+            ));
+        }
+        script
+    };
+    let active_job = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"}, "status": {"active": 1}});
+
+    // 1. 120 000 of ~200 000 rows after 10 s.
+    let prober = Arc::new(FakeProber::default());
+    prober.set("10.0.0.9", "/status", &copying(120_000, 200_000, 10.0));
+    let (ctx, handle, _) = context(prober.clone());
+    let e1 = with_status(&e, &recorded);
+    let script = round(active_job.clone(), running.clone(), true);
+    let (bodies, action) = export_reconcile(&ctx, handle, &e1, script).await;
+    let st = &bodies.last().unwrap()["status"];
+    assert_eq!(
+        st["progress"],
+        json!({"phase": "Copying", "rows": 120_000, "expectedRows": 200_000, "bytes": 6_000_000,
+               "rowsPerSecond": 12_000, "etaSeconds": 7, "percent": "60%", "pods": 1,
+               "updatedTime": "2027-01-15T08:00:00Z"})
+    );
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+
+    // 2. Asked again with the same figures: nothing to write, still every 10 s.
+    let e2 = with_status(&e, st);
+    let (ctx2, handle2, now2) = context(prober.clone());
+    *now2.locked() = t(1);
+    let script = round(active_job.clone(), running.clone(), false);
+    let (_, action) = export_reconcile(&ctx2, handle2, &e2, script).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+
+    // 3. Further on: the rows and the time move.
+    prober.set("10.0.0.9", "/status", &copying(180_000, 200_000, 15.0));
+    let (ctx3, handle3, now3) = context(prober.clone());
+    *now3.locked() = t(2);
+    let script = round(active_job, running, true);
+    let (bodies, _) = export_reconcile(&ctx3, handle3, &e2, script).await;
+    let st = &bodies.last().unwrap()["status"];
+    assert_eq!(st["progress"]["rows"], 180_000);
+    assert_eq!(st["progress"]["percent"], "90%");
+    assert_eq!(st["progress"]["updatedTime"], "2027-01-15T08:02:00Z");
+
+    // 4. The Job completed, its pod wrote the summary (200 123 rows: the estimate was low).
+    let summary = r#"{"key_prefix": "team-a/public.users/", "position": "0/016B3748", "row_count": 200123, "table": "public.users", "epoch": 1}"#;
+    let done = pod(
+        json!({"terminated": {"exitCode": 0, "message": summary, "finishedAt": "2027-01-15T08:02:30Z"}}),
+    );
+    let done_job = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+    let e4 = with_status(&e, st);
+    let (ctx4, handle4, now4) = context(prober.clone());
+    *now4.locked() = t(3);
+    let mut script = round(done_job, done, true);
+    script.push(expect(Method::POST, EVENTS_POST, None));
+    let (bodies, action) = export_reconcile(&ctx4, handle4, &e4, script).await;
+    let st = &bodies[bodies.len() - 2]["status"];
+    assert_eq!(st["run"]["succeeded"], true);
+    assert_eq!(
+        st["progress"],
+        json!({"phase": "Complete", "rows": 200_123, "expectedRows": 200_000, "bytes": 9_000_000,
+               "etaSeconds": 0, "percent": "100%", "pods": 1, "updatedTime": "2027-01-15T08:03:00Z"})
+    );
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(60)),
+        "no pod running: the run's interval"
+    );
+}
+
+/// An engine loading its baseline behind the head: `status.lag` is its distance behind (diffs,
+/// bytes, seconds), the head's age stays in `headTime`, `status.progress` is its load and the
+/// reconcile comes back in 10 s; once loaded and caught up, LAG is 0 and the progress
+/// `Complete`, the interval 30 s; the head getting older then writes nothing.
+#[tokio::test]
+async fn an_engine_loading_behind_the_head_reports_lag_and_progress() {
+    use kube::runtime::controller::Action;
+    let engine = |position: &str, behind: Value, rows: u64, done: bool, age: f64| {
+        let mut load = crate::progress::ProgressReport {
+            operation: "baseline".into(),
+            subject: "users-cache".into(),
+            ..crate::progress::compute(rows, 0, Some(900), Duration::from_secs(3))
+        };
+        load.done = done;
+        json!({"sources": {"users-cache": {"state": "following", "position": position, "head": "0/30", "epoch": 2,
+                "lag_seconds": age, "data_age_seconds": age, "behind": behind, "head_time": "2027-01-15T07:45:00Z", "rebaselines": 0}},
+            "pipelines": {"users-cache/memory": {"source": "users-cache", "row_count": rows, "baseline_progress": load}}})
+        .to_string()
+    };
+    let prober = Arc::new(FakeProber::default());
+    prober.set(
+        "10.0.0.7",
+        "/status",
+        &engine(
+            "0/10",
+            json!({"diffs": 2, "bytes": 4096, "seconds": 11.6}),
+            300,
+            false,
+            900.0,
+        ),
+    );
+    let FirstVisit {
+        ctx,
+        mut caches,
+        now,
+        s,
+        status_path,
+        bodies,
+        action,
+    } = first_source_visit(prober.clone()).await;
+    let st = &bodies[5]["status"];
+    assert_eq!(
+        st["lag"],
+        json!({"diffs": 2, "bytes": 4096, "seconds": 12, "summary": "2 diffs, 4.0 KiB, 12s"})
+    );
+    assert_eq!(
+        st["headTime"], "2027-01-15T07:45:00Z",
+        "the data's age, apart"
+    );
+    assert_eq!(st["progress"]["phase"], "Loading");
+    assert_eq!(
+        (&st["progress"]["rows"], &st["progress"]["expectedRows"]),
+        (&json!(300), &json!(900))
+    );
+    assert_eq!(st["progress"]["percent"], "33%");
+    assert_eq!(st["progress"]["pods"], 1);
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    assert!(
+        ctx.metrics.render().contains(
+            "larch_archive_source_lag_seconds{name=\"users-cache\",namespace=\"data\"} 12"
+        ),
+        "the gauge is the lag, not the head's age"
+    );
+    watches_deliver(&mut caches, &bodies);
+
+    // Loaded and caught up (the head is 15 minutes old all the same).
+    *now.locked() = t(1);
+    let caught_up = json!({"diffs": 0, "bytes": 0, "seconds": 0.0});
+    prober.set(
+        "10.0.0.7",
+        "/status",
+        &engine("0/30", caught_up.clone(), 900, true, 960.0),
+    );
+    let mut s2 = s.clone();
+    s2.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx2, handle2) = same_operator(&ctx, prober.clone());
+    let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
+    script.extend([
+        pods_list(),
+        expect_status(&status_path, serde_json::to_value(&s2).unwrap()),
+    ]);
+    let server = tokio::spawn(serve(handle2, script));
+    let action = source::reconcile(Arc::new(s2.clone()), ctx2.clone())
+        .await
+        .unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[2]["status"];
+    assert_eq!(
+        st["lag"],
+        json!({"diffs": 0, "bytes": 0, "seconds": 0, "summary": "0"})
+    );
+    assert_eq!(st["progress"]["phase"], "Complete");
+    assert_eq!(
+        (&st["progress"]["rows"], &st["progress"]["percent"]),
+        (&json!(900), &json!("100%"))
+    );
+    assert_eq!(st["progress"]["updatedTime"], "2027-01-15T08:01:00Z");
+    assert_eq!(cond(st, "CaughtUp")["status"], "True");
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+
+    // The head only gets older: nothing to write.
+    *now.locked() = t(2);
+    prober.set(
+        "10.0.0.7",
+        "/status",
+        &engine("0/30", caught_up, 900, true, 1020.0),
+    );
+    let mut s3 = s.clone();
+    s3.status = Some(serde_json::from_value(st.clone()).unwrap());
+    let (ctx3, handle3) = same_operator(&ctx2, prober.clone());
+    let mut script = export_gets();
+    script.extend(optional_children_absent("users-cache"));
+    script.push(pods_list());
+    let server = tokio::spawn(serve(handle3, script));
+    source::reconcile(Arc::new(s3), ctx3).await.unwrap();
+    assert_eq!(server.await.unwrap().len(), 2, "two reads, no write");
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{
     CaBundleRef, Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema,
 };
+use super::progress::OperationProgress;
 
 /// Annotation requesting a new OneShot run: set it to a new value (any token, e.g. a timestamp).
 pub const RUN_REQUESTED_ANNOTATION: &str = "larch.dev/run-requested";
@@ -36,6 +37,7 @@ pub const SKIP_CLEANUP_ANNOTATION: &str = "larch.dev/skip-cleanup";
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(name = "Last Export", type_ = "date", json_path = ".status.lastExport.time"),
     printcolumn(name = "Position", type_ = "string", json_path = ".status.lastExport.position"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress.percent"),
     printcolumn(name = "Rows", type_ = "integer", json_path = ".status.lastExport.rowCount", priority = 1),
     printcolumn(name = "WAL Held", type_ = "integer", json_path = ".status.writers[0].retainedWalBytes", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -330,6 +332,10 @@ pub struct ArchiveExportStatus {
     /// The cleanup of the source database on delete (`deletionPolicy: Delete`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleanup: Option<CleanupStatus>,
+    /// The baseline (or compaction) the export's pods are writing, from their `/status`, summed
+    /// over the tables of the run; `Complete` or `Failed` once the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<OperationProgress>,
 }
 
 /// Progress of the cleanup Job run when the ArchiveExport is deleted.

@@ -10,6 +10,7 @@ use super::common::{
     CaBundleRef, Condition, Format, Location, SecretKeyRef, TableRef, conditions_schema,
 };
 use super::common_pod::{PodOverrides, Resources};
+use super::progress::{OperationProgress, SourceLag};
 
 /// Desired state of an ArchiveSource.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -24,7 +25,9 @@ use super::common_pod::{PodOverrides, Resources};
     doc = "Replays a laredo-compatible archive into a live engine (in-memory tables or PostgreSQL).",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Position", type_ = "string", json_path = ".status.position"),
-    printcolumn(name = "Head Age", type_ = "date", json_path = ".status.headTime"),
+    printcolumn(name = "Lag", type_ = "string", json_path = ".status.lag.summary"),
+    printcolumn(name = "Data Age", type_ = "date", json_path = ".status.headTime"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress.percent"),
     printcolumn(name = "Rebaselines", type_ = "integer", json_path = ".status.rebaselines.total"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.readyReplicas", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
@@ -359,7 +362,8 @@ pub struct ArchiveSourceStatus {
     pub head: Option<String>,
     /// When the archive's head was last written (its manifest's `updated_at`, the newest any
     /// engine has read), RFC 3339. A time, not an age, so status changes only when the head
-    /// does; `kubectl get` shows its age as HEAD AGE.
+    /// does; `kubectl get` shows its age as DATA AGE (it grows on an archive nobody writes: the
+    /// age of the data, not a lag; see `lag`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub head_time: Option<String>,
@@ -370,6 +374,13 @@ pub struct ArchiveSourceStatus {
     /// `laredo_source_rebaseline_total`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebaselines: Option<RebaselineStatus>,
+    /// Distance behind the archive's head (the engine furthest behind): 0 when caught up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<SourceLag>,
+    /// The engines' baseline load (the engine furthest behind), from their `/status`;
+    /// `Complete` once every engine loaded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<OperationProgress>,
     /// With `spec.at`: the point the engines actually serve (from their `/status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<RestoredPoint>,

@@ -6,6 +6,7 @@ pub mod archive_source;
 pub mod archive_source_set;
 pub mod common;
 pub mod common_pod;
+pub mod progress;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
