@@ -191,7 +191,12 @@ pub fn children(
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let mut pod_spec = pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref());
+    let mut pod_spec = pod::base_pod_spec(
+        container,
+        volumes,
+        spec.service_account_name.as_ref(),
+        ctx.pod_user,
+    );
     let mut annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
     annotations.insert(
