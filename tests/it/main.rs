@@ -30,6 +30,7 @@ mod postgres_tls;
 mod quickstart;
 mod restore_copy;
 mod s3_protocol;
+mod s3_tls;
 mod schema_changes;
 mod self_contained;
 mod source_conformance;
