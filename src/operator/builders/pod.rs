@@ -400,6 +400,11 @@ pub fn apply_overrides(
         .as_ref()
         .and_then(|a| serde_json::from_value(a.clone()).ok());
     spec.priority_class_name = o.priority_class_name.clone();
+    spec.topology_spread_constraints = o.topology_spread_constraints.as_ref().map(|cs| {
+        cs.iter()
+            .filter_map(|c| serde_json::from_value(c.clone()).ok())
+            .collect()
+    });
     o.annotations.clone()
 }
 

@@ -967,3 +967,62 @@ fn postgres_ca_bundles_are_mounted_where_the_docs_say() {
         .1;
     assert_eq!(mounted(engine, "target-ca"), "/etc/larch/target-ca");
 }
+
+/// Engines with two or more replicas spread over nodes unless the spec says how (or `[]`).
+#[test]
+fn engine_replicas_spread_over_nodes_unless_told_otherwise() {
+    let spread = |name: &str, edit: &dyn Fn(&mut ArchiveSource)| {
+        let mut s = source_fixture(name);
+        edit(&mut s);
+        let r = resolve(&s, None).unwrap();
+        source::children(&s, &r, &ctx())
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .topology_spread_constraints
+    };
+    let name = "source-s3-postgres";
+    let default = spread(name, &|_| {}).expect("replicas: 2 spreads by default");
+    assert_eq!(default.len(), 1);
+    let c = &default[0];
+    assert_eq!(
+        (
+            c.max_skew,
+            c.topology_key.as_str(),
+            c.when_unsatisfiable.as_str()
+        ),
+        (1, "kubernetes.io/hostname", "ScheduleAnyway")
+    );
+    let sel = c
+        .label_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .clone()
+        .unwrap();
+    assert_eq!(sel, source::selector_labels(&source_fixture(name)));
+
+    assert_eq!(spread(name, &|s| s.spec.replicas = Some(1)), None);
+    let zones = serde_json::json!({"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "x"}}});
+    let own = spread(name, &|s| {
+        s.spec
+            .pod
+            .get_or_insert_with(Default::default)
+            .topology_spread_constraints = Some(vec![zones.clone()])
+    })
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&own).unwrap(),
+        serde_json::json!([zones])
+    );
+    let off = spread(name, &|s| {
+        s.spec
+            .pod
+            .get_or_insert_with(Default::default)
+            .topology_spread_constraints = Some(vec![])
+    });
+    assert_eq!(off, Some(vec![]));
+}
