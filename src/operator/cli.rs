@@ -9,6 +9,7 @@ use clap::Args;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
+use super::builders::pod::PodUser;
 use super::controllers::{self, context::Context};
 use super::metrics::Metrics;
 use super::probe::HttpProber;
@@ -56,6 +57,10 @@ pub struct OperatorArgs {
     /// NetworkPolicy admitting only this operator's namespace and its listed clients.
     #[arg(long, env = "LARCH_NETWORK_POLICIES")]
     pub network_policies: bool,
+    /// UID (also GID and fsGroup) of the pods the operator creates, or `platform` to leave it
+    /// to the platform (OpenShift's restricted SCC assigns one; pods keep `runAsNonRoot`).
+    #[arg(long, env = "LARCH_POD_RUN_AS_USER", default_value = "65532")]
+    pub pod_run_as_user: PodUser,
 }
 
 /// `larch operator`: runs the controllers until a signal (inside the CLI's tokio runtime).
@@ -120,6 +125,7 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let mut ctx = Context::new(client, args.image, metrics, Arc::new(HttpProber::default()));
     ctx.build.operator_namespace = operator_namespace;
     ctx.build.network_policies = args.network_policies;
+    ctx.build.pod_user = args.pod_run_as_user;
     let ctx = Arc::new(ctx);
     let controllers = controllers::run(ctx, args.namespace, !args.disable_source_sets);
     match elector {

@@ -32,6 +32,7 @@ mod quickstart;
 mod restore_command;
 mod restore_copy;
 mod s3_protocol;
+mod s3_tls;
 mod schema_changes;
 mod self_contained;
 mod source_conformance;

@@ -78,6 +78,9 @@ pub struct S3Config {
     /// Path-style addressing (`endpoint/bucket/key`), which most S3-compatible servers need.
     pub path_style: bool,
     pub credentials: S3Credentials,
+    /// PEM CA bundle the client trusts for an `https` endpoint instead of the system roots (a
+    /// private CA). `None`: the file `AWS_CA_BUNDLE` names, if set, else the system roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl S3Config {
@@ -90,6 +93,7 @@ impl S3Config {
             endpoint: None,
             path_style: false,
             credentials: S3Credentials::Ambient,
+            ca_file: None,
         }
     }
 }
@@ -128,6 +132,41 @@ fn read_secret_file(what: &str, path: &Path) -> Result<String> {
 /// A credential with a line break or another control character makes the SDK panic while it
 /// signs a request (`InvalidHeaderValue`): refused up front instead, naming where it came
 /// from and never what it is.
+/// The variable other AWS SDKs and the AWS CLI read for a CA bundle (aws-sdk-rust does not).
+pub const CA_BUNDLE_ENV: &str = "AWS_CA_BUNDLE";
+
+/// An HTTPS client trusting exactly the certificates of the PEM file at `path`. The file is
+/// checked here (the connector would panic on a bad one later): unreadable, not PEM, or no
+/// usable certificate is an error naming the file.
+fn https_client_trusting(path: &Path) -> Result<aws_sdk_s3::config::SharedHttpClient> {
+    use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let what = format!("S3 CA bundle {}", path.display());
+    let pem = std::fs::read(path)
+        .map_err(|e| ArchiveError::Invalid(format!("{what}: cannot read it: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ArchiveError::Invalid(format!("{what}: not PEM certificates: {e}")))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, rejected) = roots.add_parsable_certificates(certs);
+    if added == 0 || rejected > 0 {
+        return Err(ArchiveError::Invalid(format!(
+            "{what}: {added} usable CA certificate(s), {rejected} unusable; it needs at least one and no unusable one"
+        )));
+    }
+    let context = TlsContext::builder()
+        .with_trust_store(TrustStore::empty().with_pem_certificate(pem))
+        .build()
+        .map_err(|e| ArchiveError::Invalid(format!("{what}: {e}")))?;
+    Ok(aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .tls_context(context)
+        .build_https())
+}
+
 fn refuse_control_characters(source: &str, value: &str) -> Result<()> {
     if value.chars().any(|c| c.is_control()) {
         return Err(ArchiveError::Invalid(format!(
@@ -163,6 +202,7 @@ impl S3Store {
             endpoint,
             path_style,
             credentials,
+            ca_file,
         } = config;
         if bucket.is_empty() {
             return Err(ArchiveError::Invalid(
@@ -206,6 +246,14 @@ impl S3Store {
                 None,
                 "larch-files",
             ));
+        }
+        let ca_file = ca_file.or_else(|| {
+            std::env::var_os(CA_BUNDLE_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+        if let Some(path) = &ca_file {
+            loader = loader.http_client(https_client_trusting(path)?);
         }
         let sdk = loader.load().await;
 

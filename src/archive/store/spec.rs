@@ -38,6 +38,10 @@ pub struct StoreSpec {
     pub secret_access_key_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_token_file: Option<PathBuf>,
+    /// PEM CA bundle trusted for an `https` endpoint (default: `AWS_CA_BUNDLE`, else the
+    /// system roots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl StoreSpec {
@@ -119,6 +123,7 @@ impl StoreSpec {
             endpoint: spec.endpoint.clone(),
             path_style: spec.path_style,
             credentials,
+            ca_file: spec.ca_file.clone(),
         })
     }
 

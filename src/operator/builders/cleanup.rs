@@ -114,7 +114,8 @@ fn source_pod(
         ..Default::default()
     };
     let c = if http { pod::serving_http(c) } else { c };
-    let mut pod_spec = pod::base_pod_spec(c, volumes, spec.service_account_name.as_ref());
+    let mut pod_spec =
+        pod::base_pod_spec(c, volumes, spec.service_account_name.as_ref(), ctx.pod_user);
     if !http {
         pod_spec.restart_policy = Some("Never".into());
     }

@@ -372,11 +372,21 @@ pub fn pod_template(
     };
     let mut pod_spec = if continuous {
         // The exporter renews its Lease through the API: it needs its token.
-        let mut p = pod::base_pod_spec(container, volumes, Some(&exporter_service_account(export)));
+        let mut p = pod::base_pod_spec(
+            container,
+            volumes,
+            Some(&exporter_service_account(export)),
+            ctx.pod_user,
+        );
         p.automount_service_account_token = Some(true);
         p
     } else {
-        pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref())
+        pod::base_pod_spec(
+            container,
+            volumes,
+            spec.service_account_name.as_ref(),
+            ctx.pod_user,
+        )
     };
     if !continuous {
         pod_spec.restart_policy = Some("Never".into());

@@ -39,6 +39,8 @@ pub struct BuildContext {
     /// Generate engine NetworkPolicies for ArchiveSources that do not say
     /// (`--network-policies`).
     pub network_policies: bool,
+    /// The UID of generated pods (`--pod-run-as-user`).
+    pub pod_user: pod::PodUser,
 }
 
 /// First `n` hex characters of SHA-256 of `data`.

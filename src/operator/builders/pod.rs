@@ -19,8 +19,47 @@ use k8s_openapi::api::batch::v1::{
 use crate::operator::crd::common::{CaBundleRef, Location, SecretKeyRef};
 use crate::operator::crd::common_pod::{PodOverrides, Resources};
 
-/// UID/GID of generated pods (the image's non-root user).
+/// UID/GID of generated pods by default (the image's non-root user).
 pub const RUN_AS: i64 = 65532;
+
+/// Who picks the UID of generated pods: a fixed non-root UID (also their GID and fsGroup), or
+/// the platform (OpenShift's restricted SCC assigns one per namespace; the pods then carry only
+/// `runAsNonRoot`). `--pod-run-as-user <UID|platform>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodUser {
+    Fixed(i64),
+    Platform,
+}
+
+impl Default for PodUser {
+    fn default() -> Self {
+        Self::Fixed(RUN_AS)
+    }
+}
+
+impl std::str::FromStr for PodUser {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "platform" {
+            return Ok(Self::Platform);
+        }
+        match s.parse::<i64>() {
+            Ok(0) => Err("0 is root: Pod Security \"restricted\" forbids it (give a non-root UID, or `platform`)".into()),
+            Ok(uid) if uid > 0 && uid <= i64::from(u32::MAX) => Ok(Self::Fixed(uid)),
+            _ => Err(format!("{s:?} is neither a UID (1..=4294967295) nor `platform`")),
+        }
+    }
+}
+
+impl std::fmt::Display for PodUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Fixed(uid) => write!(f, "{uid}"),
+            Self::Platform => f.write_str("platform"),
+        }
+    }
+}
 pub const ARCHIVE_DIR: &str = "/var/lib/larch/archive";
 pub const STATE_DIR: &str = "/var/lib/larch/state";
 pub const CA_DIR: &str = "/etc/larch/ca";
@@ -30,12 +69,16 @@ pub const HTTP_PORT: i32 = 8080;
 pub const HTTPS_PORT: i32 = 8443;
 
 /// Pod-level security context meeting Pod Security "restricted".
-pub fn pod_security() -> PodSecurityContext {
+pub fn pod_security(user: PodUser) -> PodSecurityContext {
+    let uid = match user {
+        PodUser::Fixed(uid) => Some(uid),
+        PodUser::Platform => None,
+    };
     PodSecurityContext {
         run_as_non_root: Some(true),
-        run_as_user: Some(RUN_AS),
-        run_as_group: Some(RUN_AS),
-        fs_group: Some(RUN_AS),
+        run_as_user: uid,
+        run_as_group: uid,
+        fs_group: uid,
         seccomp_profile: Some(SeccompProfile {
             type_: "RuntimeDefault".into(),
             ..Default::default()
@@ -399,6 +442,11 @@ pub fn apply_overrides(
         .as_ref()
         .and_then(|a| serde_json::from_value(a.clone()).ok());
     spec.priority_class_name = o.priority_class_name.clone();
+    spec.topology_spread_constraints = o.topology_spread_constraints.as_ref().map(|cs| {
+        cs.iter()
+            .filter_map(|c| serde_json::from_value(c.clone()).ok())
+            .collect()
+    });
     o.annotations.clone()
 }
 
@@ -407,11 +455,12 @@ pub fn base_pod_spec(
     container: Container,
     volumes: Vec<Volume>,
     service_account: Option<&String>,
+    user: PodUser,
 ) -> PodSpec {
     PodSpec {
         containers: vec![container],
         volumes: Some(volumes),
-        security_context: Some(pod_security()),
+        security_context: Some(pod_security(user)),
         service_account_name: service_account.cloned(),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),

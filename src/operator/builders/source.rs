@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume,
-    VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -182,9 +182,17 @@ pub fn children(
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let mut pod_spec = pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref());
+    let mut pod_spec = pod::base_pod_spec(
+        container,
+        volumes,
+        spec.service_account_name.as_ref(),
+        ctx.pod_user,
+    );
     let mut annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
+    if spec.replicas.unwrap_or(1) >= 2 && pod_spec.topology_spread_constraints.is_none() {
+        pod_spec.topology_spread_constraints = Some(vec![spread_over_nodes(&sel)]);
+    }
     annotations.insert(
         ANNOTATION_CONFIG_HASH.into(),
         short_hash(yaml.as_bytes(), 16),
@@ -327,6 +335,20 @@ pub fn network_policy(
             ..Default::default()
         }),
     })
+}
+
+/// Replicas of one engine on different nodes where the scheduler can (a node failure takes one).
+fn spread_over_nodes(sel: &BTreeMap<String, String>) -> TopologySpreadConstraint {
+    TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector {
+            match_labels: Some(sel.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// With two or more (running) replicas, evictions (node drains) take one engine at a time so

@@ -4,16 +4,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::{LABEL_MANAGED_BY, MANAGED_BY, labels, owner_ref, short_hash};
-use crate::operator::crd::archive_source::ArchiveSource;
+use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceSpec};
 use crate::operator::crd::archive_source_set::{
     ArchiveSourceSet, NamespaceSelector, SelectorOperator,
 };
-use crate::operator::crd::common::{S3Credentials, S3SecretRef};
+use crate::operator::crd::common::{CaBundleRef, S3Credentials, S3SecretRef};
 use crate::operator::crd::common_pod::PodOverrides;
 
 /// Label on every object a set manages (its ArchiveSources and Secret copies): the set's name.
@@ -23,6 +23,9 @@ pub const ANNOTATION_COPIED_FROM: &str = "larch.dev/copied-from";
 /// Pod annotation on the engines: a digest of the shared credentials, so a rotation restarts
 /// them with the new keys (they read the keys from the environment at start).
 pub const ANNOTATION_CREDENTIALS_DIGEST: &str = "larch.dev/credentials-digest";
+/// Pod annotation on the engines: a digest of the shared CA bundle (a new CA restarts them;
+/// they load it at start).
+pub const ANNOTATION_CA_DIGEST: &str = "larch.dev/ca-digest";
 
 /// Whether labels meet a selector (matchLabels and every matchExpression, as `metav1`).
 pub fn selector_matches(sel: &NamespaceSelector, labels: &BTreeMap<String, String>) -> bool {
@@ -69,6 +72,48 @@ pub fn selected_namespaces<'a, N: Resource + 'a>(
 /// Name of the Secret copy in each namespace.
 pub fn copy_name(set: &ArchiveSourceSet) -> String {
     format!("{}-credentials", set.name_any())
+}
+
+/// Name of the CA bundle ConfigMap copy in each namespace.
+pub fn ca_copy_name(set: &ArchiveSourceSet) -> String {
+    format!("{}-ca", set.name_any())
+}
+
+/// The name of the CA bundle ConfigMap the set copies (the explicit opt-in), if it does.
+pub fn shared_ca_name(set: &ArchiveSourceSet) -> Option<&str> {
+    set.spec
+        .ca_bundle
+        .as_ref()
+        .filter(|c| c.share_to_namespaces)
+        .map(|c| c.config_map_ref.name.as_str())
+}
+
+/// The template's CA bundle references, with the field each sits in.
+fn template_ca_refs(spec: &mut ArchiveSourceSpec) -> Vec<(&'static str, &mut CaBundleRef)> {
+    let mut out = Vec::new();
+    if let Some(ca) = spec.archive.s3.as_mut().and_then(|s| s.ca_bundle.as_mut()) {
+        out.push(("archive.s3.caBundle", ca));
+    }
+    if let Some(ca) = spec
+        .target
+        .postgres
+        .as_mut()
+        .and_then(|p| p.ca_bundle.as_mut())
+    {
+        out.push(("target.postgres.caBundle", ca));
+    }
+    out
+}
+
+/// Whether the template names the shared CA ConfigMap somewhere (else sharing it is a mistake).
+pub fn template_uses_shared_ca(set: &ArchiveSourceSet) -> bool {
+    let Some(name) = shared_ca_name(set) else {
+        return false;
+    };
+    let mut spec = set.spec.template.spec.clone();
+    template_ca_refs(&mut spec)
+        .iter()
+        .any(|(_, ca)| ca.config_map.as_ref().is_some_and(|k| k.name == name))
 }
 
 /// Whether the set copies its credentials Secret (the explicit opt-in).
@@ -127,14 +172,56 @@ fn meta(set: &ArchiveSourceSet, namespace: &str, name: String) -> ObjectMeta {
     }
 }
 
-/// The ArchiveSource of `namespace`. With shared credentials (`digest` of the copied data),
-/// the template's S3 credentials point at the copy and the engines carry the digest.
+/// A digest of a ConfigMap's data, keyed by the set's uid (as [`credentials_digest`]).
+pub fn config_map_digest(set: &ArchiveSourceSet, cm: &ConfigMap) -> String {
+    let data: BTreeMap<String, ByteString> = cm
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), ByteString(v.clone().into_bytes())))
+        .chain(
+            cm.binary_data
+                .iter()
+                .flatten()
+                .map(|(k, v)| (format!("binary:{k}"), v.clone())),
+        )
+        .collect();
+    credentials_digest(set, &data)
+}
+
+/// What the set shares with every namespace, by digest of the copied data.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedDigests {
+    /// Of the credentials Secret (when shared).
+    pub credentials: Option<String>,
+    /// Of the CA bundle ConfigMap (when shared).
+    pub ca: Option<String>,
+}
+
+/// The ArchiveSource of `namespace`. With shared credentials (their digest in `shared`), the
+/// template's S3 credentials point at the copy; with a shared CA bundle, every `caBundle`
+/// reference of its name points at the CA copy; the engines carry the digests (a rotation
+/// restarts them).
 pub fn child_source(
     set: &ArchiveSourceSet,
     namespace: &str,
-    digest: Option<&str>,
+    shared: &SharedDigests,
 ) -> ArchiveSource {
     let mut spec = set.spec.template.spec.clone();
+    if let (Some(name), Some(digest)) = (shared_ca_name(set), shared.ca.as_deref()) {
+        let copy = ca_copy_name(set);
+        for (_, ca) in template_ca_refs(&mut spec) {
+            if let Some(k) = ca.config_map.as_mut().filter(|k| k.name == name) {
+                k.name = copy.clone();
+            }
+        }
+        spec.pod
+            .get_or_insert_with(PodOverrides::default)
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ANNOTATION_CA_DIGEST.into(), digest.into());
+    }
+    let digest = shared.credentials.as_deref();
     if let (true, Some(digest), Some(s3)) =
         (shares_credentials(set), digest, spec.archive.s3.as_mut())
     {
@@ -177,12 +264,36 @@ pub fn secret_copy(set: &ArchiveSourceSet, namespace: &str, source: &Secret) -> 
     }
 }
 
+/// The copy of the CA bundle ConfigMap in `namespace`: its data only, labelled and owned by
+/// the set.
+pub fn ca_copy(set: &ArchiveSourceSet, namespace: &str, source: &ConfigMap) -> ConfigMap {
+    let mut metadata = meta(set, namespace, ca_copy_name(set));
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_COPIED_FROM.into(),
+        format!(
+            "{}/{}",
+            source.namespace().unwrap_or_default(),
+            source.name_any()
+        ),
+    )]));
+    ConfigMap {
+        metadata,
+        data: source.data.clone(),
+        binary_data: source.binary_data.clone(),
+        ..Default::default()
+    }
+}
+
 /// Whether `obj` is owned by `set` (same uid): only those are updated or deleted; an object of
 /// the same name that someone else made is a conflict.
 pub fn owned_by<K: Resource>(obj: &K, set: &ArchiveSourceSet) -> bool {
+    owns(obj.meta(), set)
+}
+
+/// [`owned_by`] over metadata alone.
+pub fn owns(meta: &ObjectMeta, set: &ArchiveSourceSet) -> bool {
     let uid = set.uid();
-    obj.meta()
-        .owner_references
+    meta.owner_references
         .iter()
         .flatten()
         .any(|r| Some(&r.uid) == uid.as_ref() && r.kind == "ArchiveSourceSet")
@@ -192,6 +303,13 @@ pub fn owned_by<K: Resource>(obj: &K, set: &ArchiveSourceSet) -> bool {
 pub(crate) mod tests {
     use super::*;
     use crate::operator::crd::archive_source_set::SelectorRequirement;
+
+    fn creds(digest: &str) -> SharedDigests {
+        SharedDigests {
+            credentials: Some(digest.into()),
+            ca: None,
+        }
+    }
 
     pub(crate) fn set_fixture(share: bool) -> ArchiveSourceSet {
         let mut v: serde_json::Value = serde_yaml_ng::from_str(
@@ -299,7 +417,7 @@ spec:
     #[test]
     fn shared_credentials_point_the_child_at_the_copy() {
         let set = set_fixture(true);
-        let child = child_source(&set, "dev-a", Some("abc123"));
+        let child = child_source(&set, "dev-a", &creds("abc123"));
         assert_eq!(child.metadata.name.as_deref(), Some("dev-seed"));
         assert_eq!(child.metadata.namespace.as_deref(), Some("dev-a"));
         assert_eq!(child.labels()[LABEL_SOURCE_SET], "dev-seed");
@@ -333,10 +451,110 @@ spec:
         assert_eq!(child.spec, expected);
     }
 
+    /// The fixture with a CA bundle shared: the template names `pg-ca` for the archive (S3) and
+    /// the target, and `other-ca` nowhere shared.
+    pub(crate) fn set_with_ca() -> ArchiveSourceSet {
+        let mut v = serde_json::to_value(set_fixture(true)).unwrap();
+        v["spec"]["caBundle"] = serde_json::json!({
+            "configMapRef": {"namespace": "platform", "name": "pg-ca"},
+            "shareToNamespaces": true
+        });
+        v["spec"]["template"]["spec"]["archive"]["s3"]["caBundle"] =
+            serde_json::json!({"configMap": {"name": "pg-ca", "key": "ca.crt"}});
+        v["spec"]["template"]["spec"]["target"] = serde_json::json!({"postgres": {
+            "connectionSecretRef": {"name": "dev-db", "key": "uri"},
+            "caBundle": {"configMap": {"name": "pg-ca", "key": "root.pem"}}
+        }});
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_shared_ca_bundle_points_every_reference_of_its_name_at_the_copy() {
+        let set = set_with_ca();
+        assert_eq!(shared_ca_name(&set), Some("pg-ca"));
+        assert!(template_uses_shared_ca(&set));
+        let shared = SharedDigests {
+            credentials: Some("c0ffee".into()),
+            ca: Some("ca0001".into()),
+        };
+        let child = child_source(&set, "dev-a", &shared);
+        let s3 = child.spec.archive.s3.as_ref().unwrap();
+        let s3_ca = s3.ca_bundle.as_ref().unwrap().config_map.as_ref().unwrap();
+        assert_eq!(
+            (s3_ca.name.as_str(), s3_ca.key.as_str()),
+            ("dev-seed-ca", "ca.crt")
+        );
+        let pg = child.spec.target.postgres.as_ref().unwrap();
+        let pg_ca = pg.ca_bundle.as_ref().unwrap().config_map.as_ref().unwrap();
+        assert_eq!(
+            (pg_ca.name.as_str(), pg_ca.key.as_str()),
+            ("dev-seed-ca", "root.pem")
+        );
+        let ann = child
+            .spec
+            .pod
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert_eq!(ann[ANNOTATION_CA_DIGEST], "ca0001");
+        assert_eq!(ann[ANNOTATION_CREDENTIALS_DIGEST], "c0ffee");
+
+        // Not shared (no opt-in, or no digest yet): the template's references are kept.
+        let mut off = set.clone();
+        off.spec.ca_bundle.as_mut().unwrap().share_to_namespaces = false;
+        assert_eq!(shared_ca_name(&off), None);
+        let child = child_source(&off, "dev-a", &shared);
+        let s3 = child.spec.archive.s3.as_ref().unwrap();
+        assert_eq!(
+            s3.ca_bundle
+                .as_ref()
+                .unwrap()
+                .config_map
+                .as_ref()
+                .unwrap()
+                .name,
+            "pg-ca"
+        );
+        // A template naming another ConfigMap does not use the shared one.
+        let mut other = set_with_ca();
+        other.spec.ca_bundle.as_mut().unwrap().config_map_ref.name = "other-ca".into();
+        assert!(!template_uses_shared_ca(&other));
+    }
+
+    #[test]
+    fn the_ca_copy_carries_data_only_and_its_digest_follows_the_data() {
+        let set = set_with_ca();
+        let mut src = ConfigMap::default();
+        src.metadata.name = Some("pg-ca".into());
+        src.metadata.namespace = Some("platform".into());
+        src.metadata.labels = Some(super::labels(&[("team", "platform")]));
+        src.data = Some(BTreeMap::from([(
+            "ca.crt".into(),
+            "-----BEGIN CERT-----".into(),
+        )]));
+        let copy = ca_copy(&set, "dev-a", &src);
+        assert_eq!(copy.metadata.name.as_deref(), Some("dev-seed-ca"));
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("dev-a"));
+        assert_eq!(copy.data, src.data);
+        assert!(!copy.labels().contains_key("team"));
+        assert_eq!(copy.labels()[LABEL_SOURCE_SET], "dev-seed");
+        assert_eq!(copy.annotations()[ANNOTATION_COPIED_FROM], "platform/pg-ca");
+        assert!(owned_by(&copy, &set));
+        let before = config_map_digest(&set, &src);
+        assert_eq!(before, config_map_digest(&set, &src.clone()));
+        src.data
+            .as_mut()
+            .unwrap()
+            .insert("ca.crt".into(), "rotated".into());
+        assert_ne!(before, config_map_digest(&set, &src));
+    }
+
     #[test]
     fn without_opt_in_the_template_is_used_as_is() {
         let set = set_fixture(false);
-        let child = child_source(&set, "dev-a", Some("ignored"));
+        let child = child_source(&set, "dev-a", &creds("ignored"));
         assert_eq!(child.spec, set.spec.template.spec);
         assert_eq!(
             per_namespace_secret(&set).as_deref(),
@@ -432,9 +650,14 @@ spec:
         src.type_ = Some("Opaque".into());
         let digest = credentials_digest(&set, src.data.as_ref().unwrap());
         let docs = [
-            serde_yaml_ng::to_string(&child_source(&set, "dev-a", Some(&digest))).unwrap(),
+            serde_yaml_ng::to_string(&child_source(&set, "dev-a", &creds(&digest))).unwrap(),
             serde_yaml_ng::to_string(&secret_copy(&set, "dev-a", &src)).unwrap(),
-            serde_yaml_ng::to_string(&child_source(&set_fixture(false), "dev-a", None)).unwrap(),
+            serde_yaml_ng::to_string(&child_source(
+                &set_fixture(false),
+                "dev-a",
+                &SharedDigests::default(),
+            ))
+            .unwrap(),
         ];
         let text: String = docs.iter().map(|d| format!("---\n{d}")).collect();
         crate::operator::crd::tests::assert_golden(

@@ -17,6 +17,7 @@ pub(crate) fn ctx() -> BuildContext {
         image: "registry.example/larch:0.1.0".into(),
         operator_namespace: "larch-system".into(),
         network_policies: false,
+        pod_user: pod::PodUser::default(),
     }
 }
 
@@ -80,9 +81,13 @@ const EXPORTS: [&str; 3] = [
 ];
 
 fn export_children(name: &str) -> ExportChildren {
+    export_children_in(name, &ctx())
+}
+
+fn export_children_in(name: &str, ctx: &BuildContext) -> ExportChildren {
     let e = export_fixture(name);
     let run = export::run_id(&e, None);
-    export::children(&e, Some(&run), &ctx())
+    export::children(&e, Some(&run), ctx)
 }
 
 /// (fixture, referenced export fixture)
@@ -101,8 +106,12 @@ fn resolved(name: &str, export: Option<&str>) -> (ArchiveSource, ResolvedArchive
 }
 
 fn source_children(name: &str, export: Option<&str>) -> SourceChildren {
+    source_children_in(name, export, &ctx())
+}
+
+fn source_children_in(name: &str, export: Option<&str>, ctx: &BuildContext) -> SourceChildren {
     let (s, r) = resolved(name, export);
-    source::children(&s, &r, &ctx())
+    source::children(&s, &r, ctx)
 }
 
 #[test]
@@ -249,9 +258,13 @@ fn assert_restricted(what: &str, spec: &PodSpec) {
 }
 
 fn all_pod_specs() -> Vec<(String, PodSpec)> {
+    all_pod_specs_in(&ctx())
+}
+
+fn all_pod_specs_in(ctx: &BuildContext) -> Vec<(String, PodSpec)> {
     let mut out = vec![];
     for name in EXPORTS {
-        let c = export_children(name);
+        let c = export_children_in(name, ctx);
         for j in &c.jobs {
             out.push((
                 format!("{name} job"),
@@ -270,7 +283,7 @@ fn all_pod_specs() -> Vec<(String, PodSpec)> {
         }
     }
     for (name, export) in SOURCES {
-        let c = source_children(name, export);
+        let c = source_children_in(name, export, ctx);
         out.push((
             format!("{name} statefulset"),
             c.stateful_set.spec.template.spec.unwrap(),
@@ -303,6 +316,57 @@ fn every_generated_pod_is_pod_security_restricted() {
             "{what}"
         );
     }
+}
+
+/// `--pod-run-as-user platform` (OpenShift): no UID, GID or fsGroup in any generated pod, which
+/// stays "restricted"; by default all three are the image's user.
+#[test]
+fn the_uid_of_generated_pods_is_fixed_or_left_to_the_platform() {
+    for (what, spec) in all_pod_specs() {
+        let psc = spec.security_context.unwrap();
+        let ids = (psc.run_as_user, psc.run_as_group, psc.fs_group);
+        assert_eq!(ids, (Some(65532), Some(65532), Some(65532)), "{what}");
+    }
+    let platform = BuildContext {
+        pod_user: pod::PodUser::Platform,
+        ..ctx()
+    };
+    let specs = all_pod_specs_in(&platform);
+    assert!(specs.len() >= 7);
+    for (what, spec) in &specs {
+        assert_restricted(what, spec);
+        let psc = spec.security_context.as_ref().unwrap();
+        assert_eq!(
+            (psc.run_as_user, psc.run_as_group, psc.fs_group),
+            (None, None, None),
+            "{what}"
+        );
+    }
+    let cleanup = cleanup::cleanup_job(&export_fixture("export-continuous-s3"), &platform);
+    let psc = cleanup
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .security_context
+        .unwrap();
+    assert_eq!(psc.run_as_user, None);
+    assert_eq!(psc.run_as_non_root, Some(true));
+
+    use std::str::FromStr;
+    assert_eq!(
+        pod::PodUser::from_str("1000680000"),
+        Ok(pod::PodUser::Fixed(1000680000))
+    );
+    assert_eq!(
+        pod::PodUser::from_str("platform"),
+        Ok(pod::PodUser::Platform)
+    );
+    assert!(pod::PodUser::from_str("0").unwrap_err().contains("root"));
+    assert!(pod::PodUser::from_str("-5").unwrap_err().contains("\"-5\""));
+    assert!(pod::PodUser::from_str("nobody").is_err());
+    assert_eq!(pod::PodUser::default().to_string(), "65532");
 }
 
 /// `larch engine` and `larch export --follow` listen on loopback unless told otherwise: every
@@ -964,4 +1028,63 @@ fn postgres_ca_bundles_are_mounted_where_the_docs_say() {
         .unwrap()
         .1;
     assert_eq!(mounted(engine, "target-ca"), "/etc/larch/target-ca");
+}
+
+/// Engines with two or more replicas spread over nodes unless the spec says how (or `[]`).
+#[test]
+fn engine_replicas_spread_over_nodes_unless_told_otherwise() {
+    let spread = |name: &str, edit: &dyn Fn(&mut ArchiveSource)| {
+        let mut s = source_fixture(name);
+        edit(&mut s);
+        let r = resolve(&s, None).unwrap();
+        source::children(&s, &r, &ctx())
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .topology_spread_constraints
+    };
+    let name = "source-s3-postgres";
+    let default = spread(name, &|_| {}).expect("replicas: 2 spreads by default");
+    assert_eq!(default.len(), 1);
+    let c = &default[0];
+    assert_eq!(
+        (
+            c.max_skew,
+            c.topology_key.as_str(),
+            c.when_unsatisfiable.as_str()
+        ),
+        (1, "kubernetes.io/hostname", "ScheduleAnyway")
+    );
+    let sel = c
+        .label_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .clone()
+        .unwrap();
+    assert_eq!(sel, source::selector_labels(&source_fixture(name)));
+
+    assert_eq!(spread(name, &|s| s.spec.replicas = Some(1)), None);
+    let zones = serde_json::json!({"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "x"}}});
+    let own = spread(name, &|s| {
+        s.spec
+            .pod
+            .get_or_insert_with(Default::default)
+            .topology_spread_constraints = Some(vec![zones.clone()])
+    })
+    .unwrap();
+    assert_eq!(
+        serde_json::to_value(&own).unwrap(),
+        serde_json::json!([zones])
+    );
+    let off = spread(name, &|s| {
+        s.spec
+            .pod
+            .get_or_insert_with(Default::default)
+            .topology_spread_constraints = Some(vec![])
+    });
+    assert_eq!(off, Some(vec![]));
 }

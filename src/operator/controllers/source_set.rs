@@ -1,5 +1,6 @@
-//! The ArchiveSourceSet controller: dereference the shared credentials → select namespaces →
-//! per namespace copy the Secret (opt-in only) and apply the ArchiveSource (server-side apply,
+//! The ArchiveSourceSet controller: dereference the shared credentials and CA bundle → select
+//! namespaces → per namespace copy the Secret and the CA ConfigMap (opt-in only) and apply the
+//! ArchiveSource (server-side apply,
 //! one field manager; objects of the same name it does not own are conflicts, never taken over)
 //! → delete what it owns in namespaces that are no longer selected → roll the children's
 //! conditions up into status.
@@ -8,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -19,8 +20,9 @@ use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
 use super::status::set_events;
 use crate::operator::builders::source_set::{
-    LABEL_SOURCE_SET, child_source, copy_name, credentials_digest, owned_by, per_namespace_secret,
-    secret_copy, selected_namespaces, shares_credentials,
+    LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_source, config_map_digest,
+    copy_name, credentials_digest, owned_by, owns, per_namespace_secret, secret_copy,
+    selected_namespaces, shared_ca_name, shares_credentials, template_uses_shared_ca,
 };
 use crate::operator::conditions::{
     self, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state, source_set_conditions,
@@ -41,13 +43,16 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     let applier = Applier::new(&ctx, "source-set", MANAGER_SOURCE_SET);
     let mut children = ChildSet::new(&applier, format!("{LABEL_SOURCE_SET}={}", set.name_any()));
     let mut round = SetRound::new(&set, &ctx);
-    let shared = round.dereference().await?;
+    let shared = Shared {
+        secret: round.dereference().await?,
+        ca: round.dereference_ca().await?,
+    };
     let observed = Observed::from_caches(&set, &ctx).await?;
-    round.keep_selected(&mut children, &observed, shared.is_some());
+    round.keep_selected(&mut children, &observed, &shared);
     if round.invalid.is_none() {
         for ns in &observed.selected {
             round
-                .apply_namespace(&mut children, ns, &observed, shared.as_ref())
+                .apply_namespace(&mut children, ns, &observed, &shared)
                 .await?;
         }
     }
@@ -55,6 +60,12 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     round.write_status(&applier, &observed.selected).await?;
     // Children, namespaces and Secrets trigger reconciles; this is a safety net.
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// What the set copies into every namespace (each only on its opt-in).
+struct Shared {
+    secret: Option<Secret>,
+    ca: Option<ConfigMap>,
 }
 
 /// What the caches hold of the set's world: the selected namespaces and the objects with the
@@ -68,6 +79,8 @@ struct Observed {
     copies: BTreeMap<String, Arc<PartialObjectMeta<Secret>>>,
     /// Namespaces holding the Secret the template names.
     has_secret: HashSet<String>,
+    /// CA bundle copies (the operator's labelled ConfigMaps of the copy's name), by namespace.
+    ca_copies: BTreeMap<String, Arc<PartialObjectMeta<ConfigMap>>>,
 }
 
 impl Observed {
@@ -87,11 +100,21 @@ impl Observed {
                 .collect(),
             None => HashSet::new(),
         };
+        // The labelled ConfigMaps are cached for the engines anyway; wait for them only when
+        // the set has CA copies to look at.
+        let ca_copies = if shared_ca_name(set).is_some() {
+            cache_ready(&caches.config_maps).await?;
+            let copy = ca_copy_name(set);
+            by_namespace(caches.config_maps.state_filter(|c| c.name_any() == copy))
+        } else {
+            BTreeMap::new()
+        };
         Ok(Self {
             selected: selected_namespaces(set, caches.namespaces.state().iter().map(|n| &**n)),
             sources: by_namespace(caches.set_sources.state_filter(|s| s.name_any() == name)),
             copies: by_namespace(caches.secrets.state_filter(|s| s.name_any() == copy)),
             has_secret,
+            ca_copies,
         })
     }
 }
@@ -113,8 +136,8 @@ struct SetRound<'a> {
     problems: BTreeMap<String, Problem>,
     /// The set's ArchiveSources, by namespace (cached or just applied).
     children: BTreeMap<String, ArchiveSource>,
-    /// The digest of the shared credentials (rolls the engines when they change).
-    digest: Option<String>,
+    /// The digests of the shared credentials and CA (roll the engines when they change).
+    digests: SharedDigests,
 }
 
 impl<'a> SetRound<'a> {
@@ -125,7 +148,7 @@ impl<'a> SetRound<'a> {
             invalid: None,
             problems: BTreeMap::new(),
             children: BTreeMap::new(),
-            digest: None,
+            digests: SharedDigests::default(),
         }
     }
 
@@ -145,7 +168,7 @@ impl<'a> SetRound<'a> {
             .get_opt(&r.name)
             .await
             .map_err(Error::Dereference)?;
-        self.digest = secret
+        self.digests.credentials = secret
             .as_ref()
             .map(|s| credentials_digest(self.set, &s.data.clone().unwrap_or_default()));
         if secret.is_none() {
@@ -160,21 +183,70 @@ impl<'a> SetRound<'a> {
         Ok(secret)
     }
 
-    /// Every selected namespace keeps its ArchiveSource, and its credentials copy while the
-    /// set shares them (whether or not this round applies them); the rest is pruned.
-    fn keep_selected(&mut self, children: &mut ChildSet<'_>, observed: &Observed, shared: bool) {
+    /// The shared CA bundle ConfigMap (opt-in only); a missing one, or one the template does
+    /// not name, makes the set invalid.
+    async fn dereference_ca(&mut self) -> Result<Option<ConfigMap>, Error> {
+        let Some(c) = self
+            .set
+            .spec
+            .ca_bundle
+            .as_ref()
+            .filter(|c| c.share_to_namespaces)
+        else {
+            return Ok(None);
+        };
+        let r = &c.config_map_ref;
+        if !template_uses_shared_ca(self.set) {
+            self.invalid.get_or_insert_with(|| Problem::new(
+                "CaBundleUnused",
+                format!("spec.caBundle shares ConfigMap {}/{}, but no caBundle.configMap of the template (archive.s3, target.postgres) names {}", r.namespace, r.name, r.name),
+            ));
+            return Ok(None);
+        }
+        let cm = Api::<ConfigMap>::namespaced(self.ctx.client.clone(), &r.namespace)
+            .get_opt(&r.name)
+            .await
+            .map_err(Error::Dereference)?;
+        self.digests.ca = cm.as_ref().map(|c| config_map_digest(self.set, c));
+        if cm.is_none() {
+            self.invalid.get_or_insert_with(|| {
+                Problem::new(
+                    "CaBundleNotFound",
+                    format!(
+                        "the CA bundle ConfigMap {}/{} (spec.caBundle.configMapRef) does not exist",
+                        r.namespace, r.name
+                    ),
+                )
+            });
+        }
+        Ok(cm)
+    }
+
+    /// Every selected namespace keeps its ArchiveSource, and its credentials and CA copies
+    /// while the set shares them (whether or not this round applies them); the rest is pruned.
+    fn keep_selected(&mut self, children: &mut ChildSet<'_>, observed: &Observed, shared: &Shared) {
         self.children = observed
             .sources
             .iter()
             .filter(|(_, s)| owned_by(&***s, self.set))
             .map(|(ns, s)| (ns.clone(), (**s).clone()))
             .collect();
-        let sharing = shared || (self.invalid.is_some() && shares_credentials(self.set));
-        let (name, copy) = (self.set.name_any(), copy_name(self.set));
+        // An invalid set keeps what it shares: running engines still use the copies.
+        let invalid = self.invalid.is_some();
+        let sharing = shared.secret.is_some() || (invalid && shares_credentials(self.set));
+        let sharing_ca = shared.ca.is_some() || (invalid && shared_ca_name(self.set).is_some());
+        let (name, copy, ca) = (
+            self.set.name_any(),
+            copy_name(self.set),
+            ca_copy_name(self.set),
+        );
         for ns in &observed.selected {
             children.keep::<ArchiveSource>(ns, &name);
             if sharing {
                 children.keep::<Secret>(ns, &copy);
+            }
+            if sharing_ca {
+                children.keep::<ConfigMap>(ns, &ca);
             }
         }
     }
@@ -191,7 +263,7 @@ impl<'a> SetRound<'a> {
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
-        shared: Option<&Secret>,
+        shared: &Shared,
     ) -> Result<(), Error> {
         let name = self.set.name_any();
         // Not cached (the cache holds only labelled ones): before creating, make sure no
@@ -207,8 +279,13 @@ impl<'a> SetRound<'a> {
             self.fail(ns, "NameConflict", format!("an ArchiveSource {ns}/{name} exists that this set does not own; rename or delete it"));
             return Ok(());
         }
-        if let Some(secret) = shared
+        if let Some(secret) = &shared.secret
             && !self.copy_secret(children, ns, observed, secret).await
+        {
+            return Ok(());
+        }
+        if let Some(ca) = &shared.ca
+            && !self.copy_ca(children, ns, observed, ca).await?
         {
             return Ok(());
         }
@@ -218,7 +295,7 @@ impl<'a> SetRound<'a> {
             // Applied anyway: the engines start once the Secret is there.
             self.fail(ns, "SecretNotFound", format!("template.spec.archive.s3.credentials names Secret {n}, which does not exist in namespace {ns}; create it there, or share a Secret with spec.credentials (shareToNamespaces: true)"));
         }
-        let desired = child_source(self.set, ns, self.digest.as_deref());
+        let desired = child_source(self.set, ns, &self.digests);
         match children
             .apply_over(desired, existing.as_ref().map(|s| &s.metadata))
             .await
@@ -266,6 +343,41 @@ impl<'a> SetRound<'a> {
         true
     }
 
+    /// Copies the shared CA bundle into `ns`; false (and a problem) when that failed or a
+    /// ConfigMap of the copy's name is someone else's (the cache holds only labelled ones: one
+    /// that is not cached is read before it is created).
+    async fn copy_ca(
+        &mut self,
+        children: &mut ChildSet<'_>,
+        ns: &str,
+        observed: &Observed,
+        ca: &ConfigMap,
+    ) -> Result<bool, Error> {
+        let copy = ca_copy_name(self.set);
+        let existing = match observed.ca_copies.get(ns) {
+            Some(c) => Some(c.metadata.clone()),
+            None => Api::<ConfigMap>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&copy)
+                .await
+                .map_err(Error::Apply)?
+                .map(|c| c.metadata),
+        };
+        if existing.as_ref().is_some_and(|m| !owns(m, self.set)) {
+            self.fail(ns, "ConfigMapConflict", format!("a ConfigMap {ns}/{copy} exists that this set does not own; the CA bundle is not copied over it (rename or delete it)"));
+            return Ok(false);
+        }
+        let desired = ca_copy(self.set, ns, ca);
+        if let Err(e) = children.apply_over(desired, existing.as_ref()).await {
+            self.fail(
+                ns,
+                "CopyFailed",
+                format!("copying the CA bundle into ConfigMap {ns}/{copy}: {e}"),
+            );
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
     /// Deletes what the set owns outside the selection (and the copies once sharing is off).
     async fn prune(&self, children: &mut ChildSet<'_>, observed: &Observed) -> Result<(), Error> {
         let name = self.set.name_any();
@@ -282,6 +394,13 @@ impl<'a> SetRound<'a> {
             .map(|(ns, c)| (ns.clone(), c.name_any()))
             .collect();
         children.prune_among::<Secret>(copies).await?;
+        let ca_copies = observed
+            .ca_copies
+            .iter()
+            .filter(|(_, c)| owned_by(&***c, self.set))
+            .map(|(ns, c)| (ns.clone(), c.name_any()))
+            .collect();
+        children.prune_among::<ConfigMap>(ca_copies).await?;
         Ok(())
     }
 

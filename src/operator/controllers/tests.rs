@@ -1508,6 +1508,176 @@ async fn source_set_copies_applies_prunes_and_never_takes_over() {
     assert!(!text.contains("YQ==") && !text.contains("Yg=="));
 }
 
+fn ca_copy_path(ns: &str) -> String {
+    format!("/api/v1/namespaces/{ns}/configmaps/dev-seed-ca?{MANAGER_SET_Q}")
+}
+
+fn shared_ca() -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "pg-ca", "namespace": "platform", "labels": {"team": "platform"}},
+        "data": {"ca.crt": "-----BEGIN CERTIFICATE-----", "root.pem": "-----BEGIN CERTIFICATE-----"}})
+}
+
+#[tokio::test]
+async fn source_set_copies_its_ca_bundle_and_never_takes_one_over() {
+    let (ctx, handle, _) = context(Arc::default());
+    let set = crate::operator::builders::source_set::tests::set_with_ca();
+    let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
+    let mut caches = writers(&ctx);
+    fill(
+        &mut caches.namespaces,
+        [
+            namespace("dev-a", true),
+            namespace("dev-b", true),
+            namespace("dev-old", false),
+        ],
+    );
+    fill(&mut caches.set_sources, []);
+    fill(&mut caches.secrets, []);
+    // Ours, in a namespace no longer selected (labelled, so cached): deleted.
+    fill(
+        &mut caches.config_maps,
+        [meta_of::<ConfigMap>(
+            &json!({"metadata": {"name": "dev-seed-ca", "namespace": "dev-old",
+            "ownerReferences": set_owner(), "labels": {"larch.dev/source-set": "dev-seed"}}}),
+        )],
+    );
+    let script = vec![
+        shared_secret_get(),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/platform/configmaps/pg-ca",
+            Some(shared_ca()),
+        ),
+        expect_read(&set_source_path("dev-a"), None),
+        expect(Method::PATCH, &copy_path("dev-a"), None),
+        // Not cached: read before creating, in case someone else's has the name.
+        expect_read(&ca_copy_path("dev-a"), None),
+        expect(Method::PATCH, &ca_copy_path("dev-a"), None),
+        expect(Method::PATCH, &set_source_path("dev-a"), None),
+        expect_read(&set_source_path("dev-b"), None),
+        expect(Method::PATCH, &copy_path("dev-b"), None),
+        // Someone else's ConfigMap of the copy's name: left alone, and no ArchiveSource.
+        expect_read(
+            &ca_copy_path("dev-b"),
+            Some(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "dev-seed-ca", "namespace": "dev-b"}, "data": {"ca.crt": "theirs"}})),
+        ),
+        expect(
+            Method::DELETE,
+            "/api/v1/namespaces/dev-old/configmaps/dev-seed-ca?",
+            Some(ok),
+        ),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+
+    // The copy: the source's data, none of its labels.
+    let copy = &bodies[5];
+    assert_eq!(copy["data"], shared_ca()["data"]);
+    assert_eq!(
+        copy["metadata"]["labels"]["larch.dev/source-set"],
+        "dev-seed"
+    );
+    assert!(copy["metadata"]["labels"]["team"].is_null());
+    assert_eq!(copy["metadata"]["ownerReferences"], set_owner());
+    assert_eq!(
+        copy["metadata"]["annotations"]["larch.dev/copied-from"],
+        "platform/pg-ca"
+    );
+    // The ArchiveSource reads both CA references from the copy and carries its digest.
+    let child = &bodies[6];
+    assert_eq!(
+        child["spec"]["archive"]["s3"]["caBundle"]["configMap"],
+        json!({"name": "dev-seed-ca", "key": "ca.crt"})
+    );
+    assert_eq!(
+        child["spec"]["target"]["postgres"]["caBundle"]["configMap"],
+        json!({"name": "dev-seed-ca", "key": "root.pem"})
+    );
+    let digest = child["spec"]["pod"]["annotations"]["larch.dev/ca-digest"]
+        .as_str()
+        .unwrap();
+    assert_eq!(digest.len(), 16);
+    let st = &bodies[11]["status"];
+    assert_eq!(st["failingNamespaces"][0]["namespace"], "dev-b");
+    assert_eq!(st["failingNamespaces"][0]["reason"], "ConfigMapConflict");
+    assert_eq!(st["failingNamespaces"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn source_set_sharing_a_ca_it_does_not_use_or_cannot_find_stalls() {
+    // The template names no ConfigMap of the shared name: invalid before anything is read.
+    let (ctx, handle, _) = context(Arc::default());
+    let mut set = crate::operator::builders::source_set::tests::set_with_ca();
+    set.spec.ca_bundle.as_mut().unwrap().config_map_ref.name = "other-ca".into();
+    let mut caches = writers(&ctx);
+    fill(&mut caches.namespaces, [namespace("dev-a", true)]);
+    fill(&mut caches.set_sources, []);
+    fill(&mut caches.secrets, []);
+    fill(&mut caches.config_maps, []);
+    let script = vec![
+        shared_secret_get(),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[1]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "CaBundleUnused");
+    assert!(
+        cond(st, "Stalled")["message"]
+            .as_str()
+            .unwrap()
+            .contains("ConfigMap platform/other-ca"),
+        "{st}"
+    );
+
+    // The ConfigMap does not exist: invalid, named.
+    let (ctx, handle, _) = context(Arc::default());
+    let set = crate::operator::builders::source_set::tests::set_with_ca();
+    let mut caches = writers(&ctx);
+    fill(&mut caches.namespaces, [namespace("dev-a", true)]);
+    fill(&mut caches.set_sources, []);
+    fill(&mut caches.secrets, []);
+    fill(&mut caches.config_maps, []);
+    let script = vec![
+        shared_secret_get(),
+        expect(
+            Method::GET,
+            "/api/v1/namespaces/platform/configmaps/pg-ca",
+            not_found(),
+        ),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[2]["status"];
+    assert_eq!(cond(st, "Stalled")["reason"], "CaBundleNotFound");
+    assert_eq!(
+        cond(st, "Stalled")["message"],
+        "the CA bundle ConfigMap platform/pg-ca (spec.caBundle.configMapRef) does not exist"
+    );
+}
+
 #[tokio::test]
 async fn source_set_without_its_secret_stalls_and_touches_nothing() {
     let (ctx, handle, _) = context(Arc::default());

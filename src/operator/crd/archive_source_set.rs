@@ -41,6 +41,11 @@ pub struct ArchiveSourceSetSpec {
     /// the engines use workload identity (`serviceAccountName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<SharedCredentials>,
+    /// A CA bundle ConfigMap shared with every selected namespace. The template's `caBundle`
+    /// references of that ConfigMap's name (`archive.s3.caBundle.configMap`,
+    /// `target.postgres.caBundle.configMap`) then point at the copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<SharedCaBundle>,
 }
 
 /// A label selector over namespaces (the shape of `metav1.LabelSelector`, bounded).
@@ -107,6 +112,31 @@ pub struct SharedCredentials {
     /// Explicit opt-in: copy the Secret into every selected namespace (as
     /// `<set name>-credentials`, owned by the set, kept in sync on rotation).
     pub share_to_namespaces: bool,
+}
+
+/// A ConfigMap in one namespace (a CA bundle), copied into every selected namespace on opt-in.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.shareToNamespaces == true").message("the CA bundle is copied into the selected namespaces only with shareToNamespaces: true; without sharing, omit caBundle and create the ConfigMap the template names in each namespace"),
+)]
+pub struct SharedCaBundle {
+    /// The ConfigMap holding the bundle; the template names it (by `name`) in its `caBundle`
+    /// references, with the key to read.
+    pub config_map_ref: NamespacedConfigMapRef,
+    /// Explicit opt-in: copy the ConfigMap into every selected namespace (as `<set name>-ca`,
+    /// owned by the set, kept in sync on rotation).
+    pub share_to_namespaces: bool,
+}
+
+/// A ConfigMap by namespace and name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespacedConfigMapRef {
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// A Secret by namespace and name.

@@ -296,5 +296,15 @@ pub fn raw_object_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// A bounded list of objects passed through unchecked (the API server validates them in the
+/// pod template).
+pub fn raw_object_list_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 8,
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+    })
+}
+
 /// `BTreeMap<String, String>` alias used with [`string_map_schema`].
 pub type StringMap = BTreeMap<String, String>;

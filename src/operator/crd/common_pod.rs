@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{StringMap, raw_object_schema, string_map_schema};
+use super::common::{StringMap, raw_object_list_schema, raw_object_schema, string_map_schema};
 
 /// Container resources (quantities as strings, e.g. `cpu: 500m`, `memory: 1Gi`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -44,6 +44,12 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub priority_class_name: Option<String>,
+    /// Topology spread constraints of the pods (`core/v1 TopologySpreadConstraint`s, passed
+    /// through). Engines with two or more replicas and none given spread over nodes
+    /// (`kubernetes.io/hostname`, `ScheduleAnyway`); `[]` turns that off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "raw_object_list_schema")]
+    pub topology_spread_constraints: Option<Vec<serde_json::Value>>,
 }
 
 /// A pod toleration (the shape of `core/v1 Toleration`).

@@ -267,6 +267,7 @@ impl SeaweedFs {
                 secret_access_key_file: self.secret_access_key_file.clone(),
                 session_token_file: None,
             },
+            ca_file: None,
         }
     }
 
