@@ -10,8 +10,8 @@ mod gitops;
 mod invalid_crs;
 mod monitoring;
 mod multi_tenancy;
-mod restore;
 mod progress;
+mod restore;
 mod status_command;
 mod support;
 

@@ -119,7 +119,12 @@ fn pod_template(
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let mut pod_spec = pod::base_pod_spec(container, volumes, spec.service_account_name.as_ref());
+    let mut pod_spec = pod::base_pod_spec(
+        container,
+        volumes,
+        spec.service_account_name.as_ref(),
+        ctx.pod_user,
+    );
     pod_spec.restart_policy = Some("Never".into());
     let annotations = pod::apply_overrides(&mut pod_spec, spec.pod.as_ref());
     let mut pod_labels = selector_labels(restore);

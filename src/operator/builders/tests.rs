@@ -136,10 +136,18 @@ pub(crate) fn restore_fixture(name: &str) -> ArchiveRestore {
 }
 
 fn restore_job(name: &str, export: Option<&str>) -> k8s_openapi::api::batch::v1::Job {
+    restore_job_in(name, export, &ctx())
+}
+
+fn restore_job_in(
+    name: &str,
+    export: Option<&str>,
+    ctx: &BuildContext,
+) -> k8s_openapi::api::batch::v1::Job {
     let r = restore_fixture(name);
     let e = export.map(export_fixture);
     let archive = restore::resolve(&r, e.as_ref()).unwrap();
-    restore::job(&r, &archive, &restore::run_id(&r, None), &ctx())
+    restore::job(&r, &archive, &restore::run_id(&r, None), ctx)
 }
 
 #[test]
@@ -290,7 +298,7 @@ fn all_pod_specs_in(ctx: &BuildContext) -> Vec<(String, PodSpec)> {
         ));
     }
     for (name, export) in RESTORES {
-        let j = restore_job(name, export);
+        let j = restore_job_in(name, export, ctx);
         out.push((
             format!("{name} job"),
             j.spec.unwrap().template.spec.unwrap(),
