@@ -41,14 +41,33 @@ async fn generate(dir: &Path, rows: u64) {
     let mut w = ArchiveWriter::open(vec![store], writer_config())
         .await
         .unwrap();
-    w.set_columns(vec![ColumnDefinition {
-        name: "id".into(),
-        type_name: "int8".into(),
-        primary_key: true,
-        primary_key_ordinal: 1,
-        ordinal_position: 1,
-        ..Default::default()
-    }]);
+    // Every column of events.sql: the engine refuses index fields that are not columns.
+    let columns = [
+        ("id", "int8"),
+        ("tenant", "text"),
+        ("kind", "text"),
+        ("amount", "numeric"),
+        ("payload", "jsonb"),
+        ("created_at", "timestamptz"),
+        ("tags", "_text"),
+        ("flag", "bool"),
+        ("ref", "uuid"),
+        ("blob", "bytea"),
+    ];
+    w.set_columns(
+        columns
+            .iter()
+            .enumerate()
+            .map(|(i, (name, type_name))| ColumnDefinition {
+                name: name.to_string(),
+                type_name: type_name.to_string(),
+                primary_key: i == 0,
+                primary_key_ordinal: if i == 0 { 1 } else { 0 },
+                ordinal_position: i as i64 + 1,
+                ..Default::default()
+            })
+            .collect(),
+    );
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let producer = tokio::spawn(async move {
         for g in 1..=rows {

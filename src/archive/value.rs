@@ -136,7 +136,12 @@ pub fn string_value(s: &str) -> Value {
 /// value (integral values as plain integers, `1.234567e+06` = `1234567`), a string as itself,
 /// anything else as its compact JSON text.
 pub fn canonical_text(value: &RawValue) -> Cow<'_, str> {
-    let text = value.get().trim();
+    canonical_text_of(value.get())
+}
+
+/// [`canonical_text`] of a value's JSON text (already validated, as stored rows hold it).
+pub fn canonical_text_of(text: &str) -> Cow<'_, str> {
+    let text = text.trim();
     match text.as_bytes().first() {
         Some(b'"') => match serde_json::from_str::<Cow<'_, str>>(text) {
             Ok(s) => canonical_string(s),

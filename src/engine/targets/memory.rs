@@ -7,7 +7,8 @@
 //!   identities holding it).
 //! * A re-baseline builds a whole new table aside and swaps it in under the write lock: a query
 //!   sees the old table or the new one, never a partial or empty one (C2).
-//! * Rows are kept and emitted as their exact JSON text (every digit of every number).
+//! * Rows are emitted as their exact JSON text (every digit of every number), kept packed: one
+//!   buffer per row holding its values, the field names once per table (`packed_rows`).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -21,9 +22,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::value::RawValue;
 
 use super::Target;
+use super::packed_rows::{self, PackedRow, Shapes};
 use crate::archive::identity::{Identity, KeyCapture, change_identity, identity_of, row_identity};
 use crate::archive::model::{Action, ColumnDefinition, TableId};
-use crate::archive::value::{Row, canonical_text, compare_canonical, string_value};
+use crate::archive::value::{
+    Row, canonical_text, canonical_text_of, compare_canonical, string_value,
+};
 use crate::locks::{MutexExt, RwLockExt};
 use crate::source::ChangeEvent;
 
@@ -33,9 +37,10 @@ use crate::source::ChangeEvent;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SortKey {
     Int(i64),
-    /// Another canonical number (decimal, or beyond `i64`).
-    Num(Box<str>),
-    Text(Box<str>),
+    /// Another canonical number (decimal, or beyond `i64`). Boxed twice: a thin pointer
+    /// keeps every key (most are `Int`) at 16 bytes in the primary and secondary indexes.
+    Num(Box<Box<str>>),
+    Text(Box<Box<str>>),
 }
 
 fn is_canonical_number(s: &str) -> bool {
@@ -56,9 +61,9 @@ impl SortKey {
             return SortKey::Int(i);
         }
         if is_canonical_number(&id) {
-            SortKey::Num(id)
+            SortKey::Num(Box::new(id))
         } else {
-            SortKey::Text(id)
+            SortKey::Text(Box::new(id))
         }
     }
 
@@ -66,7 +71,7 @@ impl SortKey {
     pub fn text(&self) -> std::borrow::Cow<'_, str> {
         match self {
             SortKey::Int(i) => std::borrow::Cow::Owned(i.to_string()),
-            SortKey::Num(s) | SortKey::Text(s) => std::borrow::Cow::Borrowed(s),
+            SortKey::Num(s) | SortKey::Text(s) => std::borrow::Cow::Borrowed(&**s),
         }
     }
 }
@@ -94,13 +99,27 @@ impl PartialOrd for SortKey {
 
 /// One table's rows and indexes.
 pub struct TableData {
-    rows: BTreeMap<SortKey, Row>,
+    /// Rows by identity, each one buffer without its field names (see [`Shapes`]).
+    rows: BTreeMap<SortKey, PackedRow>,
+    /// The rows' shapes; its scan fields are the key fields then the index fields.
+    shapes: Shapes,
     key_fields: Arc<[String]>,
     index_fields: Arc<[String]>,
-    /// Key fields then index fields: what one scan of a row captures.
-    scan_fields: Vec<String>,
     /// One per index field: canonical value → identities.
     indexes: Vec<HashMap<Box<str>, BTreeSet<SortKey>>>,
+}
+
+/// A row read once for storing: identity, index values, packed text.
+struct Prepared {
+    id: SortKey,
+    index_values: Vec<Option<Box<str>>>,
+    /// The identity comes from the key fields (not the row's own text).
+    keyed: bool,
+    packed: PackedRow,
+}
+
+fn index_text(v: &str) -> Box<str> {
+    canonical_text_of(v).into_owned().into_boxed_str()
 }
 
 impl TableData {
@@ -108,11 +127,13 @@ impl TableData {
         TableData {
             rows: BTreeMap::new(),
             indexes: index_fields.iter().map(|_| HashMap::new()).collect(),
-            scan_fields: key_fields
-                .iter()
-                .chain(index_fields.iter())
-                .cloned()
-                .collect(),
+            shapes: Shapes::new(
+                key_fields
+                    .iter()
+                    .chain(index_fields.iter())
+                    .cloned()
+                    .collect(),
+            ),
             key_fields,
             index_fields,
         }
@@ -126,53 +147,71 @@ impl TableData {
         self.rows.is_empty()
     }
 
-    /// Identity and index values of a row, in one scan.
-    fn scan(&self, row: &Row) -> (SortKey, Vec<Option<Box<str>>>) {
-        let (id, values, _) = self.scan_keyed(row);
-        (id, values)
-    }
-
-    /// `scan`, and whether the identity comes from the key fields (not the row's own text).
-    fn scan_keyed(&self, row: &Row) -> (SortKey, Vec<Option<Box<str>>>, bool) {
+    /// Identity, index values and packed text of a row, in one parse.
+    fn prepare(&mut self, text: &str) -> Prepared {
         let k = self.key_fields.len();
-        match KeyCapture::scan(&self.scan_fields, row.as_str()) {
-            Ok(values) => {
-                let keyed = identity_of(&values[..k]);
-                let is_keyed = keyed.is_some();
-                let id = keyed.unwrap_or_else(|| row.as_str().into());
-                let idx = values[k..]
+        match packed_rows::scan(self.shapes.scan_fields(), text) {
+            Ok(scanned) => {
+                let keyed = identity_of(&scanned.fields[..k]);
+                let index_values = scanned.fields[k..]
                     .iter()
-                    .map(|v| v.map(|v| canonical_text(v).into_owned().into_boxed_str()))
+                    .map(|v| v.map(|v| index_text(v.get())))
                     .collect();
-                (SortKey::new(id), idx, is_keyed)
+                Prepared {
+                    keyed: keyed.is_some(),
+                    id: SortKey::new(keyed.unwrap_or_else(|| text.into())),
+                    index_values,
+                    packed: self.shapes.pack(&scanned),
+                }
             }
-            Err(_) => (
-                SortKey::Text(row.as_str().into()),
-                vec![None; self.index_fields.len()],
-                false,
-            ),
+            Err(_) => Prepared {
+                id: SortKey::Text(Box::new(text.into())),
+                index_values: vec![None; self.index_fields.len()],
+                keyed: false,
+                packed: Shapes::pack_whole(text),
+            },
         }
     }
 
-    fn index_values(&self, row: &Row) -> Vec<Option<Box<str>>> {
-        self.scan(row).1
+    /// A row's identity (what `prepare` would file it under).
+    fn identity(&self, row: &Row) -> SortKey {
+        match KeyCapture::scan(&self.key_fields, row.as_str()) {
+            Ok(values) => SortKey::new(identity_of(&values).unwrap_or_else(|| row.as_str().into())),
+            Err(_) => SortKey::Text(Box::new(row.as_str().into())),
+        }
+    }
+
+    /// The index values of a stored row, read through its shape.
+    fn stored_index_values(&self, row: &PackedRow) -> Vec<Option<Box<str>>> {
+        let k = self.key_fields.len();
+        self.shapes.fields(row)[k..]
+            .iter()
+            .map(|v| v.map(index_text))
+            .collect()
+    }
+
+    /// The exact text of a stored row.
+    fn text(&self, row: &PackedRow) -> String {
+        self.shapes.text(row)
     }
 
     /// Adds a baseline row. A baseline holds each identity once, so a second row with the same
     /// key values means the key fields do not identify rows (a wrong `key_fields`): an error,
     /// never a silent merge into fewer rows.
     fn insert_baseline(&mut self, row: Row) -> Result<(), String> {
-        let (id, values, keyed) = self.scan_keyed(&row);
-        if keyed && let Some(before) = self.rows.get(&id) {
+        let p = self.prepare(row.as_str());
+        if p.keyed
+            && let Some(before) = self.rows.get(&p.id)
+        {
             return Err(format!(
                 "two rows of the baseline share the key ({}) = {}: the key fields do not \
                  identify rows (a wrong key_fields?); the first was {}",
                 self.key_fields.join(", "),
-                id.text(),
-                before.as_str().chars().take(200).collect::<String>()
+                p.id.text(),
+                self.text(before).chars().take(200).collect::<String>()
             ));
         }
-        self.upsert_scanned(id, values, row);
+        self.upsert_prepared(p.id, p.index_values, p.packed);
         Ok(())
     }
 
@@ -189,10 +228,10 @@ impl TableData {
         }
     }
 
-    fn upsert_scanned(&mut self, id: SortKey, values: Vec<Option<Box<str>>>, row: Row) {
+    fn upsert_prepared(&mut self, id: SortKey, values: Vec<Option<Box<str>>>, row: PackedRow) {
         if !self.index_fields.is_empty() {
             if let Some(old) = self.rows.get(&id) {
-                let old_values = self.index_values(old);
+                let old_values = self.stored_index_values(old);
                 self.unindex(&id, old_values);
             }
             for (i, v) in values.into_iter().enumerate() {
@@ -204,16 +243,11 @@ impl TableData {
         self.rows.insert(id, row);
     }
 
-    pub fn upsert(&mut self, row: Row) {
-        let (id, values) = self.scan(&row);
-        self.upsert_scanned(id, values, row);
-    }
-
     fn remove(&mut self, id: &SortKey) {
         if let Some(old) = self.rows.remove(id)
             && !self.index_fields.is_empty()
         {
-            let values = self.index_values(&old);
+            let values = self.stored_index_values(&old);
             self.unindex(id, values);
         }
     }
@@ -228,7 +262,6 @@ impl TableData {
     /// Applies a change as the fold does (R5): upsert `new`; an UPDATE whose old identity
     /// differs also removes the old one; DELETE of an unknown identity is a no-op.
     fn apply(&mut self, c: &ChangeEvent) {
-        let key_fields = &self.key_fields;
         let change = crate::archive::model::Change {
             action: c.action,
             key: String::new(),
@@ -241,21 +274,21 @@ impl TableData {
                 let Some(old) = c.old.as_ref().or(c.new.as_ref()) else {
                     return;
                 };
-                let (id, _) = self.scan(old);
+                let id = self.identity(old);
                 self.remove(&id);
             }
             Action::Insert | Action::Update => {
                 let Some(new) = &c.new else { return };
-                let id = SortKey::new(change_identity(&change, key_fields));
+                let id = SortKey::new(change_identity(&change, &self.key_fields));
                 if c.action == Action::Update
                     && let Some(old) = &c.old
-                    && let Some(old_id) = row_identity(old, key_fields)
+                    && let Some(old_id) = row_identity(old, &self.key_fields)
                     && *old_id != *id.text()
                 {
                     self.remove(&SortKey::new(old_id));
                 }
-                let (_, values) = self.scan(new);
-                self.upsert_scanned(id, values, new.clone());
+                let p = self.prepare(new.as_str());
+                self.upsert_prepared(id, p.index_values, p.packed);
             }
         }
     }
@@ -319,12 +352,8 @@ impl MemoryTarget {
 
     /// All rows as JSON texts, in table order (tests, benchmarks).
     pub fn rows(&self) -> Vec<String> {
-        self.live
-            .read_locked()
-            .rows
-            .values()
-            .map(|r| r.as_str().to_string())
-            .collect()
+        let data = self.live.read_locked();
+        data.rows.values().map(|r| data.text(r)).collect()
     }
 
     /// `GET /tables/{t}`.
@@ -383,7 +412,7 @@ impl MemoryTarget {
             Some(a) => Bound::Excluded(a),
             None => Bound::Unbounded,
         };
-        let mut out: Vec<(&SortKey, &Row)> = Vec::with_capacity(limit + 1);
+        let mut out: Vec<(&SortKey, &PackedRow)> = Vec::with_capacity(limit + 1);
         match filters.split_first() {
             None => {
                 out.extend(data.rows.range((lower, Bound::Unbounded)).take(limit + 1));
@@ -413,8 +442,12 @@ impl MemoryTarget {
         } else {
             None
         };
+        // Packed rows lack their field names: room for those too.
         let mut body = String::with_capacity(
-            64 + out.iter().map(|(_, r)| r.as_str().len() + 1).sum::<usize>(),
+            64 + out
+                .iter()
+                .map(|(_, r)| 2 * r.stored_len() + 1)
+                .sum::<usize>(),
         );
         let _ = write!(
             body,
@@ -425,7 +458,7 @@ impl MemoryTarget {
             if i > 0 {
                 body.push(',');
             }
-            body.push_str(r.as_str());
+            data.shapes.write(r, &mut body);
         }
         let _ = write!(
             body,
@@ -460,7 +493,7 @@ impl MemoryTarget {
         }
         let refs: Vec<Option<&RawValue>> = values.iter().map(|v| Some(&**v)).collect();
         let id = SortKey::new(identity_of(&refs).expect("every key value present"));
-        Ok(data.rows.get(&id).map(|r| r.as_str().to_string()))
+        Ok(data.rows.get(&id).map(|r| data.text(r)))
     }
 }
 

@@ -3,6 +3,7 @@
 //! [`Target`] contract in `tests/it/target_conformance.rs` (PostgreSQL on a real server).
 
 pub mod memory;
+mod packed_rows;
 pub mod postgres;
 pub mod postgres_alter;
 pub mod postgres_copy;
