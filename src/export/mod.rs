@@ -4,6 +4,7 @@
 pub mod continuous;
 pub mod lease;
 pub mod slot;
+pub mod transform;
 
 use std::sync::Arc;
 
