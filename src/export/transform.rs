@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,7 @@ use sha2::{Digest, Sha256};
 use crate::archive::masking::TransformRecord;
 use crate::archive::model::{ColumnDefinition, TableId};
 use crate::archive::value::{Row, Value, raw, string_value};
+use crate::locks::MutexExt;
 
 /// Shortest key accepted (bytes).
 pub const MIN_KEY_BYTES: usize = 16;
@@ -683,6 +684,60 @@ impl TableTransform {
     /// [`Self::apply`] on an optional row (the `old` and `new` sides of a change).
     pub fn apply_opt(&self, row: Option<Row>) -> Result<Option<Row>, TransformError> {
         row.map(|r| self.apply(r)).transpose()
+    }
+}
+
+/// An export's masking: its rules and key, and the transform compiled for the table's columns
+/// as of the current epoch (recompiled with each baseline, so a column added later goes
+/// through the undeclared policy from its first row).
+#[derive(Debug)]
+pub struct Masking {
+    rules: TransformRules,
+    key: Option<Arc<TransformKey>>,
+    current: Mutex<Option<Arc<TableTransform>>>,
+}
+
+impl Masking {
+    /// Checks that a key is there when a rule hashes.
+    pub fn new(
+        rules: TransformRules,
+        key: Option<TransformKey>,
+    ) -> Result<Masking, TransformError> {
+        if rules.hashes() && key.is_none() {
+            return err(format!(
+                "the transform rules hash columns but no key was given: --transform-key-file \
+                 FILE or ${KEY_ENV} (on Kubernetes spec.transform.keySecretRef)"
+            ));
+        }
+        Ok(Masking {
+            rules,
+            key: key.map(Arc::new),
+            current: Mutex::new(None),
+        })
+    }
+
+    /// Compiles the rules for `schema` and makes the result current.
+    pub fn compile(
+        &self,
+        schema: &crate::source::postgres::TableSchema,
+    ) -> Result<Arc<TableTransform>, TransformError> {
+        let t = Arc::new(self.rules.compile(
+            &schema.id,
+            &schema.columns,
+            &schema.key_fields,
+            self.key.clone(),
+        )?);
+        *self.current.locked() = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The transform of the current epoch (None before the first compile).
+    pub fn current(&self) -> Option<Arc<TableTransform>> {
+        self.current.locked().clone()
+    }
+
+    pub fn key_id(&self) -> Option<&str> {
+        self.key.as_deref().map(TransformKey::id)
     }
 }
 
