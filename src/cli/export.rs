@@ -156,21 +156,34 @@ pub struct ExportArgs {
     pub spill_limit: u64,
     /// Column transforms (YAML, see docs/masking.md): every row goes through them before it is
     /// written; the rules are checked against the table first (an error exports nothing).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "transform_rules")]
     pub transform: Option<PathBuf>,
+    /// The rules of --transform as text (YAML or JSON), e.g. from the operator.
+    #[arg(long, value_name = "RULES")]
+    pub transform_rules: Option<String>,
     /// The hash key for --transform (at least 16 bytes; surrounding whitespace ignored).
     /// Default: $LARCH_TRANSFORM_KEY.
-    #[arg(long, value_name = "FILE", requires = "transform")]
+    #[arg(long, value_name = "FILE")]
     pub transform_key_file: Option<PathBuf>,
 }
 
 /// `--transform` and its key, read and checked before the export connects.
 fn masking(args: &ExportArgs) -> anyhow::Result<Option<std::sync::Arc<Masking>>> {
-    let Some(path) = &args.transform else {
+    if args.transform.is_none() && args.transform_rules.is_none() {
+        if args.transform_key_file.is_some() {
+            failure::bail!(
+                Reason::InvalidConfig,
+                "--transform-key-file needs --transform FILE (or --transform-rules)"
+            );
+        }
         return Ok(None);
-    };
+    }
     let load = || -> Result<Masking, crate::export::transform::TransformError> {
-        let rules = TransformRules::from_file(path)?;
+        let rules = match (&args.transform, &args.transform_rules) {
+            (Some(path), _) => TransformRules::from_file(path)?,
+            (None, Some(text)) => TransformRules::parse(text, "--transform-rules")?,
+            (None, None) => unreachable!("checked above"),
+        };
         let key = TransformKey::load(args.transform_key_file.as_deref())?;
         Masking::new(rules, key)
     };

@@ -40,6 +40,7 @@ pub const KEY_ENV: &str = "LARCH_TRANSFORM_KEY";
 pub struct TransformRules {
     /// `schema.table` → its rules.
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 256))]
     pub tables: BTreeMap<String, TableRules>,
 }
 
@@ -54,6 +55,7 @@ pub struct TableRules {
     pub undeclared: ColumnRule,
     /// Column name → its transform.
     #[serde(default)]
+    #[schemars(extend("maxProperties" = 1600))]
     pub columns: BTreeMap<String, ColumnRule>,
 }
 

@@ -903,3 +903,43 @@ fn postgres_ca_bundles_are_mounted_where_the_docs_say() {
         .1;
     assert_eq!(mounted(engine, "target-ca"), "/etc/larch/target-ca");
 }
+
+#[test]
+fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
+    let mut e = export_fixture("export-oneshot-s3");
+    e.spec.transform = serde_yaml_ng::from_str(
+        "tables:\n  public.users:\n    undeclared: null\n    columns: {id: hash, email: {redact: x}}\nkeySecretRef: {name: seed-key, key: hmac}",
+    )
+    .unwrap();
+    let t = e.spec.source.all_tables()[0].clone();
+    let args = export::export_args(&e, &t);
+    let at = args.iter().position(|a| a == "--transform-rules").unwrap();
+    // What the pod gets parses back into the same rules, as the exporter reads them.
+    let rules = crate::export::transform::TransformRules::parse(&args[at + 1], "--transform-rules")
+        .unwrap();
+    assert_eq!(rules, e.spec.transform.as_ref().unwrap().rules());
+    assert!(
+        !args[at + 1].contains("seed-key"),
+        "the Secret is not in the args"
+    );
+    assert!(
+        args.join(" ")
+            .contains("--transform-key-file /etc/larch/transform-key/key"),
+        "{args:?}"
+    );
+    let (mounts, volumes) = export::source_mounts(&e);
+    let m = mounts.iter().find(|m| m.name == "transform-key").unwrap();
+    assert_eq!(m.mount_path, "/etc/larch/transform-key");
+    assert_eq!(m.read_only, Some(true));
+    let v = volumes.iter().find(|v| v.name == "transform-key").unwrap();
+    let secret = v.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("seed-key"));
+    assert_eq!(secret.items.as_ref().unwrap()[0].key, "hmac");
+    // Without a transform, nothing of it.
+    let plain = export_fixture("export-oneshot-s3");
+    assert!(
+        !export::export_args(&plain, &t)
+            .join(" ")
+            .contains("transform")
+    );
+}
