@@ -64,6 +64,8 @@ struct RawSource {
     #[serde(default)]
     follow: bool,
     #[serde(default)]
+    require_transformed: bool,
+    #[serde(default)]
     poll_interval: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     state_path: Option<PathBuf>,
@@ -158,6 +160,8 @@ pub struct SourceConfig {
     pub state_path: Option<PathBuf>,
     pub table: TableId,
     pub targets: Vec<TargetConfig>,
+    /// Refuse an archive whose manifest records no masking transform.
+    pub require_transformed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -392,6 +396,7 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
                 state_path,
                 table,
                 targets,
+                require_transformed: s.require_transformed,
             });
         }
     }

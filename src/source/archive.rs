@@ -55,6 +55,8 @@ pub struct ArchiveReplayOptions {
     pub state_path: Option<PathBuf>,
     /// Memory for the chain's net effect while baselining, and where it spills past it.
     pub spill: SpillConfig,
+    /// Refuse an archive whose manifest records no masking transform (`require_transformed`).
+    pub require_transformed: bool,
 }
 
 impl ArchiveReplayOptions {
@@ -67,6 +69,7 @@ impl ArchiveReplayOptions {
             poll_interval: Duration::from_secs(5),
             state_path: None,
             spill: SpillConfig::default(),
+            require_transformed: false,
         }
     }
 }
@@ -506,6 +509,17 @@ impl SyncSource for ArchiveReplaySource {
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
             Some(m) => {
+                if self.opts.require_transformed
+                    && !m.transform.as_ref().is_some_and(|t| t.masks_anything())
+                {
+                    anyhow::bail!(
+                        "source {}: require_transformed: the archive {} records no masking \
+                         transform (it was not exported with --transform / spec.transform): \
+                         refusing to load raw rows",
+                        self.opts.id,
+                        self.reader.manifest_key()
+                    );
+                }
                 self.inner.locked().init_columns = Some(m.columns.clone());
                 self.columns(&m).await?
             }

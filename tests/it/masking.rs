@@ -12,6 +12,8 @@ use larch::archive::format::Format;
 use larch::archive::reader::ArchiveReader;
 use larch::archive::store::Store;
 use larch::archive::store::local::LocalStore;
+use larch::source::SyncSource;
+use larch::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json};
@@ -332,6 +334,34 @@ async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
     assert!(
         !manifest.contains("a-dev-seed-key"),
         "the key never reaches the manifest"
+    );
+
+    // require_transformed: the masked archive loads, a raw one is refused, naming it.
+    let raw_dir = tempfile::tempdir().unwrap();
+    let out = larch()
+        .args(["export", "--table", "users", "--store", "local", "--path"])
+        .arg(raw_dir.path())
+        .env("LARCH_PG_DSN", &db.dsn)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let init = |dir: &Path| {
+        let reader = ArchiveReader::new(local(dir), "public.users/", vec![Format::Jsonl]).unwrap();
+        let table = larch::archive::model::TableId::new("public", "users");
+        let mut opts = ArchiveReplayOptions::new("seed", table.clone());
+        opts.require_transformed = true;
+        async move { ArchiveReplaySource::new(reader, opts).init(&[table]).await }
+    };
+    let columns = init(dir.path()).await.unwrap();
+    assert_eq!(columns.values().next().unwrap().len(), 6, "ssn dropped");
+    let e = format!("{:#}", init(raw_dir.path()).await.unwrap_err());
+    assert!(
+        e.contains("require_transformed: the archive public.users/manifest.json records no masking transform"),
+        "{e}"
     );
 }
 

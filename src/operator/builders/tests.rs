@@ -943,3 +943,20 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
             .contains("transform")
     );
 }
+
+#[test]
+fn require_transformed_reaches_the_engine_config_the_engine_reads() {
+    let (mut s, r) = resolved("source-s3-postgres", None);
+    let yaml = |s: &ArchiveSource| engine_config::engine_yaml(&engine_config::engine_config(s, &r));
+    assert!(!yaml(&s).contains("require_transformed"));
+    s.spec.require_transformed = Some(true);
+    let text = yaml(&s);
+    let v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(v["sources"]["warehouse"]["require_transformed"], true);
+    // The engine's own parser takes it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("engine.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let config = crate::engine::config::EngineConfig::load(&file).unwrap();
+    assert!(config.sources.iter().all(|s| s.require_transformed));
+}

@@ -55,6 +55,10 @@ pub struct ArchiveSourceSpec {
     /// Keep polling the archive for new diffs (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub follow: Option<bool>,
+    /// Refuse an archive whose manifest does not record a masking transform (a dev seed must
+    /// never load raw production rows; docs/masking.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_transformed: Option<bool>,
     /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), pattern(crate::duration::CRD_PATTERN))]
