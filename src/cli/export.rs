@@ -306,6 +306,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     }
     let dsn = args.connection.dsn()?;
     let table = table_id(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    // Read and checked before the export connects.
     let masking = masking(&args)?;
     let formats = parse_formats(&args.format)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
@@ -350,7 +351,6 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
             &key_prefix,
             formats,
             key_fields,
-            masking,
         )
         .await;
     }
@@ -452,8 +452,8 @@ async fn follow(
     key_prefix: &str,
     formats: Vec<crate::archive::format::Format>,
     key_fields: Vec<String>,
-    masking: Option<std::sync::Arc<Masking>>,
 ) -> anyhow::Result<i32> {
+    let masking = masking(args)?;
     use crate::archive::policy::Policy;
     use crate::export::continuous::{ContinuousExport, Shared, serve};
     super::init_tracing();

@@ -450,10 +450,11 @@ impl Op {
         Ok(match rule {
             ColumnRule::Keep => Op::Keep,
             ColumnRule::Null if !c.nullable => {
-                return Err(format!(
-                    "null on a NOT NULL column: replaying the archive into PostgreSQL would \
-                     fail; use redact, hash or drop"
-                ));
+                return Err(
+                    "null on a NOT NULL column: replaying the archive into PostgreSQL \
+                            would fail; use redact, hash or drop"
+                        .into(),
+                );
             }
             ColumnRule::Null => Op::Null,
             ColumnRule::Drop => Op::Drop,
