@@ -6,6 +6,7 @@ use chrono::{DateTime, FixedOffset, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::ArchiveError;
+use super::masking::TransformRecord;
 use super::model::ColumnDefinition;
 
 pub const MANIFEST_VERSION: i64 = 1;
@@ -96,6 +97,10 @@ pub struct Manifest {
         deserialize_with = "null_as_empty"
     )]
     pub columns: Vec<ColumnDefinition>,
+    /// larch's additive field: the column transforms the current epoch's rows went through
+    /// (masked exports); absent for a raw archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<TransformRecord>,
 }
 
 fn zero_time() -> DateTime<FixedOffset> {
@@ -179,6 +184,7 @@ impl Manifest {
             head_position: String::new(),
             artifacts: Vec::new(),
             columns: Vec::new(),
+            transform: None,
         }
     }
 

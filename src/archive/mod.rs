@@ -10,6 +10,7 @@ pub mod fold;
 pub mod format;
 pub mod identity;
 pub mod manifest;
+pub mod masking;
 pub mod model;
 pub mod orphans;
 pub mod plan;

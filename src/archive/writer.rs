@@ -22,6 +22,7 @@ use super::manifest::{
     Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc, object_keys,
     referenced_keys,
 };
+use super::masking::TransformRecord;
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
 use super::policy::{EpochTrigger, Policy, PolicyInputs};
 use super::position::{self, compare};
@@ -304,6 +305,12 @@ impl ArchiveWriter {
     pub fn set_columns(&mut self, columns: Vec<ColumnDefinition>) {
         self.key_fields = effective_key_fields(&self.config.key_fields, &columns);
         self.manifest.columns = columns;
+    }
+
+    /// Sets the transform record of the manifest (with the columns, before a new epoch's
+    /// snapshot: it describes that epoch's rows).
+    pub fn set_transform(&mut self, record: Option<TransformRecord>) {
+        self.manifest.transform = record;
     }
 
     /// Buffers one change as a transaction of its own (see [`record_pending`] and

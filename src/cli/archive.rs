@@ -331,6 +331,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             "updated_at": format_time(&manifest.updated_at),
             "key_fields": key_fields,
             "columns": manifest.columns,
+            "transform": manifest.transform,
             "artifacts": manifest.artifacts,
             "chain": {"snapshot_epoch": plan.snapshot.as_ref().map(|s| s.epoch), "diffs": plan.diffs.len(), "reaches": plan.head_position, "reaches_head": reaches_head, "broken_links": broken},
             "restorable": restorable,
@@ -363,6 +364,24 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
                 if c.nullable { "null" } else { "not null" }
             );
         }
+    }
+    match &manifest.transform {
+        Some(t) => {
+            println!(
+                "transform:    {} (key {}; undeclared columns: {})",
+                if t.masks_anything() {
+                    "masked"
+                } else {
+                    "every column kept"
+                },
+                t.key_id.as_deref().unwrap_or("none"),
+                t.undeclared
+            );
+            for (column, how) in &t.columns {
+                println!("  {column:<24} {how}");
+            }
+        }
+        None => println!("transform:    none (raw rows)"),
     }
     println!("artifacts:    {}", manifest.artifacts.len());
     for a in &manifest.artifacts {

@@ -15,6 +15,7 @@ use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::export::lease::LeaderElector;
+use crate::export::transform::{Masking, TransformKey, TransformRules};
 use crate::failure::{self, Reason};
 use crate::locks::MutexExt;
 use crate::source::SyncSource;
@@ -153,6 +154,42 @@ pub struct ExportArgs {
     /// naming the limit (0: no limit).
     #[arg(long, default_value = "0", value_parser = crate::archive::spill::parse_size)]
     pub spill_limit: u64,
+    /// Column transforms (YAML, see docs/masking.md): every row goes through them before it is
+    /// written; the rules are checked against the table first (an error exports nothing).
+    #[arg(long, value_name = "FILE", conflicts_with = "transform_rules")]
+    pub transform: Option<PathBuf>,
+    /// The rules of --transform as text (YAML or JSON), e.g. from the operator.
+    #[arg(long, value_name = "RULES")]
+    pub transform_rules: Option<String>,
+    /// The hash key for --transform (at least 16 bytes; surrounding whitespace ignored).
+    /// Default: $LARCH_TRANSFORM_KEY.
+    #[arg(long, value_name = "FILE")]
+    pub transform_key_file: Option<PathBuf>,
+}
+
+/// `--transform` and its key, read and checked before the export connects.
+fn masking(args: &ExportArgs) -> anyhow::Result<Option<std::sync::Arc<Masking>>> {
+    if args.transform.is_none() && args.transform_rules.is_none() {
+        if args.transform_key_file.is_some() {
+            failure::bail!(
+                Reason::InvalidConfig,
+                "--transform-key-file needs --transform FILE (or --transform-rules)"
+            );
+        }
+        return Ok(None);
+    }
+    let load = || -> Result<Masking, crate::export::transform::TransformError> {
+        let rules = match (&args.transform, &args.transform_rules) {
+            (Some(path), _) => TransformRules::from_file(path)?,
+            (None, Some(text)) => TransformRules::parse(text, "--transform-rules")?,
+            (None, None) => unreachable!("checked above"),
+        };
+        let key = TransformKey::load(args.transform_key_file.as_deref())?;
+        Masking::new(rules, key)
+    };
+    load()
+        .map(|m| Some(std::sync::Arc::new(m)))
+        .map_err(|e| failure::tag(Reason::InvalidConfig, e))
 }
 
 /// Where `--follow` serves its HTTP endpoints without `--listen`.
@@ -269,6 +306,8 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     }
     let dsn = args.connection.dsn()?;
     let table = table_id(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    // Read and checked before the export connects.
+    let masking = masking(&args)?;
     let formats = parse_formats(&args.format)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
     let key_fields = args
@@ -335,7 +374,15 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     }
     shared.status.locked().state = "BASELINE".into();
     let progress = shared.start_progress(crate::export::continuous::BASELINE, &table);
-    let result = export(source.clone(), &table, store, wc, &progress).await;
+    let result = export(
+        source.clone(),
+        &table,
+        store,
+        wc,
+        &progress,
+        masking.as_deref(),
+    )
+    .await;
     stop_tx.send_replace(true);
     source.close().await;
     // Nothing of ours may stay: a publication an earlier, killed export made for this slot.
@@ -375,13 +422,19 @@ async fn export(
     store: std::sync::Arc<dyn crate::archive::store::Store>,
     wc: WriterConfig,
     progress: &std::sync::Arc<crate::progress::Progress>,
+    masking: Option<&Masking>,
 ) -> anyhow::Result<(String, i64, i64)> {
     let schemas = source.init(std::slice::from_ref(table)).await?;
+    // Checked before the archive is opened: a rule that does not fit exports nothing.
+    if let (Some(m), Some(schema)) = (masking, source.table_schema(table)) {
+        m.compile(&schema)
+            .map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    }
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
     let artifact =
-        crate::export::snapshot_from_source(source, table, &mut writer, progress).await?;
+        crate::export::snapshot_from_source(source, table, &mut writer, progress, masking).await?;
     Ok((
         artifact.to_position.clone(),
         artifact.row_count,
@@ -400,6 +453,7 @@ async fn follow(
     formats: Vec<crate::archive::format::Format>,
     key_fields: Vec<String>,
 ) -> anyhow::Result<i32> {
+    let masking = masking(args)?;
     use crate::archive::policy::Policy;
     use crate::export::continuous::{ContinuousExport, Shared, serve};
     super::init_tracing();
@@ -467,6 +521,7 @@ async fn follow(
         writer,
         diff_interval: args.diff_interval,
         shared,
+        masking,
     };
     let mut run = tokio::spawn(export.run(stop_rx));
     let kept = async {

@@ -67,6 +67,8 @@ struct RawSource {
     #[serde(default)]
     at: Option<String>,
     #[serde(default)]
+    require_transformed: bool,
+    #[serde(default)]
     poll_interval: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     state_path: Option<PathBuf>,
@@ -164,6 +166,8 @@ pub struct SourceConfig {
     pub state_path: Option<PathBuf>,
     pub table: TableId,
     pub targets: Vec<TargetConfig>,
+    /// Refuse an archive whose manifest records no masking transform.
+    pub require_transformed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -411,6 +415,7 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
                 state_path,
                 table,
                 targets,
+                require_transformed: s.require_transformed,
             });
         }
     }

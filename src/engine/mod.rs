@@ -109,6 +109,7 @@ async fn build_source(
     opts.at = sc.at;
     opts.poll_interval = sc.poll_interval;
     opts.state_path = sc.state_path.clone();
+    opts.require_transformed = sc.require_transformed;
     let archive = Arc::new(ArchiveReplaySource::new(reader, opts));
     let mut memory = None;
     let mut pipelines = Vec::new();

@@ -400,6 +400,8 @@ pub struct ContinuousExport {
     pub writer: ArchiveWriter,
     pub diff_interval: Duration,
     pub shared: Arc<Shared>,
+    /// Column transforms applied to every row before it is buffered (masked exports).
+    pub masking: Option<Arc<super::transform::Masking>>,
 }
 
 impl ContinuousExport {
@@ -452,12 +454,18 @@ impl ContinuousExport {
             &self.table,
             &mut self.writer,
             &progress,
+            self.masking.as_deref(),
         )
         .await?;
         let position = artifact.to_position.clone();
         tracing::info!(epoch = artifact.epoch, position = %position, rows = artifact.row_count, reason, "baseline snapshot committed");
         self.note_snapshot(reason);
         Ok(position)
+    }
+
+    /// The current epoch's transform, when the export masks.
+    fn transform(&self) -> Option<Arc<super::transform::TableTransform>> {
+        self.masking.as_ref().and_then(|m| m.current())
     }
 
     /// How the table's columns now differ from those the archive is written with. A metadata
@@ -469,11 +477,25 @@ impl ContinuousExport {
             .source
             .schema_change(&self.table, &recorded, self.writer.key_fields())
             .await;
+        // Compared as the archive has them: dropped columns are not the archive's.
+        let found = found.map(|(change, now)| match self.transform() {
+            Some(t) => {
+                let columns = t.columns(&now.columns);
+                let change = schema_change::classify(
+                    &recorded,
+                    self.writer.key_fields(),
+                    &columns,
+                    &now.key_fields,
+                );
+                (change, columns)
+            }
+            None => (change, now.columns),
+        });
         match found {
             Ok((SchemaChange::Shape(why), _)) => Some(why),
-            Ok((SchemaChange::Metadata, now)) => {
+            Ok((SchemaChange::Metadata, columns)) => {
                 tracing::info!(table = %self.table, "column metadata changed (no row changes): recorded with the next commit");
-                self.writer.set_columns(now.columns);
+                self.writer.set_columns(columns);
                 None
             }
             Ok((SchemaChange::None, _)) => None,
@@ -516,7 +538,38 @@ impl ContinuousExport {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let _ = self.shared.spill.set(self.writer.spill().clone());
         let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
-        let columns = schemas.get(&self.table).cloned().unwrap_or_default();
+        let mut columns = schemas.get(&self.table).cloned().unwrap_or_default();
+        // The rules are checked against the table before anything is exported; a transform
+        // other than the archive's (a new key, other rules) starts a new epoch, so one epoch
+        // never mixes two keys.
+        let mut transform_changed = None;
+        if let Some(m) = &self.masking {
+            let schema = self.source.table_schema(&self.table).ok_or_else(|| {
+                anyhow!(
+                    "the columns of {} are unknown: its transform cannot be checked",
+                    self.table
+                )
+            })?;
+            let t = m
+                .compile(&schema)
+                .map_err(|e| crate::failure::tag(crate::failure::Reason::InvalidConfig, e))?;
+            columns = t.columns(&columns);
+            if self.writer.manifest().transform.as_ref() != Some(t.record()) {
+                transform_changed = Some(match self.writer.manifest().transform.as_ref() {
+                    Some(r) if r.key_id != t.record().key_id => "the hash key changed",
+                    Some(_) => "the transform rules changed",
+                    None => "the archive was not written with this transform",
+                });
+            }
+        } else if self
+            .writer
+            .manifest()
+            .transform
+            .as_ref()
+            .is_some_and(|r| r.masks_anything())
+        {
+            transform_changed = Some("the archive is masked and this export has no transform");
+        }
         if let Some(why) = self.source.take_slot_lost_at_init() {
             self.report_slot_loss(&why).await;
         }
@@ -529,7 +582,10 @@ impl ContinuousExport {
             Some(now) if !manifest.columns.is_empty() => match schema_change::classify(
                 &manifest.columns,
                 self.writer.key_fields(),
-                &now.columns,
+                &match self.transform() {
+                    Some(t) => t.columns(&now.columns),
+                    None => now.columns.clone(),
+                },
                 &now.key_fields,
             ) {
                 SchemaChange::Shape(why) => Some(why),
@@ -541,6 +597,11 @@ impl ContinuousExport {
         // table kept its shape; the stream may then re-deliver changes the archive already
         // holds (committed, not yet acknowledged): they are skipped by position.
         let (mut from, mut skip_through) = match (acked, &ddl) {
+            (_, None) if transform_changed.is_some() => {
+                let why = transform_changed.unwrap_or_default();
+                tracing::warn!(table = %self.table, change = why, "the archive's transform differs: a new epoch from a fresh snapshot");
+                (self.baseline("transform_change").await?, None)
+            }
             (Some(a), None) if self.source.supports_resume() && chain_ok => {
                 tracing::info!(slot_position = %a, head = %self.writer.head(), "resuming from the persistent slot");
                 self.writer.set_columns(columns);
@@ -674,7 +735,14 @@ impl ContinuousExport {
                     return Ok(());
                 }
                 commit_times.open = c.commit_time.or(commit_times.open);
-                self.writer.record_pending(c.action, c.old, c.new)
+                let (old, new) = match self.transform() {
+                    Some(t) => (
+                        super::mask_row_opt(Some(&t), c.old)?,
+                        super::mask_row_opt(Some(&t), c.new)?,
+                    ),
+                    None => (c.old, c.new),
+                };
+                self.writer.record_pending(c.action, old, new)
             }
             SourceEvent::Checkpoint { position } => {
                 if already(&position) {

@@ -4,6 +4,7 @@
 pub mod continuous;
 pub mod lease;
 pub mod slot;
+pub mod transform;
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use crate::archive::writer::ArchiveWriter;
 use crate::failure;
 use crate::progress::{Progress, Reporter};
 use crate::source::postgres::PostgresSource;
+use transform::{Masking, TableTransform, TransformError};
 
 /// Rows after which the pause point `export.baseline-rows` holds a baseline (tests read its
 /// progress there).
@@ -29,18 +31,38 @@ const PAUSE_AFTER_ROWS: u64 = 10_000;
 /// succeeded: a failed baseline leaves the archive as it was. The manifest's columns become the
 /// ones the baseline copied (discovered under its lock, so a DDL just before it is included).
 /// `progress` counts the rows copied (against the catalog's estimate) and is reported while the
-/// copy runs ([`Reporter`]).
+/// copy runs ([`Reporter`]). With `masking`, its rules are compiled for the columns found under
+/// the lock (an error there exports nothing) and every row goes through them before it is
+/// encoded; the manifest records the transform.
 pub async fn snapshot_from_source(
     source: Arc<PostgresSource>,
     table: &TableId,
     writer: &mut ArchiveWriter,
     progress: &Arc<Progress>,
+    masking: Option<&Masking>,
 ) -> anyhow::Result<Artifact> {
     progress.set_total(source.estimate_rows(table).await);
     let reporter = Reporter::start(progress.clone());
-    let result = copy_into_snapshot(source, table, writer, progress.clone()).await;
+    let result = copy_into_snapshot(source, table, writer, progress.clone(), masking).await;
     reporter.finish(result.is_ok());
     result
+}
+
+/// The single point a row of the table passes before it is buffered or encoded: through the
+/// epoch's transform when the export masks.
+pub fn mask_row(transform: Option<&TableTransform>, row: Row) -> Result<Row, TransformError> {
+    match transform {
+        Some(t) => t.apply(row),
+        None => Ok(row),
+    }
+}
+
+/// [`mask_row`] on the `old` or `new` side of a change.
+pub fn mask_row_opt(
+    transform: Option<&TableTransform>,
+    row: Option<Row>,
+) -> Result<Option<Row>, TransformError> {
+    row.map(|r| mask_row(transform, r)).transpose()
 }
 
 async fn copy_into_snapshot(
@@ -48,8 +70,13 @@ async fn copy_into_snapshot(
     table: &TableId,
     writer: &mut ArchiveWriter,
     progress: Arc<Progress>,
+    masking: Option<&Masking>,
 ) -> anyhow::Result<Artifact> {
     let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
+    // The rows' transform, known once the baseline has the columns (before its first row).
+    let (transform_tx, transform_rx) = oneshot::channel::<Option<Arc<TableTransform>>>();
+    let transform_failure = Arc::new(std::sync::OnceLock::<TransformError>::new());
+    let failure_slot = transform_failure.clone();
     let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
     let (pos_tx, pos_rx) = oneshot::channel::<String>();
     let (verdict_tx, verdict_rx) = oneshot::channel();
@@ -61,8 +88,19 @@ async fn copy_into_snapshot(
     let baseline_source = source.clone();
     tokio::spawn(async move {
         let source = baseline_source;
-        let forward = async {
+        // Moves the receiver in: when it stops (a failed transform), the baseline's sends fail.
+        let forward = async move {
+            let Ok(transform) = transform_rx.await else {
+                return;
+            };
             while let Some((_, row)) = src_rx.recv().await {
+                let row = match mask_row(transform.as_deref(), row) {
+                    Ok(row) => row,
+                    Err(e) => {
+                        let _ = failure_slot.set(e);
+                        break;
+                    }
+                };
                 progress.add(1, row.as_str().len() as u64);
                 if progress.rows() == PAUSE_AFTER_ROWS {
                     crate::archive::crashpoint::pause_point(
@@ -79,6 +117,10 @@ async fn copy_into_snapshot(
             source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
             forward
         );
+        if let Some(e) = transform_failure.get() {
+            let _ = verdict_tx.send(Err(ArchiveError::Invalid(e.to_string())));
+            return;
+        }
         let _ = verdict_tx.send(result.map(|_| ()).map_err(|e| {
             if let crate::source::SourceError::Other(cause) = &e
                 && let reason = failure::classify(cause)
@@ -106,8 +148,34 @@ async fn copy_into_snapshot(
         }
     };
     let previous = writer.manifest().columns.clone();
-    if let Some(schema) = source.table_schema(table) {
-        writer.set_columns(schema.columns);
+    let previous_transform = writer.manifest().transform.clone();
+    let schema = source.table_schema(table);
+    let transform = match (masking, &schema) {
+        (None, _) => None,
+        (Some(m), Some(schema)) => Some(
+            m.compile(schema)
+                .map_err(|e| failure::tag(failure::Reason::InvalidConfig, e))?,
+        ),
+        (Some(_), None) => {
+            return Err(anyhow!(
+                "the columns of {table} are unknown: its transform cannot be checked"
+            ));
+        }
+    };
+    if let Some(schema) = schema {
+        writer.set_columns(match &transform {
+            Some(t) => t.columns(&schema.columns),
+            None => schema.columns,
+        });
+    }
+    writer.set_transform(transform.as_ref().map(|t| t.record().clone()));
+    if transform_tx.send(transform).is_err() {
+        writer.set_columns(previous);
+        writer.set_transform(previous_transform);
+        return Err(match verdict_rx.await {
+            Ok(Err(e)) => with_reason(e.into()),
+            _ => anyhow!("the baseline ended before its first row"),
+        });
     }
     match writer
         .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
@@ -117,6 +185,7 @@ async fn copy_into_snapshot(
         Err(e) => {
             // The archive keeps the epoch it had, and the columns that describe it.
             writer.set_columns(previous);
+            writer.set_transform(previous_transform);
             Err(with_reason(e.into()))
         }
     }

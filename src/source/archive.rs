@@ -61,6 +61,8 @@ pub struct ArchiveReplayOptions {
     /// Serve the table as it was at this point (no following, no resume): the baseline reads
     /// the plan [`resolve`] gives, and the stream delivers nothing after it.
     pub at: Option<PointInTime>,
+    /// Refuse an archive whose manifest records no masking transform (`require_transformed`).
+    pub require_transformed: bool,
 }
 
 impl ArchiveReplayOptions {
@@ -74,6 +76,7 @@ impl ArchiveReplayOptions {
             state_path: None,
             spill: SpillConfig::default(),
             at: None,
+            require_transformed: false,
         }
     }
 }
@@ -517,6 +520,17 @@ impl SyncSource for ArchiveReplaySource {
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
             Some(m) => {
+                if self.opts.require_transformed
+                    && !m.transform.as_ref().is_some_and(|t| t.masks_anything())
+                {
+                    anyhow::bail!(
+                        "source {}: require_transformed: the archive {} records no masking \
+                         transform (it was not exported with --transform / spec.transform): \
+                         refusing to load raw rows",
+                        self.opts.id,
+                        self.reader.manifest_key()
+                    );
+                }
                 self.inner.locked().init_columns = Some(m.columns.clone());
                 self.columns(&m).await?
             }

@@ -20,6 +20,7 @@ mod fixtures;
 mod gc_race;
 mod image_contract;
 mod laredo_hocon;
+mod masking;
 mod observability;
 mod operator_contract;
 mod point_in_time;

@@ -144,6 +144,8 @@ pub struct SourceConfig {
     pub poll_interval: Option<String>,
     pub state_path: String,
     pub group: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub require_transformed: bool,
 }
 
 #[derive(Serialize, Debug, PartialEq)]
@@ -249,6 +251,7 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
         poll_interval: spec.poll_interval.clone(),
         state_path,
         group: archive.group,
+        require_transformed: spec.require_transformed.unwrap_or(false),
     };
     let tables = archive
         .tables

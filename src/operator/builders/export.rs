@@ -29,6 +29,9 @@ use crate::operator::crd::common::{TableRef, VolumeAccessMode};
 pub const CONTAINER: &str = "larch";
 pub const DSN_DIR: &str = "/etc/larch/source";
 pub const DSN_FILE: &str = "/etc/larch/source/dsn";
+/// Where `spec.transform.keySecretRef` is mounted.
+pub const TRANSFORM_KEY_DIR: &str = "/etc/larch/transform-key";
+pub const TRANSFORM_KEY_FILE: &str = "/etc/larch/transform-key/key";
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Where a continuous exporter spills buffered changes: an emptyDir of `continuous.spillSize`.
 pub const SPILL_DIR: &str = "/var/lib/larch/spill";
@@ -191,6 +194,13 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
         a.extend(["--slot-mode".into(), m.as_arg().into()]);
     }
     a.extend(["--summary-file".into(), TERMINATION_LOG.into()]);
+    if let Some(t) = &spec.transform {
+        let rules = serde_json::to_string(&t.rules()).expect("rules serialize");
+        a.extend(["--transform-rules".into(), rules]);
+        if t.key_secret_ref.is_some() {
+            a.extend(["--transform-key-file".into(), TRANSFORM_KEY_FILE.into()]);
+        }
+    }
     // Retention in every mode; continuous.keepEpochs is the deprecated spelling.
     let retention = spec.retention.clone().unwrap_or_default();
     let keep = retention.keep_epochs.or_else(|| {
@@ -265,6 +275,20 @@ pub fn source_mounts(export: &ArchiveExport) -> (Vec<VolumeMount>, Vec<Volume>) 
         let (v, m) = pod::ca_bundle("source-ca", pod::SOURCE_CA_DIR, ca);
         volumes.push(v);
         mounts.push(m);
+    }
+    if let Some(key) = export
+        .spec
+        .transform
+        .as_ref()
+        .and_then(|t| t.key_secret_ref.as_ref())
+    {
+        mounts.push(pod::mount("transform-key", TRANSFORM_KEY_DIR, true));
+        volumes.push(pod::secret_file_volume(
+            "transform-key",
+            &key.name,
+            &key.key,
+            "key",
+        ));
     }
     (mounts, volumes)
 }

@@ -1096,3 +1096,60 @@ fn engine_replicas_spread_over_nodes_unless_told_otherwise() {
     });
     assert_eq!(off, Some(vec![]));
 }
+
+#[test]
+fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
+    let mut e = export_fixture("export-oneshot-s3");
+    e.spec.transform = serde_yaml_ng::from_str(
+        "tables:\n  public.users:\n    undeclared: null\n    columns: {id: hash, email: {redact: x}}\nkeySecretRef: {name: seed-key, key: hmac}",
+    )
+    .unwrap();
+    let t = e.spec.source.all_tables()[0].clone();
+    let args = export::export_args(&e, &t);
+    let at = args.iter().position(|a| a == "--transform-rules").unwrap();
+    // What the pod gets parses back into the same rules, as the exporter reads them.
+    let rules = crate::export::transform::TransformRules::parse(&args[at + 1], "--transform-rules")
+        .unwrap();
+    assert_eq!(rules, e.spec.transform.as_ref().unwrap().rules());
+    assert!(
+        !args[at + 1].contains("seed-key"),
+        "the Secret is not in the args"
+    );
+    assert!(
+        args.join(" ")
+            .contains("--transform-key-file /etc/larch/transform-key/key"),
+        "{args:?}"
+    );
+    let (mounts, volumes) = export::source_mounts(&e);
+    let m = mounts.iter().find(|m| m.name == "transform-key").unwrap();
+    assert_eq!(m.mount_path, "/etc/larch/transform-key");
+    assert_eq!(m.read_only, Some(true));
+    let v = volumes.iter().find(|v| v.name == "transform-key").unwrap();
+    let secret = v.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("seed-key"));
+    assert_eq!(secret.items.as_ref().unwrap()[0].key, "hmac");
+    // Without a transform, nothing of it.
+    let plain = export_fixture("export-oneshot-s3");
+    assert!(
+        !export::export_args(&plain, &t)
+            .join(" ")
+            .contains("transform")
+    );
+}
+
+#[test]
+fn require_transformed_reaches_the_engine_config_the_engine_reads() {
+    let (mut s, r) = resolved("source-s3-postgres", None);
+    let yaml = |s: &ArchiveSource| engine_config::engine_yaml(&engine_config::engine_config(s, &r));
+    assert!(!yaml(&s).contains("require_transformed"));
+    s.spec.require_transformed = Some(true);
+    let text = yaml(&s);
+    let v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(v["sources"]["warehouse"]["require_transformed"], true);
+    // The engine's own parser takes it.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("engine.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let config = crate::engine::config::EngineConfig::load(&file).unwrap();
+    assert!(config.sources.iter().all(|s| s.require_transformed));
+}

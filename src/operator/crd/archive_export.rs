@@ -99,6 +99,34 @@ pub struct ArchiveExportSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 20))]
     pub backoff_limit: Option<i32>,
+    /// Column transforms applied by the exporter to every row before it is written (masked dev
+    /// seeds, docs/masking.md): the rules of a `--transform` file, and the hash key from a
+    /// Secret (never in the spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<ExportTransform>,
+}
+
+/// `spec.transform`: per table (`schema.table`), `undeclared` and `columns` as in a
+/// `--transform` file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportTransform {
+    /// `schema.table` → `{undeclared: TRANSFORM, columns: {COLUMN: TRANSFORM}}`; a transform
+    /// is keep, null, drop, hash or {redact: VALUE}.
+    #[schemars(extend("maxProperties" = 256))]
+    pub tables: std::collections::BTreeMap<String, crate::export::transform::TableRules>,
+    /// The hash key (at least 16 bytes), needed when a rule hashes; mounted as a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_secret_ref: Option<SecretKeyRef>,
+}
+
+impl ExportTransform {
+    /// The rules as the exporter reads them (`--transform-rules`).
+    pub fn rules(&self) -> crate::export::transform::TransformRules {
+        crate::export::transform::TransformRules {
+            tables: self.tables.clone(),
+        }
+    }
 }
 
 /// How the export runs.

@@ -63,6 +63,10 @@ pub struct ArchiveSourceSpec {
     /// committed at or before a time) instead of following the archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<PointInTimeSpec>,
+    /// Refuse an archive whose manifest does not record a masking transform (a dev seed must
+    /// never load raw production rows; docs/masking.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_transformed: Option<bool>,
     /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), pattern(crate::duration::CRD_PATTERN))]

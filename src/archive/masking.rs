@@ -1,0 +1,29 @@
+//! What an archive's rows went through before they were written: the manifest's additive
+//! `transform` field (laredo ignores it). It names each column's transform and the key's id (a
+//! fingerprint, never the key), so a reader can tell a masked archive from a raw one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The manifest's `transform` field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TransformRecord {
+    /// Fingerprint of the hash key (`hmac-sha256:<16 hex>`); absent when nothing is hashed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// What a column not declared (one added later included) goes through.
+    #[serde(default)]
+    pub undeclared: String,
+    /// Column name → its transform (`keep`, `null`, `redact`, `drop`, `hash`). Dropped columns
+    /// are listed here although they are gone from `columns`.
+    #[serde(default)]
+    pub columns: BTreeMap<String, String>,
+}
+
+impl TransformRecord {
+    /// Whether any column is changed (an archive with only `keep` is not masked).
+    pub fn masks_anything(&self) -> bool {
+        self.columns.values().any(|t| t != "keep") || self.undeclared != "keep"
+    }
+}
