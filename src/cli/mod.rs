@@ -19,7 +19,8 @@ pub mod env_help {
                       AWS_PROFILE, AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE, and
                       AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN (the SDK's ambient chain)
   AWS_REGION, AWS_DEFAULT_REGION
-                      S3 region when --region is not given (then the profile, then us-east-1)";
+                      S3 region when --region is not given (then the profile, then us-east-1)
+  AWS_CA_BUNDLE       PEM CA bundle trusted for an https S3 endpoint (a private CA)";
     pub const LOG: &str =
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
                       info); logs are JSON lines on stderr";
@@ -51,11 +52,12 @@ fn all_env() -> String {
         KUBE,
         "  LARCH_EXPORT_LEASE, POD_NAME, POD_NAMESPACE
                       export: --lease, --lease-identity, --lease-namespace
+  LARCH_TRANSFORM_KEY export: the masking hash key when no --transform-key-file is given
   LARCH_ENGINE_TOKEN  engine: the API token when no --token-file is given
   LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS,
-  LARCH_NETWORK_POLICIES
+  LARCH_NETWORK_POLICIES, LARCH_POD_RUN_AS_USER
                       operator: --image, --namespace, --leader-election,
-                      --disable-source-sets, --network-policies",
+                      --disable-source-sets, --network-policies, --pod-run-as-user",
         LOG,
         CRASH,
     ])

@@ -139,8 +139,10 @@ async fn copy_into_snapshot(
             writer.set_snapshot_time(chrono::Utc::now().fixed_offset());
             p
         }
-        // The baseline failed before it had a position: report why.
+        // The baseline failed before it had a position: report why. The forwarding task
+        // waits for the transform; dropping its sender lets it (and the verdict) finish.
         Err(_) => {
+            drop(transform_tx);
             return Err(match verdict_rx.await {
                 Ok(Err(e)) => with_reason(e.into()),
                 _ => anyhow!("the baseline ended before it had a position"),

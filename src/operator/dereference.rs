@@ -166,6 +166,19 @@ pub fn export_references(export: &ArchiveExport) -> Vec<Reference> {
         &export.spec.destination,
         "spec.destination",
     ));
+    // The hash key of the masking rules: without it the exporter cannot start.
+    if let Some(k) = export
+        .spec
+        .transform
+        .as_ref()
+        .and_then(|t| t.key_secret_ref.as_ref())
+    {
+        out.push(Reference::secret(
+            &k.name,
+            &k.key,
+            "spec.transform.keySecretRef",
+        ));
+    }
     out
 }
 
@@ -341,6 +354,36 @@ mod tests {
             name: "users".into(),
         };
         assert_eq!(m.reason(), "ExportNotFound");
+    }
+
+    #[test]
+    fn a_masked_export_names_its_hash_key() {
+        let mut e = crate::operator::builders::tests::export_fixture("export-oneshot-s3");
+        let plain = export_references(&e).len();
+        e.spec.transform = serde_yaml_ng::from_str(
+            "tables:\n  public.users:\n    columns: {id: hash}\nkeySecretRef: {name: seed-key, key: hmac}",
+        )
+        .unwrap();
+        let refs = export_references(&e);
+        assert_eq!(refs.len(), plain + 1);
+        let key = refs.last().unwrap();
+        assert_eq!(
+            (
+                key.kind,
+                key.name.as_str(),
+                key.key.as_deref(),
+                key.field.as_str()
+            ),
+            (
+                ObjectKind::Secret,
+                "seed-key",
+                Some("hmac"),
+                "spec.transform.keySecretRef"
+            )
+        );
+        assert!(Missing::Object(key.clone()).message("data").starts_with(
+            "Secret data/seed-key (named in spec.transform.keySecretRef) does not exist"
+        ));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! restored table equals the source, status and conditions say so with the rows, position and
 //! duration, Events `RestoreStarted` and `RestoreSucceeded`; a new `larch.dev/run-requested`
 //! restores again (`ifExists: Replace`); a restore into a table that exists with `ifExists:
-//! Fail` stalls naming the table.
+//! Fail` stalls naming the table; one at a time before the archive starts stalls naming the
+//! earliest point.
 
 use serde_json::Value;
 
@@ -48,6 +49,19 @@ fn wait_run_ended(e: &Env, name: &str, after_run: Option<&str>) -> Value {
             (run["succeeded"].is_boolean() && run["id"].as_str() != after_run).then_some(o)
         },
     )
+}
+
+/// The Stalled condition and its message.
+fn stalled_condition(o: &Value) -> (Value, String) {
+    let c = o["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Stalled")
+        .unwrap()
+        .clone();
+    let message = c["message"].as_str().unwrap().to_string();
+    (c, message)
 }
 
 fn event_reasons(e: &Env, name: &str) -> Vec<String> {
@@ -124,14 +138,7 @@ fn s27_archive_restore_completes_into_a_second_database() {
     let o = wait_run_ended(e, "events-again", None);
     assert_eq!(o["status"]["run"]["succeeded"], false, "{}", o["status"]);
     assert!(condition_is(&o, "Stalled", "True"), "{}", o["status"]);
-    let stalled = o["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Stalled")
-        .unwrap()
-        .clone();
-    let message = stalled["message"].as_str().unwrap();
+    let (stalled, message) = stalled_condition(&o);
     assert!(
         message.contains("table public.events already exists"),
         "{stalled}"
@@ -143,4 +150,30 @@ fn s27_archive_restore_completes_into_a_second_database() {
             .any(|r| r == "RestoreFailed")
             .then_some(())
     });
+
+    // At a time before the archive starts: Stalled, naming the earliest point; nothing written.
+    e.apply(&format!(
+        r#"apiVersion: larch.dev/v1alpha1
+kind: ArchiveRestore
+metadata: {{name: events-too-early, namespace: {NS}}}
+spec:
+  archive:
+    exportRef: {{name: events}}
+  at: {{time: "2000-01-01T00:00:00Z"}}
+  target:
+    postgres:
+      connectionSecretRef: {{name: pg-restored, key: dsn}}
+  ifExists: Replace
+  backoffLimit: 0
+"#
+    ));
+    let o = wait_run_ended(e, "events-too-early", None);
+    assert_eq!(o["status"]["run"]["succeeded"], false, "{}", o["status"]);
+    assert!(condition_is(&o, "Stalled", "True"), "{}", o["status"]);
+    let (stalled, message) = stalled_condition(&o);
+    assert!(
+        message.contains("predates the archive: its earliest point is position "),
+        "{stalled}"
+    );
+    assert_eq!(digest(e, DATABASE), source, "nothing written");
 }
