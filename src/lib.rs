@@ -13,3 +13,4 @@ pub mod progress;
 pub mod restore;
 pub mod source;
 pub mod telemetry;
+pub mod tls;

@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
-use super::{StoreArgs, StoreType, parse_formats, parse_list, parse_table_arg};
+use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
 use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, format_time};
 use crate::archive::model::{TableId, effective_key_fields};
@@ -13,6 +13,7 @@ use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreference
 use crate::archive::plan::{broken_link_reason, plan_head, short_chain};
 use crate::archive::point_in_time::{PointInTime, resolve, window};
 use crate::archive::reader::ArchiveReader;
+use crate::archive::store::spec::StoreKind;
 use crate::archive::verify::verify;
 
 #[derive(Subcommand, Debug)]
@@ -138,7 +139,7 @@ impl ArchiveArgs {
     /// A reader on an existing archive. Creates nothing: a missing local root or manifest is an
     /// error naming what was tried and which archives the store does hold.
     async fn reader(&self) -> anyhow::Result<ArchiveReader> {
-        if self.store.store == StoreType::Local
+        if self.store.store == StoreKind::Local
             && let Some(path) = &self.store.path
             && !path.is_dir()
         {

@@ -10,7 +10,7 @@ pub mod status;
 use clap::{Args, Parser, Subcommand};
 
 use crate::archive::format::Format;
-use crate::archive::store::spec::StoreSpec;
+use crate::archive::store::spec::{StoreKind, StoreSpec};
 
 /// Environment variables, per command, shown in `--help` (`LARCH_*`, libpq's, the AWS SDK's).
 pub mod env_help {
@@ -98,29 +98,12 @@ pub enum Command {
     Status(status::StatusArgs),
 }
 
-/// `--store`: the store types a command line can name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreType {
-    Local,
-    S3,
-}
-
-impl StoreType {
-    /// The `type` of the store spec.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreType::Local => "local",
-            StoreType::S3 => "s3",
-        }
-    }
-}
-
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
 #[derive(Args, Debug, Clone)]
 pub struct StoreArgs {
     /// Store type.
-    #[arg(long, value_enum, default_value_t = StoreType::Local)]
-    pub store: StoreType,
+    #[arg(long, value_enum, default_value_t = StoreKind::Local)]
+    pub store: StoreKind,
     /// Local store root directory.
     #[arg(long)]
     pub path: Option<std::path::PathBuf>,
@@ -144,7 +127,7 @@ pub struct StoreArgs {
 impl StoreArgs {
     pub fn spec(&self) -> StoreSpec {
         StoreSpec {
-            kind: self.store.as_str().to_string(),
+            kind: self.store,
             path: self.path.clone(),
             bucket: self.bucket.clone(),
             prefix: self.prefix.clone(),

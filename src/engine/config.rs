@@ -40,6 +40,27 @@ impl OneOrMany {
     }
 }
 
+/// `sources.*.type`: laredo calls an archive source `file`, larch `archive`; the same source.
+/// Any other value is kept, for validation to refuse by its path.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SourceKind {
+    Archive,
+    File,
+    #[serde(untagged)]
+    Unknown(String),
+}
+
+/// `tables[].targets[].type`; any other value is kept, for validation to refuse by its path.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum TargetKind {
+    Memory,
+    Postgres,
+    #[serde(untagged)]
+    Unknown(String),
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -53,7 +74,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawSource {
     #[serde(rename = "type", default)]
-    kind: Option<String>,
+    kind: Option<SourceKind>,
     #[serde(default)]
     store: Option<StoreSpec>,
     #[serde(default)]
@@ -93,7 +114,7 @@ struct RawTable {
 #[serde(deny_unknown_fields)]
 struct RawTarget {
     #[serde(rename = "type", default)]
-    kind: String,
+    kind: Option<TargetKind>,
     #[serde(default)]
     index_fields: Option<Vec<String>>,
     #[serde(default)]
@@ -228,7 +249,13 @@ impl EngineConfig {
         };
         let doc = super::laredo_config::parse_hocon(text, base_dir).map_err(err)?;
         let larch = super::laredo_config::translate(&doc).map_err(err)?;
-        let raw: RawConfig = serde_json::from_value(larch).map_err(|e| err(e.to_string()))?;
+        // serde_json names no path of its own; YAML's errors start with one
+        let raw: RawConfig = serde_path_to_error::deserialize(larch).map_err(|e| {
+            match e.path().to_string().as_str() {
+                "." => err(e.inner().to_string()),
+                path => err(format!("{path}: {}", e.inner())),
+            }
+        })?;
         EngineConfig::from_raw(file, raw)
     }
 
@@ -303,15 +330,15 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
         if id.is_empty() || id.contains('/') {
             return Err(format!("{path}: a source id must be non-empty without '/'"));
         }
-        match s.kind.as_deref() {
-            Some("archive" | "file") => {}
-            None | Some("") => {
-                return Err(format!("{path}.type: required (archive or file)"));
-            }
-            Some(other) => {
+        match &s.kind {
+            Some(SourceKind::Archive | SourceKind::File) => {}
+            Some(SourceKind::Unknown(other)) if !other.is_empty() => {
                 return Err(format!(
                     "{path}.type: unknown source type {other:?} (expected archive or file)"
                 ));
+            }
+            None | Some(SourceKind::Unknown(_)) => {
+                return Err(format!("{path}.type: required (archive or file)"));
             }
         }
         let Some(store) = &s.store else {
@@ -426,8 +453,8 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
 }
 
 fn validate_target(path: &str, t: &RawTarget, table: &TableId) -> Result<TargetConfig, String> {
-    match t.kind.as_str() {
-        "memory" => {
+    match &t.kind {
+        Some(TargetKind::Memory) => {
             for (field, set) in [
                 ("connection_file", t.connection_file.is_some()),
                 ("connection_env", t.connection_env.is_some()),
@@ -446,7 +473,7 @@ fn validate_target(path: &str, t: &RawTarget, table: &TableId) -> Result<TargetC
             }
             Ok(TargetConfig::Memory { index_fields })
         }
-        "postgres" => {
+        Some(TargetKind::Postgres) => {
             if t.index_fields.is_some() {
                 return Err(format!(
                     "{path}.index_fields: only memory targets have index_fields"
@@ -478,10 +505,12 @@ fn validate_target(path: &str, t: &RawTarget, table: &TableId) -> Result<TargetC
                 table: TableId::new(schema, name),
             })
         }
-        "" => Err(format!("{path}.type: required (memory or postgres)")),
-        other => Err(format!(
+        Some(TargetKind::Unknown(other)) if !other.is_empty() => Err(format!(
             "{path}.type: unknown target type {other:?} (expected memory or postgres)"
         )),
+        None | Some(TargetKind::Unknown(_)) => {
+            Err(format!("{path}.type: required (memory or postgres)"))
+        }
     }
 }
 

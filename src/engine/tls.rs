@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::ServerConfig;
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
@@ -35,18 +35,8 @@ fn invalid(flag: &str, path: &Path, what: impl std::fmt::Display) -> anyhow::Err
 impl TlsFiles {
     /// Reads and checks both files (errors name the flag and the file, never key material).
     pub fn server_config(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        let cert_pem =
-            std::fs::read(&self.cert).map_err(|e| invalid("--tls-cert", &self.cert, e))?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid("--tls-cert", &self.cert, format!("not PEM: {e}")))?;
-        if certs.is_empty() {
-            return Err(invalid(
-                "--tls-cert",
-                &self.cert,
-                "no CERTIFICATE block in the file",
-            ));
-        }
+        let certs = crate::tls::read_certificates("--tls-cert", &self.cert)
+            .map_err(|e| tag(Reason::InvalidConfig, e))?;
         let key_pem = std::fs::read(&self.key).map_err(|e| invalid("--tls-key", &self.key, e))?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
             invalid(

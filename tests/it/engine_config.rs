@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use larch::archive::format::Format;
 use larch::archive::model::TableId;
+use larch::archive::store::spec::StoreKind;
 use larch::engine::config::{Connection, EngineConfig, TargetConfig};
 
 use crate::cli_archive::larch;
@@ -41,7 +42,7 @@ fn the_documented_shape_loads() {
     assert_eq!(c.sources.len(), 1);
     let s = &c.sources[0];
     assert_eq!(s.id, "seed");
-    assert_eq!(s.store.kind, "s3");
+    assert_eq!(s.store.kind, StoreKind::S3);
     assert_eq!(s.store.bucket.as_deref(), Some("b"));
     assert!(s.store.path_style);
     assert_eq!(s.key_prefix, "public.events/");
@@ -140,7 +141,7 @@ fn bad_configs_name_the_file_and_the_field() {
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: ftp, path: /d}}\n",
-            r#"engine.yaml: sources.seed.store: unknown type "ftp""#,
+            r#"engine.yaml: sources.seed.store: unknown type "ftp" (expected local or s3) at line 2"#,
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: local, path: /d}, key_prefix: ../up/}\n",

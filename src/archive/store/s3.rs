@@ -140,23 +140,19 @@ pub const CA_BUNDLE_ENV: &str = "AWS_CA_BUNDLE";
 /// usable certificate is an error naming the file.
 fn https_client_trusting(path: &Path) -> Result<aws_sdk_s3::config::SharedHttpClient> {
     use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
+    let bundle = crate::tls::read_ca_bundle("S3 CA bundle", path)
+        .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
     let what = format!("S3 CA bundle {}", path.display());
-    let pem = std::fs::read(path)
-        .map_err(|e| ArchiveError::Invalid(format!("{what}: cannot read it: {e}")))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| ArchiveError::Invalid(format!("{what}: not PEM certificates: {e}")))?;
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, rejected) = roots.add_parsable_certificates(certs);
-    if added == 0 || rejected > 0 {
+    if bundle.unusable > 0 {
+        // the connector would panic on it later
         return Err(ArchiveError::Invalid(format!(
-            "{what}: {added} usable CA certificate(s), {rejected} unusable; it needs at least one and no unusable one"
+            "{what}: {} usable CA certificate(s), {} unusable; it needs no unusable one",
+            bundle.roots.len(),
+            bundle.unusable
         )));
     }
     let context = TlsContext::builder()
-        .with_trust_store(TrustStore::empty().with_pem_certificate(pem))
+        .with_trust_store(TrustStore::empty().with_pem_certificate(bundle.pem))
         .build()
         .map_err(|e| ArchiveError::Invalid(format!("{what}: {e}")))?;
     Ok(aws_smithy_http_client::Builder::new()

@@ -2,7 +2,7 @@
 //! options. Credentials are never part of it: S3 uses the ambient chain (environment, web
 //! identity) or key files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -12,12 +12,50 @@ use super::local::LocalStore;
 use super::s3::{S3Config, S3Credentials, S3Store};
 use crate::archive::error::{ArchiveError, Result};
 
+/// The store types: `type: local` or `type: s3` in a config, `--store local|s3` on a command
+/// line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum StoreKind {
+    #[default]
+    Local,
+    S3,
+}
+
+impl StoreKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Local => "local",
+            StoreKind::S3 => "s3",
+        }
+    }
+}
+
+impl TryFrom<String> for StoreKind {
+    type Error = String;
+
+    /// Keeps the message users have seen: the bad value and the valid ones.
+    fn try_from(value: String) -> std::result::Result<StoreKind, String> {
+        use clap::ValueEnum;
+        StoreKind::value_variants()
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == value)
+            .ok_or_else(|| format!("unknown type {value:?} (expected local or s3)"))
+    }
+}
+
+/// What a validated spec opens.
+enum Location<'a> {
+    Local(&'a Path),
+    S3(S3Config),
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSpec {
-    /// `local` or `s3`.
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: StoreKind,
     /// Local root directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
@@ -47,7 +85,7 @@ pub struct StoreSpec {
 impl StoreSpec {
     pub fn local(path: impl Into<PathBuf>) -> StoreSpec {
         StoreSpec {
-            kind: "local".into(),
+            kind: StoreKind::Local,
             path: Some(path.into()),
             ..Default::default()
         }
@@ -55,39 +93,27 @@ impl StoreSpec {
 
     /// Checks the options without touching the store; errors name the field.
     pub fn validate(&self) -> Result<()> {
-        match self.kind.as_str() {
-            "local" => {
-                if self.path.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
-                    return Err(ArchiveError::Invalid(
-                        "store: type local requires `path`".into(),
-                    ));
-                }
-            }
-            "s3" => {
+        self.location().map(drop)
+    }
+
+    /// The local root or the S3 options of the spec; errors name the field.
+    fn location(&self) -> Result<Location<'_>> {
+        match self.kind {
+            StoreKind::Local => match &self.path {
+                Some(root) if !root.as_os_str().is_empty() => Ok(Location::Local(root)),
+                _ => Err(ArchiveError::Invalid(
+                    "store: type local requires `path`".into(),
+                )),
+            },
+            StoreKind::S3 => {
                 if self.bucket.as_ref().is_none_or(|b| b.is_empty()) {
                     return Err(ArchiveError::Invalid(
                         "store: type s3 requires `bucket`".into(),
                     ));
                 }
-                if self.access_key_id_file.is_some() != self.secret_access_key_file.is_some() {
-                    return Err(ArchiveError::Invalid(
-                        "store: `access_key_id_file` and `secret_access_key_file` go together"
-                            .into(),
-                    ));
-                }
-            }
-            "" => {
-                return Err(ArchiveError::Invalid(
-                    "store: `type` is required (local or s3)".into(),
-                ));
-            }
-            other => {
-                return Err(ArchiveError::Invalid(format!(
-                    "store: unknown type {other:?} (expected local or s3)"
-                )));
+                self.s3_config().map(Location::S3)
             }
         }
-        Ok(())
     }
 
     /// The S3 options of the spec; errors name the field.
@@ -138,18 +164,11 @@ impl StoreSpec {
     }
 
     async fn open_as(&self, writer: bool) -> Result<Arc<dyn Store>> {
-        self.validate()?;
-        match self.kind.as_str() {
-            "local" => {
-                let root = self.path.as_ref().expect("validated");
-                Ok(Arc::new(if writer {
-                    LocalStore::new(root)?
-                } else {
-                    LocalStore::for_reading(root)?
-                }))
-            }
-            _ => Ok(Arc::new(S3Store::new(self.s3_config()?).await?)),
-        }
+        Ok(match self.location()? {
+            Location::Local(root) if writer => Arc::new(LocalStore::new(root)?),
+            Location::Local(root) => Arc::new(LocalStore::for_reading(root)?),
+            Location::S3(config) => Arc::new(S3Store::new(config).await?),
+        })
     }
 }
 
@@ -160,7 +179,7 @@ mod tests {
     #[tokio::test]
     async fn specs_map_to_configs() {
         let mut spec = StoreSpec {
-            kind: "s3".into(),
+            kind: StoreKind::S3,
             bucket: Some("b".into()),
             prefix: Some("p/".into()),
             endpoint: Some("http://127.0.0.1:9".into()),

@@ -105,15 +105,24 @@ fn template_ca_refs(spec: &mut ArchiveSourceSpec) -> Vec<(&'static str, &mut CaB
     out
 }
 
+/// The template's CA bundle references, read-only (the same fields as `template_ca_refs`).
+fn template_ca_bundles(spec: &ArchiveSourceSpec) -> impl Iterator<Item = &CaBundleRef> {
+    let s3 = spec.archive.s3.as_ref().and_then(|s| s.ca_bundle.as_ref());
+    let postgres = spec
+        .target
+        .postgres
+        .as_ref()
+        .and_then(|p| p.ca_bundle.as_ref());
+    s3.into_iter().chain(postgres)
+}
+
 /// Whether the template names the shared CA ConfigMap somewhere (else sharing it is a mistake).
 pub fn template_uses_shared_ca(set: &ArchiveSourceSet) -> bool {
     let Some(name) = shared_ca_name(set) else {
         return false;
     };
-    let mut spec = set.spec.template.spec.clone();
-    template_ca_refs(&mut spec)
-        .iter()
-        .any(|(_, ca)| ca.config_map.as_ref().is_some_and(|k| k.name == name))
+    template_ca_bundles(&set.spec.template.spec)
+        .any(|ca| ca.config_map.as_ref().is_some_and(|k| k.name == name))
 }
 
 /// Whether the set copies its credentials Secret (the explicit opt-in).

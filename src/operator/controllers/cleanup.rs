@@ -109,213 +109,255 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
     if !has_finalizer(&cached) {
         return Ok(Action::await_change());
     }
-    let ns = cached.namespace().ok_or(Error::NoNamespace)?;
-    let name = cached.name_any();
-    let client = ctx.client.clone();
-    // The cache can lag a finished deletion (the watch has not brought the finalizer's
-    // removal yet): acting on it would start a second cleanup Job that nobody deletes. Read
-    // the object itself; its resourceVersion also makes the finalizer patch succeed.
-    let exports: Api<ArchiveExport> = Api::namespaced(client.clone(), &ns);
-    let export = match exports.get_opt(&name).await.map_err(Error::Cleanup)? {
-        Some(live) if live.uid() == cached.uid() && has_finalizer(&live) => live,
-        _ => return Ok(Action::await_change()),
-    };
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let job_name = cleanup_job_name(&export);
-    let reference = export.object_ref(&());
-    // The Events are what the user sees of a cleanup: one that could not be published (the
-    // API server busy, a timeout) fails the reconcile, which is retried before the Job is
-    // deleted or the object let go, instead of being lost with a warning. A namespace being
-    // deleted admits no new Event: that one is let pass.
-    let publish = |e: Event| {
-        let ctx = ctx.clone();
-        let reference = reference.clone();
-        async move {
-            writes(&ctx).count("Event", "create");
-            match ctx.recorder.publish(&e, &reference).await {
-                Ok(()) => Ok(()),
-                Err(kube::Error::Api(s))
-                    if s.code == 403 && s.message.contains("being terminated") =>
-                {
-                    tracing::warn!(reason = %e.reason, "namespace being deleted: no Event");
-                    Ok(())
-                }
-                Err(err) => {
-                    tracing::warn!(%err, reason = %e.reason, "could not publish the Event: retrying");
-                    Err(err)
-                }
-            }
-        }
-    };
-
-    let skip = export
-        .annotations()
-        .get(SKIP_CLEANUP_ANNOTATION)
-        .is_some_and(|v| v == "true");
-    if skip || deletion_policy(&export) == DeletionPolicy::Retain {
-        writes(&ctx)
-            .delete(&jobs, &job_name)
-            .await
-            .map_err(Error::Cleanup)?;
-        publish(Event {
-            type_: EventType::Warning,
-            reason: "CleanupSkipped".into(),
-            note: Some(format!(
-                "{}: left on the source database ({}); drop them with `larch export cleanup`",
-                if skip {
-                    "larch.dev/skip-cleanup"
-                } else {
-                    "deletionPolicy Retain"
-                },
-                objects(&export)
-            )),
-            action: "Cleanup".into(),
-            secondary: None,
-        })
-        .await
-        .map_err(Error::Cleanup)?;
-        remove_finalizer(&ctx, &export).await?;
+    let Some(deletion) = Deletion::read(&cached, &ctx).await? else {
         return Ok(Action::await_change());
+    };
+    if let Some(why) = deletion.skip_reason() {
+        return deletion.skip(why).await;
     }
-
-    // 1. Nothing may stream from the slot while it is dropped: stop the writers and runs.
-    if export_pods_running(&ctx, &export, &ns).await? {
+    // Nothing may stream from the slot while it is dropped: stop the writers and runs.
+    if export_pods_running(&ctx, &deletion.export, &deletion.ns).await? {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-
-    // 2. The cleanup Job.
-    let now = ctx.now();
-    let mut cleanup = export
-        .status
-        .as_ref()
-        .and_then(|s| s.cleanup.clone())
-        .unwrap_or_default();
-    let job = jobs.get_opt(&job_name).await.map_err(Error::Cleanup)?;
-    let phase = job.as_ref().map(super::export::job_phase);
-    match phase {
-        None => {
-            let due = cleanup
-                .next_attempt_time
-                .as_deref()
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                .is_none_or(|t| t <= now);
-            if !due {
-                let wait = cleanup
-                    .next_attempt_time
-                    .as_deref()
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .map(|t| t.duration_since(now).as_secs().max(1) as u64)
-                    .unwrap_or(5);
-                return Ok(Action::requeue(Duration::from_secs(wait)));
-            }
-            writes(&ctx).count("Job", "create");
-            match jobs
-                .create(&PostParams::default(), &cleanup_job(&export, &ctx.build))
-                .await
-            {
-                Ok(_) => {}
-                // Created by an earlier reconcile whose status write was lost.
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    return Ok(Action::requeue(Duration::from_secs(3)));
-                }
-                // The namespace is being deleted: Kubernetes admits no new pod (nor Event)
-                // there, so the cleanup can never run. Holding the object would keep the
-                // namespace terminating forever; say what stays and let it go.
-                Err(kube::Error::Api(e))
-                    if e.code == 403 && e.message.contains("being terminated") =>
-                {
-                    tracing::warn!(
-                        export = %format!("{ns}/{name}"),
-                        "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup`",
-                        objects(&export)
-                    );
-                    remove_finalizer(&ctx, &export).await?;
-                    return Ok(Action::await_change());
-                }
-                Err(e) => return Err(Error::Cleanup(e)),
-            }
-            cleanup.attempts += 1;
-            cleanup.last_attempt_time = Some(time_string(now));
-            cleanup.next_attempt_time = None;
-            let message = if cleanup.last_error.is_some() {
-                format!("cleanup attempt {} started", cleanup.attempts)
-            } else {
-                format!("dropping {}", objects(&export))
-            };
-            write_status(&ctx, &export, cleanup, &message).await?;
-            Ok(Action::requeue(Duration::from_secs(5)))
-        }
+    let job = deletion.cleanup_job().await?;
+    match job.as_ref().map(super::export::job_phase) {
+        None => deletion.start_attempt().await,
         Some(JobPhase::Active) | Some(JobPhase::Missing) => {
             Ok(Action::requeue(Duration::from_secs(3)))
         }
-        Some(JobPhase::Succeeded) => {
-            let report = termination_message(&ctx, &ns, &name).await?;
-            let kept = kept_objects(&report);
-            publish(Event {
-                type_: if kept.is_empty() {
-                    EventType::Normal
-                } else {
-                    EventType::Warning
-                },
-                reason: "CleanupSucceeded".into(),
-                note: Some(
-                    if kept.is_empty() {
-                        format!("dropped what larch created: {}", dropped_objects(&report))
-                    } else {
-                        format!(
-                            "dropped: {}; kept (not created by larch): {}",
-                            dropped_objects(&report),
-                            kept.join("; ")
-                        )
-                    }
-                    .chars()
-                    .take(1000)
-                    .collect(),
-                ),
-                action: "Cleanup".into(),
-                secondary: None,
-            })
+        Some(JobPhase::Succeeded) => deletion.succeeded().await,
+        Some(JobPhase::Failed) => deletion.failed(job.as_ref()).await,
+    }
+}
+
+/// One deletion in progress: the live export and its cleanup Job's coordinates.
+struct Deletion<'a> {
+    ctx: &'a Context,
+    export: ArchiveExport,
+    ns: String,
+    name: String,
+    jobs: Api<Job>,
+    job_name: String,
+}
+
+impl<'a> Deletion<'a> {
+    /// The export as the API server has it, when it is still the one being deleted. The cache
+    /// can lag a finished deletion (the watch has not brought the finalizer's removal yet):
+    /// acting on it would start a second cleanup Job that nobody deletes. The live object's
+    /// resourceVersion also makes the finalizer patch succeed.
+    async fn read(cached: &ArchiveExport, ctx: &'a Context) -> Result<Option<Deletion<'a>>, Error> {
+        let ns = cached.namespace().ok_or(Error::NoNamespace)?;
+        let name = cached.name_any();
+        let exports: Api<ArchiveExport> = Api::namespaced(ctx.client.clone(), &ns);
+        let export = match exports.get_opt(&name).await.map_err(Error::Cleanup)? {
+            Some(live) if live.uid() == cached.uid() && has_finalizer(&live) => live,
+            _ => return Ok(None),
+        };
+        Ok(Some(Deletion {
+            ctx,
+            jobs: Api::namespaced(ctx.client.clone(), &ns),
+            job_name: cleanup_job_name(&export),
+            export,
+            ns,
+            name,
+        }))
+    }
+
+    /// The Events are what the user sees of a cleanup: one that could not be published (the
+    /// API server busy, a timeout) fails the reconcile, which is retried before the Job is
+    /// deleted or the object let go, instead of being lost with a warning. A namespace being
+    /// deleted admits no new Event: that one is let pass.
+    async fn publish(&self, type_: EventType, reason: &str, note: String) -> Result<(), Error> {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Cleanup".into(),
+            secondary: None,
+        };
+        writes(self.ctx).count("Event", "create");
+        match self
+            .ctx
+            .recorder
+            .publish(&event, &self.export.object_ref(&()))
             .await
-            .map_err(Error::Cleanup)?;
-            // The finalizer first: were the Job deleted first and the patch then refused, the
-            // retry would find no Job and run the cleanup again.
-            remove_finalizer(&ctx, &export).await?;
-            if let Err(err) = writes(&ctx).delete(&jobs, &job_name).await {
-                tracing::warn!(%err, job = %format!("{ns}/{job_name}"), "could not delete the finished cleanup Job (its TTL removes it)");
+        {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("being terminated") => {
+                tracing::warn!(reason, "namespace being deleted: no Event");
+                Ok(())
             }
-            Ok(Action::await_change())
-        }
-        Some(JobPhase::Failed) => {
-            let message = termination_message(&ctx, &ns, &name).await?;
-            let error = failure_text(&message, job.as_ref());
-            let delay = backoff(cleanup.attempts);
-            cleanup.last_error = Some(error.chars().take(2000).collect());
-            cleanup.next_attempt_time = Some(time_string(
-                now.checked_add(jiff::SignedDuration::from_secs(delay.as_secs() as i64))
-                    .unwrap_or(now),
-            ));
-            let note = format!(
-                "attempt {}: {error}; retrying in {}s. To give up and leave the slot(s) on the source: kubectl annotate archiveexport {name} {SKIP_CLEANUP_ANNOTATION}=true",
-                cleanup.attempts,
-                delay.as_secs()
-            );
-            publish(Event {
-                type_: EventType::Warning,
-                reason: "CleanupFailed".into(),
-                note: Some(note.chars().take(1000).collect()),
-                action: "Cleanup".into(),
-                secondary: None,
-            })
-            .await
-            .map_err(Error::Cleanup)?;
-            write_status(&ctx, &export, cleanup, &note).await?;
-            writes(&ctx)
-                .delete(&jobs, &job_name)
-                .await
-                .map_err(Error::Cleanup)?;
-            Ok(Action::requeue(delay))
+            Err(err) => {
+                tracing::warn!(%err, reason, "could not publish the Event: retrying");
+                Err(Error::Cleanup(err))
+            }
         }
     }
+
+    /// Why the database objects are left in place, if they are.
+    fn skip_reason(&self) -> Option<&'static str> {
+        let skip = self
+            .export
+            .annotations()
+            .get(SKIP_CLEANUP_ANNOTATION)
+            .is_some_and(|v| v == "true");
+        if skip {
+            Some("larch.dev/skip-cleanup")
+        } else if deletion_policy(&self.export) == DeletionPolicy::Retain {
+            Some("deletionPolicy Retain")
+        } else {
+            None
+        }
+    }
+
+    /// Leaves the slot(s) and publication(s), says so, and lets the object go.
+    async fn skip(&self, why: &str) -> Result<Action, Error> {
+        self.delete_job().await?;
+        let note = format!(
+            "{why}: left on the source database ({}); drop them with `larch export cleanup`",
+            objects(&self.export)
+        );
+        self.publish(EventType::Warning, "CleanupSkipped", note)
+            .await?;
+        remove_finalizer(self.ctx, &self.export).await?;
+        Ok(Action::await_change())
+    }
+
+    async fn cleanup_job(&self) -> Result<Option<Job>, Error> {
+        self.jobs
+            .get_opt(&self.job_name)
+            .await
+            .map_err(Error::Cleanup)
+    }
+
+    async fn delete_job(&self) -> Result<(), Error> {
+        writes(self.ctx)
+            .delete(&self.jobs, &self.job_name)
+            .await
+            .map_err(Error::Cleanup)
+    }
+
+    /// What `status.cleanup` says of the attempts so far.
+    fn attempts(&self) -> CleanupStatus {
+        self.export
+            .status
+            .as_ref()
+            .and_then(|s| s.cleanup.clone())
+            .unwrap_or_default()
+    }
+
+    /// Starts the next cleanup Job once its backoff has passed.
+    async fn start_attempt(&self) -> Result<Action, Error> {
+        let now = self.ctx.now();
+        let mut cleanup = self.attempts();
+        if let Some(wait) = time_until(cleanup.next_attempt_time.as_deref(), now) {
+            return Ok(Action::requeue(wait));
+        }
+        writes(self.ctx).count("Job", "create");
+        match self
+            .jobs
+            .create(
+                &PostParams::default(),
+                &cleanup_job(&self.export, &self.ctx.build),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // Created by an earlier reconcile whose status write was lost.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                return Ok(Action::requeue(Duration::from_secs(3)));
+            }
+            // The namespace is being deleted: Kubernetes admits no new pod (nor Event) there,
+            // so the cleanup can never run. Holding the object would keep the namespace
+            // terminating forever; say what stays and let it go.
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("being terminated") => {
+                tracing::warn!(
+                    export = %format!("{}/{}", self.ns, self.name),
+                    "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup`",
+                    objects(&self.export)
+                );
+                remove_finalizer(self.ctx, &self.export).await?;
+                return Ok(Action::await_change());
+            }
+            Err(e) => return Err(Error::Cleanup(e)),
+        }
+        cleanup.attempts += 1;
+        cleanup.last_attempt_time = Some(time_string(now));
+        cleanup.next_attempt_time = None;
+        let message = if cleanup.last_error.is_some() {
+            format!("cleanup attempt {} started", cleanup.attempts)
+        } else {
+            format!("dropping {}", objects(&self.export))
+        };
+        write_status(self.ctx, &self.export, cleanup, &message).await?;
+        Ok(Action::requeue(Duration::from_secs(5)))
+    }
+
+    /// Reports what was dropped and kept, then lets the object go.
+    async fn succeeded(&self) -> Result<Action, Error> {
+        let report = termination_message(self.ctx, &self.ns, &self.name).await?;
+        let kept = kept_objects(&report);
+        let (type_, note) = if kept.is_empty() {
+            (
+                EventType::Normal,
+                format!("dropped what larch created: {}", dropped_objects(&report)),
+            )
+        } else {
+            (
+                EventType::Warning,
+                format!(
+                    "dropped: {}; kept (not created by larch): {}",
+                    dropped_objects(&report),
+                    kept.join("; ")
+                ),
+            )
+        };
+        self.publish(type_, "CleanupSucceeded", note.chars().take(1000).collect())
+            .await?;
+        // The finalizer first: were the Job deleted first and the patch then refused, the
+        // retry would find no Job and run the cleanup again.
+        remove_finalizer(self.ctx, &self.export).await?;
+        if let Err(err) = self.delete_job().await {
+            tracing::warn!(%err, job = %format!("{}/{}", self.ns, self.job_name), "could not delete the finished cleanup Job (its TTL removes it)");
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Records the failure, says how to give up, and schedules the next attempt.
+    async fn failed(&self, job: Option<&Job>) -> Result<Action, Error> {
+        let now = self.ctx.now();
+        let mut cleanup = self.attempts();
+        let message = termination_message(self.ctx, &self.ns, &self.name).await?;
+        let error = failure_text(&message, job);
+        let delay = backoff(cleanup.attempts);
+        cleanup.last_error = Some(error.chars().take(2000).collect());
+        cleanup.next_attempt_time = Some(time_string(
+            now.checked_add(jiff::SignedDuration::from_secs(delay.as_secs() as i64))
+                .unwrap_or(now),
+        ));
+        let note = format!(
+            "attempt {}: {error}; retrying in {}s. To give up and leave the slot(s) on the source: kubectl annotate archiveexport {} {SKIP_CLEANUP_ANNOTATION}=true",
+            cleanup.attempts,
+            delay.as_secs(),
+            self.name
+        );
+        self.publish(
+            EventType::Warning,
+            "CleanupFailed",
+            note.chars().take(1000).collect(),
+        )
+        .await?;
+        write_status(self.ctx, &self.export, cleanup, &note).await?;
+        self.delete_job().await?;
+        Ok(Action::requeue(delay))
+    }
+}
+
+/// How long until `next_attempt` (at least 1 s), or `None` when it is due (or unreadable, so
+/// a garbled status cannot hold a deletion forever).
+fn time_until(next_attempt: Option<&str>, now: jiff::Timestamp) -> Option<Duration> {
+    let at = next_attempt?.parse::<jiff::Timestamp>().ok()?;
+    (at > now).then(|| Duration::from_secs(at.duration_since(now).as_secs().max(1) as u64))
 }
 
 async fn remove_finalizer(ctx: &Context, export: &ArchiveExport) -> Result<(), Error> {
@@ -518,6 +560,23 @@ mod tests {
         let failed = r#"{"error":"cannot connect to PostgreSQL at db:5432/app as user u: connection refused"}"#;
         assert!(failure_text(failed, None).starts_with("cannot connect"));
         assert_eq!(failure_text("", None), "the cleanup Job failed");
+    }
+
+    #[test]
+    fn the_next_attempt_waits_for_its_time() {
+        let now: jiff::Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        assert_eq!(time_until(None, now), None);
+        assert_eq!(time_until(Some("2026-12-01T09:59:00Z"), now), None);
+        assert_eq!(time_until(Some("2026-12-01T10:00:00Z"), now), None);
+        assert_eq!(time_until(Some("garbled"), now), None);
+        assert_eq!(
+            time_until(Some("2026-12-01T10:00:40Z"), now),
+            Some(Duration::from_secs(40))
+        );
+        assert_eq!(
+            time_until(Some("2026-12-01T10:00:00.2Z"), now),
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[test]

@@ -137,11 +137,7 @@ impl PgDsn {
             .with_custom_certificate_verifier(verifier);
         let config = match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => {
-                let chain = CertificateDer::pem_file_iter(cert)
-                    .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                    .with_context(|| {
-                        format!("sslcert {}: reading the certificate", cert.display())
-                    })?;
+                let chain = crate::tls::read_certificates("sslcert", cert)?;
                 let key = PrivateKeyDer::from_pem_file(key).with_context(|| {
                     format!("sslkey {}: reading the private key", key.display())
                 })?;
@@ -155,22 +151,10 @@ impl PgDsn {
     }
 
     fn root_store(&self) -> anyhow::Result<RootCertStore> {
-        let mut roots = RootCertStore::empty();
-        if let Some(path) = &self.root_cert {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .with_context(|| {
-                    format!("sslrootcert {}: reading PEM certificates", path.display())
-                })?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                bail!(
-                    "sslrootcert {}: no usable CA certificate in it",
-                    path.display()
-                );
-            }
-        }
-        Ok(roots)
+        Ok(match &self.root_cert {
+            Some(path) => crate::tls::read_ca_bundle("sslrootcert", path)?.roots,
+            None => RootCertStore::empty(),
+        })
     }
 
     /// The same TLS settings for pgwire-replication's replication session.
