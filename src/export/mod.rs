@@ -2,6 +2,7 @@
 //! (a snapshot, then diffs until stopped, a new epoch whenever the new-epoch policy fires).
 
 pub mod continuous;
+pub mod fake;
 pub mod lease;
 pub mod slot;
 pub mod transform;
