@@ -60,6 +60,26 @@ pub struct TableRules {
     #[serde(default)]
     #[schemars(extend("maxProperties" = 1600))]
     pub columns: BTreeMap<String, ColumnRule>,
+    /// Subsetting (one-shot exports only): an SQL predicate on the table's columns; only the
+    /// rows it keeps are exported. Referential completeness across tables is the predicate's
+    /// job (e.g. `user_id IN (SELECT id FROM users WHERE …)`).
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub row_filter: Option<String>,
+    /// Subsetting (one-shot exports only): keep this percentage of the rows, chosen by a keyed
+    /// hash of a column (deterministic, and alike across tables for the same values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<super::subset::SampleRule>,
+}
+
+impl TableRules {
+    /// The subset these rules ask for.
+    pub fn subset(&self) -> super::subset::Subset {
+        super::subset::Subset {
+            row_filter: self.row_filter.clone(),
+            sample: self.sample.clone(),
+        }
+    }
 }
 
 /// One column's transform: `keep`, `null`, `drop`, `hash`, or `{redact: <constant>}`. Read
@@ -373,6 +393,11 @@ impl TransformKey {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The keyed hash deciding whether a row is in a sample ([`super::subset`]).
+    pub(crate) fn sample_tag(&self, value: &[u8]) -> [u8; 32] {
+        self.tag(b"sample", value)
     }
 
     fn tag(&self, domain: &[u8], value: &[u8]) -> [u8; 32] {
@@ -821,6 +846,14 @@ impl Masking {
         self.key.as_deref().map(TransformKey::id)
     }
 
+    /// The key (for a sample: the same key decides which rows are kept).
+    pub fn key(&self) -> Option<Arc<TransformKey>> {
+        self.key.clone()
+    }
+
+    pub fn rules(&self) -> &TransformRules {
+        &self.rules
+    }
 }
 
 #[cfg(test)]
