@@ -358,10 +358,16 @@ async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
     };
     let columns = init(dir.path()).await.unwrap();
     assert_eq!(columns.values().next().unwrap().len(), 6, "ssn dropped");
-    let e = format!("{:#}", init(raw_dir.path()).await.unwrap_err());
+    let err = init(raw_dir.path()).await.unwrap_err();
+    let e = format!("{err:#}");
     assert!(
-        e.contains("require_transformed: the archive public.users/manifest.json records no masking transform"),
+        e.contains("require_transformed: the archive public.users/manifest.json (table public.users) records no masking transform"),
         "{e}"
+    );
+    // The reason the engine's termination message carries, which the operator's condition shows.
+    assert_eq!(
+        larch::failure::classify(&err),
+        larch::failure::Reason::ArchiveNotTransformed
     );
 }
 
