@@ -11,6 +11,8 @@
 #   Right after the one-shot export: its archive restored by `larch engine` into PostgreSQL next
 #   to `COPY … FROM file` (LARCH_BENCH_RESTORE_ONLY=1 stops there; LARCH_BEFORE_BIN=path restores
 #   with another build too, in the same run).
+#   Also right after it: the same export masked (hashed, faked, redacted and nulled columns)
+#   and the ratio masked/unmasked (LARCH_BENCH_MASKING_ONLY=1 stops there).
 # Usage: scripts/bench-export.sh [ROWS] [LOAD_SECONDS]   (defaults 1000000 and 30)
 # LARCH_BUFFER_MEMORY (default 64Mi) is the exporter's --buffer-memory.
 set -euo pipefail
@@ -49,6 +51,30 @@ measure "larch export (one-shot, jsonl, local)" "$larch" export --connection "$d
 export_secs=$(cat "$work/last")
 printf 'ratio export/COPY row_to_json: %.2f (target <= 1.0)\n' "$(echo "$export_secs/$copy_secs" | bc -l)"
 printf 'ratio export/COPY text: %.2f (target <= 1.3)\n' "$(echo "$export_secs/$copy_text_secs" | bc -l)"
+
+# --- Masking (issue #18): the same one-shot export with columns hashed, faked, redacted and
+# nulled (docs/masking.md), same run, then the unmasked one again (alternating evens out a
+# busy machine): the cost of masking. LARCH_BENCH_MASKING_ONLY=1 stops there.
+cat > "$work/mask.yaml" <<'YAML'
+tables:
+  public.events:
+    columns:
+      id: hash
+      kind: hash
+      ref: hash
+      tenant: {fake: city}
+      payload: {redact: "REDACTED"}
+      blob: null
+YAML
+head -c 32 /dev/urandom | base64 > "$work/mask.key"
+measure "larch export (one-shot, masked)" "$larch" export --connection "$dsn" --table events --store local --path "$work/archive-masked" --transform "$work/mask.yaml" --transform-key-file "$work/mask.key"
+masked_secs=$(cat "$work/last")
+measure "larch export (one-shot, unmasked, again)" "$larch" export --connection "$dsn" --table events --store local --path "$work/archive-again"
+again_secs=$(cat "$work/last")
+rm -rf "$work/archive-masked" "$work/archive-again"
+printf 'ratio masked/unmasked export: %.2f (target <= 1.3; unmasked = mean of its two runs)\n' \
+  "$(echo "2*$masked_secs/($export_secs+$again_secs)" | bc -l)"
+[ -n "${LARCH_BENCH_MASKING_ONLY:-}" ] && exit 0
 
 # --- Restore (issue #16): the one-shot archive into an empty database by `larch engine` (a
 # PostgreSQL target, no follow: time from start to ready, the baseline swapped in), next to

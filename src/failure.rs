@@ -50,6 +50,9 @@ pub enum Reason {
     /// The kubelet killed the container for exceeding its memory limit (read by the operator
     /// from the container's state; a process never writes it).
     OutOfMemory,
+    /// An engine source with `require_transformed` found an archive whose manifest records no
+    /// masking transform (raw rows): it loads nothing.
+    ArchiveNotTransformed,
     /// Anything else: the message says what.
     Failed,
 }
@@ -63,7 +66,7 @@ pub const EXIT_LEASE_LOST: i32 = 3;
 const MAX_ERROR_BYTES: usize = 3072;
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::TableNotFound,
         Reason::ColumnNotFound,
         Reason::DatabaseNotFound,
@@ -77,6 +80,7 @@ impl Reason {
         Reason::StorageUnavailable,
         Reason::LeaseLost,
         Reason::OutOfMemory,
+        Reason::ArchiveNotTransformed,
         Reason::Failed,
     ];
 
@@ -95,6 +99,7 @@ impl Reason {
             Reason::StorageUnavailable => "StorageUnavailable",
             Reason::LeaseLost => "LeaseLost",
             Reason::OutOfMemory => "OutOfMemory",
+            Reason::ArchiveNotTransformed => "ArchiveNotTransformed",
             Reason::Failed => "Failed",
         }
     }

@@ -6,7 +6,7 @@ use chrono::{DateTime, FixedOffset, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::ArchiveError;
-use super::masking::TransformRecord;
+use super::masking::{SubsetRecord, TransformRecord};
 use super::model::ColumnDefinition;
 
 pub const MANIFEST_VERSION: i64 = 1;
@@ -101,6 +101,10 @@ pub struct Manifest {
     /// (masked exports); absent for a raw archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<TransformRecord>,
+    /// larch's additive field: the subset of rows the current epoch holds (a one-shot export
+    /// with `where:` or `sample:`); absent when it holds every row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<SubsetRecord>,
 }
 
 fn zero_time() -> DateTime<FixedOffset> {
@@ -185,6 +189,7 @@ impl Manifest {
             artifacts: Vec::new(),
             columns: Vec::new(),
             transform: None,
+            subset: None,
         }
     }
 

@@ -27,3 +27,17 @@ impl TransformRecord {
         self.columns.values().any(|t| t != "keep") || self.undeclared != "keep"
     }
 }
+
+/// The manifest's `subset` field: the rows a one-shot export kept (dev seeds).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SubsetRecord {
+    /// The SQL predicate the snapshot's rows satisfy, as given.
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    pub row_filter: Option<String>,
+    /// The percentage of rows sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_percent: Option<serde_json::Number>,
+    /// The columns whose keyed hash decided the sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sample_by: Vec<String>,
+}

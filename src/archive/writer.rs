@@ -313,6 +313,11 @@ impl ArchiveWriter {
         self.manifest.transform = record;
     }
 
+    /// Sets the subset record of the manifest (before a one-shot export's snapshot).
+    pub fn set_subset(&mut self, record: Option<crate::archive::masking::SubsetRecord>) {
+        self.manifest.subset = record;
+    }
+
     /// Buffers one change as a transaction of its own (see [`record_pending`] and
     /// [`commit_pending`]; not while a transaction is open).
     ///

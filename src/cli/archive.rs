@@ -333,6 +333,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             "key_fields": key_fields,
             "columns": manifest.columns,
             "transform": manifest.transform,
+            "subset": manifest.subset,
             "artifacts": manifest.artifacts,
             "chain": {"snapshot_epoch": plan.snapshot.as_ref().map(|s| s.epoch), "diffs": plan.diffs.len(), "reaches": plan.head_position, "reaches_head": reaches_head, "broken_links": broken},
             "restorable": restorable,
@@ -383,6 +384,19 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             }
         }
         None => println!("transform:    none (raw rows)"),
+    }
+    match &manifest.subset {
+        Some(sub) => {
+            let mut parts = Vec::new();
+            if let Some(w) = &sub.row_filter {
+                parts.push(format!("where {w}"));
+            }
+            if let Some(p) = &sub.sample_percent {
+                parts.push(format!("sample {p}% by {}", sub.sample_by.join(", ")));
+            }
+            println!("subset:       {}", parts.join("; "));
+        }
+        None => println!("subset:       none (every row)"),
     }
     println!("artifacts:    {}", manifest.artifacts.len());
     for a in &manifest.artifacts {

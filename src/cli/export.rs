@@ -15,6 +15,7 @@ use super::{StoreArgs, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::export::lease::LeaderElector;
+use crate::export::subset::{SampleRule, Subset};
 use crate::export::transform::{Masking, TransformKey, TransformRules};
 use crate::failure::{self, Reason};
 use crate::locks::MutexExt;
@@ -165,6 +166,68 @@ pub struct ExportArgs {
     /// Default: $LARCH_TRANSFORM_KEY.
     #[arg(long, value_name = "FILE")]
     pub transform_key_file: Option<PathBuf>,
+    /// Subsetting (one-shot only): export only the rows this SQL predicate keeps, e.g.
+    /// `created_at > now() - interval '90 days'` (checked with EXPLAIN first; no `;`).
+    /// Also `where:` of the table in --transform.
+    #[arg(long = "where", value_name = "PREDICATE")]
+    pub row_filter: Option<String>,
+    /// Subsetting (one-shot only): keep this percentage of the rows, chosen by a keyed hash
+    /// of --sample-by (default: the key fields). Also `sample:` in --transform.
+    #[arg(long, value_name = "PERCENT")]
+    pub sample: Option<f64>,
+    /// The column whose value decides --sample (a foreign key samples alike the key it
+    /// references).
+    #[arg(long, value_name = "COLUMN", requires = "sample")]
+    pub sample_by: Option<String>,
+}
+
+/// The subset of `table` from --where/--sample and the table's `where:`/`sample:` in the
+/// transform rules (one place each); refused with --follow, whose diffs would not respect it.
+fn subset(
+    args: &ExportArgs,
+    table: &TableId,
+    masking: Option<&Masking>,
+) -> anyhow::Result<Option<Subset>> {
+    let from_rules = masking
+        .and_then(|m| m.rules().tables.get(&table.to_string()))
+        .map(|t| t.subset())
+        .unwrap_or_default();
+    let mut subset = from_rules.clone();
+    if let Some(p) = &args.row_filter {
+        if from_rules.row_filter.is_some() {
+            failure::bail!(
+                Reason::InvalidConfig,
+                "--where and the transform rules' `where:` of table {table} both filter rows: give one"
+            );
+        }
+        subset.row_filter = Some(p.clone());
+    }
+    if let Some(percent) = args.sample {
+        if from_rules.sample.is_some() {
+            failure::bail!(
+                Reason::InvalidConfig,
+                "--sample and the transform rules' `sample:` of table {table} both sample rows: give one"
+            );
+        }
+        subset.sample = Some(SampleRule {
+            percent,
+            by: args.sample_by.clone(),
+        });
+    }
+    if subset.is_empty() {
+        return Ok(None);
+    }
+    if args.follow {
+        failure::bail!(
+            Reason::InvalidConfig,
+            "a row filter or sample (--where, --sample, `where:`/`sample:` of table {table}) \
+             applies to a one-shot export only: the diffs of --follow would not respect it"
+        );
+    }
+    subset
+        .check(&table.to_string())
+        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!(e)))?;
+    Ok(Some(subset))
 }
 
 /// `--transform` and its key, read and checked before the export connects.
@@ -308,6 +371,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let table = table_id(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
     // Read and checked before the export connects.
     let masking = masking(&args)?;
+    let subset = subset(&args, &table, masking.as_deref())?;
     let formats = parse_formats(&args.format)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
     let key_fields = args
@@ -342,6 +406,9 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     };
     config.snapshot_only = !args.follow;
     config.key_fields = key_fields.clone();
+    if let Some(p) = subset.as_ref().and_then(|s| s.row_filter.clone()) {
+        config.row_filters.insert(table.clone(), p);
+    }
     if args.follow {
         return follow(
             &args,
@@ -381,6 +448,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         wc,
         &progress,
         masking.as_deref(),
+        subset.as_ref(),
     )
     .await;
     stop_tx.send_replace(true);
@@ -423,18 +491,25 @@ async fn export(
     wc: WriterConfig,
     progress: &std::sync::Arc<crate::progress::Progress>,
     masking: Option<&Masking>,
+    subset: Option<&Subset>,
 ) -> anyhow::Result<(String, i64, i64)> {
+    // Checks the row filter too (EXPLAIN): an invalid predicate exports nothing.
     let schemas = source.init(std::slice::from_ref(table)).await?;
     // Checked before the archive is opened: a rule that does not fit exports nothing.
     if let (Some(m), Some(schema)) = (masking, source.table_schema(table)) {
         m.compile(&schema)
             .map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
     }
+    if let (Some(s), Some(schema)) = (subset, source.table_schema(table)) {
+        s.sampler(&schema, masking.and_then(Masking::key))
+            .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!(e)))?;
+    }
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
     let artifact =
-        crate::export::snapshot_from_source(source, table, &mut writer, progress, masking).await?;
+        crate::export::snapshot_from_source(source, table, &mut writer, progress, masking, subset)
+            .await?;
     Ok((
         artifact.to_position.clone(),
         artifact.row_count,

@@ -455,6 +455,7 @@ impl ContinuousExport {
             &mut self.writer,
             &progress,
             self.masking.as_deref(),
+            None,
         )
         .await?;
         let position = artifact.to_position.clone();

@@ -2,8 +2,10 @@
 //! (a snapshot, then diffs until stopped, a new epoch whenever the new-epoch policy fires).
 
 pub mod continuous;
+pub mod fake;
 pub mod lease;
 pub mod slot;
+pub mod subset;
 pub mod transform;
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use crate::archive::writer::ArchiveWriter;
 use crate::failure;
 use crate::progress::{Progress, Reporter};
 use crate::source::postgres::PostgresSource;
+use subset::{Sampler, Subset};
 use transform::{Masking, TableTransform, TransformError};
 
 /// Rows after which the pause point `export.baseline-rows` holds a baseline (tests read its
@@ -33,17 +36,20 @@ const PAUSE_AFTER_ROWS: u64 = 10_000;
 /// `progress` counts the rows copied (against the catalog's estimate) and is reported while the
 /// copy runs ([`Reporter`]). With `masking`, its rules are compiled for the columns found under
 /// the lock (an error there exports nothing) and every row goes through them before it is
-/// encoded; the manifest records the transform.
+/// encoded; the manifest records the transform. With `subset` (a one-shot export), the rows
+/// outside its sample are left out (its row filter is the source's, in the COPY) and the
+/// manifest records it.
 pub async fn snapshot_from_source(
     source: Arc<PostgresSource>,
     table: &TableId,
     writer: &mut ArchiveWriter,
     progress: &Arc<Progress>,
     masking: Option<&Masking>,
+    subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
     progress.set_total(source.estimate_rows(table).await);
     let reporter = Reporter::start(progress.clone());
-    let result = copy_into_snapshot(source, table, writer, progress.clone(), masking).await;
+    let result = copy_into_snapshot(source, table, writer, progress.clone(), masking, subset).await;
     reporter.finish(result.is_ok());
     result
 }
@@ -71,10 +77,13 @@ async fn copy_into_snapshot(
     writer: &mut ArchiveWriter,
     progress: Arc<Progress>,
     masking: Option<&Masking>,
+    subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
     let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
-    // The rows' transform, known once the baseline has the columns (before its first row).
-    let (transform_tx, transform_rx) = oneshot::channel::<Option<Arc<TableTransform>>>();
+    // The rows' transform and sample, known once the baseline has the columns (before its
+    // first row).
+    let (transform_tx, transform_rx) =
+        oneshot::channel::<(Option<Arc<TableTransform>>, Option<Sampler>)>();
     let transform_failure = Arc::new(std::sync::OnceLock::<TransformError>::new());
     let failure_slot = transform_failure.clone();
     let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
@@ -90,10 +99,16 @@ async fn copy_into_snapshot(
         let source = baseline_source;
         // Moves the receiver in: when it stops (a failed transform), the baseline's sends fail.
         let forward = async move {
-            let Ok(transform) = transform_rx.await else {
+            let Ok((transform, sampler)) = transform_rx.await else {
                 return;
             };
             while let Some((_, row)) = src_rx.recv().await {
+                // Sampled on the raw values (the same as in every table), before masking.
+                if let Some(s) = &sampler
+                    && !s.keeps(&row)
+                {
+                    continue;
+                }
                 let row = match mask_row(transform.as_deref(), row) {
                     Ok(row) => row,
                     Err(e) => {
@@ -164,6 +179,14 @@ async fn copy_into_snapshot(
             ));
         }
     };
+    let sampler = match (subset, &schema) {
+        (Some(s), Some(schema)) => s
+            .sampler(schema, masking.and_then(Masking::key))
+            .map_err(|e| failure::tag(failure::Reason::InvalidConfig, anyhow!(e)))?,
+        _ => None,
+    };
+    let previous_subset = writer.manifest().subset.clone();
+    writer.set_subset(subset.and_then(|s| s.record(schema.as_ref())));
     if let Some(schema) = schema {
         writer.set_columns(match &transform {
             Some(t) => t.columns(&schema.columns),
@@ -171,9 +194,10 @@ async fn copy_into_snapshot(
         });
     }
     writer.set_transform(transform.as_ref().map(|t| t.record().clone()));
-    if transform_tx.send(transform).is_err() {
+    if transform_tx.send((transform, sampler)).is_err() {
         writer.set_columns(previous);
         writer.set_transform(previous_transform);
+        writer.set_subset(previous_subset.clone());
         return Err(match verdict_rx.await {
             Ok(Err(e)) => with_reason(e.into()),
             _ => anyhow!("the baseline ended before its first row"),
@@ -188,6 +212,7 @@ async fn copy_into_snapshot(
             // The archive keeps the epoch it had, and the columns that describe it.
             writer.set_columns(previous);
             writer.set_transform(previous_transform);
+            writer.set_subset(previous_subset);
             Err(with_reason(e.into()))
         }
     }

@@ -10,7 +10,9 @@
 //! (a keyed Feistel network, bijective within the column's range and sign), so hashed integer
 //! keys never collide; uuids stay uuids; text keeps its length and its shape (letters stay
 //! letters of the same case, digits stay digits, punctuation stays), so an email stays a valid
-//! `local@domain` (the domain hashed on its own, so one domain stays one domain).
+//! `local@domain` (the domain hashed on its own, so one domain stays one domain). `fake`
+//! replaces a text value by a realistic one (a name, an email, a phone number, an address)
+//! picked by the same keyed hash, so it is as deterministic ([`super::fake`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -26,6 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::archive::masking::TransformRecord;
 use crate::archive::model::{ColumnDefinition, TableId};
 use crate::archive::value::{Row, Value, raw, string_value};
+use crate::export::fake::FakeKind;
 use crate::locks::MutexExt;
 
 /// Shortest key accepted (bytes).
@@ -57,6 +60,26 @@ pub struct TableRules {
     #[serde(default)]
     #[schemars(extend("maxProperties" = 1600))]
     pub columns: BTreeMap<String, ColumnRule>,
+    /// Subsetting (one-shot exports only): an SQL predicate on the table's columns; only the
+    /// rows it keeps are exported. Referential completeness across tables is the predicate's
+    /// job (e.g. `user_id IN (SELECT id FROM users WHERE …)`).
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub row_filter: Option<String>,
+    /// Subsetting (one-shot exports only): keep this percentage of the rows, chosen by a keyed
+    /// hash of a column (deterministic, and alike across tables for the same values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<super::subset::SampleRule>,
+}
+
+impl TableRules {
+    /// The subset these rules ask for.
+    pub fn subset(&self) -> super::subset::Subset {
+        super::subset::Subset {
+            row_filter: self.row_filter.clone(),
+            sample: self.sample.clone(),
+        }
+    }
 }
 
 /// One column's transform: `keep`, `null`, `drop`, `hash`, or `{redact: <constant>}`. Read
@@ -71,6 +94,8 @@ pub enum ColumnRule {
     Hash,
     /// Every non-NULL value becomes this constant.
     Redact(serde_json::Value),
+    /// A realistic value of this kind picked by the keyed hash of the value.
+    Fake(FakeKind),
 }
 
 impl TryFrom<serde_json::Value> for ColumnRule {
@@ -85,14 +110,25 @@ impl TryFrom<serde_json::Value> for ColumnRule {
                 "drop" => Ok(ColumnRule::Drop),
                 "hash" => Ok(ColumnRule::Hash),
                 other => Err(format!(
-                    "unknown transform {other:?}: expected keep, null, drop, hash or {{redact: VALUE}}"
+                    "unknown transform {other:?}: expected keep, null, drop, hash, {{redact: \
+                     VALUE}} or {{fake: KIND}}"
                 )),
             },
             J::Object(m) if m.len() == 1 && m.contains_key("redact") => Ok(ColumnRule::Redact(
                 m.into_iter().next().expect("one entry").1,
             )),
+            J::Object(m) if m.len() == 1 && m.contains_key("fake") => match &m["fake"] {
+                J::String(k) => FakeKind::parse(k).map(ColumnRule::Fake).ok_or_else(|| {
+                    format!("unknown fake {k:?}: expected one of {}", FakeKind::names())
+                }),
+                other => Err(format!(
+                    "fake takes a kind ({}), not {other}",
+                    FakeKind::names()
+                )),
+            },
             other => Err(format!(
-                "a transform is keep, null, drop, hash or {{redact: VALUE}}, not {other}"
+                "a transform is keep, null, drop, hash, {{redact: VALUE}} or {{fake: KIND}}, not \
+                 {other}"
             )),
         }
     }
@@ -102,6 +138,7 @@ impl From<ColumnRule> for serde_json::Value {
     fn from(r: ColumnRule) -> serde_json::Value {
         match r {
             ColumnRule::Redact(v) => serde_json::json!({ "redact": v }),
+            ColumnRule::Fake(k) => serde_json::json!({ "fake": k.name() }),
             other => serde_json::Value::String(other.name().into()),
         }
     }
@@ -115,7 +152,7 @@ impl schemars::JsonSchema for ColumnRule {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         // A string or a one-key object: not structural, so the API server keeps it as given.
         schemars::json_schema!({
-            "description": "keep, null, drop, hash, or {redact: VALUE}",
+            "description": "keep, null, drop, hash, {redact: VALUE} or {fake: KIND}",
             "x-kubernetes-preserve-unknown-fields": true
         })
     }
@@ -129,7 +166,21 @@ impl ColumnRule {
             ColumnRule::Drop => "drop",
             ColumnRule::Hash => "hash",
             ColumnRule::Redact(_) => "redact",
+            ColumnRule::Fake(_) => "fake",
         }
+    }
+
+    /// The name the manifest records: a fake says its kind (`fake:email`).
+    pub fn record_name(&self) -> String {
+        match self {
+            ColumnRule::Fake(k) => format!("fake:{k}"),
+            other => other.name().to_string(),
+        }
+    }
+
+    /// Whether the rule needs the key.
+    fn keyed(&self) -> bool {
+        matches!(self, ColumnRule::Hash | ColumnRule::Fake(_))
     }
 }
 
@@ -171,11 +222,11 @@ impl TransformRules {
         Ok(rules)
     }
 
-    /// Whether any rule of any table hashes (a key is then needed).
+    /// Whether any rule of any table hashes or fakes (a key is then needed).
     pub fn hashes(&self) -> bool {
-        self.tables.values().any(|t| {
-            t.undeclared == ColumnRule::Hash || t.columns.values().any(|r| *r == ColumnRule::Hash)
-        })
+        self.tables
+            .values()
+            .any(|t| t.undeclared.keyed() || t.columns.values().any(ColumnRule::keyed))
     }
 
     /// Checks `table`'s rules against its columns and key fields and compiles them. A table
@@ -222,7 +273,10 @@ impl TransformRules {
             if key_fields.contains(&c.name)
                 && matches!(
                     rule,
-                    ColumnRule::Null | ColumnRule::Drop | ColumnRule::Redact(_)
+                    ColumnRule::Null
+                        | ColumnRule::Drop
+                        | ColumnRule::Redact(_)
+                        | ColumnRule::Fake(_)
                 )
             {
                 return err(format!(
@@ -246,19 +300,21 @@ impl TransformRules {
             ColumnRule::Keep => Op::Keep,
             ColumnRule::Drop => Op::Drop,
             ColumnRule::Redact(v) => Op::Redact(raw(v.to_string())),
-            ColumnRule::Null | ColumnRule::Hash => Op::Null,
+            ColumnRule::Null | ColumnRule::Hash | ColumnRule::Fake(_) => Op::Null,
         };
-        let uses_key = ops.values().any(|o| matches!(o, Op::Hash(..)));
+        let uses_key = ops
+            .values()
+            .any(|o| matches!(o, Op::Hash(..) | Op::Fake(..)));
         let record = TransformRecord {
             key_id: uses_key
                 .then(|| key.as_ref().map(|k| k.id.clone()))
                 .flatten(),
-            undeclared: rules.undeclared.name().to_string(),
+            undeclared: rules.undeclared.record_name(),
             columns: columns
                 .iter()
                 .map(|c| {
                     let r = rules.columns.get(&c.name).unwrap_or(&rules.undeclared);
-                    (c.name.clone(), r.name().to_string())
+                    (c.name.clone(), r.record_name())
                 })
                 .collect(),
         };
@@ -339,6 +395,11 @@ impl TransformKey {
         &self.id
     }
 
+    /// The keyed hash deciding whether a row is in a sample ([`super::subset`]).
+    pub(crate) fn sample_tag(&self, value: &[u8]) -> [u8; 32] {
+        self.tag(b"sample", value)
+    }
+
     fn tag(&self, domain: &[u8], value: &[u8]) -> [u8; 32] {
         let mut m = self.mac.clone();
         m.update(domain);
@@ -404,6 +465,8 @@ enum Op {
     Drop,
     Redact(Value),
     Hash(Arc<TransformKey>, HashFormat),
+    /// A fake of this kind, at most this many characters (0: no limit).
+    Fake(Arc<TransformKey>, FakeKind, i64),
 }
 
 /// How a hash keeps a column's type.
@@ -491,6 +554,29 @@ impl Op {
                 };
                 Op::Hash(key.clone(), format)
             }
+            ColumnRule::Fake(kind) => {
+                if HashFormat::of(c) != Some(HashFormat::Text) {
+                    return Err(format!(
+                        "fake makes text; the type {sql_type} is not (text, varchar, char, \
+                         name, citext): use hash, null, redact or drop"
+                    ));
+                }
+                if c.max_length > 0 && c.max_length < kind.min_length() {
+                    return Err(format!(
+                        "a fake {kind} needs at least {} characters; the type {sql_type} holds \
+                         {}",
+                        kind.min_length(),
+                        c.max_length
+                    ));
+                }
+                let Some(key) = key else {
+                    return Err(format!(
+                        "fake needs a key: --transform-key-file FILE or ${KEY_ENV} (on \
+                         Kubernetes spec.transform.keySecretRef)"
+                    ));
+                };
+                Op::Fake(key.clone(), *kind, c.max_length.max(0))
+            }
         })
     }
 
@@ -509,8 +595,25 @@ impl Op {
             Op::Drop => None,
             Op::Redact(v) => Some(v.clone()),
             Op::Hash(key, format) => Some(hash_value(key, *format, text)?),
+            Op::Fake(key, kind, max) => Some(fake_value(key, *kind, *max, text)?),
         })
     }
+}
+
+/// A fake picked by the keyed hash of the value's text (a string's content, else its JSON):
+/// the same value gives the same fake in every column of its kind.
+fn fake_value(
+    key: &TransformKey,
+    kind: FakeKind,
+    max: i64,
+    json: &str,
+) -> Result<Value, &'static str> {
+    let text: Cow<'_, str> = match json.as_bytes().first() {
+        Some(b'"') => serde_json::from_str(json).map_err(|_| "a value is not text")?,
+        _ => Cow::Borrowed(json),
+    };
+    let tag = key.tag(b"fake", text.as_bytes());
+    Ok(string_value(&kind.generate(&tag, max)))
 }
 
 fn hash_value(key: &TransformKey, format: HashFormat, json: &str) -> Result<Value, &'static str> {
@@ -742,6 +845,15 @@ impl Masking {
     pub fn key_id(&self) -> Option<&str> {
         self.key.as_deref().map(TransformKey::id)
     }
+
+    /// The key (for a sample: the same key decides which rows are kept).
+    pub fn key(&self) -> Option<Arc<TransformKey>> {
+        self.key.clone()
+    }
+
+    pub fn rules(&self) -> &TransformRules {
+        &self.rules
+    }
 }
 
 #[cfg(test)]
@@ -948,6 +1060,160 @@ tables:
         assert_eq!(
             hash_uuid(&k, "6f9619ff-8b86-d011-b42d-00cf4fc964ff"),
             hash_uuid(&k, "6F9619FF-8B86-D011-B42D-00CF4FC964FF")
+        );
+    }
+
+    #[test]
+    fn fakes_are_deterministic_realistic_and_fit_the_column() {
+        let rules = TransformRules::parse(
+            r#"
+tables:
+  public.users:
+    columns:
+      email: {fake: email}
+      name: {fake: full_name}
+      note: {fake: city}
+  public.contacts:
+    columns:
+      mail: {fake: email}
+      phone: {fake: phone}
+"#,
+            "fake.yaml",
+        )
+        .unwrap();
+        assert!(rules.hashes(), "a fake needs the key");
+        let mut cols = users();
+        cols[2].max_length = 12; // name varchar(12): fakes are cut to fit
+        let users_t = rules
+            .compile(
+                &TableId::new("public", "users"),
+                &cols,
+                &["id".into()],
+                Some(key()),
+            )
+            .unwrap();
+        let contacts = rules
+            .compile(
+                &TableId::new("public", "contacts"),
+                &[
+                    col("id", "int4", true),
+                    col("mail", "varchar", false),
+                    col("phone", "text", false),
+                ],
+                &["id".into()],
+                Some(key()),
+            )
+            .unwrap();
+        assert_eq!(users_t.record().columns["email"], "fake:email");
+        assert_eq!(users_t.record().key_id.as_deref(), Some(key().id()));
+        let row = r#"{"id":1,"email":"alice.smith@corp.io","name":"Alice Smith","note":"x"}"#;
+        let u = users_t.apply(Row::parse(row).unwrap()).unwrap();
+        let email: String = serde_json::from_str(u.get("email").unwrap().get()).unwrap();
+        assert!(
+            email.ends_with("@example.com")
+                || email.ends_with("@example.org")
+                || email.ends_with("@example.net"),
+            "{email}"
+        );
+        assert!(!email.contains("alice.smith@corp"), "{email}");
+        let name: String = serde_json::from_str(u.get("name").unwrap().get()).unwrap();
+        assert!(
+            name.chars().count() <= 12 && name != "Alice Smith",
+            "{name}"
+        );
+        // Same input, same fake: in another table and on another run (a fresh key object).
+        let c = contacts
+            .apply(
+                Row::parse(r#"{"id":9,"mail":"alice.smith@corp.io","phone":"+44 20 7946 0000"}"#)
+                    .unwrap(),
+            )
+            .unwrap();
+        assert_eq!(c.get("mail").unwrap().get(), u.get("email").unwrap().get());
+        let again = rules
+            .compile(
+                &TableId::new("public", "users"),
+                &cols,
+                &["id".into()],
+                Some(key()),
+            )
+            .unwrap()
+            .apply(Row::parse(row).unwrap())
+            .unwrap();
+        assert_eq!(again, u);
+        let phone: String = serde_json::from_str(c.get("phone").unwrap().get()).unwrap();
+        assert!(
+            phone.starts_with("+1 ") && phone.contains("-555-01"),
+            "{phone}"
+        );
+        // Another key, other fakes (for most inputs).
+        let other = Arc::new(TransformKey::from_bytes(b"another key of 16+ bytes", "t").unwrap());
+        let differ = (0..50)
+            .filter(|i| {
+                let v = format!("\"user{i}@corp.io\"");
+                fake_value(&key(), FakeKind::Email, 0, &v).unwrap().get()
+                    != fake_value(&other, FakeKind::Email, 0, &v).unwrap().get()
+            })
+            .count();
+        assert!(differ > 40, "{differ}");
+        // NULL stays NULL.
+        let n = users_t
+            .apply(Row::parse(r#"{"id":2,"email":null}"#).unwrap())
+            .unwrap();
+        assert_eq!(n.get("email").unwrap().get(), "null");
+        // Type fit: a fake only goes into text, and a varchar too short for the kind is refused.
+        let compile = |cols: &[ColumnDefinition]| {
+            rules
+                .compile(
+                    &TableId::new("public", "users"),
+                    cols,
+                    &["id".into()],
+                    Some(key()),
+                )
+                .unwrap_err()
+                .to_string()
+        };
+        let mut short = users();
+        short[1].max_length = 10;
+        short[1].sql_type = "character varying(10)".into();
+        let e = compile(&short);
+        assert!(
+            e.contains("column \"email\": a fake email needs at least 15 characters; the type character varying(10) holds 10"),
+            "{e}"
+        );
+        let mut int = users();
+        int[4].type_name = "int4".into();
+        int[4].sql_type = "integer".into();
+        let e = compile(&int);
+        assert!(
+            e.contains("column \"note\": fake makes text; the type integer is not"),
+            "{e}"
+        );
+        let on_key = TransformRules::parse(
+            "tables: {public.users: {columns: {id: {fake: city}}}}",
+            "f.yaml",
+        )
+        .unwrap()
+        .compile(
+            &TableId::new("public", "users"),
+            &users(),
+            &["id".into()],
+            Some(key()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            on_key.contains("column \"id\" is a key field; `fake`"),
+            "{on_key}"
+        );
+        let e = TransformRules::parse(
+            "tables: {public.users: {columns: {email: {fake: ssn}}}}",
+            "f.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unknown fake \"ssn\": expected one of first_name, last_name"),
+            "{e}"
         );
     }
 

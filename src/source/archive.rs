@@ -523,12 +523,14 @@ impl SyncSource for ArchiveReplaySource {
                 if self.opts.require_transformed
                     && !m.transform.as_ref().is_some_and(|t| t.masks_anything())
                 {
-                    anyhow::bail!(
-                        "source {}: require_transformed: the archive {} records no masking \
-                         transform (it was not exported with --transform / spec.transform): \
-                         refusing to load raw rows",
+                    crate::failure::bail!(
+                        crate::failure::Reason::ArchiveNotTransformed,
+                        "source {}: require_transformed: the archive {} (table {}) records no \
+                         masking transform (it was not exported with --transform / \
+                         spec.transform): refusing to load raw rows",
                         self.opts.id,
-                        self.reader.manifest_key()
+                        self.reader.manifest_key(),
+                        self.opts.table
                     );
                 }
                 self.inner.locked().init_columns = Some(m.columns.clone());

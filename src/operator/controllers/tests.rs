@@ -1357,6 +1357,53 @@ async fn an_engine_refusing_its_configuration_stalls_the_source() {
     assert_eq!(bodies[6]["reason"], "ColumnNotFound");
 }
 
+/// An engine of a source with `requireTransformed: true` over a raw archive exits with reason
+/// `ArchiveNotTransformed`: the source stalls with that reason, its message naming the table
+/// and the archive's manifest, and a Warning Event says so.
+#[tokio::test]
+async fn an_engine_refusing_a_raw_archive_stalls_the_source_as_not_transformed() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut caches = writers(&ctx);
+    fill(&mut caches.config_maps, []);
+    fill(&mut caches.services, []);
+    fill(&mut caches.stateful_sets, []);
+    let s = source_fixture("source-exportref-memory");
+    let mut script = source_script(0);
+    let engine = json!({"metadata": {"name": "users-cache-0", "namespace": "data"},
+        "status": {"podIP": "10.0.0.7", "containerStatuses": [{"name": "engine", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2027-01-15T07:59:00Z",
+                "message": "{\"reason\":\"ArchiveNotTransformed\",\"error\":\"source users-cache: require_transformed: the archive seeds/public.users/manifest.json (table public.users) records no masking transform (it was not exported with --transform / spec.transform): refusing to load raw rows\"}"}}}]}});
+    script.pop();
+    script.push(expect(
+        Method::GET,
+        "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
+        list("PodList", "v1", vec![engine]),
+    ));
+    script.push(expect_status(
+        &format!(
+            "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
+        ),
+        serde_json::to_value(&s).unwrap(),
+    ));
+    script.push(expect(Method::POST, EVENTS_POST, None));
+    let server = tokio::spawn(serve(handle, script));
+    source::reconcile(Arc::new(s), ctx.clone()).await.unwrap();
+    let bodies = server.await.unwrap();
+    let st = &bodies[5]["status"];
+    assert_eq!(cond(st, "Stalled")["status"], "True");
+    assert_eq!(cond(st, "Stalled")["reason"], "ArchiveNotTransformed");
+    assert_eq!(cond(st, "Ready")["status"], "False");
+    assert_eq!(cond(st, "Ready")["reason"], "ArchiveNotTransformed");
+    let message = cond(st, "Stalled")["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("engine pod users-cache-0: exited with status 2: source users-cache: require_transformed: the archive seeds/public.users/manifest.json (table public.users) records no masking transform"),
+        "{message}"
+    );
+    assert_eq!(bodies[6]["reason"], "ArchiveNotTransformed");
+    assert_eq!(bodies[6]["type"], "Warning");
+}
+
 // ---- ArchiveSourceSet ----
 
 const MANAGER_SET_Q: &str = "&force=true&fieldManager=larch-operator%2Fsource-set";

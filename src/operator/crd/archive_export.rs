@@ -47,6 +47,7 @@ pub const SKIP_CLEANUP_ANNOTATION: &str = "larch.dev/skip-cleanup";
 #[x_kube(
     validation = Rule::new("!has(self.schedule) || self.mode == 'OneShot'").message("schedule applies only to mode OneShot"),
     validation = Rule::new("!has(self.continuous) || self.mode == 'Continuous'").message("continuous applies only to mode Continuous"),
+    validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.tables) || self.transform.tables.all(t, !has(self.transform.tables[t].where) && !has(self.transform.tables[t].sample))").message("transform.tables[*].where and sample (subsetting) apply only to mode OneShot: the diffs of a continuous export would not respect them"),
     validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
 )]
 pub struct ArchiveExportSpec {

@@ -279,6 +279,36 @@ fn cel_export_mode_rules_and_sane_values() {
         cel(&crd, &export(oneshot_policy), None),
         "continuous applies only to mode Continuous",
     );
+    let subset =
+        json!({"tables": {"public.orders": {"where": "id > 1", "sample": {"percent": 10}}}});
+    let oneshot_subset = with(s.clone(), "/transform", subset.clone());
+    assert_eq!(
+        cel(&crd, &export(oneshot_subset), None),
+        Vec::<String>::new()
+    );
+    for t in [
+        json!({"tables": {"public.orders": {"where": "id > 1"}}}),
+        json!({"tables": {"public.orders": {"sample": {"percent": 10}}}}),
+    ] {
+        let continuous_subset = with(
+            with(s.clone(), "/mode", json!("Continuous")),
+            "/transform",
+            t,
+        );
+        assert_rejects(
+            cel(&crd, &export(continuous_subset), None),
+            "where and sample (subsetting) apply only to mode OneShot",
+        );
+    }
+    let continuous_masked = with(
+        with(s.clone(), "/mode", json!("Continuous")),
+        "/transform",
+        json!({"tables": {"public.orders": {"columns": {"id": "hash"}}}}),
+    );
+    assert_eq!(
+        cel(&crd, &export(continuous_masked), None),
+        Vec::<String>::new()
+    );
     let bad_cron = with(s.clone(), "/schedule", json!({"cron": "0 0 2 * * *"}));
     assert_rejects(
         cel(&crd, &export(bad_cron), None),

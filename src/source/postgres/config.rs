@@ -69,6 +69,10 @@ pub struct PostgresConfig {
     /// A baseline only, never a stream (a one-shot export): no publication is needed, so none
     /// is created or checked.
     pub snapshot_only: bool,
+    /// A baseline's row filter per table (an SQL predicate, checked by
+    /// [`super::snapshot::check_row_filter`]): the COPY reads only the rows it keeps. Only for
+    /// a snapshot-only source (a stream would not respect it).
+    pub row_filters: std::collections::BTreeMap<TableId, String>,
     pub reconnect: Reconnect,
     /// How often acknowledged positions reach the server at most.
     pub status_interval: Duration,
@@ -92,6 +96,7 @@ impl PostgresConfig {
             slot_mode: SlotMode::Persistent,
             create_publication: true,
             snapshot_only: false,
+            row_filters: Default::default(),
             reconnect: Reconnect::default(),
             status_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
@@ -227,6 +232,7 @@ impl fmt::Debug for PostgresConfig {
             .field("slot_mode", &self.slot_mode)
             .field("create_publication", &self.create_publication)
             .field("snapshot_only", &self.snapshot_only)
+            .field("row_filters", &self.row_filters)
             .field("reconnect", &self.reconnect)
             .finish()
     }

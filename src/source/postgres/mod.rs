@@ -37,6 +37,7 @@ pub use lifecycle::{
 };
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
+pub use snapshot::check_row_filter;
 pub use types::{Kind, to_json};
 
 use crate::archive::model::{ColumnDefinition, TableId};
@@ -280,6 +281,12 @@ impl SyncSource for PostgresSource {
             let client = inner.client().await?;
             schema::check_wal_level(&client, &inner.config).await?;
             let schemas = inner.discover_all(&tables).await?;
+            if !inner.config.row_filters.is_empty() && !inner.config.snapshot_only {
+                bail!("a row filter applies to a one-shot export only: the diffs of a continuous one would not respect it");
+            }
+            for (t, predicate) in &inner.config.row_filters {
+                snapshot::explain_row_filter(&client, t, predicate).await?;
+            }
             if !inner.config.snapshot_only {
                 schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
                 for s in schemas.values() {
@@ -499,7 +506,8 @@ async fn baseline(
     let kinds = inner.kinds.lock().await.clone();
     for t in &tables {
         let s = &schemas[t];
-        let n = snapshot::copy_table(&copy_client, s, &kinds, &rows).await?;
+        let filter = inner.config.row_filters.get(t);
+        let n = snapshot::copy_table(&copy_client, s, &kinds, filter, &rows).await?;
         tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
     }
     copy_client

@@ -96,18 +96,107 @@ pub fn replication_error(
     failure::tag_opt(failure::of_replication(e), err)
 }
 
-/// Copies every row of `schema` as of `snapshot` into `rows`. Returns the number of rows.
+/// Checks a row filter's text before it goes into a query larch builds: one predicate, never a
+/// second statement or a way out of the parentheses it is put in. Rejects `;`, comments,
+/// dollar quoting and parentheses that do not balance outside string literals and quoted
+/// identifiers. Whether it is valid SQL for the table is the server's to say (EXPLAIN).
+pub fn check_row_filter(predicate: &str) -> Result<(), String> {
+    if predicate.trim().is_empty() {
+        return Err("the predicate is empty".into());
+    }
+    if predicate.contains(';') {
+        return Err("`;` is not allowed: a row filter is one predicate, not a statement".into());
+    }
+    let mut depth = 0i64;
+    let mut quote: Option<char> = None;
+    let mut chars = predicate.chars().peekable();
+    while let Some(c) = chars.next() {
+        if let Some(q) = quote {
+            if c == q {
+                // A doubled quote is an escaped one; either way the literal goes on or ends.
+                if chars.peek() == Some(&q) {
+                    chars.next();
+                } else {
+                    quote = None;
+                }
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err("a `)` closes a parenthesis the predicate did not open".into());
+                }
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                return Err("comments (`--`) are not allowed".into());
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                return Err("comments (`/*`) are not allowed".into());
+            }
+            '$' => return Err("`$` (dollar quoting, parameters) is not allowed".into()),
+            _ => {}
+        }
+    }
+    if quote.is_some() {
+        return Err("a quoted literal or identifier is not closed".into());
+    }
+    if depth != 0 {
+        return Err("the parentheses do not balance".into());
+    }
+    Ok(())
+}
+
+/// The baseline query's row filter clause for `schema` (empty without one).
+fn where_clause(filter: Option<&String>) -> String {
+    filter.map(|p| format!(" WHERE ({p})")).unwrap_or_default()
+}
+
+/// Runs `EXPLAIN` of the filtered baseline query: an invalid predicate (a missing column, a
+/// type error, a syntax error) fails here, before anything is written, naming the table and
+/// the predicate.
+pub async fn explain_row_filter(
+    client: &tokio_postgres::Client,
+    table: &TableId,
+    predicate: &str,
+) -> anyhow::Result<()> {
+    let what = || format!("the row filter of table {table} (where: {predicate})");
+    let invalid = |e: anyhow::Error| failure::tag(failure::Reason::InvalidConfig, e);
+    check_row_filter(predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
+    let sql = format!(
+        "EXPLAIN SELECT 1 FROM {}{}",
+        qualified(table),
+        where_clause(Some(&predicate.to_string()))
+    );
+    client
+        .simple_query(&sql)
+        .await
+        .map_err(|e| invalid(db_error(what(), &e)))?;
+    Ok(())
+}
+
+/// Copies every row of `schema` as of `snapshot` (those `filter` keeps, when given) into
+/// `rows`. Returns the number of rows.
 pub async fn copy_table(
     client: &tokio_postgres::Client,
     schema: &TableSchema,
     kinds: &HashMap<u32, Kind>,
+    filter: Option<&String>,
     rows: &mpsc::Sender<(TableId, Row)>,
 ) -> Result<u64, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
+    if let Some(p) = filter {
+        check_row_filter(p)
+            .map_err(|why| anyhow!("the row filter of table {} (where: {p}): {why}", schema.id))?;
+    }
     let sql = format!(
-        "COPY (SELECT {} FROM {}) TO STDOUT",
+        "COPY (SELECT {} FROM {}{}) TO STDOUT",
         cols.join(", "),
-        qualified(&schema.id)
+        qualified(&schema.id),
+        where_clause(filter)
     );
     let stream = client
         .copy_out(&sql)
