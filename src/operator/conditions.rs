@@ -726,32 +726,52 @@ pub fn namespace_state(
     problem: Option<Problem>,
     child: Option<&crate::operator::crd::ArchiveSource>,
 ) -> NamespaceState {
+    let child = child.map(|c| (c.metadata.generation, c.status.clone().unwrap_or_default()));
+    child_state(
+        "ArchiveSource",
+        problem,
+        child
+            .as_ref()
+            .map(|(g, s)| (*g, s.observed_generation, &s.conditions[..])),
+        |_| false,
+    )
+}
+
+/// A child's state: the set's `problem`, else not created or not observed yet (in progress),
+/// Stalled=True or a Ready=False that `failing_ready` calls failing (a failure, with its
+/// reason and message), Ready=True (ready), anything else (in progress). `child`: its
+/// generation, observed generation and conditions.
+fn child_state(
+    kind: &str,
+    problem: Option<Problem>,
+    child: Option<(Option<i64>, Option<i64>, &[Condition])>,
+    failing_ready: impl Fn(&Condition) -> bool,
+) -> NamespaceState {
     if let Some(Problem {
         reason, message, ..
     }) = problem
     {
         return NamespaceState::Failing { reason, message };
     }
-    let Some(child) = child else {
-        return NamespaceState::Progressing("the ArchiveSource is not created yet".into());
+    let Some((generation, observed, conditions)) = child else {
+        return NamespaceState::Progressing(format!("the {kind} is not created yet"));
     };
-    let status = child.status.clone().unwrap_or_default();
-    if status.observed_generation.is_none()
-        || status.observed_generation != child.metadata.generation
-    {
-        return NamespaceState::Progressing("the ArchiveSource is not observed yet".into());
+    if observed.is_none() || observed != generation {
+        return NamespaceState::Progressing(format!("the {kind} is not observed yet"));
     }
-    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let failing = |c: &Condition| NamespaceState::Failing {
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+    };
     if let Some(s) = find(STALLED).filter(|c| c.status == Status::True) {
-        return NamespaceState::Failing {
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-        };
+        return failing(s);
     }
     match find(READY) {
         Some(r) if r.status == Status::True => NamespaceState::Ready,
+        Some(r) if failing_ready(r) => failing(r),
         Some(r) => NamespaceState::Progressing(r.message.clone()),
-        None => NamespaceState::Progressing("the ArchiveSource reports no Ready condition".into()),
+        None => NamespaceState::Progressing(format!("the {kind} reports no Ready condition")),
     }
 }
 
@@ -762,46 +782,31 @@ pub fn restore_namespace_state(
     problem: Option<Problem>,
     child: Option<&crate::operator::crd::ArchiveRestore>,
 ) -> NamespaceState {
-    if let Some(Problem {
-        reason, message, ..
-    }) = problem
-    {
-        return NamespaceState::Failing { reason, message };
-    }
-    let Some(child) = child else {
-        return NamespaceState::Progressing("the ArchiveRestore is not created yet".into());
-    };
-    let status = child.status.clone().unwrap_or_default();
-    if status.observed_generation.is_none()
-        || status.observed_generation != child.metadata.generation
-    {
-        return NamespaceState::Progressing("the ArchiveRestore is not observed yet".into());
-    }
+    let status = child.map(|c| c.status.clone().unwrap_or_default());
     // A token the restore has not started a run for yet: not ready, whatever the last run did.
-    let token = child
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::operator::crd::archive_restore::RUN_REQUESTED_ANNOTATION));
-    if token.is_some() && status.run.as_ref().and_then(|r| r.token.as_ref()) != token {
-        return NamespaceState::Progressing("a refresh is requested".into());
+    if problem.is_none()
+        && let (Some(c), Some(s)) = (child, &status)
+    {
+        let token =
+            c.metadata.annotations.as_ref().and_then(|a| {
+                a.get(crate::operator::crd::archive_restore::RUN_REQUESTED_ANNOTATION)
+            });
+        if token.is_some() && s.run.as_ref().and_then(|r| r.token.as_ref()) != token {
+            return NamespaceState::Progressing("a refresh is requested".into());
+        }
     }
-    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
-    if let Some(s) = find(STALLED).filter(|c| c.status == Status::True) {
-        return NamespaceState::Failing {
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-        };
-    }
-    match find(READY) {
-        Some(r) if r.status == Status::True => NamespaceState::Ready,
-        Some(r) if r.reason == DATABASE_UNAVAILABLE => NamespaceState::Failing {
-            reason: r.reason.clone(),
-            message: r.message.clone(),
-        },
-        Some(r) => NamespaceState::Progressing(r.message.clone()),
-        None => NamespaceState::Progressing("the ArchiveRestore reports no Ready condition".into()),
-    }
+    child_state(
+        "ArchiveRestore",
+        problem,
+        child.zip(status.as_ref()).map(|(c, s)| {
+            (
+                c.metadata.generation,
+                s.observed_generation,
+                &s.conditions[..],
+            )
+        }),
+        |r| r.reason == DATABASE_UNAVAILABLE,
+    )
 }
 
 /// Condition reason of a restore whose database cannot be reached yet (it waits and retries).

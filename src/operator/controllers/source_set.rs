@@ -16,7 +16,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::apply::{Applier, ChildSet};
+use super::apply::{Applier, ChildSet, NamespacedChild};
 use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
 use super::status::set_events;
 use crate::operator::builders::source_set::{
@@ -396,22 +396,12 @@ impl<'a> SetRound<'a> {
         if stamps_restores(self.set) {
             return self.apply_restore(children, ns, observed, shared).await;
         }
-        // Not cached (the cache holds only labelled ones): before creating, make sure no
-        // ArchiveSource of that name exists that someone else made.
-        let existing = match observed.sources.get(ns) {
-            Some(s) => Some((**s).clone()),
-            None => Api::<ArchiveSource>::namespaced(self.ctx.client.clone(), ns)
-                .get_opt(&name)
-                .await
-                .map_err(Error::Apply)?,
+        let Some(existing) = self
+            .own_child(ns, observed.sources.get(ns), children, observed, shared)
+            .await?
+        else {
+            return Ok(());
         };
-        if existing.as_ref().is_some_and(|s| !owned_by(s, self.set)) {
-            self.fail(ns, "NameConflict", format!("an ArchiveSource {ns}/{name} exists that this set does not own; rename or delete it"));
-            return Ok(());
-        }
-        if !self.copy_shared(children, ns, observed, shared).await? {
-            return Ok(());
-        }
         if let Some(n) =
             per_namespace_secret(self.set).filter(|_| !observed.has_secret.contains(ns))
         {
@@ -446,21 +436,12 @@ impl<'a> SetRound<'a> {
         shared: &Shared,
     ) -> Result<(), Error> {
         let name = self.set.name_any();
-        // Listed by label: one without it (someone else's) is read before creating.
-        let existing = match observed.restores.get(ns) {
-            Some(r) => Some((**r).clone()),
-            None => Api::<ArchiveRestore>::namespaced(self.ctx.client.clone(), ns)
-                .get_opt(&name)
-                .await
-                .map_err(Error::Apply)?,
+        let Some(existing) = self
+            .own_child(ns, observed.restores.get(ns), children, observed, shared)
+            .await?
+        else {
+            return Ok(());
         };
-        if existing.as_ref().is_some_and(|r| !owned_by(r, self.set)) {
-            self.fail(ns, "NameConflict", format!("an ArchiveRestore {ns}/{name} exists that this set does not own; rename or delete it"));
-            return Ok(());
-        }
-        if !self.copy_shared(children, ns, observed, shared).await? {
-            return Ok(());
-        }
         let token = refresh_token(self.set, self.head, existing.as_ref());
         let desired = child_restore(self.set, ns, &self.digests, &token);
         match children
@@ -481,6 +462,42 @@ impl<'a> SetRound<'a> {
             ),
         }
         Ok(())
+    }
+
+    /// The set's child of kind `K` in `ns` as it is (`cached`: from the cache or the labelled
+    /// list; one not there is read, in case someone else's has the name), after copying what
+    /// the set shares; `None` (and a problem) when the name is someone else's or a copy failed.
+    async fn own_child<K: NamespacedChild>(
+        &mut self,
+        ns: &str,
+        cached: Option<&Arc<K>>,
+        children: &mut ChildSet<'_>,
+        observed: &Observed,
+        shared: &Shared,
+    ) -> Result<Option<Option<K>>, Error> {
+        let name = self.set.name_any();
+        let existing = match cached {
+            Some(c) => Some((**c).clone()),
+            None => Api::<K>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&name)
+                .await
+                .map_err(Error::Apply)?,
+        };
+        if existing.as_ref().is_some_and(|c| !owned_by(c, self.set)) {
+            let kind = K::kind(&());
+            self.fail(
+                ns,
+                "NameConflict",
+                format!(
+                    "an {kind} {ns}/{name} exists that this set does not own; rename or delete it"
+                ),
+            );
+            return Ok(None);
+        }
+        if !self.copy_shared(children, ns, observed, shared).await? {
+            return Ok(None);
+        }
+        Ok(Some(existing))
     }
 
     /// Copies what the set shares (opt-in only) into `ns`; false (and a problem) when a copy
@@ -751,4 +768,49 @@ pub fn sets_for_secret(
         })
         .map(|s| ObjectRef::from_obj(&**s))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a large fleet the per-namespace record stays bounded: 100 entries, failing ones
+    /// first, messages cut; what a namespace's earlier refresh recorded is kept while a new
+    /// run goes on.
+    #[test]
+    fn namespace_restores_are_bounded_failing_first() {
+        let namespaces: Vec<(String, NamespaceState)> = (0..150)
+            .map(|i| {
+                let state = if i % 50 == 49 {
+                    NamespaceState::Failing {
+                        reason: "DatabaseUnavailable".into(),
+                        message: "x".repeat(5000),
+                    }
+                } else {
+                    NamespaceState::Progressing("running".into())
+                };
+                (format!("dev-{i:03}"), state)
+            })
+            .collect();
+        let obs = SetObservation {
+            invalid: None,
+            namespaces,
+        };
+        let previous = vec![NamespaceRestore {
+            namespace: "dev-000".into(),
+            last_refresh_time: Some("2026-12-01T00:00:00Z".into()),
+            epoch: Some(3),
+            rows: Some(10),
+            ..Default::default()
+        }];
+        let out = namespace_restores(&obs, &BTreeMap::new(), &previous);
+        assert_eq!(out.len(), MAX_RESTORES);
+        let failing: Vec<&str> = out[..3].iter().map(|r| r.namespace.as_str()).collect();
+        assert_eq!(failing, ["dev-049", "dev-099", "dev-149"]);
+        assert_eq!(out[0].failure_message.as_ref().unwrap().len(), 1024);
+        assert_eq!(out[3].namespace, "dev-000");
+        assert_eq!(out[3].epoch, Some(3), "the last refresh is kept");
+        assert_eq!(out[3].failure_reason, None);
+        assert_eq!(out[99].namespace, "dev-097");
+    }
 }
