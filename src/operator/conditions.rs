@@ -726,34 +726,91 @@ pub fn namespace_state(
     problem: Option<Problem>,
     child: Option<&crate::operator::crd::ArchiveSource>,
 ) -> NamespaceState {
+    let child = child.map(|c| (c.metadata.generation, c.status.clone().unwrap_or_default()));
+    child_state(
+        "ArchiveSource",
+        problem,
+        child
+            .as_ref()
+            .map(|(g, s)| (*g, s.observed_generation, &s.conditions[..])),
+        |_| false,
+    )
+}
+
+/// A child's state: the set's `problem`, else not created or not observed yet (in progress),
+/// Stalled=True or a Ready=False that `failing_ready` calls failing (a failure, with its
+/// reason and message), Ready=True (ready), anything else (in progress). `child`: its
+/// generation, observed generation and conditions.
+fn child_state(
+    kind: &str,
+    problem: Option<Problem>,
+    child: Option<(Option<i64>, Option<i64>, &[Condition])>,
+    failing_ready: impl Fn(&Condition) -> bool,
+) -> NamespaceState {
     if let Some(Problem {
         reason, message, ..
     }) = problem
     {
         return NamespaceState::Failing { reason, message };
     }
-    let Some(child) = child else {
-        return NamespaceState::Progressing("the ArchiveSource is not created yet".into());
+    let Some((generation, observed, conditions)) = child else {
+        return NamespaceState::Progressing(format!("the {kind} is not created yet"));
     };
-    let status = child.status.clone().unwrap_or_default();
-    if status.observed_generation.is_none()
-        || status.observed_generation != child.metadata.generation
-    {
-        return NamespaceState::Progressing("the ArchiveSource is not observed yet".into());
+    if observed.is_none() || observed != generation {
+        return NamespaceState::Progressing(format!("the {kind} is not observed yet"));
     }
-    let find = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
+    let find = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let failing = |c: &Condition| NamespaceState::Failing {
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+    };
     if let Some(s) = find(STALLED).filter(|c| c.status == Status::True) {
-        return NamespaceState::Failing {
-            reason: s.reason.clone(),
-            message: s.message.clone(),
-        };
+        return failing(s);
     }
     match find(READY) {
         Some(r) if r.status == Status::True => NamespaceState::Ready,
+        Some(r) if failing_ready(r) => failing(r),
         Some(r) => NamespaceState::Progressing(r.message.clone()),
-        None => NamespaceState::Progressing("the ArchiveSource reports no Ready condition".into()),
+        None => NamespaceState::Progressing(format!("the {kind} reports no Ready condition")),
     }
 }
+
+/// A namespace's state from the set's own finding or else from its ArchiveRestore: Stalled,
+/// or a run waiting for its database (`DatabaseUnavailable`), is failing; Ready for the
+/// current generation is ready; anything else (a run in progress) is in progress.
+pub fn restore_namespace_state(
+    problem: Option<Problem>,
+    child: Option<&crate::operator::crd::ArchiveRestore>,
+) -> NamespaceState {
+    let status = child.map(|c| c.status.clone().unwrap_or_default());
+    // A token the restore has not started a run for yet: not ready, whatever the last run did.
+    if problem.is_none()
+        && let (Some(c), Some(s)) = (child, &status)
+    {
+        let token =
+            c.metadata.annotations.as_ref().and_then(|a| {
+                a.get(crate::operator::crd::archive_restore::RUN_REQUESTED_ANNOTATION)
+            });
+        if token.is_some() && s.run.as_ref().and_then(|r| r.token.as_ref()) != token {
+            return NamespaceState::Progressing("a refresh is requested".into());
+        }
+    }
+    child_state(
+        "ArchiveRestore",
+        problem,
+        child.zip(status.as_ref()).map(|(c, s)| {
+            (
+                c.metadata.generation,
+                s.observed_generation,
+                &s.conditions[..],
+            )
+        }),
+        |r| r.reason == DATABASE_UNAVAILABLE,
+    )
+}
+
+/// Condition reason of a restore whose database cannot be reached yet (it waits and retries).
+pub const DATABASE_UNAVAILABLE: &str = "DatabaseUnavailable";
 
 /// What the set controller observed, reduced to what its conditions depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -867,6 +924,53 @@ pub struct RestoreObservation {
     pub restored: Option<String>,
 }
 
+/// Pod failure reasons that say the target database is not there yet (not reachable, not
+/// created, its role not provisioned): the restore waits and tries again, never fails for them.
+pub const DATABASE_NOT_READY: [&str; 3] = [
+    "ConnectionFailed",
+    "DatabaseNotFound",
+    "AuthenticationFailed",
+];
+
+impl RestoreObservation {
+    /// The pod failure, when it says the database is not ready.
+    pub fn database_unavailable(&self) -> Option<&Problem> {
+        self.pod_failure
+            .as_ref()
+            .filter(|p| DATABASE_NOT_READY.contains(&p.reason.as_str()))
+    }
+}
+
+/// `text` with the password of any connection URL (`postgresql://user:secret@host`) and any
+/// `password=…` keyword masked: an error may quote the DSN it was given.
+pub fn without_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, word) in text.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        if let Some(rest) = word.to_ascii_lowercase().find("password=").map(|p| p + 9) {
+            out.push_str(&word[..rest]);
+            out.push_str("***");
+        } else if let (Some(scheme), Some(at)) = (word.find("://"), word.rfind('@'))
+            && at > scheme + 3
+        {
+            let userinfo = &word[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => {
+                    out.push_str(&word[..scheme + 3 + colon + 1]);
+                    out.push_str("***");
+                    out.push_str(&word[at..]);
+                }
+                _ => out.push_str(word),
+            }
+        } else {
+            out.push_str(word);
+        }
+    }
+    out
+}
+
 /// kstatus conditions of an ArchiveRestore: `Reconciling` while its Job runs, `Ready` once a
 /// run restored, `Stalled` when it cannot start or its run failed (a new spec or a new
 /// `larch.dev/run-requested` token runs it again).
@@ -881,6 +985,19 @@ pub fn restore_conditions(o: &RestoreObservation) -> Vec<Cond> {
             c(RECONCILING, True, "Pending", "no run yet"),
             c(STALLED, False, "Pending", ""),
         ],
+        Some((id, None)) if o.database_unavailable().is_some() => {
+            let p = o.database_unavailable().expect("checked");
+            let message = format!(
+                "run {id}: waiting for the database ({}), retrying with backoff: {}",
+                p.reason,
+                without_credentials(&p.message)
+            );
+            vec![
+                c(READY, False, DATABASE_UNAVAILABLE, message.clone()),
+                c(RECONCILING, True, DATABASE_UNAVAILABLE, message),
+                c(STALLED, False, DATABASE_UNAVAILABLE, ""),
+            ]
+        }
         Some((id, None)) => {
             let message = match &o.pod_failure {
                 Some(p) => format!("run {id}: retrying after a failure: {}", p.message),

@@ -16,5 +16,6 @@ pub mod pod_failure;
 pub mod probe;
 pub mod progress;
 pub mod rebaseline;
+pub mod seed_head;
 pub mod server;
 pub mod validate;

@@ -46,6 +46,25 @@ spec:
     )
 }
 
+/// An ArchiveSourceSet (cluster-scoped) with `body` under `spec:` after its selector.
+fn set_doc(name: &str, body: &str) -> String {
+    format!(
+        r#"apiVersion: larch.dev/v1alpha1
+kind: ArchiveSourceSet
+metadata: {{name: {name}}}
+spec:
+  namespaceSelector: {{matchLabels: {{larch.dev/seed: invalid}}}}
+{body}"#
+    )
+}
+
+const SET_SOURCE_TEMPLATE: &str = "  template:
+    spec: {archive: {s3: {bucket: seeds}, keyPrefix: public.events/}, table: {name: events}, target: {memory: {}}}
+";
+const SET_RESTORE_TEMPLATE: &str = "  restoreTemplate:
+    spec: {archive: {s3: {bucket: seeds}, keyPrefix: public.events/}, tables: [{name: events}], target: {postgres: {connectionSecretRef: {name: app-db-app, key: uri}}}}
+";
+
 /// `kubectl apply --dry-run=server` of many documents: name → the API server's error (None:
 /// accepted). Every document is accounted for.
 fn dry_run(e: &Env, docs: &BTreeMap<String, String>) -> BTreeMap<String, Option<String>> {
@@ -245,6 +264,46 @@ fn s20_invalid_crs_are_refused_with_the_field_named() {
             ),
             "spec.at.time",
             "time must be an RFC 3339 time",
+        ),
+        (
+            "set-both-templates",
+            set_doc(
+                "set-both-templates",
+                &format!("{SET_SOURCE_TEMPLATE}{SET_RESTORE_TEMPLATE}"),
+            ),
+            "spec",
+            "set exactly one of template (an ArchiveSource per namespace) or restoreTemplate",
+        ),
+        (
+            "set-no-template",
+            set_doc("set-no-template", ""),
+            "spec",
+            "set exactly one of template (an ArchiveSource per namespace) or restoreTemplate",
+        ),
+        (
+            "set-restore-exportref",
+            set_doc(
+                "set-restore-exportref",
+                &SET_RESTORE_TEMPLATE.replace(
+                    "archive: {s3: {bucket: seeds}, keyPrefix: public.events/}",
+                    "archive: {exportRef: {name: nightly}}",
+                ),
+            ),
+            "spec",
+            "restoreTemplate.spec.archive must name the archive's location",
+        ),
+        (
+            "set-epoch-volume",
+            set_doc(
+                "set-epoch-volume",
+                &SET_RESTORE_TEMPLATE.replace(
+                    "spec: {archive: {s3: {bucket: seeds}",
+                    "refresh: OnNewEpoch
+    spec: {archive: {volume: {claimName: seeds}",
+                ),
+            ),
+            "spec",
+            "refresh: OnNewEpoch needs an s3 archive",
         ),
         (
             "a-source-name-longer-than-forty-characters-x",

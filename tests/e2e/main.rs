@@ -12,6 +12,7 @@ mod monitoring;
 mod multi_tenancy;
 mod progress;
 mod restore;
+mod seed_restores;
 mod status_command;
 mod support;
 

@@ -64,6 +64,21 @@ pub enum S3Credentials {
         secret_access_key_file: PathBuf,
         session_token_file: Option<PathBuf>,
     },
+    /// Static credentials already read (the operator's, from a Secret it was given).
+    Static {
+        access_key_id: SecretText,
+        secret_access_key: SecretText,
+    },
+}
+
+/// A credential in memory: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText(pub String);
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,6 +256,19 @@ impl S3Store {
                 token,
                 None,
                 "larch-files",
+            ));
+        }
+        if let S3Credentials::Static {
+            access_key_id,
+            secret_access_key,
+        } = &credentials
+        {
+            loader = loader.credentials_provider(Credentials::new(
+                access_key_id.0.clone(),
+                secret_access_key.0.clone(),
+                None,
+                None,
+                "larch-static",
             ));
         }
         let ca_file = ca_file.or_else(|| {

@@ -35,6 +35,15 @@ pub fn job_name(restore: &ArchiveRestore, run: &str) -> String {
     format!("{}-{run}", restore.name_any())
 }
 
+/// The Job of attempt `attempt` of a run: the first is [`job_name`], each retry after the
+/// database was unavailable gets `-<attempt>`.
+pub fn attempt_job_name(restore: &ArchiveRestore, run: &str, attempt: i32) -> String {
+    match attempt {
+        0 => job_name(restore, run),
+        n => format!("{}-{n}", job_name(restore, run)),
+    }
+}
+
 /// The archive the restore reads, `exportRef` resolved (`export`: the referenced one).
 pub fn resolve(
     restore: &ArchiveRestore,
@@ -146,10 +155,21 @@ pub fn job(
     run: &str,
     ctx: &BuildContext,
 ) -> Job {
+    attempt_job(restore, archive, run, 0, ctx)
+}
+
+/// The Job of attempt `attempt` of run `run` ([`attempt_job_name`]).
+pub fn attempt_job(
+    restore: &ArchiveRestore,
+    archive: &ResolvedArchive,
+    run: &str,
+    attempt: i32,
+    ctx: &BuildContext,
+) -> Job {
     let mut l = selector_labels(restore);
     l.insert(LABEL_RUN.into(), run.into());
     Job {
-        metadata: child_meta(restore, job_name(restore, run), l),
+        metadata: child_meta(restore, attempt_job_name(restore, run, attempt), l),
         spec: Some(JobSpec {
             backoff_limit: Some(restore.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
             pod_failure_policy: Some(pod::fail_fast(CONTAINER)),

@@ -9,9 +9,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use super::{LABEL_MANAGED_BY, MANAGED_BY, labels, owner_ref, short_hash};
-use crate::operator::crd::archive_source::{ArchiveSource, ArchiveSourceSpec};
+use crate::operator::crd::archive_restore::{
+    ArchiveRestore, IfExists, REFRESH_REQUESTED_ANNOTATION, RUN_REQUESTED_ANNOTATION,
+};
+use crate::operator::crd::archive_source::{ArchiveRef, ArchiveSource};
 use crate::operator::crd::archive_source_set::{
-    ArchiveSourceSet, NamespaceSelector, SelectorOperator,
+    ArchiveSourceSet, NamespaceSelector, RefreshPolicy, SelectorOperator,
 };
 use crate::operator::crd::common::{CaBundleRef, S3Credentials, S3SecretRef};
 use crate::operator::crd::common_pod::PodOverrides;
@@ -88,32 +91,42 @@ pub fn shared_ca_name(set: &ArchiveSourceSet) -> Option<&str> {
         .map(|c| c.config_map_ref.name.as_str())
 }
 
-/// The template's CA bundle references, with the field each sits in.
-fn template_ca_refs(spec: &mut ArchiveSourceSpec) -> Vec<(&'static str, &mut CaBundleRef)> {
+/// The archive of the set's template (the ArchiveSource's or the ArchiveRestore's).
+pub fn template_archive(set: &ArchiveSourceSet) -> Option<&ArchiveRef> {
+    match (&set.spec.template, &set.spec.restore_template) {
+        (Some(t), _) => Some(&t.spec.archive),
+        (None, Some(r)) => Some(&r.spec.archive),
+        (None, None) => None,
+    }
+}
+
+/// Whether the set stamps ArchiveRestores (a `restoreTemplate`) rather than ArchiveSources.
+pub fn stamps_restores(set: &ArchiveSourceSet) -> bool {
+    set.spec.template.is_none() && set.spec.restore_template.is_some()
+}
+
+/// A template's CA bundle references (the archive's, the target's), with the field each sits in.
+fn ca_refs<'a>(
+    archive: &'a mut ArchiveRef,
+    target: Option<&'a mut CaBundleRef>,
+) -> Vec<(&'static str, &'a mut CaBundleRef)> {
     let mut out = Vec::new();
-    if let Some(ca) = spec.archive.s3.as_mut().and_then(|s| s.ca_bundle.as_mut()) {
+    if let Some(ca) = archive.s3.as_mut().and_then(|s| s.ca_bundle.as_mut()) {
         out.push(("archive.s3.caBundle", ca));
     }
-    if let Some(ca) = spec
-        .target
-        .postgres
-        .as_mut()
-        .and_then(|p| p.ca_bundle.as_mut())
-    {
+    if let Some(ca) = target {
         out.push(("target.postgres.caBundle", ca));
     }
     out
 }
 
-/// The template's CA bundle references, read-only (the same fields as `template_ca_refs`).
-fn template_ca_bundles(spec: &ArchiveSourceSpec) -> impl Iterator<Item = &CaBundleRef> {
-    let s3 = spec.archive.s3.as_ref().and_then(|s| s.ca_bundle.as_ref());
-    let postgres = spec
-        .target
-        .postgres
-        .as_ref()
-        .and_then(|p| p.ca_bundle.as_ref());
-    s3.into_iter().chain(postgres)
+/// The CA bundle references of an archive and a target, read-only (the fields `ca_refs` walks).
+fn ca_bundles<'a>(
+    archive: &'a ArchiveRef,
+    target: Option<&'a CaBundleRef>,
+) -> impl Iterator<Item = &'a CaBundleRef> {
+    let s3 = archive.s3.as_ref().and_then(|s| s.ca_bundle.as_ref());
+    s3.into_iter().chain(target)
 }
 
 /// Whether the template names the shared CA ConfigMap somewhere (else sharing it is a mistake).
@@ -121,8 +134,21 @@ pub fn template_uses_shared_ca(set: &ArchiveSourceSet) -> bool {
     let Some(name) = shared_ca_name(set) else {
         return false;
     };
-    template_ca_bundles(&set.spec.template.spec)
-        .any(|ca| ca.config_map.as_ref().is_some_and(|k| k.name == name))
+    let names = |ca: &CaBundleRef| ca.config_map.as_ref().is_some_and(|k| k.name == name);
+    if let Some(t) = &set.spec.template {
+        let target = t
+            .spec
+            .target
+            .postgres
+            .as_ref()
+            .and_then(|p| p.ca_bundle.as_ref());
+        return ca_bundles(&t.spec.archive, target).any(names);
+    }
+    if let Some(r) = &set.spec.restore_template {
+        let target = r.spec.target.postgres.ca_bundle.as_ref();
+        return ca_bundles(&r.spec.archive, target).any(names);
+    }
+    false
 }
 
 /// Whether the set copies its credentials Secret (the explicit opt-in).
@@ -139,10 +165,7 @@ pub fn per_namespace_secret(set: &ArchiveSourceSet) -> Option<String> {
     if shares_credentials(set) {
         return None;
     }
-    set.spec
-        .template
-        .spec
-        .archive
+    template_archive(set)?
         .s3
         .as_ref()?
         .credentials
@@ -216,24 +239,53 @@ pub fn child_source(
     namespace: &str,
     shared: &SharedDigests,
 ) -> ArchiveSource {
-    let mut spec = set.spec.template.spec.clone();
-    if let (Some(name), Some(digest)) = (shared_ca_name(set), shared.ca.as_deref()) {
-        let copy = ca_copy_name(set);
-        for (_, ca) in template_ca_refs(&mut spec) {
-            if let Some(k) = ca.config_map.as_mut().filter(|k| k.name == name) {
-                k.name = copy.clone();
-            }
-        }
+    let mut spec = set
+        .spec
+        .template
+        .as_ref()
+        .expect("child_source: the set has a template")
+        .spec
+        .clone();
+    let target = spec
+        .target
+        .postgres
+        .as_mut()
+        .and_then(|p| p.ca_bundle.as_mut());
+    let retargeted = retarget_shared(set, &mut spec.archive, target, shared);
+    // The engines read keys and CA at start: the digests on their pods roll them on a rotation.
+    for (key, digest) in retargeted {
         spec.pod
             .get_or_insert_with(PodOverrides::default)
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(ANNOTATION_CA_DIGEST.into(), digest.into());
+            .insert(key.into(), digest);
+    }
+    let mut source = ArchiveSource::new(&set.name_any(), spec);
+    source.metadata = meta(set, namespace, set.name_any());
+    source
+}
+
+/// Points the template's references of what the set shares at the copies: every `caBundle`
+/// naming the shared CA ConfigMap, and the S3 credentials. Returns the pod annotation and
+/// digest of each thing shared (only once its digest is known).
+fn retarget_shared(
+    set: &ArchiveSourceSet,
+    archive: &mut ArchiveRef,
+    target_ca: Option<&mut CaBundleRef>,
+    shared: &SharedDigests,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let (Some(name), Some(digest)) = (shared_ca_name(set), shared.ca.as_deref()) {
+        let copy = ca_copy_name(set);
+        for (_, ca) in ca_refs(archive, target_ca) {
+            if let Some(k) = ca.config_map.as_mut().filter(|k| k.name == name) {
+                k.name = copy.clone();
+            }
+        }
+        out.push((ANNOTATION_CA_DIGEST, digest.to_string()));
     }
     let digest = shared.credentials.as_deref();
-    if let (true, Some(digest), Some(s3)) =
-        (shares_credentials(set), digest, spec.archive.s3.as_mut())
-    {
+    if let (true, Some(digest), Some(s3)) = (shares_credentials(set), digest, archive.s3.as_mut()) {
         let keys = s3.credentials.take().map(|c| c.secret_ref);
         s3.credentials = Some(S3Credentials {
             secret_ref: S3SecretRef {
@@ -242,15 +294,92 @@ pub fn child_source(
                 secret_access_key_key: keys.and_then(|k| k.secret_access_key_key),
             },
         });
-        spec.pod
-            .get_or_insert_with(PodOverrides::default)
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(ANNOTATION_CREDENTIALS_DIGEST.into(), digest.into());
+        out.push((ANNOTATION_CREDENTIALS_DIGEST, digest.to_string()));
     }
-    let mut source = ArchiveSource::new(&set.name_any(), spec);
-    source.metadata = meta(set, namespace, set.name_any());
-    source
+    out
+}
+
+/// Longest part of a developer's `larch.dev/refresh-requested` value kept in the token.
+const MAX_REFRESH_VALUE: usize = 64;
+
+/// The `larch.dev/run-requested` token of a namespace's ArchiveRestore: the refresh it asks
+/// for. `initial` (OnCreate, Manual), or `epoch-<n>` with OnNewEpoch once the head epoch is
+/// known (else the token the restore has, so an unreadable head re-runs nothing); a
+/// developer's `larch.dev/refresh-requested` value adds `+manual-<value>` (in every policy).
+/// A new token is a new run of the restore; the same token never runs again.
+pub fn refresh_token(
+    set: &ArchiveSourceSet,
+    head_epoch: Option<i64>,
+    existing: Option<&ArchiveRestore>,
+) -> String {
+    let policy = set
+        .spec
+        .restore_template
+        .as_ref()
+        .and_then(|r| r.refresh)
+        .unwrap_or_default();
+    let current = existing.and_then(|r| r.annotations().get(RUN_REQUESTED_ANNOTATION));
+    let base = match (policy, head_epoch) {
+        (RefreshPolicy::OnNewEpoch, Some(epoch)) => format!("epoch-{epoch}"),
+        (RefreshPolicy::OnNewEpoch, None) => current
+            .map(|t| t.split('+').next().unwrap_or_default().to_string())
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| "initial".into()),
+        _ => "initial".into(),
+    };
+    match existing
+        .and_then(|r| r.annotations().get(REFRESH_REQUESTED_ANNOTATION))
+        .filter(|v| !v.is_empty())
+    {
+        Some(v) => format!(
+            "{base}+manual-{}",
+            v.chars().take(MAX_REFRESH_VALUE).collect::<String>()
+        ),
+        None => base,
+    }
+}
+
+/// The epoch a token asked for (`epoch-<n>`, with or without a manual part).
+pub fn token_epoch(token: &str) -> Option<i64> {
+    token
+        .split('+')
+        .next()?
+        .strip_prefix("epoch-")?
+        .parse()
+        .ok()
+}
+
+/// The ArchiveRestore of `namespace`: the restore template, `ifExists: Replace` (a refresh
+/// replaces the seeded tables, and touches no other), the shared credentials and CA pointed at
+/// the copies, and `token` as its `larch.dev/run-requested` annotation. No digest goes into
+/// its spec: a credentials rotation must not restore again.
+pub fn child_restore(
+    set: &ArchiveSourceSet,
+    namespace: &str,
+    shared: &SharedDigests,
+    token: &str,
+) -> ArchiveRestore {
+    let mut spec = set
+        .spec
+        .restore_template
+        .as_ref()
+        .expect("child_restore: the set has a restoreTemplate")
+        .spec
+        .clone();
+    spec.if_exists = Some(IfExists::Replace);
+    retarget_shared(
+        set,
+        &mut spec.archive,
+        spec.target.postgres.ca_bundle.as_mut(),
+        shared,
+    );
+    let mut restore = ArchiveRestore::new(&set.name_any(), spec);
+    restore.metadata = meta(set, namespace, set.name_any());
+    restore.metadata.annotations = Some(BTreeMap::from([(
+        RUN_REQUESTED_ANNOTATION.into(),
+        token.into(),
+    )]));
+    restore
 }
 
 /// The copy of the credentials Secret in `namespace`: its data and type only (never the
@@ -454,7 +583,7 @@ spec:
         assert_eq!(ann[ANNOTATION_CREDENTIALS_DIGEST], "abc123");
         assert_eq!(ann["team"], "platform");
         // Everything else is the template.
-        let mut expected = set.spec.template.spec.clone();
+        let mut expected = set.spec.template.clone().unwrap().spec;
         expected.archive.s3 = child.spec.archive.s3.clone();
         expected.pod = child.spec.pod.clone();
         assert_eq!(child.spec, expected);
@@ -564,7 +693,7 @@ spec:
     fn without_opt_in_the_template_is_used_as_is() {
         let set = set_fixture(false);
         let child = child_source(&set, "dev-a", &creds("ignored"));
-        assert_eq!(child.spec, set.spec.template.spec);
+        assert_eq!(child.spec, set.spec.template.clone().unwrap().spec);
         assert_eq!(
             per_namespace_secret(&set).as_deref(),
             Some("s3-credentials")
@@ -671,6 +800,161 @@ spec:
         let text: String = docs.iter().map(|d| format!("---\n{d}")).collect();
         crate::operator::crd::tests::assert_golden(
             "src/operator/builders/testdata/sourceset-dev-seed.golden.yaml",
+            &text,
+        );
+    }
+
+    /// A set stamping restores: CloudNativePG's `<cluster>-app` Secret per namespace, the
+    /// archive's keys and CA shared.
+    pub(crate) fn restore_set_fixture(refresh: &str) -> ArchiveSourceSet {
+        serde_yaml_ng::from_str(&format!(
+            r#"
+apiVersion: larch.dev/v1alpha1
+kind: ArchiveSourceSet
+metadata: {{name: dev-seed, uid: 5e7-uid, generation: 1}}
+spec:
+  namespaceSelector: {{matchLabels: {{larch.dev/seed: events}}}}
+  restoreTemplate:
+    refresh: {refresh}
+    spec:
+      archive:
+        s3:
+          bucket: seeds
+          endpoint: https://s3.platform:9000
+          credentials: {{secretRef: {{name: s3-credentials, accessKeyIdKey: id}}}}
+          caBundle: {{configMap: {{name: pg-ca, key: ca.crt}}}}
+        keyPrefix: nightly/
+      tables: [{{name: events}}, {{schema: app, name: users}}]
+      target:
+        postgres:
+          connectionSecretRef: {{name: app-db-app, key: uri}}
+      ifExists: Fail
+  credentials:
+    secretRef: {{namespace: platform, name: seed-reader}}
+    shareToNamespaces: true
+  caBundle:
+    configMapRef: {{namespace: platform, name: pg-ca}}
+    shareToNamespaces: true
+"#
+        ))
+        .unwrap()
+    }
+
+    fn restore_child(set: &ArchiveSourceSet, annotations: &[(&str, &str)]) -> ArchiveRestore {
+        let mut r = child_restore(set, "dev-a", &SharedDigests::default(), "initial");
+        r.metadata.annotations = Some(super::labels(annotations));
+        r
+    }
+
+    #[test]
+    fn a_stamped_restore_replaces_reads_the_copies_and_carries_its_token() {
+        let set = restore_set_fixture("OnCreate");
+        assert!(stamps_restores(&set));
+        assert!(template_uses_shared_ca(&set));
+        assert_eq!(per_namespace_secret(&set), None);
+        let shared = SharedDigests {
+            credentials: Some("c0ffee".into()),
+            ca: Some("ca0001".into()),
+        };
+        let r = child_restore(&set, "dev-a", &shared, "epoch-3");
+        assert_eq!(r.metadata.name.as_deref(), Some("dev-seed"));
+        assert_eq!(r.metadata.namespace.as_deref(), Some("dev-a"));
+        assert_eq!(r.labels()[LABEL_SOURCE_SET], "dev-seed");
+        assert!(owned_by(&r, &set));
+        assert_eq!(r.annotations()[RUN_REQUESTED_ANNOTATION], "epoch-3");
+        // A refresh replaces the seeded tables, whatever the template says.
+        assert_eq!(r.spec.if_exists, Some(IfExists::Replace));
+        let s3 = r.spec.archive.s3.as_ref().unwrap();
+        let creds = &s3.credentials.as_ref().unwrap().secret_ref;
+        assert_eq!(creds.name, "dev-seed-credentials");
+        assert_eq!(creds.access_key_id_key.as_deref(), Some("id"));
+        let ca = s3.ca_bundle.as_ref().unwrap().config_map.as_ref().unwrap();
+        assert_eq!(ca.name, "dev-seed-ca");
+        // The target Secret is the same name in every namespace; no digest in the spec (a
+        // rotation must not restore again).
+        assert_eq!(
+            r.spec.target.postgres.connection_secret_ref.name,
+            "app-db-app"
+        );
+        assert_eq!(r.spec.pod, None);
+        let other = child_restore(
+            &set,
+            "dev-a",
+            &SharedDigests {
+                credentials: Some("rotated".into()),
+                ca: Some("rotated".into()),
+            },
+            "epoch-3",
+        );
+        assert_eq!(r.spec, other.spec);
+    }
+
+    #[test]
+    fn refresh_tokens_follow_the_policy() {
+        let on_create = restore_set_fixture("OnCreate");
+        assert_eq!(refresh_token(&on_create, Some(7), None), "initial");
+        let epoch = restore_set_fixture("OnNewEpoch");
+        assert_eq!(refresh_token(&epoch, Some(7), None), "epoch-7");
+        assert_eq!(refresh_token(&epoch, Some(8), None), "epoch-8");
+        // An unreadable head keeps the token the restore has: nothing re-runs.
+        let existing = restore_child(&epoch, &[(RUN_REQUESTED_ANNOTATION, "epoch-7")]);
+        assert_eq!(refresh_token(&epoch, None, Some(&existing)), "epoch-7");
+        assert_eq!(refresh_token(&epoch, None, None), "initial");
+        let manual = restore_set_fixture("Manual");
+        assert_eq!(refresh_token(&manual, Some(9), None), "initial");
+        let asked = restore_child(
+            &manual,
+            &[
+                (RUN_REQUESTED_ANNOTATION, "initial"),
+                (REFRESH_REQUESTED_ANNOTATION, "2026-12-01T10:00"),
+            ],
+        );
+        assert_eq!(
+            refresh_token(&manual, Some(9), Some(&asked)),
+            "initial+manual-2026-12-01T10:00"
+        );
+        // The manual request works with every policy, and survives a new epoch.
+        let asked_epoch = restore_child(
+            &epoch,
+            &[
+                (RUN_REQUESTED_ANNOTATION, "epoch-7+manual-a"),
+                (REFRESH_REQUESTED_ANNOTATION, "a"),
+            ],
+        );
+        assert_eq!(
+            refresh_token(&epoch, None, Some(&asked_epoch)),
+            "epoch-7+manual-a"
+        );
+        assert_eq!(
+            refresh_token(&epoch, Some(8), Some(&asked_epoch)),
+            "epoch-8+manual-a"
+        );
+        assert_eq!(token_epoch("epoch-8+manual-a"), Some(8));
+        assert_eq!(token_epoch("epoch-12"), Some(12));
+        assert_eq!(token_epoch("initial+manual-x"), None);
+        // A long value is cut (the token stays bounded).
+        let long = "x".repeat(500);
+        let asked = restore_child(&manual, &[(REFRESH_REQUESTED_ANNOTATION, &long)]);
+        assert_eq!(
+            refresh_token(&manual, None, Some(&asked)).len(),
+            "initial+manual-".len() + 64
+        );
+    }
+
+    /// The stamped ArchiveRestore, pinned (regenerate with `LARCH_UPDATE_GOLDEN=1`).
+    #[test]
+    fn stamped_restore_matches_golden() {
+        let set = restore_set_fixture("OnNewEpoch");
+        let shared = SharedDigests {
+            credentials: Some("c0ffee".into()),
+            ca: Some("ca0001".into()),
+        };
+        let text = format!(
+            "---\n{}",
+            serde_yaml_ng::to_string(&child_restore(&set, "dev-a", &shared, "epoch-3")).unwrap()
+        );
+        crate::operator::crd::tests::assert_golden(
+            "src/operator/builders/testdata/sourceset-restore.golden.yaml",
             &text,
         );
     }

@@ -722,3 +722,94 @@ fn source_set_rollup() {
         (Status::True, "CredentialsNotFound")
     );
 }
+
+#[test]
+fn credentials_are_masked_in_database_errors() {
+    assert_eq!(
+        without_credentials("connecting to postgresql://app:hunter2@db:5432/app failed"),
+        "connecting to postgresql://app:***@db:5432/app failed"
+    );
+    assert_eq!(
+        without_credentials("dsn host=db password=hunter2 dbname=app: refused"),
+        "dsn host=db password=*** dbname=app: refused"
+    );
+    // No password, no URL, an @ before the scheme: left as they are.
+    for text in [
+        "postgresql://app@db/app refused",
+        "database \"app\" does not exist",
+        "a@b://c",
+    ] {
+        assert_eq!(without_credentials(text), text);
+    }
+}
+
+#[test]
+fn a_restore_waiting_for_its_database_is_reconciling_not_stalled() {
+    let o = RestoreObservation {
+        run: Some(("r1".into(), None)),
+        pod_failure: Some(Problem::new(
+            "DatabaseNotFound",
+            "restore pod x: database \"app\" does not exist",
+        )),
+        ..Default::default()
+    };
+    let cs = restore_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, DATABASE_UNAVAILABLE));
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, DATABASE_UNAVAILABLE)
+    );
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    // Another failure of a running Job is a retry, not the database.
+    let other = RestoreObservation {
+        pod_failure: Some(Problem::new("StorageUnavailable", "s3 down")),
+        ..o
+    };
+    assert_eq!(status_of(&restore_conditions(&other), READY).1, "Restoring");
+}
+
+#[test]
+fn a_stamped_restores_state_follows_its_token_and_conditions() {
+    use crate::operator::crd::ArchiveRestore;
+    let restore = |token: &str, run_token: &str, ready: (&str, &str)| -> ArchiveRestore {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveRestore",
+            "metadata": {"name": "s", "namespace": "dev-a", "generation": 1,
+                         "annotations": {"larch.dev/run-requested": token}},
+            "spec": {"archive": {"s3": {"bucket": "b"}}, "tables": [{"name": "t"}],
+                     "target": {"postgres": {"connectionSecretRef": {"name": "db", "key": "uri"}}}},
+            "status": {"observedGeneration": 1, "run": {"id": "x", "token": run_token},
+                       "conditions": [{"type": "Ready", "status": ready.0, "reason": ready.1,
+                                       "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+        }))
+        .unwrap()
+    };
+    let ready = restore("epoch-2", "epoch-2", ("True", "Restored"));
+    assert_eq!(
+        restore_namespace_state(None, Some(&ready)),
+        NamespaceState::Ready
+    );
+    // A new token the restore has not started yet: in progress, not ready.
+    let asked = restore("epoch-3", "epoch-2", ("True", "Restored"));
+    assert!(matches!(
+        restore_namespace_state(None, Some(&asked)),
+        NamespaceState::Progressing(_)
+    ));
+    let waiting = restore("epoch-2", "epoch-2", ("False", DATABASE_UNAVAILABLE));
+    assert_eq!(
+        restore_namespace_state(None, Some(&waiting)),
+        NamespaceState::Failing {
+            reason: DATABASE_UNAVAILABLE.into(),
+            message: "m".into()
+        }
+    );
+    let running = restore("epoch-2", "epoch-2", ("False", "Restoring"));
+    assert!(matches!(
+        restore_namespace_state(None, Some(&running)),
+        NamespaceState::Progressing(_)
+    ));
+    assert!(matches!(
+        restore_namespace_state(None, None),
+        NamespaceState::Progressing(_)
+    ));
+}

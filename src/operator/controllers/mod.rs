@@ -163,6 +163,14 @@ async fn source_sets(ctx: Arc<Context>, caches: SetCacheWriters) {
     .modify(slim)
     .reflect(caches.set_sources)
     .touched_objects();
+    // Restores a set stamped: their status feeds its rollup, a developer's refresh annotation
+    // asks it for a new run.
+    let restores = watcher(
+        Api::<ArchiveRestore>::all(client.clone()),
+        watcher::Config::default().labels(LABEL_SOURCE_SET),
+    )
+    .default_backoff()
+    .touched_objects();
     let secrets = watcher(
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
         watcher::Config::default(),
@@ -180,6 +188,11 @@ async fn source_sets(ctx: Arc<Context>, caches: SetCacheWriters) {
     })
     .watches_stream(children, |s: ArchiveSource| {
         s.labels()
+            .get(LABEL_SOURCE_SET)
+            .map(|n| ObjectRef::<ArchiveSourceSet>::new(n))
+    })
+    .watches_stream(restores, |r: ArchiveRestore| {
+        r.labels()
             .get(LABEL_SOURCE_SET)
             .map(|n| ObjectRef::<ArchiveSourceSet>::new(n))
     })

@@ -28,7 +28,7 @@ use crate::operator::conditions::{
 };
 use crate::operator::crd::archive_export::{ArchiveExport, RunStatus};
 use crate::operator::crd::archive_restore::{
-    ArchiveRestore, ArchiveRestoreStatus, RUN_REQUESTED_ANNOTATION, RestoredTable,
+    ArchiveRestore, ArchiveRestoreStatus, DatabaseWait, RUN_REQUESTED_ANNOTATION, RestoredTable,
 };
 use crate::operator::dereference::{self, Missing};
 use crate::operator::{pod_failure, validate};
@@ -41,7 +41,7 @@ pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Resul
     if let Some(archive) = round.dereference_and_validate().await? {
         let started = round.start_run(&applier, &archive).await;
         if round.settle(started)? {
-            round.observe_run().await?;
+            round.observe_run(&applier, &archive).await?;
         }
     }
     round.conditions();
@@ -154,6 +154,7 @@ impl<'a> RestoreRound<'a> {
         let selector = format!("{LABEL_RESTORE}={}", self.restore.name_any());
         let mut set = ChildSet::new(applier, selector);
         set.apply(&job).await?;
+        self.status.database_wait = None;
         self.status.run = Some(RunStatus {
             id: id.clone(),
             token,
@@ -188,8 +189,13 @@ impl<'a> RestoreRound<'a> {
         }
     }
 
-    /// The run's Job and pods: its outcome, the summary or why it failed.
-    async fn observe_run(&mut self) -> Result<(), Error> {
+    /// The run's Job and pods: its outcome, the summary or why it failed; a run whose database
+    /// is not ready is tried again (a new Job) with backoff.
+    async fn observe_run(
+        &mut self,
+        applier: &Applier<'_>,
+        archive: &ResolvedArchive,
+    ) -> Result<(), Error> {
         let Some(run) = self.status.run.clone() else {
             return Ok(());
         };
@@ -206,13 +212,19 @@ impl<'a> RestoreRound<'a> {
             return Ok(());
         }
         self.requeue = Duration::from_secs(15);
-        let name = build::job_name(self.restore, &run.id);
-        let phase = match self
+        let attempt = self.old.database_wait.as_ref().map_or(0, |w| w.attempts);
+        let name = build::attempt_job_name(self.restore, &run.id, attempt);
+        let job = self
             .api::<Job>()
             .get_opt(&name)
             .await
-            .map_err(Error::Observe)?
+            .map_err(Error::Observe)?;
+        if job.is_none()
+            && let Some(wait) = self.old.database_wait.clone()
         {
+            return self.next_attempt(applier, archive, &run.id, wait).await;
+        }
+        let phase = match job {
             Some(job) => job_phase(&job),
             None => JobPhase::Missing,
         };
@@ -228,7 +240,9 @@ impl<'a> RestoreRound<'a> {
             .map_err(Error::Observe)?;
         self.obs.pod_failure = pod_failure::newest_terminated(pods.items.iter(), build::CONTAINER)
             .and_then(|(pod, t)| pod_failure::of_terminated(&pod, t))
-            .map(|f| Problem::of_pod("restore", &f));
+            .map(|f| Problem::of_pod("restore", &f))
+            // A retry that has not failed yet: the database is unavailable as far as we know.
+            .or_else(|| self.old.database_wait.as_ref().map(DatabaseWait::problem));
         let succeeded = match phase {
             JobPhase::Active => return Ok(()),
             JobPhase::Succeeded => {
@@ -247,6 +261,9 @@ impl<'a> RestoreRound<'a> {
                     }
                 }
             }
+            JobPhase::Failed if self.obs.database_unavailable().is_some() => {
+                return self.wait_for_database(applier, &name, attempt).await;
+            }
             JobPhase::Failed => false,
             JobPhase::Missing => {
                 self.obs.pod_failure.get_or_insert(Problem::new(
@@ -256,6 +273,7 @@ impl<'a> RestoreRound<'a> {
                 false
             }
         };
+        self.status.database_wait = None;
         let r = self.status.run.as_mut().expect("run exists");
         r.succeeded = Some(succeeded);
         r.completion_time = Some(time_string(self.now));
@@ -285,6 +303,74 @@ impl<'a> RestoreRound<'a> {
                 format!("run {}: {why}", run.id),
             )
         });
+        Ok(())
+    }
+
+    /// The attempt's Job failed because the database is not ready: it is deleted (with its
+    /// pods) and the next attempt scheduled after a backoff; the run stays in progress.
+    async fn wait_for_database(
+        &mut self,
+        applier: &Applier<'_>,
+        job: &str,
+        attempt: i32,
+    ) -> Result<(), Error> {
+        applier
+            .delete(&self.api::<Job>(), job)
+            .await
+            .map_err(Error::Apply)?;
+        let attempts = attempt + 1;
+        let backoff = database_backoff(attempts);
+        let next = self.now + jiff::SignedDuration::from_secs(backoff.as_secs() as i64);
+        let (reason, error) = self
+            .obs
+            .database_unavailable()
+            .map(|p| {
+                (
+                    p.reason.clone(),
+                    conditions::without_credentials(&p.message),
+                )
+            })
+            .unwrap_or_default();
+        self.status.database_wait = Some(DatabaseWait {
+            reason,
+            attempts,
+            next_attempt_time: time_string(next),
+            error: error.chars().take(1024).collect(),
+        });
+        self.requeue = backoff;
+        if attempt == 0 {
+            self.events.push(event(
+                EventType::Warning,
+                conditions::DATABASE_UNAVAILABLE,
+                format!("the target database is not ready, retrying with backoff: {error}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A run waiting for its database: creates the next attempt's Job once its time came.
+    async fn next_attempt(
+        &mut self,
+        applier: &Applier<'_>,
+        archive: &ResolvedArchive,
+        run: &str,
+        wait: DatabaseWait,
+    ) -> Result<(), Error> {
+        // Still unavailable as far as we know: the last attempt's error stands.
+        self.obs.pod_failure = Some(wait.problem());
+        let due = wait
+            .next_attempt_time
+            .parse::<Timestamp>()
+            .unwrap_or(self.now);
+        if due > self.now {
+            let left = due.duration_since(self.now).as_secs().max(1);
+            self.requeue = Duration::from_secs(left as u64);
+            return Ok(());
+        }
+        let job = build::attempt_job(self.restore, archive, run, wait.attempts, &self.ctx.build);
+        let selector = format!("{LABEL_RESTORE}={}", self.restore.name_any());
+        ChildSet::new(applier, selector).apply(&job).await?;
+        self.requeue = Duration::from_secs(15);
         Ok(())
     }
 
@@ -374,6 +460,19 @@ impl<'a> RestoreRound<'a> {
     }
 }
 
+impl DatabaseWait {
+    fn problem(&self) -> Problem {
+        Problem::new(self.reason.clone(), self.error.clone())
+    }
+}
+
+/// Wait before attempt `attempts + 1` of a run whose database was not ready: 15 s, doubling,
+/// at most 5 minutes.
+pub fn database_backoff(attempts: i32) -> Duration {
+    let exp = attempts.clamp(1, 6) - 1;
+    Duration::from_secs((15u64 << exp).min(300))
+}
+
 /// The summary in the termination message of a pod's restore container that exited 0.
 fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
@@ -383,4 +482,17 @@ fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
         .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
         .filter(|t| t.exit_code == 0)
         .find_map(|t| serde_json::from_str(t.message.as_deref()?.trim()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::database_backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn the_database_backoff_doubles_up_to_five_minutes() {
+        let secs: Vec<u64> = (1..=8).map(|n| database_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [15, 30, 60, 120, 240, 300, 300, 300]);
+        assert_eq!(database_backoff(0), Duration::from_secs(15));
+    }
 }

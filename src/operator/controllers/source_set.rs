@@ -11,29 +11,38 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::apply::{Applier, ChildSet};
+use super::apply::{Applier, ChildSet, NamespacedChild};
 use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
 use super::status::set_events;
 use crate::operator::builders::source_set::{
-    LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_source, config_map_digest,
-    copy_name, credentials_digest, owned_by, owns, per_namespace_secret, secret_copy,
-    selected_namespaces, shared_ca_name, shares_credentials, template_uses_shared_ca,
+    LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_restore, child_source,
+    config_map_digest, copy_name, credentials_digest, owned_by, owns, per_namespace_secret,
+    refresh_token, secret_copy, selected_namespaces, shared_ca_name, shares_credentials,
+    stamps_restores, template_uses_shared_ca, token_epoch,
 };
 use crate::operator::conditions::{
-    self, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state, source_set_conditions,
+    self, NamespaceState, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state,
+    restore_namespace_state, source_set_conditions,
 };
+use crate::operator::crd::archive_restore::ArchiveRestore;
 use crate::operator::crd::archive_source::ArchiveSource;
 use crate::operator::crd::archive_source_set::{
-    ArchiveSourceSet, ArchiveSourceSetStatus, FailingNamespace,
+    ArchiveSourceSet, ArchiveSourceSetStatus, FailingNamespace, NamespaceRestore, RefreshPolicy,
 };
+use crate::operator::seed_head;
 
 const MAX_FAILING: usize = 64;
 const MAX_MESSAGE: usize = 4096;
+/// Namespaces listed in `status.restores` (failing first, then by name).
+const MAX_RESTORES: usize = 100;
+/// How often a set with `refresh: OnNewEpoch` reads its archive's head (nothing else tells the
+/// operator of a new epoch); a reconcile sooner than this after a read reuses it.
+pub const HEAD_RECHECK: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     if set.metadata.deletion_timestamp.is_some() {
@@ -48,6 +57,7 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
         ca: round.dereference_ca().await?,
     };
     let observed = Observed::from_caches(&set, &ctx).await?;
+    let requeue = round.head_epoch(&shared, &observed).await?;
     round.keep_selected(&mut children, &observed, &shared);
     if round.invalid.is_none() {
         for ns in &observed.selected {
@@ -58,8 +68,9 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     }
     round.prune(&mut children, &observed).await?;
     round.write_status(&applier, &observed.selected).await?;
-    // Children, namespaces and Secrets trigger reconciles; this is a safety net.
-    Ok(Action::requeue(Duration::from_secs(300)))
+    // Children, namespaces and Secrets trigger reconciles; this is a safety net (and, with
+    // OnNewEpoch, the poll of the archive's head).
+    Ok(Action::requeue(requeue))
 }
 
 /// What the set copies into every namespace (each only on its opt-in).
@@ -81,6 +92,9 @@ struct Observed {
     has_secret: HashSet<String>,
     /// CA bundle copies (the operator's labelled ConfigMaps of the copy's name), by namespace.
     ca_copies: BTreeMap<String, Arc<PartialObjectMeta<ConfigMap>>>,
+    /// With a restoreTemplate: the set's ArchiveRestores (one labelled list a reconcile), by
+    /// namespace.
+    restores: BTreeMap<String, Arc<ArchiveRestore>>,
 }
 
 impl Observed {
@@ -109,7 +123,23 @@ impl Observed {
         } else {
             BTreeMap::new()
         };
+        // Listed (one request) only by a set that stamps restores, or did (its status lists
+        // them): a source set switched from a restoreTemplate prunes them.
+        let stamped = set.status.as_ref().is_some_and(|s| !s.restores.is_empty());
+        let restores = if stamps_restores(set) || stamped {
+            Api::<ArchiveRestore>::all(ctx.client.clone())
+                .list(&ListParams::default().labels(&format!("{LABEL_SOURCE_SET}={name}")))
+                .await
+                .map_err(Error::Observe)?
+                .items
+                .into_iter()
+                .map(Arc::new)
+                .collect()
+        } else {
+            vec![]
+        };
         Ok(Self {
+            restores: by_namespace(restores),
             selected: selected_namespaces(set, caches.namespaces.state().iter().map(|n| &**n)),
             sources: by_namespace(caches.set_sources.state_filter(|s| s.name_any() == name)),
             copies: by_namespace(caches.secrets.state_filter(|s| s.name_any() == copy)),
@@ -138,6 +168,12 @@ struct SetRound<'a> {
     children: BTreeMap<String, ArchiveSource>,
     /// The digests of the shared credentials and CA (roll the engines when they change).
     digests: SharedDigests,
+    /// The set's ArchiveRestores, by namespace (listed or just applied).
+    restores: BTreeMap<String, ArchiveRestore>,
+    /// The archive's head epoch (restoreTemplate with OnNewEpoch), as last read.
+    head: Option<i64>,
+    /// When `head` was read (now, or the status's time when reused).
+    head_read: Option<String>,
 }
 
 impl<'a> SetRound<'a> {
@@ -149,7 +185,87 @@ impl<'a> SetRound<'a> {
             problems: BTreeMap::new(),
             children: BTreeMap::new(),
             digests: SharedDigests::default(),
+            restores: BTreeMap::new(),
+            head: None,
+            head_read: None,
         }
+    }
+
+    /// With `refresh: OnNewEpoch`, the archive's head epoch: read from the store (one
+    /// manifest a table) unless the last read is younger than [`HEAD_RECHECK`]. A failed read
+    /// keeps the last epoch (nothing re-runs) and is logged. Returns the requeue.
+    async fn head_epoch(
+        &mut self,
+        shared: &Shared,
+        observed: &Observed,
+    ) -> Result<Duration, Error> {
+        let idle = Duration::from_secs(300);
+        let Some(t) = self.set.spec.restore_template.as_ref().filter(|t| {
+            t.refresh == Some(RefreshPolicy::OnNewEpoch) && self.set.spec.template.is_none()
+        }) else {
+            return Ok(idle);
+        };
+        let old = self.set.status.clone().unwrap_or_default();
+        self.head = old.head_epoch;
+        self.head_read = old.head_epoch_read_time.clone();
+        if observed.selected.is_empty() {
+            // Nothing to refresh: no store read.
+            return Ok(idle);
+        }
+        let now = self.ctx.now();
+        let fresh = old
+            .head_epoch_read_time
+            .as_deref()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|t| {
+                now.duration_since(t).as_secs() < HEAD_RECHECK.as_secs() as i64 && now >= t
+            });
+        if fresh {
+            return Ok(HEAD_RECHECK);
+        }
+        let Some(s3) = t.spec.archive.s3.as_ref() else {
+            return Ok(idle);
+        };
+        let secret = match (&shared.secret, per_namespace_secret(self.set)) {
+            (Some(s), _) => s.data.clone(),
+            // Keys that exist in each namespace: the first selected namespace's.
+            (None, Some(name)) => match observed
+                .selected
+                .iter()
+                .find(|ns| observed.has_secret.contains(*ns))
+            {
+                Some(ns) => Api::<Secret>::namespaced(self.ctx.client.clone(), ns)
+                    .get_opt(&name)
+                    .await
+                    .map_err(Error::Dereference)?
+                    .and_then(|s| s.data),
+                None => None,
+            },
+            (None, None) => None,
+        };
+        let probe = ArchiveRestore::new(&self.set.name_any(), t.spec.clone());
+        let read = async {
+            let archive = crate::operator::builders::restore::resolve(&probe, None)?;
+            let keys = seed_head::manifest_keys(&archive);
+            let config = seed_head::s3_config(s3, secret.as_ref())?;
+            let store = crate::archive::store::s3::S3Store::new(config)
+                .await
+                .map_err(|e| e.to_string())?;
+            seed_head::read_head_epoch(&store, &keys).await
+        };
+        match tokio::time::timeout(Duration::from_secs(20), read).await {
+            Ok(Ok(head)) => {
+                self.head = head.or(self.head);
+                self.head_read = Some(conditions::time_string(now));
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(set = %self.set.name_any(), error = %e, "reading the seed archive's head epoch")
+            }
+            Err(_) => {
+                tracing::warn!(set = %self.set.name_any(), "reading the seed archive's head epoch timed out")
+            }
+        }
+        Ok(HEAD_RECHECK)
     }
 
     /// The shared credentials (opt-in only); a missing one makes the set invalid.
@@ -240,8 +356,19 @@ impl<'a> SetRound<'a> {
             copy_name(self.set),
             ca_copy_name(self.set),
         );
+        self.restores = observed
+            .restores
+            .iter()
+            .filter(|(_, r)| owned_by(&***r, self.set))
+            .map(|(ns, r)| (ns.clone(), (**r).clone()))
+            .collect();
+        let restores = stamps_restores(self.set);
         for ns in &observed.selected {
-            children.keep::<ArchiveSource>(ns, &name);
+            if restores {
+                children.keep::<ArchiveRestore>(ns, &name);
+            } else {
+                children.keep::<ArchiveSource>(ns, &name);
+            }
             if sharing {
                 children.keep::<Secret>(ns, &copy);
             }
@@ -266,29 +393,15 @@ impl<'a> SetRound<'a> {
         shared: &Shared,
     ) -> Result<(), Error> {
         let name = self.set.name_any();
-        // Not cached (the cache holds only labelled ones): before creating, make sure no
-        // ArchiveSource of that name exists that someone else made.
-        let existing = match observed.sources.get(ns) {
-            Some(s) => Some((**s).clone()),
-            None => Api::<ArchiveSource>::namespaced(self.ctx.client.clone(), ns)
-                .get_opt(&name)
-                .await
-                .map_err(Error::Apply)?,
+        if stamps_restores(self.set) {
+            return self.apply_restore(children, ns, observed, shared).await;
+        }
+        let Some(existing) = self
+            .own_child(ns, observed.sources.get(ns), children, observed, shared)
+            .await?
+        else {
+            return Ok(());
         };
-        if existing.as_ref().is_some_and(|s| !owned_by(s, self.set)) {
-            self.fail(ns, "NameConflict", format!("an ArchiveSource {ns}/{name} exists that this set does not own; rename or delete it"));
-            return Ok(());
-        }
-        if let Some(secret) = &shared.secret
-            && !self.copy_secret(children, ns, observed, secret).await
-        {
-            return Ok(());
-        }
-        if let Some(ca) = &shared.ca
-            && !self.copy_ca(children, ns, observed, ca).await?
-        {
-            return Ok(());
-        }
         if let Some(n) =
             per_namespace_secret(self.set).filter(|_| !observed.has_secret.contains(ns))
         {
@@ -311,6 +424,102 @@ impl<'a> SetRound<'a> {
             ),
         }
         Ok(())
+    }
+
+    /// The copies, then the ArchiveRestore of one namespace, with the refresh token its
+    /// policy asks for now.
+    async fn apply_restore(
+        &mut self,
+        children: &mut ChildSet<'_>,
+        ns: &str,
+        observed: &Observed,
+        shared: &Shared,
+    ) -> Result<(), Error> {
+        let name = self.set.name_any();
+        let Some(existing) = self
+            .own_child(ns, observed.restores.get(ns), children, observed, shared)
+            .await?
+        else {
+            return Ok(());
+        };
+        let token = refresh_token(self.set, self.head, existing.as_ref());
+        let desired = child_restore(self.set, ns, &self.digests, &token);
+        match children
+            .apply_over(desired, existing.as_ref().map(|r| &r.metadata))
+            .await
+        {
+            Ok(Some(r)) => {
+                // The applied object has no status yet: keep the observed one for the rollup.
+                let mut r = r;
+                r.status = existing.and_then(|e| e.status).or(r.status);
+                self.restores.insert(ns.to_string(), r);
+            }
+            Ok(None) => {}
+            Err(e) => self.fail(
+                ns,
+                "ApplyFailed",
+                format!("applying ArchiveRestore {ns}/{name}: {e}"),
+            ),
+        }
+        Ok(())
+    }
+
+    /// The set's child of kind `K` in `ns` as it is (`cached`: from the cache or the labelled
+    /// list; one not there is read, in case someone else's has the name), after copying what
+    /// the set shares; `None` (and a problem) when the name is someone else's or a copy failed.
+    async fn own_child<K: NamespacedChild>(
+        &mut self,
+        ns: &str,
+        cached: Option<&Arc<K>>,
+        children: &mut ChildSet<'_>,
+        observed: &Observed,
+        shared: &Shared,
+    ) -> Result<Option<Option<K>>, Error> {
+        let name = self.set.name_any();
+        let existing = match cached {
+            Some(c) => Some((**c).clone()),
+            None => Api::<K>::namespaced(self.ctx.client.clone(), ns)
+                .get_opt(&name)
+                .await
+                .map_err(Error::Apply)?,
+        };
+        if existing.as_ref().is_some_and(|c| !owned_by(c, self.set)) {
+            let kind = K::kind(&());
+            self.fail(
+                ns,
+                "NameConflict",
+                format!(
+                    "an {kind} {ns}/{name} exists that this set does not own; rename or delete it"
+                ),
+            );
+            return Ok(None);
+        }
+        if !self.copy_shared(children, ns, observed, shared).await? {
+            return Ok(None);
+        }
+        Ok(Some(existing))
+    }
+
+    /// Copies what the set shares (opt-in only) into `ns`; false (and a problem) when a copy
+    /// failed or would overwrite someone else's object.
+    async fn copy_shared(
+        &mut self,
+        children: &mut ChildSet<'_>,
+        ns: &str,
+        observed: &Observed,
+        shared: &Shared,
+    ) -> Result<bool, Error> {
+        if let Some(secret) = &shared.secret
+            && !self.copy_secret(children, ns, observed, secret).await
+        {
+            return Ok(false);
+        }
+        if let Some(ca) = &shared.ca
+            && !self.copy_ca(children, ns, observed, ca).await?
+        {
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Copies the shared credentials into `ns`; false (and a problem) when that failed or a
@@ -387,6 +596,13 @@ impl<'a> SetRound<'a> {
             .map(|ns| (ns.clone(), name.clone()))
             .collect();
         children.prune_among::<ArchiveSource>(sources).await?;
+        // A restore leaves with its namespace; the database it filled is not touched.
+        let restores = self
+            .restores
+            .keys()
+            .map(|ns| (ns.clone(), name.clone()))
+            .collect();
+        children.prune_among::<ArchiveRestore>(restores).await?;
         let copies = observed
             .copies
             .iter()
@@ -416,10 +632,24 @@ impl<'a> SetRound<'a> {
             namespaces: selected
                 .iter()
                 .map(|ns| {
-                    let state = namespace_state(self.problems.remove(ns), self.children.get(ns));
+                    let problem = self.problems.remove(ns);
+                    let state = if stamps_restores(self.set) {
+                        restore_namespace_state(problem, self.restores.get(ns))
+                    } else {
+                        namespace_state(problem, self.children.get(ns))
+                    };
                     (ns.clone(), state)
                 })
                 .collect(),
+        };
+        let restores = if stamps_restores(self.set) {
+            namespace_restores(
+                &obs,
+                &self.restores,
+                &self.set.status.clone().unwrap_or_default().restores,
+            )
+        } else {
+            vec![]
         };
         let old = self.set.status.clone().unwrap_or_default();
         let generation = self.set.metadata.generation;
@@ -435,6 +665,9 @@ impl<'a> SetRound<'a> {
             desired_namespaces: Some(selected.len() as i32),
             ready_namespaces: Some(obs.ready() as i32),
             failing_namespaces: failing_namespaces(&obs),
+            head_epoch: self.head,
+            head_epoch_read_time: self.head_read.clone(),
+            restores,
         };
         let events = set_events(&old.conditions, &status.conditions);
         applier
@@ -462,6 +695,57 @@ fn failing_namespaces(obs: &SetObservation) -> Vec<FailingNamespace> {
         .collect()
 }
 
+/// Each selected namespace's last refresh, from its ArchiveRestore's status (what a running
+/// or failing run replaced is kept from the set's `previous` status), failing namespaces first,
+/// at most [`MAX_RESTORES`].
+fn namespace_restores(
+    obs: &SetObservation,
+    restores: &BTreeMap<String, ArchiveRestore>,
+    previous: &[NamespaceRestore],
+) -> Vec<NamespaceRestore> {
+    let mut out: Vec<(bool, NamespaceRestore)> = obs
+        .namespaces
+        .iter()
+        .map(|(ns, state)| {
+            let mut entry = previous
+                .iter()
+                .find(|p| &p.namespace == ns)
+                .cloned()
+                .unwrap_or_else(|| NamespaceRestore {
+                    namespace: ns.clone(),
+                    ..Default::default()
+                });
+            let status = restores.get(ns).and_then(|r| r.status.clone());
+            let run = status.as_ref().and_then(|s| s.run.clone());
+            entry.refresh = run.as_ref().and_then(|r| r.token.clone()).or(entry.refresh);
+            if let (Some(s), Some(run)) = (&status, &run)
+                && run.succeeded == Some(true)
+            {
+                entry.last_refresh_time = run.completion_time.clone();
+                entry.epoch = run.token.as_deref().and_then(token_epoch);
+                entry.rows = Some(s.tables.iter().map(|t| t.rows).sum());
+                entry.duration_seconds = s.duration_seconds;
+            }
+            let failing = match state {
+                NamespaceState::Failing { reason, message } => {
+                    entry.failure_reason = Some(reason.chars().take(64).collect());
+                    entry.failure_message = Some(message.chars().take(1024).collect());
+                    true
+                }
+                _ => {
+                    entry.failure_reason = None;
+                    entry.failure_message = None;
+                    false
+                }
+            };
+            (!failing, entry)
+        })
+        .collect();
+    // Failing first (false < true), then by name (the selection is sorted; the sort is stable).
+    out.sort_by_key(|(ok, _)| *ok);
+    out.into_iter().take(MAX_RESTORES).map(|(_, e)| e).collect()
+}
+
 /// Sets a Secret matters to: the set whose copy it is, sets sharing it, sets whose template
 /// names it per namespace.
 pub fn sets_for_secret(
@@ -484,4 +768,49 @@ pub fn sets_for_secret(
         })
         .map(|s| ObjectRef::from_obj(&**s))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a large fleet the per-namespace record stays bounded: 100 entries, failing ones
+    /// first, messages cut; what a namespace's earlier refresh recorded is kept while a new
+    /// run goes on.
+    #[test]
+    fn namespace_restores_are_bounded_failing_first() {
+        let namespaces: Vec<(String, NamespaceState)> = (0..150)
+            .map(|i| {
+                let state = if i % 50 == 49 {
+                    NamespaceState::Failing {
+                        reason: "DatabaseUnavailable".into(),
+                        message: "x".repeat(5000),
+                    }
+                } else {
+                    NamespaceState::Progressing("running".into())
+                };
+                (format!("dev-{i:03}"), state)
+            })
+            .collect();
+        let obs = SetObservation {
+            invalid: None,
+            namespaces,
+        };
+        let previous = vec![NamespaceRestore {
+            namespace: "dev-000".into(),
+            last_refresh_time: Some("2026-12-01T00:00:00Z".into()),
+            epoch: Some(3),
+            rows: Some(10),
+            ..Default::default()
+        }];
+        let out = namespace_restores(&obs, &BTreeMap::new(), &previous);
+        assert_eq!(out.len(), MAX_RESTORES);
+        let failing: Vec<&str> = out[..3].iter().map(|r| r.namespace.as_str()).collect();
+        assert_eq!(failing, ["dev-049", "dev-099", "dev-149"]);
+        assert_eq!(out[0].failure_message.as_ref().unwrap().len(), 1024);
+        assert_eq!(out[3].namespace, "dev-000");
+        assert_eq!(out[3].epoch, Some(3), "the last refresh is kept");
+        assert_eq!(out[3].failure_reason, None);
+        assert_eq!(out[99].namespace, "dev-097");
+    }
 }

@@ -1897,7 +1897,7 @@ async fn source_set_of_50_namespaces_writes_only_what_changed() {
     // 5. The template changes: each ArchiveSource is applied once; the copies stay.
     let mut changed = seen.clone();
     changed.metadata.generation = Some(2);
-    changed.spec.template.spec.replicas = Some(2);
+    changed.spec.template.as_mut().unwrap().spec.replicas = Some(2);
     let (ctx5, handle5) = same_operator(&ctx, Arc::default());
     let mut script = vec![shared_secret_get()];
     for ns in &names {
@@ -2716,4 +2716,272 @@ async fn an_engine_loading_behind_the_head_reports_lag_and_progress() {
     let server = tokio::spawn(serve(handle3, script));
     source::reconcile(Arc::new(s3), ctx3).await.unwrap();
     assert_eq!(server.await.unwrap().len(), 2, "two reads, no write");
+}
+
+/// A restore whose database is not there yet (no such database) never fails for it: the
+/// failed attempt's Job is deleted, the run stays in progress with `DatabaseUnavailable`
+/// (credentials masked), the next attempt's Job is created after the backoff, and its
+/// success ends the wait.
+#[tokio::test]
+async fn a_restore_waits_for_its_database_and_recovers_by_itself() {
+    let r = invoices_restore();
+    let run = crate::operator::builders::restore::run_id(&r, None);
+    let object = serde_json::to_value(&r).unwrap();
+    let running = restore_with_status(
+        &r,
+        &json!({"run": {"id": run, "startTime": "2027-01-15T08:00:00Z"}}),
+    );
+    let failure = r#"{"reason":"DatabaseNotFound","error":"connecting to postgresql://app:hunter2@db/app: database \"app\" does not exist"}"#;
+    let mut script = restore_observed(&run, "Failed", vec![restore_pod(&run, 2, failure)]);
+    script.extend([
+        expect(
+            Method::DELETE,
+            &format!("/apis/batch/v1/namespaces/data/jobs/invoices-yesterday-{run}?"),
+            Some(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200})),
+        ),
+        expect_status(RESTORE_STATUS, object.clone()),
+        expect(Method::POST, EVENTS_POST, None),
+    ]);
+    let (bodies, action) = restore_reconcile(t(2), &running, script).await;
+    let st = &bodies[3]["status"];
+    assert!(st["run"]["succeeded"].is_null(), "the run goes on: {st}");
+    assert_eq!(st["databaseWait"]["attempts"], 1);
+    assert_eq!(st["databaseWait"]["reason"], "DatabaseNotFound");
+    assert_eq!(
+        st["databaseWait"]["nextAttemptTime"],
+        "2027-01-15T08:02:15Z"
+    );
+    assert_eq!(cond(st, "Ready")["reason"], "DatabaseUnavailable");
+    assert_eq!(cond(st, "Reconciling")["status"], "True");
+    assert_eq!(cond(st, "Stalled")["status"], "False");
+    let message = cond(st, "Ready")["message"].as_str().unwrap();
+    assert!(message.contains("does not exist"), "{message}");
+    assert!(!format!("{st}{}", bodies[4]).contains("hunter2"), "{st}");
+    assert_eq!(bodies[4]["reason"], "DatabaseUnavailable");
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(15))
+    );
+
+    // Before the backoff ends: nothing is created, the wait is reported as it was.
+    let waiting = restore_with_status(&r, st);
+    let retry_job = format!("invoices-yesterday-{run}-1");
+    let job_read = expect(
+        Method::GET,
+        &format!("/apis/batch/v1/namespaces/data/jobs/{retry_job}"),
+        not_found(),
+    );
+    let (bodies, action) = restore_reconcile(
+        t(2) + jiff::SignedDuration::from_secs(5),
+        &waiting,
+        vec![job_read],
+    )
+    .await;
+    assert_eq!(bodies.len(), 1, "no write while waiting");
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(10))
+    );
+
+    // The backoff is over: the next attempt's Job.
+    let path = format!("/apis/batch/v1/namespaces/data/jobs/{retry_job}?{MANAGER_RESTORE_Q}");
+    let (bodies, _) = restore_reconcile(
+        t(3),
+        &waiting,
+        vec![
+            expect(
+                Method::GET,
+                &format!("/apis/batch/v1/namespaces/data/jobs/{retry_job}"),
+                not_found(),
+            ),
+            expect_read(&path, None),
+            expect(Method::PATCH, &path, None),
+        ],
+    )
+    .await;
+    assert_eq!(bodies[2]["metadata"]["name"], retry_job.as_str());
+
+    // That attempt succeeds: the wait ends, the run is recorded.
+    let summary = r#"{"position":"0/16B3748","at":"0/16B3748","tables":[{"table":"sales.invoices","rows":42,"position":"0/16B0000","archived_at":"2027-01-15T07:00:00Z","action":"replaced"}],"duration_seconds":1.5}"#;
+    let job = json!({"metadata": {"name": retry_job, "namespace": "data"},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+    let script = vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs/{retry_job}"),
+            Some(job),
+        ),
+        expect(
+            Method::GET,
+            &format!(
+                "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-restore%3Dinvoices-yesterday%2Clarch.dev%2Frun%3D{run}"
+            ),
+            list("PodList", "v1", vec![restore_pod(&run, 0, summary)]),
+        ),
+        expect_status(RESTORE_STATUS, object),
+        expect(Method::POST, EVENTS_POST, None),
+    ];
+    let (bodies, _) = restore_reconcile(t(4), &waiting, script).await;
+    let st = &bodies[2]["status"];
+    assert_eq!(st["run"]["succeeded"], true);
+    assert!(st["databaseWait"].is_null(), "{st}");
+    assert_eq!(cond(st, "Ready")["status"], "True");
+    assert_eq!(bodies[3]["reason"], "RestoreSucceeded");
+}
+
+fn set_restore_path(ns: &str) -> String {
+    format!("/apis/larch.dev/v1alpha1/namespaces/{ns}/archiverestores/dev-seed?{MANAGER_SET_Q}")
+}
+
+fn stamped_restore(ns: &str, annotations: Value, status: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveRestore",
+        "metadata": {"name": "dev-seed", "namespace": ns, "generation": 1, "ownerReferences": set_owner(),
+                     "labels": {"larch.dev/source-set": "dev-seed"}, "annotations": annotations},
+        "spec": {"archive": {"s3": {"bucket": "seeds"}}, "tables": [{"name": "events"}],
+                 "target": {"postgres": {"connectionSecretRef": {"name": "app-db-app", "key": "uri"}}}},
+        "status": status})
+}
+
+/// A set with a restoreTemplate stamps an ArchiveRestore per selected namespace (one labelled
+/// list a reconcile, no per-namespace read of its own children), turns a developer's
+/// `larch.dev/refresh-requested` into a new run token, deletes the restore of a namespace no
+/// longer selected, and reports each namespace's last refresh and its failure
+/// (`DatabaseUnavailable`).
+#[tokio::test]
+async fn a_restore_set_stamps_refreshes_on_request_and_reports_per_namespace() {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut v = serde_json::to_value(
+        crate::operator::builders::source_set::tests::restore_set_fixture("Manual"),
+    )
+    .unwrap();
+    v["spec"].as_object_mut().unwrap().remove("caBundle");
+    v["spec"]["restoreTemplate"]["spec"]["archive"]["s3"]
+        .as_object_mut()
+        .unwrap()
+        .remove("caBundle");
+    let set: crate::operator::crd::ArchiveSourceSet = serde_json::from_value(v).unwrap();
+    let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
+    let mut caches = writers(&ctx);
+    fill(
+        &mut caches.namespaces,
+        [
+            namespace("dev-a", true),
+            namespace("dev-b", true),
+            namespace("dev-c", true),
+            namespace("dev-old", false),
+        ],
+    );
+    fill(&mut caches.set_sources, []);
+    fill(&mut caches.secrets, []);
+    let done = json!({"observedGeneration": 1,
+        "run": {"id": "r1", "token": "initial", "startTime": "2027-01-15T08:00:00Z",
+                "completionTime": "2027-01-15T08:01:00Z", "succeeded": true},
+        "durationSeconds": 2.5,
+        "tables": [{"table": "public.events", "rows": 40, "position": "0/1", "action": "created"},
+                   {"table": "app.users", "rows": 2, "position": "0/1", "action": "created"}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Restored", "message": "ok", "lastTransitionTime": "2027-01-15T08:01:00Z"}]});
+    let waiting = json!({"observedGeneration": 1,
+        "run": {"id": "r2", "token": "initial", "startTime": "2027-01-15T08:00:00Z"},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "DatabaseUnavailable",
+                        "message": "run r2: waiting for the database (ConnectionFailed), retrying with backoff: connection refused",
+                        "lastTransitionTime": "2027-01-15T08:01:00Z"}]});
+    let dev_b = stamped_restore(
+        "dev-b",
+        json!({"larch.dev/run-requested": "initial", "larch.dev/refresh-requested": "please"}),
+        done.clone(),
+    );
+    let dev_c = stamped_restore(
+        "dev-c",
+        json!({"larch.dev/run-requested": "initial"}),
+        waiting,
+    );
+    // The API server answers an apply with the whole object (its generation unchanged by an
+    // annotation).
+    let applied = |path: String, live: &Value, token: &str| {
+        let mut answer = live.clone();
+        answer["metadata"]["annotations"]["larch.dev/run-requested"] = json!(token);
+        expect(Method::PATCH, &path, Some(answer))
+    };
+    let listed = vec![
+        // dev-b: restored, and its developer asks for a fresh copy.
+        dev_b.clone(),
+        // dev-c: its database is down.
+        dev_c.clone(),
+        // dev-old: no longer selected: its restore goes (its database is not touched).
+        stamped_restore(
+            "dev-old",
+            json!({"larch.dev/run-requested": "initial"}),
+            done,
+        ),
+    ];
+    let script = vec![
+        shared_secret_get(),
+        expect(
+            Method::GET,
+            "/apis/larch.dev/v1alpha1/archiverestores?&labelSelector=larch.dev%2Fsource-set%3Ddev-seed",
+            list("ArchiveRestoreList", "larch.dev/v1alpha1", listed),
+        ),
+        // dev-a: not listed, read before creating, in case someone else's has the name.
+        expect_read(&set_restore_path("dev-a"), None),
+        expect(Method::PATCH, &copy_path("dev-a"), None),
+        expect(Method::PATCH, &set_restore_path("dev-a"), None),
+        expect(Method::PATCH, &copy_path("dev-b"), None),
+        applied(set_restore_path("dev-b"), &dev_b, "initial+manual-please"),
+        expect(Method::PATCH, &copy_path("dev-c"), None),
+        applied(set_restore_path("dev-c"), &dev_c, "initial"),
+        expect(
+            Method::DELETE,
+            "/apis/larch.dev/v1alpha1/namespaces/dev-old/archiverestores/dev-seed?",
+            Some(ok),
+        ),
+        expect_status(SET_STATUS, serde_json::to_value(&set).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/default/events?",
+            None,
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    source_set::reconcile(Arc::new(set), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    let (a, b, c) = (&bodies[4], &bodies[6], &bodies[8]);
+    assert_eq!(
+        a["metadata"]["annotations"]["larch.dev/run-requested"],
+        "initial"
+    );
+    assert_eq!(a["spec"]["ifExists"], "Replace");
+    assert_eq!(
+        a["spec"]["archive"]["s3"]["credentials"]["secretRef"]["name"],
+        "dev-seed-credentials"
+    );
+    assert_eq!(
+        b["metadata"]["annotations"]["larch.dev/run-requested"],
+        "initial+manual-please"
+    );
+    // The developer's annotation is theirs: the set does not apply it.
+    assert!(b["metadata"]["annotations"]["larch.dev/refresh-requested"].is_null());
+    assert_eq!(
+        c["metadata"]["annotations"]["larch.dev/run-requested"],
+        "initial"
+    );
+    let st = &bodies[10]["status"];
+    assert_eq!(st["desiredNamespaces"], 3);
+    assert_eq!(st["readyNamespaces"], 0);
+    assert_eq!(st["failingNamespaces"][0]["namespace"], "dev-c");
+    assert_eq!(st["failingNamespaces"][0]["reason"], "DatabaseUnavailable");
+    let restores = st["restores"].as_array().unwrap();
+    // Failing first, then by name.
+    let order: Vec<&str> = restores
+        .iter()
+        .map(|r| r["namespace"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["dev-c", "dev-a", "dev-b"]);
+    assert_eq!(restores[0]["failureReason"], "DatabaseUnavailable");
+    assert!(restores[1]["lastRefreshTime"].is_null());
+    assert_eq!(restores[2]["lastRefreshTime"], "2027-01-15T08:01:00Z");
+    assert_eq!(restores[2]["rows"], 42);
+    assert_eq!(restores[2]["durationSeconds"], 2.5);
+    assert!(restores[2]["failureReason"].is_null());
+    assert_eq!(cond(st, "Stalled")["reason"], "NamespacesFailing");
+    assert_eq!(bodies[11]["reason"], "NamespacesFailing");
 }

@@ -16,6 +16,10 @@ use super::common_pod::{PodOverrides, Resources};
 /// Set to a new value (a timestamp, say) to run the restore again, as for ArchiveExports.
 pub use super::archive_export::RUN_REQUESTED_ANNOTATION;
 
+/// On an ArchiveRestore an ArchiveSourceSet stamped: set to a new value to refresh that
+/// namespace's seed once (the set turns it into a new run-requested token).
+pub const REFRESH_REQUESTED_ANNOTATION: &str = "larch.dev/refresh-requested";
+
 /// Desired state of an ArchiveRestore.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -154,6 +158,29 @@ pub struct ArchiveRestoreStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub tables: Vec<RestoredTable>,
+    /// The current run waits for its database (refused connection, no such database or role
+    /// yet): it is tried again, with backoff, until the database is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_wait: Option<DatabaseWait>,
+}
+
+/// A run waiting for its database.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseWait {
+    /// Attempts that found the database unavailable.
+    pub attempts: i32,
+    /// When the next attempt's Job is created.
+    #[schemars(length(max = 64))]
+    pub next_attempt_time: String,
+    /// Why the last attempt failed (`ConnectionFailed`, `DatabaseNotFound`, `AuthenticationFailed`).
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub reason: String,
+    /// What the last attempt said (credentials masked).
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
+    pub error: String,
 }
 
 /// One table of a restore's summary (`larch restore`'s JSON).
