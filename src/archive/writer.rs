@@ -584,7 +584,7 @@ impl ArchiveWriter {
     pub async fn write_snapshot_verified(
         &mut self,
         position: &str,
-        mut rows: mpsc::Receiver<Row>,
+        mut rows: impl SnapshotRows,
         verdict: Option<oneshot::Receiver<Result<()>>>,
     ) -> Result<Artifact> {
         let epoch = self.manifest.epoch + 1;
@@ -607,13 +607,19 @@ impl ArchiveWriter {
         let mut count: i64 = 0;
         let counter = self.row_progress.clone();
         let streamed: Result<()> = async {
-            while let Some(row) = rows.recv().await {
-                count += 1;
-                if let Some(p) = &counter {
-                    p.add(1, row.as_str().len() as u64);
+            let mut batch = Vec::new();
+            while rows.next_rows(&mut batch).await {
+                let n = batch.len() as u64;
+                let mut bytes = 0;
+                for row in batch.drain(..) {
+                    bytes += row.as_str().len() as u64;
+                    for (_, enc, _) in uploads.iter_mut() {
+                        enc.row(&row)?;
+                    }
                 }
-                for (_, enc, _) in uploads.iter_mut() {
-                    enc.row(&row)?;
+                count += n as i64;
+                if let Some(p) = &counter {
+                    p.add(n, bytes);
                 }
                 send_chunks(&mut uploads).await?;
             }
@@ -876,6 +882,33 @@ async fn send_chunks(uploads: &mut [Upload]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The rows of a snapshot as they arrive: one at a time (taken a few at once) or in batches.
+pub trait SnapshotRows: Send {
+    /// Moves the next rows into `batch` (empty on entry); false once the stream has ended.
+    fn next_rows(&mut self, batch: &mut Vec<Row>) -> impl Future<Output = bool> + Send;
+}
+
+/// Rows a snapshot takes from a row-at-a-time channel at once.
+const ROWS_PER_RECEIVE: usize = 256;
+
+impl SnapshotRows for mpsc::Receiver<Row> {
+    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
+        self.recv_many(batch, ROWS_PER_RECEIVE).await > 0
+    }
+}
+
+impl SnapshotRows for mpsc::Receiver<Vec<Row>> {
+    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
+        match self.recv().await {
+            Some(rows) => {
+                *batch = rows;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Objects stored by an artifact's uploads (to delete if the artifact is not committed).

@@ -28,6 +28,10 @@ use transform::{Masking, TableTransform, TransformError};
 /// progress there).
 const PAUSE_AFTER_ROWS: u64 = 10_000;
 
+/// Batches of rows each channel of a snapshot holds: with batches of at most
+/// 256 KiB of row text (the baseline's batches), about a MiB in flight per channel.
+const BATCHES_IN_FLIGHT: usize = 4;
+
 /// Takes a consistent baseline of `table` and writes it as a snapshot at a new epoch, rows
 /// streaming from COPY straight into the upload (bounded memory). The snapshot is named after the
 /// slot's consistent point, known before the first row, and commits only if the whole baseline
@@ -79,14 +83,15 @@ async fn copy_into_snapshot(
     masking: Option<&Masking>,
     subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
-    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Row)>(1024);
+    // Batches of at most BATCH_ROWS rows (BATCH_BYTES of text) cross each channel.
+    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
     // The rows' transform and sample, known once the baseline has the columns (before its
     // first row).
     let (transform_tx, transform_rx) =
         oneshot::channel::<(Option<Arc<TableTransform>>, Option<Sampler>)>();
     let transform_failure = Arc::new(std::sync::OnceLock::<TransformError>::new());
     let failure_slot = transform_failure.clone();
-    let (row_tx, row_rx) = mpsc::channel::<Row>(1024);
+    let (row_tx, row_rx) = mpsc::channel::<Vec<Row>>(BATCHES_IN_FLIGHT);
     let (pos_tx, pos_rx) = oneshot::channel::<String>();
     let (verdict_tx, verdict_rx) = oneshot::channel();
     // The verdict is an ArchiveError (the writer's type), a string of the source's error: its
@@ -102,28 +107,35 @@ async fn copy_into_snapshot(
             let Ok((transform, sampler)) = transform_rx.await else {
                 return;
             };
-            while let Some((_, row)) = src_rx.recv().await {
+            while let Some((_, mut rows)) = src_rx.recv().await {
                 // Sampled on the raw values (the same as in every table), before masking.
-                if let Some(s) = &sampler
-                    && !s.keeps(&row)
-                {
+                if let Some(s) = &sampler {
+                    rows.retain(|row| s.keeps(row));
+                }
+                if rows.is_empty() {
                     continue;
                 }
-                let row = match mask_row(transform.as_deref(), row) {
-                    Ok(row) => row,
+                let rows: Vec<Row> = match rows
+                    .into_iter()
+                    .map(|row| mask_row(transform.as_deref(), row))
+                    .collect::<Result<_, _>>()
+                {
+                    Ok(rows) => rows,
                     Err(e) => {
                         let _ = failure_slot.set(e);
                         break;
                     }
                 };
-                progress.add(1, row.as_str().len() as u64);
-                if progress.rows() == PAUSE_AFTER_ROWS {
+                let before = progress.rows();
+                let bytes = rows.iter().map(|r| r.as_str().len() as u64).sum();
+                progress.add(rows.len() as u64, bytes);
+                if before < PAUSE_AFTER_ROWS && progress.rows() >= PAUSE_AFTER_ROWS {
                     crate::archive::crashpoint::pause_point(
                         crate::archive::crashpoint::EXPORT_BASELINE_ROWS,
                     )
                     .await;
                 }
-                if row_tx.send(row).await.is_err() {
+                if row_tx.send(rows).await.is_err() {
                     break;
                 }
             }

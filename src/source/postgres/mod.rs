@@ -18,6 +18,7 @@ mod pgoutput;
 mod schema;
 pub mod schema_change;
 mod snapshot;
+pub use snapshot::RowSink;
 mod stream;
 mod types;
 
@@ -125,10 +126,11 @@ impl PostgresSource {
     /// exists and the tables' schemas are known (rediscovered under the baseline's lock, see
     /// [`PostgresSource::table_schema`]), before the first row: a consumer that names its
     /// output after the position (an archive snapshot) can start writing while rows stream.
-    pub async fn baseline_reporting(
+    /// `rows` takes them one at a time or in batches ([`RowSink`]).
+    pub async fn baseline_reporting<R: RowSink>(
         &self,
         tables: &[TableId],
-        rows: mpsc::Sender<(TableId, Row)>,
+        rows: R,
         position: Option<oneshot::Sender<String>>,
     ) -> Result<String, SourceError> {
         let inner = &self.inner;
@@ -469,10 +471,10 @@ impl SyncSource for PostgresSource {
 /// Rounds of a baseline whose table was rewritten between the slot's snapshot and the copy.
 const BASELINE_ATTEMPTS: u32 = 5;
 
-async fn baseline(
+async fn baseline<R: RowSink>(
     inner: &Inner,
     tables: &[TableId],
-    rows: mpsc::Sender<(TableId, Row)>,
+    rows: R,
     mut report: Option<oneshot::Sender<String>>,
 ) -> Result<String, SourceError> {
     let tables: Vec<TableId> = if tables.is_empty() {

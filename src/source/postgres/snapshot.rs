@@ -1,7 +1,7 @@
 //! The consistent baseline: a new replication slot exports its snapshot; the table is copied
 //! with `COPY … TO STDOUT` (text format) inside a REPEATABLE READ transaction that imports that
-//! snapshot while the slot's session stays open. Rows are streamed one by one into the channel
-//! (bounded memory, backpressure); the slot's consistent point is the baseline position.
+//! snapshot while the slot's session stays open. Rows are streamed into the channel in small
+//! batches (bounded memory, backpressure); the slot's consistent point is the baseline position.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -96,6 +96,43 @@ pub fn replication_error(
     failure::tag_opt(failure::of_replication(e), err)
 }
 
+/// Rows a baseline sends at once, at most, and the bytes of row text after which a batch goes
+/// out early. A send per row cost more than building the row (a task wake-up and a permit per
+/// row, twice: to the export's forwarding task, then to the writer); memory stays bounded by
+/// the channels' capacity in batches of this size.
+pub const BATCH_ROWS: usize = 256;
+pub const BATCH_BYTES: usize = 256 * 1024;
+
+/// Where a baseline's rows go: one send per row (`(table, row)`, the [`crate::source::SyncSource`]
+/// contract) or one per batch (`(table, rows)`, the one-shot export).
+pub trait RowSink: Send + Sync {
+    /// Sends `rows` of `table` in order; [`SourceError::Stopped`] when the receiver is gone.
+    fn send_rows(
+        &self,
+        table: &TableId,
+        rows: Vec<Row>,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+impl RowSink for mpsc::Sender<(TableId, Row)> {
+    async fn send_rows(&self, table: &TableId, rows: Vec<Row>) -> Result<(), SourceError> {
+        for row in rows {
+            self.send((table.clone(), row))
+                .await
+                .map_err(|_| SourceError::Stopped)?;
+        }
+        Ok(())
+    }
+}
+
+impl RowSink for mpsc::Sender<(TableId, Vec<Row>)> {
+    async fn send_rows(&self, table: &TableId, rows: Vec<Row>) -> Result<(), SourceError> {
+        self.send((table.clone(), rows))
+            .await
+            .map_err(|_| SourceError::Stopped)
+    }
+}
+
 /// Checks a row filter's text before it goes into a query larch builds: one predicate, never a
 /// second statement or a way out of the parentheses it is put in. Rejects `;`, comments,
 /// dollar quoting and parentheses that do not balance outside string literals and quoted
@@ -179,13 +216,13 @@ pub async fn explain_row_filter(
 }
 
 /// Copies every row of `schema` as of `snapshot` (those `filter` keeps, when given) into
-/// `rows`. Returns the number of rows.
-pub async fn copy_table(
+/// `rows`, in batches of at most [`BATCH_ROWS`]. Returns the number of rows.
+pub async fn copy_table<R: RowSink>(
     client: &tokio_postgres::Client,
     schema: &TableSchema,
     kinds: &HashMap<u32, Kind>,
     filter: Option<&String>,
-    rows: &mpsc::Sender<(TableId, Row)>,
+    rows: &R,
 ) -> Result<u64, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
     if let Some(p) = filter {
@@ -205,29 +242,67 @@ pub async fn copy_table(
     futures::pin_mut!(stream);
     let encoder = RowEncoder::new(schema, kinds);
     let mut scratch = Scratch::default();
+    // The start of a line whose end has not arrived yet (COPY sends one message per row, so
+    // this is usually empty and lines are read straight from the message).
     let mut pending: Vec<u8> = Vec::new();
+    let mut batch = Batch::default();
     let mut count = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
-        pending.extend_from_slice(&chunk);
+        let data: &[u8] = if pending.is_empty() {
+            &chunk
+        } else {
+            pending.extend_from_slice(&chunk);
+            &pending
+        };
         let mut start = 0;
-        while let Some(nl) = pending[start..].iter().position(|&b| b == b'\n') {
-            let line = &pending[start..start + nl];
+        while let Some(nl) = memchr::memchr(b'\n', &data[start..]) {
+            let line = &data[start..start + nl];
             let row = encoder
                 .row(line, &mut scratch)
                 .map_err(|e| anyhow!("copying table {}: {e:#}", schema.id))?;
-            rows.send((schema.id.clone(), row))
-                .await
-                .map_err(|_| SourceError::Stopped)?;
             count += 1;
             start += nl + 1;
+            if let Some(full) = batch.push(row) {
+                rows.send_rows(&schema.id, full).await?;
+            }
         }
-        pending.drain(..start);
+        if pending.is_empty() {
+            pending.extend_from_slice(&chunk[start..]);
+        } else {
+            pending.drain(..start);
+        }
     }
     if !pending.is_empty() {
         return Err(anyhow!("copying table {}: output ended inside a row", schema.id).into());
     }
+    if !batch.rows.is_empty() {
+        rows.send_rows(&schema.id, batch.rows).await?;
+    }
     Ok(count)
+}
+
+/// Rows gathered for one send.
+#[derive(Default)]
+struct Batch {
+    rows: Vec<Row>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Adds a row; returns the batch once it is full.
+    fn push(&mut self, row: Row) -> Option<Vec<Row>> {
+        if self.rows.is_empty() {
+            self.rows.reserve(BATCH_ROWS);
+        }
+        self.bytes += row.as_str().len();
+        self.rows.push(row);
+        if self.rows.len() < BATCH_ROWS && self.bytes < BATCH_BYTES {
+            return None;
+        }
+        self.bytes = 0;
+        Some(std::mem::take(&mut self.rows))
+    }
 }
 
 /// COPY text lines into rows, written straight as JSON text: keys in the order a row's
@@ -272,7 +347,7 @@ impl<'a> RowEncoder<'a> {
         let Scratch { fields, out } = scratch;
         fields.clear();
         let mut start = 0;
-        for (i, _) in line.iter().enumerate().filter(|(_, b)| **b == b'\t') {
+        for i in memchr::memchr_iter(b'\t', line) {
             fields.push((start, i));
             start = i + 1;
         }

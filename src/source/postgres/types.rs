@@ -138,8 +138,29 @@ pub fn write_json(kind: &Kind, text: &str, out: &mut Vec<u8>) {
         Kind::Int | Kind::Numeric | Kind::Float | Kind::Bool | Kind::Text => {
             write_string(text, out)
         }
-        Kind::Json => match compact_json(text) {
-            Some(compact) => out.extend_from_slice(compact.as_bytes()),
+        Kind::Json => {
+            if !write_compact_json(text, out) {
+                write_string(text, out)
+            }
+        }
+        // As `to_json`, without its value (an allocation, and a parse for `raw`).
+        Kind::Bytea => match decode_bytea(text) {
+            Some(bytes) => write_string(
+                &base64::engine::general_purpose::STANDARD.encode(bytes),
+                out,
+            ),
+            None => write_string(text, out),
+        },
+        Kind::Timestamptz => match parse_timestamptz(text) {
+            Some(ts) => write_string(&format_utc(&ts.naive_utc()), out),
+            None => write_string(text, out),
+        },
+        Kind::Timestamp => match parse_timestamp(text) {
+            Some(ts) => write_string(&format_utc(&ts), out),
+            None => write_string(text, out),
+        },
+        Kind::Array { elem, delim } => match parse_array(text, *delim) {
+            Some(tree) => out.extend_from_slice(render_array(&tree, elem).as_bytes()),
             None => write_string(text, out),
         },
         _ => out.extend_from_slice(to_json(kind, text).get().as_bytes()),
@@ -196,28 +217,38 @@ pub fn is_json_number(text: &str) -> bool {
 /// Validates JSON text and removes the whitespace outside strings, keeping every number and
 /// string byte as written (no float round trip).
 pub fn compact_json(text: &str) -> Option<String> {
-    serde_json::from_str::<IgnoredAny>(text).ok()?;
-    let mut out = String::with_capacity(text.len());
+    let mut out = Vec::with_capacity(text.len());
+    write_compact_json(text, &mut out).then(|| String::from_utf8(out).expect("from a str"))
+}
+
+/// [`compact_json`] appended to `out`; false (nothing written) when `text` is not JSON.
+pub fn write_compact_json(text: &str, out: &mut Vec<u8>) -> bool {
+    if serde_json::from_str::<IgnoredAny>(text).is_err() {
+        return false;
+    }
+    out.reserve(text.len());
+    // Byte by byte: quotes, backslashes and whitespace are ASCII, never part of a multi-byte
+    // character, so the text stays valid UTF-8.
     let mut in_string = false;
     let mut escaped = false;
-    for c in text.chars() {
+    for &c in text.as_bytes() {
         if in_string {
             out.push(c);
             if escaped {
                 escaped = false;
-            } else if c == '\\' {
+            } else if c == b'\\' {
                 escaped = true;
-            } else if c == '"' {
+            } else if c == b'"' {
                 in_string = false;
             }
-        } else if c == '"' {
+        } else if c == b'"' {
             in_string = true;
             out.push(c);
-        } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+        } else if !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
             out.push(c);
         }
     }
-    Some(out)
+    true
 }
 
 /// Decodes bytea text output: hex (`\x0102`) or the legacy escape format.
