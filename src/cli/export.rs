@@ -316,6 +316,20 @@ fn table_ids(args: &ExportArgs) -> anyhow::Result<Vec<TableId>> {
     Ok(ids)
 }
 
+/// `--format` and `--key-fields`, checked.
+fn formats_and_key_fields(
+    args: &ExportArgs,
+) -> anyhow::Result<(Vec<crate::archive::format::Format>, Vec<String>)> {
+    let formats = parse_formats(&args.format)
+        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
+    let key_fields = args
+        .key_fields
+        .as_deref()
+        .map(parse_list)
+        .unwrap_or_default();
+    Ok((formats, key_fields))
+}
+
 /// The temporary slot of a several-table export: one name per set of tables (in any order).
 fn default_set_slot(tables: &[TableId]) -> String {
     use sha2::Digest;
@@ -341,13 +355,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let table = tables.remove(0);
     // Read and checked before the export connects.
     let masking = masking(&args)?;
-    let formats = parse_formats(&args.format)
-        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
-    let key_fields = args
-        .key_fields
-        .as_deref()
-        .map(parse_list)
-        .unwrap_or_default();
+    let (formats, key_fields) = formats_and_key_fields(&args)?;
     let key_prefix = args
         .key_prefix
         .clone()
@@ -467,13 +475,7 @@ async fn export_set(args: ExportArgs, dsn: String, tables: Vec<TableId>) -> anyh
         );
     }
     let masking = masking(&args)?;
-    let formats = parse_formats(&args.format)
-        .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
-    let key_fields = args
-        .key_fields
-        .as_deref()
-        .map(parse_list)
-        .unwrap_or_default();
+    let (formats, key_fields) = formats_and_key_fields(&args)?;
     let parent = args.key_prefix.clone().unwrap_or_default();
     let mut set = Vec::with_capacity(tables.len());
     for table in &tables {

@@ -42,19 +42,8 @@ pub async fn snapshot_from_source(
     progress: &Arc<Progress>,
     masking: Option<&Masking>,
 ) -> anyhow::Result<Artifact> {
-    progress.set_total(source.estimate_rows(table).await);
-    let reporter = Reporter::start(progress.clone());
-    let result = copy_into_snapshot(
-        source.clone(),
-        RowSource::OwnSlot(source),
-        table,
-        writer,
-        progress.clone(),
-        masking,
-    )
-    .await;
-    reporter.finish(result.is_ok());
-    result
+    let rows_from = RowSource::OwnSlot(source.clone());
+    reported_snapshot(source, rows_from, table, writer, progress, masking).await
 }
 
 /// [`snapshot_from_source`] for one table of a [`SharedSnapshot`]: its rows as of the
@@ -68,17 +57,24 @@ pub async fn snapshot_from_shared(
     progress: &Arc<Progress>,
     masking: Option<&Masking>,
 ) -> anyhow::Result<Artifact> {
+    let rows_from = RowSource::Shared(shared, snapshot_time);
+    reported_snapshot(source, rows_from, table, writer, progress, masking).await
+}
+
+/// [`copy_into_snapshot`] with its progress counted against the catalog's estimate and
+/// reported while it runs.
+async fn reported_snapshot(
+    source: Arc<PostgresSource>,
+    rows_from: RowSource,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+    progress: &Arc<Progress>,
+    masking: Option<&Masking>,
+) -> anyhow::Result<Artifact> {
     progress.set_total(source.estimate_rows(table).await);
     let reporter = Reporter::start(progress.clone());
-    let result = copy_into_snapshot(
-        source,
-        RowSource::Shared(shared, snapshot_time),
-        table,
-        writer,
-        progress.clone(),
-        masking,
-    )
-    .await;
+    let result =
+        copy_into_snapshot(source, rows_from, table, writer, progress.clone(), masking).await;
     reporter.finish(result.is_ok());
     result
 }

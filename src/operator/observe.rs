@@ -340,22 +340,20 @@ mod tests {
     fn a_set_summary_gives_every_table() {
         let msg = r#"{"position":"0/16B3748","tables":[{"epoch":1,"key_prefix":"n/public.a/","position":"0/16B3748","row_count":3,"table":"public.a"},{"epoch":4,"key_prefix":"n/sales.b/","position":"0/16B3748","row_count":0,"table":"sales.b"}]}"#;
         let all = parse_summaries(msg, Some("t".into()), Some("p".into()));
-        let got: Vec<(&str, Option<&str>, Option<i64>, Option<i64>)> = all
+        let got: Vec<String> = all
             .iter()
             .map(|s| {
-                (
-                    s.table.as_str(),
-                    s.key_prefix.as_deref(),
-                    s.row_count,
-                    s.epoch,
+                format!(
+                    "{} {:?} {:?} {:?}",
+                    s.table, s.key_prefix, s.row_count, s.epoch
                 )
             })
             .collect();
         assert_eq!(
             got,
             [
-                ("public.a", Some("n/public.a/"), Some(3), Some(1)),
-                ("sales.b", Some("n/sales.b/"), Some(0), Some(4)),
+                r#"public.a Some("n/public.a/") Some(3) Some(1)"#,
+                r#"sales.b Some("n/sales.b/") Some(0) Some(4)"#,
             ]
         );
         assert!(
