@@ -55,12 +55,19 @@ pub struct ExportArgs {
     /// --schema, --table is the table's name as it is, dots included.
     #[arg(long)]
     pub schema: Option<String>,
-    /// The table to export, `[schema.]name`.
+    /// The table to export, `[schema.]name`. Repeat it to export several tables at one
+    /// position (one snapshot they all share; one-shot only), each into its own archive at
+    /// `<key prefix><schema>.<table>/`.
     #[arg(long, required = true, value_name = "[SCHEMA.]NAME")]
-    pub table: Option<String>,
+    pub table: Vec<String>,
+    /// With several --table: how many tables are copied at once, each over its own connection
+    /// importing the shared snapshot [default: the number of tables, at most 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub parallel: Option<u16>,
     #[command(flatten)]
     pub store: StoreArgs,
-    /// Archive key prefix (default `<schema>.<table>/`, as laredo's export).
+    /// Archive key prefix (default `<schema>.<table>/`, as laredo's export). With several
+    /// --table, the prefix each table's `<schema>.<table>/` goes under (default: none).
     #[arg(long)]
     pub key_prefix: Option<String>,
     /// Artifact format(s): jsonl, protobuf, jsonl+zstd (comma-separated).
@@ -73,7 +80,8 @@ pub struct ExportArgs {
     /// instead (Kubernetes: /dev/termination-log, which the operator reads).
     #[arg(long)]
     pub summary_file: Option<PathBuf>,
-    /// Replication slot name (default `larch_<schema>_<table>`).
+    /// Replication slot name (default `larch_<schema>_<table>`; with several --table,
+    /// `larch_set_<hash of the tables>`).
     #[arg(long)]
     pub slot: Option<String>,
     /// Publication name (default: the slot name), --follow: created when absent; an existing
@@ -354,24 +362,27 @@ impl ConnectionArgs {
     }
 }
 
-/// `--schema S --table T`, or `--table [S.]T`.
-fn table_id(args: &ExportArgs) -> anyhow::Result<TableId> {
-    let table = args.table.as_deref().expect("clap requires --table");
-    match &args.schema {
-        Some(schema) if !table.is_empty() => Ok(TableId::new(schema.clone(), table)),
-        _ => super::parse_table_arg(table).map_err(|e| anyhow!("--table: {e}")),
+/// `--schema S --table T`, or `--table [S.]T`, for each `--table`; a table named twice is an
+/// error.
+fn table_ids(args: &ExportArgs) -> anyhow::Result<Vec<TableId>> {
+    let mut ids: Vec<TableId> = Vec::with_capacity(args.table.len());
+    for table in &args.table {
+        let id = match &args.schema {
+            Some(schema) if !table.is_empty() => TableId::new(schema.clone(), table),
+            _ => super::parse_table_arg(table).map_err(|e| anyhow!("--table {table}: {e}"))?,
+        };
+        if ids.contains(&id) {
+            bail!("--table {id} is given twice");
+        }
+        ids.push(id);
     }
+    Ok(ids)
 }
 
-pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
-    if let Some(command) = args.command {
-        return super::slot::run(command).await;
-    }
-    let dsn = args.connection.dsn()?;
-    let table = table_id(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
-    // Read and checked before the export connects.
-    let masking = masking(&args)?;
-    let subset = subset(&args, &table, masking.as_deref())?;
+/// `--format` and `--key-fields`, checked.
+fn formats_and_key_fields(
+    args: &ExportArgs,
+) -> anyhow::Result<(Vec<crate::archive::format::Format>, Vec<String>)> {
     let formats = parse_formats(&args.format)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("--format: {e}")))?;
     let key_fields = args
@@ -379,6 +390,36 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
         .as_deref()
         .map(parse_list)
         .unwrap_or_default();
+    Ok((formats, key_fields))
+}
+
+/// The temporary slot of a several-table export: one name per set of tables (in any order).
+fn default_set_slot(tables: &[TableId]) -> String {
+    use sha2::Digest;
+    let mut names: Vec<String> = tables
+        .iter()
+        .map(|t| format!("{}.{}", t.schema, t.table))
+        .collect();
+    names.sort();
+    let digest = sha2::Sha256::digest(names.join("\n"));
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("larch_set_{hex}")
+}
+
+pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
+    if let Some(command) = args.command {
+        return super::slot::run(command).await;
+    }
+    let dsn = args.connection.dsn()?;
+    let mut tables = table_ids(&args).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    if tables.len() > 1 {
+        return export_set(args, dsn, tables).await;
+    }
+    let table = tables.remove(0);
+    // Read and checked before the export connects.
+    let masking = masking(&args)?;
+    let subset = subset(&args, &table, masking.as_deref())?;
+    let (formats, key_fields) = formats_and_key_fields(&args)?;
     let key_prefix = args
         .key_prefix
         .clone()
@@ -481,6 +522,131 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("writing --summary-file {}", path.display()))?;
     }
     println!("{text}");
+    Ok(0)
+}
+
+/// Several `--table`s: one-shot, every table at one position (one shared snapshot), up to
+/// `--parallel` copying at once, each into its own archive at `<key prefix><schema>.<table>/`.
+async fn export_set(args: ExportArgs, dsn: String, tables: Vec<TableId>) -> anyhow::Result<i32> {
+    use crate::export::set::{DEFAULT_PARALLEL, TableExport, export_at_one_position};
+    if args.follow {
+        failure::bail!(
+            Reason::InvalidConfig,
+            "--follow exports one table per process: run one `larch export --follow` per table \
+             (several --table are for a one-shot export at one position)"
+        );
+    }
+    if args.slot_mode == Some(SlotMode::Persistent) {
+        failure::bail!(
+            Reason::InvalidConfig,
+            "--slot-mode persistent needs --follow: a one-shot export always uses a temporary slot"
+        );
+    }
+    if args.row_filter.is_some() || args.sample.is_some() {
+        failure::bail!(
+            Reason::InvalidConfig,
+            "--where and --sample name no table: with several --table, give each table's \
+             `where:`/`sample:` in the transform rules"
+        );
+    }
+    let masking = masking(&args)?;
+    let (formats, key_fields) = formats_and_key_fields(&args)?;
+    let parent = args.key_prefix.clone().unwrap_or_default();
+    let mut set = Vec::with_capacity(tables.len());
+    for table in &tables {
+        // As the operator names each table's archive under spec.keyPrefix.
+        let key_prefix = format!("{parent}{table}/");
+        crate::archive::store::check_key_prefix(&key_prefix)
+            .map_err(|e| anyhow::Error::from(e).context(format!("--key-prefix for {table}")))?;
+        let mut wc = WriterConfig::new(table.to_string(), &key_prefix);
+        wc.key_fields = key_fields.clone();
+        wc.snapshot_formats = formats.clone();
+        wc.diff_formats = formats.clone();
+        wc.keep_epochs = args.keep_epochs;
+        wc.max_age = args.max_age;
+        set.push(TableExport {
+            table: table.clone(),
+            writer: wc,
+            subset: subset(&args, table, masking.as_deref())?,
+        });
+    }
+    let parallel = args
+        .parallel
+        .map(usize::from)
+        .unwrap_or(DEFAULT_PARALLEL)
+        .min(tables.len());
+    let slot = args
+        .slot
+        .clone()
+        .unwrap_or_else(|| default_set_slot(&tables));
+    let publication = args.publication.clone().unwrap_or_else(|| slot.clone());
+    let store = args.store.spec().open().await?;
+    let mut config = PostgresConfig::new(dsn, tables.clone(), slot, publication);
+    config.slot_mode = SlotMode::Temporary;
+    config.snapshot_only = true;
+    config.key_fields = key_fields;
+    for t in &set {
+        if let Some(p) = t.subset.as_ref().and_then(|s| s.row_filter.clone()) {
+            config.row_filters.insert(t.table.clone(), p);
+        }
+    }
+    super::init_tracing();
+    let names: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+    let shared = crate::export::continuous::Shared::new(&tables[0]);
+    shared.status.locked().table = names.join(",");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(listen) = &args.listen {
+        let addr = crate::export::continuous::serve(listen, shared.clone(), stop_rx).await?;
+        eprintln!(
+            "larch export: exporting {} at one position, {parallel} at a time (status on http://{addr})",
+            names.join(", ")
+        );
+        shared.ready.send_replace(true);
+    }
+    shared.status.locked().state = "BASELINE".into();
+    let source = std::sync::Arc::new(PostgresSource::new(config));
+    // /status shows the table that started last.
+    let progress = |t: &TableId| shared.start_progress(crate::export::continuous::BASELINE, t);
+    let result = export_at_one_position(
+        source.clone(),
+        set,
+        store,
+        parallel,
+        masking.as_deref(),
+        &progress,
+    )
+    .await;
+    stop_tx.send_replace(true);
+    source.close().await;
+    if let Err(e) = source.drop_publication_if_unused().await
+        && result.is_ok()
+    {
+        tracing::warn!(error = %format!("{e:#}"), "could not check for a stale publication");
+    }
+    let exported = result?;
+    let position = exported
+        .first()
+        .map(|e| e.artifact.to_position.clone())
+        .unwrap_or_default();
+    let per_table: Vec<serde_json::Value> = exported
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "epoch": e.artifact.epoch,
+                "key_prefix": e.key_prefix,
+                "position": e.artifact.to_position,
+                "row_count": e.artifact.row_count,
+                "table": e.table.to_string(),
+            })
+        })
+        .collect();
+    let summary = serde_json::json!({ "position": position, "tables": per_table });
+    if let Some(path) = &args.summary_file {
+        // On one line: a termination message keeps 4 KiB, some 25 tables' entries.
+        std::fs::write(path, format!("{summary}\n"))
+            .with_context(|| format!("writing --summary-file {}", path.display()))?;
+    }
+    println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(0)
 }
 

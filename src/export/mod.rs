@@ -4,6 +4,7 @@
 pub mod continuous;
 pub mod fake;
 pub mod lease;
+pub mod set;
 pub mod slot;
 pub mod subset;
 pub mod transform;
@@ -20,7 +21,7 @@ use crate::archive::value::Row;
 use crate::archive::writer::ArchiveWriter;
 use crate::failure;
 use crate::progress::{Progress, Reporter};
-use crate::source::postgres::PostgresSource;
+use crate::source::postgres::{PostgresSource, SharedSnapshot};
 use subset::{Sampler, Subset};
 use transform::{Masking, TableTransform, TransformError};
 
@@ -51,11 +52,59 @@ pub async fn snapshot_from_source(
     masking: Option<&Masking>,
     subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
+    let rows_from = RowSource::OwnSlot(source.clone());
+    reported_snapshot(source, rows_from, table, writer, progress, masking, subset).await
+}
+
+/// [`snapshot_from_source`] for one table of a [`SharedSnapshot`]: its rows as of the
+/// snapshot several tables share, named after (and timed at) the shared position.
+pub async fn snapshot_from_shared(
+    source: Arc<PostgresSource>,
+    shared: Arc<SharedSnapshot>,
+    snapshot_time: chrono::DateTime<chrono::FixedOffset>,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+    progress: &Arc<Progress>,
+    masking: Option<&Masking>,
+    subset: Option<&Subset>,
+) -> anyhow::Result<Artifact> {
+    let rows_from = RowSource::Shared(shared, snapshot_time);
+    reported_snapshot(source, rows_from, table, writer, progress, masking, subset).await
+}
+
+/// [`copy_into_snapshot`] with its progress counted against the catalog's estimate and
+/// reported while it runs.
+async fn reported_snapshot(
+    source: Arc<PostgresSource>,
+    rows_from: RowSource,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+    progress: &Arc<Progress>,
+    masking: Option<&Masking>,
+    subset: Option<&Subset>,
+) -> anyhow::Result<Artifact> {
     progress.set_total(source.estimate_rows(table).await);
     let reporter = Reporter::start(progress.clone());
-    let result = copy_into_snapshot(source, table, writer, progress.clone(), masking, subset).await;
+    let result = copy_into_snapshot(
+        source,
+        rows_from,
+        table,
+        writer,
+        progress.clone(),
+        masking,
+        subset,
+    )
+    .await;
     reporter.finish(result.is_ok());
     result
+}
+
+/// Where a snapshot's rows come from.
+enum RowSource {
+    /// A baseline of its own: a new slot and its exported snapshot.
+    OwnSlot(Arc<PostgresSource>),
+    /// One table of a snapshot several tables share, and the time its position was taken.
+    Shared(Arc<SharedSnapshot>, chrono::DateTime<chrono::FixedOffset>),
 }
 
 /// The single point a row of the table passes before it is buffered or encoded: through the
@@ -77,6 +126,7 @@ pub fn mask_row_opt(
 
 async fn copy_into_snapshot(
     source: Arc<PostgresSource>,
+    rows_from: RowSource,
     table: &TableId,
     writer: &mut ArchiveWriter,
     progress: Arc<Progress>,
@@ -99,9 +149,25 @@ async fn copy_into_snapshot(
     let source_reason = Arc::new(std::sync::OnceLock::new());
     let reason_slot = source_reason.clone();
     let tables = [table.clone()];
-    let baseline_source = source.clone();
+    let snapshot_time = match &rows_from {
+        RowSource::OwnSlot(_) => None,
+        RowSource::Shared(_, at) => Some(*at),
+    };
     tokio::spawn(async move {
-        let source = baseline_source;
+        let baseline = async move {
+            match rows_from {
+                RowSource::OwnSlot(source) => {
+                    source
+                        .baseline_reporting(&tables, src_tx, Some(pos_tx))
+                        .await
+                }
+                RowSource::Shared(shared, _) => {
+                    let _ = pos_tx.send(shared.position().to_string());
+                    let copied = shared.copy_table(&tables[0], &src_tx).await;
+                    copied.map(|_| shared.position().to_string())
+                }
+            }
+        };
         // Moves the receiver in: when it stops (a failed transform), the baseline's sends fail.
         let forward = async move {
             let Ok((transform, sampler)) = transform_rx.await else {
@@ -140,10 +206,7 @@ async fn copy_into_snapshot(
                 }
             }
         };
-        let (result, ()) = tokio::join!(
-            source.baseline_reporting(&tables, src_tx, Some(pos_tx)),
-            forward
-        );
+        let (result, ()) = tokio::join!(baseline, forward);
         if let Some(e) = transform_failure.get() {
             let _ = verdict_tx.send(Err(ArchiveError::Invalid(e.to_string())));
             return;
@@ -163,7 +226,9 @@ async fn copy_into_snapshot(
         // Read right after the slot's consistent point: every commit the snapshot holds is
         // earlier.
         Ok(p) => {
-            writer.set_snapshot_time(chrono::Utc::now().fixed_offset());
+            writer.set_snapshot_time(
+                snapshot_time.unwrap_or_else(|| chrono::Utc::now().fixed_offset()),
+            );
             p
         }
         // The baseline failed before it had a position: report why. The forwarding task

@@ -22,20 +22,50 @@ struct SummaryJson {
     epoch: Option<i64>,
 }
 
+/// The summary of an export of several tables at one position: one entry per table.
+#[derive(Deserialize, Debug)]
+struct SetSummaryJson {
+    tables: Vec<SummaryJson>,
+}
+
+/// The last JSON object of `message` that parses as `T` (the exporter may print more).
+fn last_json<T: serde::de::DeserializeOwned>(message: &str) -> Option<T> {
+    serde_json::from_str(message.trim()).ok().or_else(|| {
+        message
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l.trim()).ok())
+    })
+}
+
+/// Every table's summary in a termination message: a set's (several tables at one position)
+/// or a single table's ([`parse_summary`]); none when it holds neither.
+pub fn parse_summaries(
+    message: &str,
+    time: Option<String>,
+    pod: Option<String>,
+) -> Vec<ExportSummary> {
+    match last_json::<SetSummaryJson>(message) {
+        Some(set) => set
+            .tables
+            .into_iter()
+            .map(|s| summary_of(s, time.clone(), pod.clone()))
+            .collect(),
+        None => parse_summary(message, time, pod).into_iter().collect(),
+    }
+}
+
 /// Parses an export summary; `time` and `pod` are the container's finish time and pod name.
 pub fn parse_summary(
     message: &str,
     time: Option<String>,
     pod: Option<String>,
 ) -> Option<ExportSummary> {
-    // The summary is the last JSON object in the message (the exporter may print more).
-    let s: SummaryJson = serde_json::from_str(message.trim()).ok().or_else(|| {
-        message
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str(l.trim()).ok())
-    })?;
-    Some(ExportSummary {
+    Some(summary_of(last_json(message)?, time, pod))
+}
+
+fn summary_of(s: SummaryJson, time: Option<String>, pod: Option<String>) -> ExportSummary {
+    ExportSummary {
         table: s.table,
         key_prefix: s.key_prefix,
         position: s.position,
@@ -43,7 +73,7 @@ pub fn parse_summary(
         epoch: s.epoch,
         time,
         pod,
-    })
+    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -302,6 +332,35 @@ mod tests {
         );
         assert!(parse_summary("panic: boom", None, None).is_none());
         assert!(parse_summary("", None, None).is_none());
+        assert_eq!(parse_summaries(&noisy, None, None).len(), 1);
+        assert!(parse_summaries("panic: boom", None, None).is_empty());
+    }
+
+    #[test]
+    fn a_set_summary_gives_every_table() {
+        let msg = r#"{"position":"0/16B3748","tables":[{"epoch":1,"key_prefix":"n/public.a/","position":"0/16B3748","row_count":3,"table":"public.a"},{"epoch":4,"key_prefix":"n/sales.b/","position":"0/16B3748","row_count":0,"table":"sales.b"}]}"#;
+        let all = parse_summaries(msg, Some("t".into()), Some("p".into()));
+        let got: Vec<String> = all
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {:?} {:?} {:?}",
+                    s.table, s.key_prefix, s.row_count, s.epoch
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                r#"public.a Some("n/public.a/") Some(3) Some(1)"#,
+                r#"sales.b Some("n/sales.b/") Some(0) Some(4)"#,
+            ]
+        );
+        assert!(
+            all.iter()
+                .all(|s| s.position.as_deref() == Some("0/16B3748"))
+        );
+        assert!(all.iter().all(|s| s.pod.as_deref() == Some("p")));
     }
 
     #[test]

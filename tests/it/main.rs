@@ -23,6 +23,7 @@ mod laredo_hocon;
 mod masking;
 mod observability;
 mod operator_contract;
+mod parallel_export;
 mod point_in_time;
 mod postgres_continuous;
 mod postgres_export;

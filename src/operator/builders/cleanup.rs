@@ -72,8 +72,13 @@ pub fn cleanup_args(export: &ArchiveExport) -> Vec<String> {
         DSN_FILE.into(),
     ];
     let tables = export.spec.source.all_tables();
-    for t in &tables {
-        a.extend(["--slot".into(), slot_and_publication(export, t).0]);
+    if super::export::exports_as_one_set(export) {
+        // One slot for the whole set (temporary: this waits for a run still holding it).
+        a.extend(["--slot".into(), super::export::set_slot_name(export)]);
+    } else {
+        for t in &tables {
+            a.extend(["--slot".into(), slot_and_publication(export, t).0]);
+        }
     }
     // An explicit publication exists for a single table only (CEL); with several tables each
     // publication is named like its slot, the cleanup's default.

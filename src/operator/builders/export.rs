@@ -3,6 +3,8 @@
 //!
 //! `tables`: one child per table (a Job, CronJob or Deployment each), named
 //! `<name>-<8-hex table id>`; a single `table` uses `<name>` alone. Jobs append the run id.
+//! OneShot `tables` with `parallel`: one Job (or CronJob) `<name>` exporting every table at one
+//! position.
 
 use std::collections::BTreeMap;
 
@@ -87,6 +89,18 @@ pub fn job_name(export: &ArchiveExport, table: &TableRef, run: &str) -> String {
     format!("{}-{run}", child_base_name(export, table))
 }
 
+/// Whether one Job (or CronJob) exports every table at one position: `parallel` set on a
+/// OneShot export of `tables`. Unset, each table keeps a child of its own.
+pub fn exports_as_one_set(export: &ArchiveExport) -> bool {
+    let spec = &export.spec;
+    spec.parallel.is_some() && spec.source.tables.is_some() && spec.mode == ExportMode::OneShot
+}
+
+/// Name of the child exporting a whole set ([`exports_as_one_set`]): `<name>`.
+pub fn set_job_name(export: &ArchiveExport, run: &str) -> String {
+    format!("{}-{run}", export.name_any())
+}
+
 /// The Lease a continuous export of `table` holds while writing: named after the export (and
 /// the table, for `tables`), like its Deployment.
 pub fn lease_name(export: &ArchiveExport, table: &TableRef) -> String {
@@ -127,10 +141,22 @@ pub fn selector_labels(
 /// `larch_<namespace>_<name>[_<table hash>]`, lower-case, `[a-z0-9_]`, at most 63 bytes (a
 /// PostgreSQL identifier), hashed when longer.
 pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
+    slot_name_from(
+        export,
+        Some(table).filter(|_| export.spec.source.tables.is_some()),
+    )
+}
+
+/// The temporary slot of a set's export ([`exports_as_one_set`]): `larch_<namespace>_<name>`.
+pub fn set_slot_name(export: &ArchiveExport) -> String {
+    slot_name_from(export, None)
+}
+
+fn slot_name_from(export: &ArchiveExport, table: Option<&TableRef>) -> String {
     let ns = export.metadata.namespace.as_deref().unwrap_or("default");
     let name = export.metadata.name.as_deref().unwrap_or("export");
     let mut base = format!("larch_{ns}_{name}");
-    if export.spec.source.tables.is_some() {
+    if let Some(table) = table {
         base.push('_');
         base.push_str(&super::short_hash(table.qualified().as_bytes(), 8));
     }
@@ -153,24 +179,42 @@ pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
 
 /// `larch export` arguments for one table.
 pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
+    args_for(export, Some(table))
+}
+
+/// `larch export` arguments for every table at one position ([`exports_as_one_set`]).
+pub fn set_export_args(export: &ArchiveExport) -> Vec<String> {
+    args_for(export, None)
+}
+
+/// `table`: one table's export; None: the whole set's.
+fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
     let spec = &export.spec;
     let src = &spec.source;
-    let mut a: Vec<String> = vec![
-        "export".into(),
-        "--connection-file".into(),
-        DSN_FILE.into(),
-        "--schema".into(),
-        table.schema().into(),
-        "--table".into(),
-        table.name.clone(),
-    ];
+    let mut a: Vec<String> = vec!["export".into(), "--connection-file".into(), DSN_FILE.into()];
+    match table {
+        Some(table) => a.extend([
+            "--schema".into(),
+            table.schema().into(),
+            "--table".into(),
+            table.name.clone(),
+        ]),
+        None => {
+            for t in src.all_tables() {
+                a.extend(["--table".into(), t.qualified()]);
+            }
+            let parallel = spec.parallel.unwrap_or(1);
+            a.extend(["--parallel".into(), parallel.to_string()]);
+        }
+    }
     if let Some(k) = src.key_fields.as_ref().filter(|k| !k.is_empty()) {
         a.extend(["--key-fields".into(), k.join(",")]);
     }
     a.extend(pod::store_args(&spec.destination));
-    let key_prefix = match (&spec.key_prefix, src.tables.is_some()) {
-        (Some(kp), true) => Some(format!("{kp}{}/", table.qualified())),
-        (Some(kp), false) => Some(kp.clone()),
+    // A set's export puts each table under the prefix itself, by the same rule.
+    let key_prefix = match (&spec.key_prefix, table.filter(|_| src.tables.is_some())) {
+        (Some(kp), Some(table)) => Some(format!("{kp}{}/", table.qualified())),
+        (Some(kp), None) => Some(kp.clone()),
         (None, _) => None,
     };
     if let Some(kp) = key_prefix {
@@ -181,7 +225,10 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     }
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.
-    let (slot, _) = super::cleanup::slot_and_publication(export, table);
+    let slot = match table {
+        Some(table) => super::cleanup::slot_and_publication(export, table).0,
+        None => set_slot_name(export),
+    };
     a.extend(["--slot".into(), slot]);
     if let Some(p) = &src.publication_name {
         a.extend(["--publication".into(), p.clone()]);
@@ -246,6 +293,7 @@ pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
             spill.limit.to_string(),
         ]);
         a.extend(["--listen".into(), pod::listen_arg()]);
+        let table = table.expect("a continuous export is one table per process");
         a.extend(["--lease".into(), lease_name(export, table)]);
     } else {
         // The baseline's progress on /status and /metrics while the run copies.
@@ -343,6 +391,16 @@ pub fn pod_template(
     ctx: &BuildContext,
     run: Option<&str>,
 ) -> PodTemplateSpec {
+    template_for(export, Some(table), ctx, run)
+}
+
+/// `table`: one table's export; None: the whole set's ([`exports_as_one_set`]).
+fn template_for(
+    export: &ArchiveExport,
+    table: Option<&TableRef>,
+    ctx: &BuildContext,
+    run: Option<&str>,
+) -> PodTemplateSpec {
     let spec = &export.spec;
     let access = pod::store_access(&spec.destination, &archive_claim_name(export), false);
     let (mut mounts, mut volumes) = source_mounts(export);
@@ -361,7 +419,7 @@ pub fn pod_template(
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
-        args: Some(export_args(export, table)),
+        args: Some(args_for(export, table)),
         env: {
             // POD_IP first: `--listen $(POD_IP):8080` refers to it. POD_NAME and
             // POD_NAMESPACE: the Lease's holder identity and namespace.
@@ -417,8 +475,12 @@ pub fn pod_template(
     }
     let mut annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
-    annotations.insert(ANNOTATION_TABLE.into(), table.qualified());
-    let mut pod_labels = selector_labels(export, Some(table));
+    let named = match table {
+        Some(t) => t.qualified(),
+        None => tables_list(export),
+    };
+    annotations.insert(ANNOTATION_TABLE.into(), named);
+    let mut pod_labels = selector_labels(export, table);
     if let Some(run) = run {
         pod_labels.insert(LABEL_RUN.into(), run.into());
     }
@@ -432,12 +494,39 @@ pub fn pod_template(
     }
 }
 
+/// The set's tables, `schema.name` comma-separated (the pod's table annotation).
+fn tables_list(export: &ArchiveExport) -> String {
+    let names: Vec<String> = export
+        .spec
+        .source
+        .all_tables()
+        .iter()
+        .map(|t| t.qualified())
+        .collect();
+    names.join(",")
+}
+
 /// The Job exporting `table` in run `run`.
 pub fn job(export: &ArchiveExport, table: &TableRef, run: &str, ctx: &BuildContext) -> Job {
-    let mut l = selector_labels(export, Some(table));
+    job_for(export, Some(table), job_name(export, table, run), run, ctx)
+}
+
+/// The one Job exporting every table at one position in run `run` ([`exports_as_one_set`]).
+pub fn set_job(export: &ArchiveExport, run: &str, ctx: &BuildContext) -> Job {
+    job_for(export, None, set_job_name(export, run), run, ctx)
+}
+
+fn job_for(
+    export: &ArchiveExport,
+    table: Option<&TableRef>,
+    name: String,
+    run: &str,
+    ctx: &BuildContext,
+) -> Job {
+    let mut l = selector_labels(export, table);
     l.insert(LABEL_RUN.into(), run.into());
     Job {
-        metadata: child_meta(export, job_name(export, table, run), l),
+        metadata: child_meta(export, name, l),
         spec: Some(job_spec(export, table, ctx, Some(run))),
         ..Default::default()
     }
@@ -445,7 +534,7 @@ pub fn job(export: &ArchiveExport, table: &TableRef, run: &str, ctx: &BuildConte
 
 fn job_spec(
     export: &ArchiveExport,
-    table: &TableRef,
+    table: Option<&TableRef>,
     ctx: &BuildContext,
     run: Option<&str>,
 ) -> JobSpec {
@@ -458,17 +547,26 @@ fn job_spec(
                 .ttl_seconds_after_finished
                 .unwrap_or(DEFAULT_TTL),
         ),
-        template: pod_template(export, table, ctx, run),
+        template: template_for(export, table, ctx, run),
         ..Default::default()
     }
 }
 
-/// The CronJob running `table`'s export on the schedule.
-pub fn cron_job(export: &ArchiveExport, table: &TableRef, ctx: &BuildContext) -> Option<CronJob> {
+/// The CronJob running `table`'s export on the schedule; None: the whole set's
+/// ([`exports_as_one_set`]), named `<name>`.
+pub fn cron_job(
+    export: &ArchiveExport,
+    table: Option<&TableRef>,
+    ctx: &BuildContext,
+) -> Option<CronJob> {
     let sched = export.spec.schedule.as_ref()?;
-    let l = selector_labels(export, Some(table));
+    let l = selector_labels(export, table);
+    let name = match table {
+        Some(t) => child_base_name(export, t),
+        None => export.name_any(),
+    };
     Some(CronJob {
-        metadata: child_meta(export, child_base_name(export, table), l.clone()),
+        metadata: child_meta(export, name, l.clone()),
         spec: CronJobSpec {
             schedule: sched.cron.clone(),
             time_zone: sched.time_zone.clone(),
@@ -632,11 +730,18 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
             out.slot_monitor = super::cleanup::slot_monitor(export, ctx);
             out.lease_access = Some(lease_access(export));
         }
+        ExportMode::OneShot if exports_as_one_set(export) => {
+            out.cron_jobs = cron_job(export, None, ctx).into_iter().collect();
+            out.jobs = run
+                .map(|run| set_job(export, run, ctx))
+                .into_iter()
+                .collect();
+        }
         ExportMode::OneShot => {
             if export.spec.schedule.is_some() {
                 out.cron_jobs = tables
                     .iter()
-                    .filter_map(|t| cron_job(export, t, ctx))
+                    .filter_map(|t| cron_job(export, Some(t), ctx))
                     .collect();
             }
             if let Some(run) = run {

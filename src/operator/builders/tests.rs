@@ -74,10 +74,11 @@ fn golden(name: &str, actual: &str) {
     );
 }
 
-const EXPORTS: [&str; 3] = [
+const EXPORTS: [&str; 4] = [
     "export-oneshot-s3",
     "export-scheduled-tables",
     "export-continuous-s3",
+    "export-oneshot-set",
 ];
 
 fn export_children(name: &str) -> ExportChildren {
@@ -1152,4 +1153,41 @@ fn require_transformed_reaches_the_engine_config_the_engine_reads() {
     std::fs::write(&file, &text).unwrap();
     let config = crate::engine::config::EngineConfig::load(&file).unwrap();
     assert!(config.sources.iter().all(|s| s.require_transformed));
+}
+
+#[test]
+fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
+    let e = export_fixture("export-oneshot-set");
+    let run = export::run_id(&e, None);
+    let c = export::children(&e, Some(&run), &ctx());
+    assert_eq!(c.jobs.len(), 1, "one Job for the whole set");
+    assert!(c.cron_jobs.is_empty() && c.deployments.is_empty());
+    let job = &c.jobs[0];
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some(format!("ledger-{run}").as_str())
+    );
+    let args = export::set_export_args(&e).join(" ");
+    assert!(
+        args.contains(
+            "--table public.accounts --table public.transfers --table audit.ledger --parallel 3"
+        ),
+        "{args}"
+    );
+    // The prefix the exporter puts each table under, as per-table Jobs are given it.
+    assert!(args.contains("--key-prefix ledger/ "), "{args}");
+    assert!(args.contains("--slot larch_data_ledger "), "{args}");
+    assert!(!args.contains("--schema"), "{args}");
+    // Without parallel: one Job per table, as before.
+    let mut per_table = e.clone();
+    per_table.spec.parallel = None;
+    let c = export::children(&per_table, Some(&run), &ctx());
+    assert_eq!(c.jobs.len(), 3);
+    // Scheduled: one CronJob `<name>` for the set.
+    let mut scheduled = e;
+    scheduled.spec.schedule = export_fixture("export-scheduled-tables").spec.schedule;
+    let c = export::children(&scheduled, None, &ctx());
+    assert_eq!(c.cron_jobs.len(), 1);
+    assert_eq!(c.cron_jobs[0].metadata.name.as_deref(), Some("ledger"));
+    assert!(c.jobs.is_empty());
 }

@@ -100,16 +100,18 @@ fn read_pods(pods: &[Pod]) -> PodFindings {
             let finished = term.finished_at.as_ref().map(|t| time_string(t.0));
             let message = term.message.clone().unwrap_or_default();
             let ok = term.exit_code == 0;
-            if ok
-                && let Some(mut s) =
-                    observe::parse_summary(&message, finished.clone(), Some(pod.name_any()))
-            {
-                if s.table.is_empty()
-                    && let Some(t) = pod.annotations().get(ANNOTATION_TABLE)
+            if ok {
+                // A set's export summarises every table it exported.
+                for mut s in
+                    observe::parse_summaries(&message, finished.clone(), Some(pod.name_any()))
                 {
-                    s.table = t.clone();
+                    if s.table.is_empty()
+                        && let Some(t) = pod.annotations().get(ANNOTATION_TABLE)
+                    {
+                        s.table = t.clone();
+                    }
+                    out.summaries.push(s);
                 }
-                out.summaries.push(s);
             }
             let detail = if ok {
                 format!("pod {} exported", pod.name_any())
@@ -312,9 +314,18 @@ impl<'a> ExportRound<'a> {
     /// The current run's Jobs: their phases, and the run's outcome once all finished.
     async fn observe_run(&mut self, new_run: bool) -> Result<(), Error> {
         if let Some(run) = self.status.run.clone().filter(|r| r.succeeded.is_none()) {
-            let tables = self.export.spec.source.all_tables();
+            // One Job per table, or one for the whole set.
+            let wanted: Vec<String> = if build::exports_as_one_set(self.export) {
+                vec![build::set_job_name(self.export, &run.id)]
+            } else {
+                let tables = self.export.spec.source.all_tables();
+                tables
+                    .iter()
+                    .map(|t| build::job_name(self.export, t, &run.id))
+                    .collect()
+            };
             if new_run {
-                self.obs.run_jobs = vec![JobPhase::Active; tables.len()];
+                self.obs.run_jobs = vec![JobPhase::Active; wanted.len()];
             } else {
                 let selector = format!("{},{LABEL_RUN}={}", self.selector(), run.id);
                 let listed = self
@@ -322,10 +333,9 @@ impl<'a> ExportRound<'a> {
                     .list(&ListParams::default().labels(&selector))
                     .await
                     .map_err(Error::Observe)?;
-                self.obs.run_jobs = tables
+                self.obs.run_jobs = wanted
                     .iter()
-                    .map(|t| {
-                        let want = build::job_name(self.export, t, &run.id);
+                    .map(|want| {
                         listed
                             .items
                             .iter()

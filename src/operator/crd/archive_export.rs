@@ -49,6 +49,7 @@ pub const SKIP_CLEANUP_ANNOTATION: &str = "larch.dev/skip-cleanup";
     validation = Rule::new("!has(self.continuous) || self.mode == 'Continuous'").message("continuous applies only to mode Continuous"),
     validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.tables) || self.transform.tables.all(t, !has(self.transform.tables[t].where) && !has(self.transform.tables[t].sample))").message("transform.tables[*].where and sample (subsetting) apply only to mode OneShot: the diffs of a continuous export would not respect them"),
     validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
+    validation = Rule::new("!has(self.parallel) || (self.mode == 'OneShot' && has(self.source.tables))").message("parallel applies to mode OneShot with source.tables (one Job exporting every table at one position); a Continuous export runs one Deployment per table"),
 )]
 pub struct ArchiveExportSpec {
     /// The PostgreSQL table(s) to export.
@@ -69,6 +70,12 @@ pub struct ArchiveExportSpec {
     pub format: Option<Format>,
     /// `OneShot` (a Job, or a CronJob with `schedule`) or `Continuous` (a Deployment).
     pub mode: ExportMode,
+    /// OneShot with `source.tables`: ONE Job (or CronJob) exports every table at one position
+    /// (one snapshot they all share), copying up to this many tables at once. Unset: one Job
+    /// per table, each at its own position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub parallel: Option<u16>,
     /// Run OneShot exports on a schedule (a CronJob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedule>,

@@ -262,6 +262,32 @@ fn cel_export_one_of_rules() {
 }
 
 #[test]
+fn cel_parallel_needs_a_oneshot_export_of_tables() {
+    let crd = ArchiveExport::crd();
+    let tables = with(
+        without(export_spec(), "/source/table"),
+        "/source/tables",
+        json!([{"name": "a"}, {"name": "b"}]),
+    );
+    let ok = with(tables.clone(), "/parallel", json!(2));
+    assert_eq!(cel(&crd, &export(ok), None), Vec::<String>::new());
+    let single = with(export_spec(), "/parallel", json!(2));
+    assert_rejects(
+        cel(&crd, &export(single), None),
+        "parallel applies to mode OneShot with source.tables",
+    );
+    let continuous = with(
+        with(tables, "/parallel", json!(2)),
+        "/mode",
+        json!("Continuous"),
+    );
+    assert_rejects(
+        cel(&crd, &export(continuous), None),
+        "parallel applies to mode OneShot with source.tables",
+    );
+}
+
+#[test]
 fn cel_export_mode_rules_and_sane_values() {
     let crd = ArchiveExport::crd();
     let s = export_spec();

@@ -482,25 +482,7 @@ async fn baseline<R: RowSink>(
     } else {
         tables.to_vec()
     };
-    let mut attempt = 1;
-    let (created, copy_client, schemas) = loop {
-        let (created, copy_client) = new_slot_and_snapshot(inner).await?;
-        match lock_and_discover(inner, &copy_client, &tables).await? {
-            Ok(schemas) => break (created, copy_client, schemas),
-            Err(rewritten) if attempt < BASELINE_ATTEMPTS => {
-                tracing::warn!(table = %rewritten, attempt, "the table was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) after the slot's snapshot was taken, so that snapshot sees it empty: taking another");
-                drop(copy_client);
-                drop(created);
-                attempt += 1;
-            }
-            Err(rewritten) => {
-                return Err(anyhow!(
-                    "table {rewritten} was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) during each of {BASELINE_ATTEMPTS} baselines in a row; retry when the DDL is done"
-                )
-                .into());
-            }
-        }
-    };
+    let (created, copy_client, schemas) = locked_snapshot(inner, &tables).await?;
     let position = Lsn(created.consistent_point).to_string();
     if let Some(report) = report.take() {
         let _ = report.send(position.clone());
@@ -525,6 +507,124 @@ async fn baseline<R: RowSink>(
     );
     *inner.pending.lock().await = Some(created);
     Ok(position)
+}
+
+/// A new slot and a connection in a REPEATABLE READ transaction that imports its snapshot and
+/// holds ACCESS SHARE locks on `tables`, with their schemas as the snapshot copies them; a new
+/// snapshot when a table was rewritten after the slot's.
+async fn locked_snapshot(
+    inner: &Inner,
+    tables: &[TableId],
+) -> Result<(CreatedSlot, Client, BTreeMap<TableId, TableSchema>), SourceError> {
+    let mut attempt = 1;
+    loop {
+        let (created, copy_client) = new_slot_and_snapshot(inner).await?;
+        match lock_and_discover(inner, &copy_client, tables).await? {
+            Ok(schemas) => return Ok((created, copy_client, schemas)),
+            Err(rewritten) if attempt < BASELINE_ATTEMPTS => {
+                tracing::warn!(table = %rewritten, attempt, "the table was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) after the slot's snapshot was taken, so that snapshot sees it empty: taking another");
+                drop(copy_client);
+                drop(created);
+                attempt += 1;
+            }
+            Err(rewritten) => {
+                return Err(anyhow!(
+                    "table {rewritten} was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL) during each of {BASELINE_ATTEMPTS} baselines in a row; retry when the DDL is done"
+                )
+                .into());
+            }
+        }
+    }
+}
+
+/// One exported snapshot that several tables are copied from, each over a connection of its
+/// own that imports it (`SET TRANSACTION SNAPSHOT`), so every table's baseline holds the same
+/// commits and has the same position: the slot's consistent point. The slot's session and the
+/// coordinating transaction (its ACCESS SHARE locks keep DDL off the tables) stay open until
+/// [`SharedSnapshot::finish`] or drop; a one-shot export's temporary slot ends with them.
+pub struct SharedSnapshot {
+    config: PostgresConfig,
+    /// Kept open and idle: the exported snapshot is importable only while its session lives.
+    slot: CreatedSlot,
+    coordinator: Client,
+    position: String,
+    schemas: BTreeMap<TableId, TableSchema>,
+    kinds: HashMap<u32, Kind>,
+}
+
+impl PostgresSource {
+    /// Takes the snapshot `tables` are copied from (see [`SharedSnapshot`]): a new slot, its
+    /// snapshot imported and the tables locked and discovered on the coordinating connection.
+    pub async fn shared_snapshot(&self, tables: &[TableId]) -> Result<SharedSnapshot, SourceError> {
+        let inner = &self.inner;
+        let (slot, coordinator, schemas) = locked_snapshot(inner, tables).await?;
+        for (t, predicate) in &inner.config.row_filters {
+            snapshot::explain_row_filter(&coordinator, t, predicate).await?;
+        }
+        let position = Lsn(slot.consistent_point).to_string();
+        let kinds = inner.kinds.lock().await.clone();
+        Ok(SharedSnapshot {
+            config: inner.config.clone(),
+            slot,
+            coordinator,
+            position,
+            schemas,
+            kinds,
+        })
+    }
+}
+
+impl SharedSnapshot {
+    /// The position every table's baseline has.
+    pub fn position(&self) -> &str {
+        &self.position
+    }
+
+    /// Copies `table` (one of the snapshot's) as of the snapshot into `rows`, over a new
+    /// connection in a REPEATABLE READ transaction that imports it. Returns the number of rows.
+    pub async fn copy_table<R: snapshot::RowSink>(
+        &self,
+        table: &TableId,
+        rows: &R,
+    ) -> Result<u64, SourceError> {
+        let schema = self
+            .schemas
+            .get(table)
+            .ok_or_else(|| anyhow!("table {table} is not part of the shared snapshot"))?;
+        let client = schema::connect(&self.config)
+            .await
+            .with_context(|| format!("connecting to copy table {table}"))?;
+        client
+            .batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+                config::literal(&self.slot.snapshot)
+            ))
+            .await
+            .map_err(|e| {
+                anyhow!(
+                    "importing the shared snapshot to copy table {table}: {}",
+                    schema::db_message(&e)
+                )
+            })?;
+        let filter = self.config.row_filters.get(table);
+        let n = snapshot::copy_table(&client, schema, &self.kinds, filter, rows).await?;
+        client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|e| schema::db_error(format!("finishing the copy of table {table}"), &e))?;
+        tracing::info!(table = %table, rows = n, position = %self.position, "baseline copied");
+        Ok(n)
+    }
+
+    /// Ends the coordinating transaction and the slot's session (a temporary slot goes with it).
+    pub async fn finish(self) -> anyhow::Result<()> {
+        self.coordinator
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|e| schema::db_error("finishing the shared snapshot's transaction", &e))?;
+        drop(self.slot);
+        Ok(())
+    }
 }
 
 /// A new slot (replacing the old one: a new baseline needs a new snapshot) and a connection in
