@@ -61,14 +61,13 @@ pub async fn snapshot_from_source(
 pub async fn snapshot_from_shared(
     source: Arc<PostgresSource>,
     shared: Arc<SharedSnapshot>,
-    snapshot_time: chrono::DateTime<chrono::FixedOffset>,
     table: &TableId,
     writer: &mut ArchiveWriter,
     progress: &Arc<Progress>,
     masking: Option<&Masking>,
     subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
-    let rows_from = RowSource::Shared(shared, snapshot_time);
+    let rows_from = RowSource::Shared(shared);
     reported_snapshot(source, rows_from, table, writer, progress, masking, subset).await
 }
 
@@ -103,8 +102,8 @@ async fn reported_snapshot(
 enum RowSource {
     /// A baseline of its own: a new slot and its exported snapshot.
     OwnSlot(Arc<PostgresSource>),
-    /// One table of a snapshot several tables share, and the time its position was taken.
-    Shared(Arc<SharedSnapshot>, chrono::DateTime<chrono::FixedOffset>),
+    /// One table of a snapshot several tables share.
+    Shared(Arc<SharedSnapshot>),
 }
 
 /// The single point a row of the table passes before it is buffered or encoded: through the
@@ -151,7 +150,7 @@ async fn copy_into_snapshot(
     let tables = [table.clone()];
     let snapshot_time = match &rows_from {
         RowSource::OwnSlot(_) => None,
-        RowSource::Shared(_, at) => Some(*at),
+        RowSource::Shared(shared) => Some(shared.taken_at()),
     };
     tokio::spawn(async move {
         let baseline = async move {
@@ -161,7 +160,7 @@ async fn copy_into_snapshot(
                         .baseline_reporting(&tables, src_tx, Some(pos_tx))
                         .await
                 }
-                RowSource::Shared(shared, _) => {
+                RowSource::Shared(shared) => {
                     let _ = pos_tx.send(shared.position().to_string());
                     let copied = shared.copy_table(&tables[0], &src_tx).await;
                     copied.map(|_| shared.position().to_string())

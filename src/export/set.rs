@@ -81,8 +81,6 @@ pub async fn export_at_one_position(
         writers.push((t.table, key_prefix, writer, t.subset));
     }
     let shared = Arc::new(source.shared_snapshot(&tables).await?);
-    // Read right after the slot's consistent point, as a single table's baseline does.
-    let snapshot_time = chrono::Utc::now().fixed_offset();
     tracing::info!(
         tables = tables.len(),
         parallel,
@@ -96,7 +94,6 @@ pub async fn export_at_one_position(
                 let artifact = crate::export::snapshot_from_shared(
                     source,
                     shared,
-                    snapshot_time,
                     &table,
                     &mut writer,
                     &progress(&table),

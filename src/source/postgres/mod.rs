@@ -548,6 +548,8 @@ pub struct SharedSnapshot {
     slot: CreatedSlot,
     coordinator: Client,
     position: String,
+    /// Read right after the slot's consistent point, as a single table's baseline does.
+    taken_at: chrono::DateTime<chrono::FixedOffset>,
     schemas: BTreeMap<TableId, TableSchema>,
     kinds: HashMap<u32, Kind>,
 }
@@ -562,12 +564,14 @@ impl PostgresSource {
             snapshot::explain_row_filter(&coordinator, t, predicate).await?;
         }
         let position = Lsn(slot.consistent_point).to_string();
+        let taken_at = chrono::Utc::now().fixed_offset();
         let kinds = inner.kinds.lock().await.clone();
         Ok(SharedSnapshot {
             config: inner.config.clone(),
             slot,
             coordinator,
             position,
+            taken_at,
             schemas,
             kinds,
         })
@@ -578,6 +582,11 @@ impl SharedSnapshot {
     /// The position every table's baseline has.
     pub fn position(&self) -> &str {
         &self.position
+    }
+
+    /// When the snapshot was taken: the time every table's baseline is named after.
+    pub fn taken_at(&self) -> chrono::DateTime<chrono::FixedOffset> {
+        self.taken_at
     }
 
     /// Copies `table` (one of the snapshot's) as of the snapshot into `rows`, over a new
