@@ -38,6 +38,14 @@ const BATCH: usize = 1024;
 #[error("{0}")]
 pub struct ColumnMismatch(pub String);
 
+/// Whether the pipeline gives up on `err` instead of retrying: fields the archive lacks, or an
+/// unmasked archive under `require_transformed` (retrying would only log the refusal; the
+/// engine exits with the reason, so the pod's restart reads the archive again).
+fn stops_the_pipeline(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| c.is::<ColumnMismatch>())
+        || crate::failure::classify(err) == crate::failure::Reason::ArchiveNotTransformed
+}
+
 /// Refuses configured fields that are not `columns`, when the manifest declares its columns.
 /// Without them (laredo archives may have none) the source infers them from the first row of
 /// the snapshot, as laredo does: such columns carry no type and may miss a field that is null
@@ -313,7 +321,8 @@ impl SourceRunner {
         (source, pipelines)
     }
 
-    /// Runs until `shutdown`; returns early only with a [`ColumnMismatch`].
+    /// Runs until `shutdown`; returns early only with an error retrying cannot clear
+    /// ([`stops_the_pipeline`]).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut position: Option<String> = None;
         let mut need_baseline = true;
@@ -355,7 +364,7 @@ impl SourceRunner {
                         tracing::info!(source = %self.id, reason = format!("{e:#}"), "baseline superseded; initialising again");
                         continue;
                     }
-                    Err(e) if e.chain().any(|c| c.is::<ColumnMismatch>()) => {
+                    Err(e) if stops_the_pipeline(&e) => {
                         tracing::error!(source = %self.id, error = format!("{e:#}"), "the archive cannot be served as configured");
                         self.set_state(PipelineState::Error);
                         self.source.close().await;

@@ -369,6 +369,48 @@ async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
         larch::failure::classify(&err),
         larch::failure::Reason::ArchiveNotTransformed
     );
+    // The engine gives up on it (retrying would only repeat the refusal): exit 2, the reason
+    // in its termination log, nothing served.
+    let config = raw_dir.path().join("engine.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "sources:\n  seed:\n    type: archive\n    store: {{type: local, path: \"{}\"}}\n    \
+             key_prefix: public.users/\n    require_transformed: true\ntables:\n  - source: seed\n    \
+             schema: public\n    table: users\n    targets:\n      - type: memory\n",
+            raw_dir.path().display()
+        ),
+    )
+    .unwrap();
+    let termination = raw_dir.path().join("termination-log");
+    let mut engine = larch()
+        .args(["engine", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--termination-log")
+        .arg(&termination)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = engine.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            engine.kill().unwrap();
+            panic!("the engine kept retrying an unmasked archive under require_transformed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(2), "exit status of a refusal");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&termination).unwrap()).unwrap();
+    assert_eq!(doc["reason"], "ArchiveNotTransformed", "{doc}");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("public.users/manifest.json")),
+        "{doc}"
+    );
 }
 
 #[tokio::test]
