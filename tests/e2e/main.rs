@@ -8,6 +8,7 @@
 
 mod gitops;
 mod invalid_crs;
+mod masked_seeds;
 mod monitoring;
 mod multi_tenancy;
 mod progress;
@@ -1338,11 +1339,10 @@ spec:
     // Deleting the set garbage-collects its ArchiveSources and copies.
     e.kubectl(&["delete", "archivesourceset", set]);
     e.wait_for(kept[0], "the set's objects garbage-collected", 180, || {
-        let left = e
-            .list(&["archivesources", "-A", "-l", "larch.dev/source-set"])
-            .len()
-            + e.list(&["secrets", "-A", "-l", "larch.dev/source-set"])
-                .len();
+        // This set's only: another scenario's set may still be going.
+        let selector = format!("larch.dev/source-set={set}");
+        let left = e.list(&["archivesources", "-A", "-l", &selector]).len()
+            + e.list(&["secrets", "-A", "-l", &selector]).len();
         (left == 0).then_some(())
     });
 }
