@@ -63,6 +63,40 @@ impl Row {
         serde_json::from_str(&self.0)
     }
 
+    /// The fields in key order, names borrowed unless escaped: what a pass over every field
+    /// needs, without a map to build (a row's keys are sorted already; others are sorted
+    /// here, the last of a repeated key kept, as [`Self::fields`] does).
+    pub fn field_list(&self) -> Result<Vec<(Cow<'_, str>, &RawValue)>, serde_json::Error> {
+        let FieldList(mut list) = serde_json::from_str(&self.0)?;
+        if !list.windows(2).all(|w| w[0].0 < w[1].0) {
+            let sorted: BTreeMap<_, _> = list.into_iter().collect();
+            list = sorted.into_iter().collect();
+        }
+        Ok(list)
+    }
+
+    /// A row from fields in key order with compact values, written as [`Self::parse`] would
+    /// re-encode them.
+    pub fn from_sorted_fields<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> Row {
+        let mut text = String::from("{");
+        for (name, value) in fields {
+            if text.len() > 1 {
+                text.push(',');
+            }
+            if name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+                text.push('"');
+                text.push_str(name);
+                text.push('"');
+            } else {
+                text.push_str(&serde_json::to_string(name).expect("a string always serializes"));
+            }
+            text.push(':');
+            text.push_str(value);
+        }
+        text.push('}');
+        Row(text.into_boxed_str())
+    }
+
     pub fn to_map(&self) -> RowMap {
         serde_json::from_str(&self.0).expect("a row is always a JSON object")
     }
@@ -89,6 +123,54 @@ impl Row {
             (Ok(a), Ok(b)) => values_equal(&a, &b),
             _ => false,
         }
+    }
+}
+
+/// A JSON object's fields in their order ([`Row::field_list`]).
+struct FieldList<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+/// A field name borrowed from the text unless it has escapes (serde's `Cow<str>` always owns).
+struct FieldName<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for FieldName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl<'de> serde::de::Visitor<'de> for Name {
+            type Value = FieldName<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldList<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = FieldList<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut list = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some((FieldName(name), value)) = map.next_entry()? {
+                    list.push((name, value));
+                }
+                Ok(FieldList(list))
+            }
+        }
+        d.deserialize_map(Fields)
     }
 }
 
@@ -337,6 +419,33 @@ fn compare_decimal(a: &(bool, String, i64), b: &(bool, String, i64)) -> Ordering
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_lists_come_in_key_order_and_rebuild_what_parse_writes() {
+        for text in [
+            r#"{"a":1,"b":{"x":[1,2]},"c":null}"#,
+            r#"{"c":null,"a":1,"b":"two"}"#,
+            r#"{"b":1,"a":2,"b":3}"#,
+            r#"{"qu\"ote":1,"tab\tkey":"v","\u00e9":2}"#,
+            "{}",
+        ] {
+            let row = Row::from_validated(text);
+            let list = row.field_list().unwrap();
+            let names: Vec<&str> = list.iter().map(|(n, _)| n.as_ref()).collect();
+            let mut sorted = names.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(names, sorted, "{text}");
+            let rebuilt = Row::from_sorted_fields(list.iter().map(|(n, v)| (n.as_ref(), v.get())));
+            assert_eq!(rebuilt, Row::parse(text).unwrap(), "{text}");
+        }
+        // Plain names are borrowed from the row's text, escaped ones decoded.
+        let row = Row::from_validated(r#"{"id":1,"na\"me":2}"#);
+        let list = row.field_list().unwrap();
+        assert!(matches!(list[0].0, Cow::Borrowed("id")));
+        assert_eq!(list[1].0, "na\"me");
+        assert!(Row("[1]".into()).field_list().is_err());
+    }
 
     #[test]
     fn canonical_numbers() {

@@ -758,13 +758,14 @@ impl TableTransform {
         if self.identity {
             return Ok(row);
         }
-        let fields = row.fields().map_err(|e| {
+        let fields = row.field_list().map_err(|e| {
             TransformError(format!(
                 "transform of table {}: a row is not a JSON object: {e}",
                 self.table
             ))
         })?;
-        let mut out: BTreeMap<Cow<'_, str>, Cow<'_, RawValue>> = BTreeMap::new();
+        // In the row's key order: the output needs no sorting, nor a second parse.
+        let mut out: Vec<(&str, Cow<'_, RawValue>)> = Vec::with_capacity(fields.len());
         for (name, value) in &fields {
             let op = self.ops.get(name.as_ref()).unwrap_or(&self.unknown);
             let v = match op {
@@ -780,11 +781,12 @@ impl TableTransform {
                     .map(Cow::Owned),
             };
             if let Some(v) = v {
-                out.insert(name.clone(), v);
+                out.push((name, v));
             }
         }
-        let text = serde_json::to_string(&out).expect("a map of raw values always serializes");
-        Ok(Row::parse(&text).expect("a serialized map is a JSON object"))
+        Ok(Row::from_sorted_fields(
+            out.iter().map(|(name, value)| (*name, value.get())),
+        ))
     }
 
     /// [`Self::apply`] on an optional row (the `old` and `new` sides of a change).
