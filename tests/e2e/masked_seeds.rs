@@ -3,8 +3,6 @@
 //! of a masked column reaches an engine's rows, a pod log, an Event or a status, and an unmasked
 //! archive is refused with a condition naming it.
 
-use std::path::Path;
-
 use serde_json::Value;
 
 use super::support::{OPERATOR_NS, condition, serial};
@@ -26,29 +24,6 @@ fn raw_values(i: i64) -> [String; 3] {
         format!("Rawname Zq{i}"),
         format!("ssn-7d1e-{i:04}"),
     ]
-}
-
-/// Every `*.log` file of the pods of `namespaces` (the fake kubelet's container logs).
-fn pod_logs(data: &Path, namespaces: &[&str]) -> Vec<(String, String)> {
-    let mut out = vec![];
-    for ns in namespaces {
-        let Ok(pods) = std::fs::read_dir(data.join(ns)) else {
-            continue;
-        };
-        for pod in pods.flatten() {
-            for f in std::fs::read_dir(pod.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                if f.path().extension().is_some_and(|x| x == "log") {
-                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                    out.push((f.path().display().to_string(), text));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Scenario 30: an ArchiveSourceSet with `requireTransformed: true` seeds three namespaces from
@@ -190,10 +165,9 @@ spec:
     assert_eq!(condition(&refused, "Ready").unwrap()["status"], "False");
 
     // Everything a developer or a platform team can read, searched for every raw value.
-    let data = Path::new(&e.vars["LARCH_E2E_KUBELET_DATA"]);
     let mut namespaces = DEVS.to_vec();
     namespaces.extend([PLATFORM, OPERATOR_NS]);
-    let mut gathered = pod_logs(data, &namespaces);
+    let mut gathered = e.pod_logs(&namespaces);
     let log_files = gathered.len();
     assert!(
         log_files >= 6,

@@ -448,30 +448,6 @@ fn s25_helm_upgrade_upgrades_changed_crds() {
     e.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
 
-/// Every `*.log` file of the pods of `namespaces` (the fake kubelet's container logs).
-fn pod_logs(e: &Env, namespaces: &[&str]) -> Vec<(String, String)> {
-    let data = Path::new(&e.vars["LARCH_E2E_KUBELET_DATA"]);
-    let mut out = vec![];
-    for ns in namespaces {
-        let Ok(pods) = std::fs::read_dir(data.join(ns)) else {
-            continue;
-        };
-        for pod in pods.flatten() {
-            for f in std::fs::read_dir(pod.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                if f.path().extension().is_some_and(|x| x == "log") {
-                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                    out.push((f.path().display().to_string(), text));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Scenario 26: after an export, two engines, token-checked requests (right and wrong) and a
 /// pause, none of the Secret values — the database password, the S3 key pair, the engine token —
 /// is in any pod log (exporter, engines, operator), Event, custom resource, pod status
@@ -488,7 +464,7 @@ fn s26_no_secret_value_in_logs_events_status_or_engine_status() {
     let resume = format!("http://{ip}:8080/sources/{SOURCE}/resume");
     assert_eq!(curl("POST", &resume, Some(TOKEN)).0, 200);
 
-    let mut gathered: Vec<(String, String)> = pod_logs(e, &[NS, OPERATOR_NS]);
+    let mut gathered: Vec<(String, String)> = e.pod_logs(&[NS, OPERATOR_NS]);
     let log_files = gathered.len();
     assert!(
         log_files >= 4,

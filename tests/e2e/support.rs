@@ -421,6 +421,31 @@ stringData:
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Every `*.log` file of the pods of `namespaces` (the fake kubelet's container logs): its
+    /// path and text.
+    pub fn pod_logs(&self, namespaces: &[&str]) -> Vec<(String, String)> {
+        let data = Path::new(&self.vars["LARCH_E2E_KUBELET_DATA"]);
+        let mut out = vec![];
+        for ns in namespaces {
+            let Ok(pods) = std::fs::read_dir(data.join(ns)) else {
+                continue;
+            };
+            for pod in pods.flatten() {
+                for f in std::fs::read_dir(pod.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    if f.path().extension().is_some_and(|x| x == "log") {
+                        let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                        out.push((f.path().display().to_string(), text));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// What happened in a namespace (pods, events, operator log tail) for failure messages.
     pub fn diagnostics(&self, ns: &str) -> String {
         let pods = self.kubectl_out(&["get", "pods", "-n", ns, "-o", "wide"], None);
@@ -429,25 +454,12 @@ stringData:
             None,
         );
         let mut logs = String::new();
-        let data = Path::new(&self.vars["LARCH_E2E_KUBELET_DATA"]);
-        for namespace in [ns, OPERATOR_NS] {
-            if let Ok(rd) = std::fs::read_dir(data.join(namespace)) {
-                for pod in rd.flatten() {
-                    if let Ok(files) = std::fs::read_dir(pod.path()) {
-                        for f in files.flatten() {
-                            if f.path().extension().is_some_and(|e| e == "log") {
-                                let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                                let lines: Vec<&str> = text.lines().collect();
-                                logs.push_str(&format!(
-                                    "--- {}\n{}\n",
-                                    f.path().display(),
-                                    lines[lines.len().saturating_sub(15)..].join("\n")
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
+        for (path, text) in self.pod_logs(&[ns, OPERATOR_NS]) {
+            let lines: Vec<&str> = text.lines().collect();
+            logs.push_str(&format!(
+                "--- {path}\n{}\n",
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            ));
         }
         format!(
             "pods:\n{}\nevents:\n{}\nlogs:\n{logs}",
