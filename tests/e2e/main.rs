@@ -11,6 +11,7 @@ mod invalid_crs;
 mod masked_seeds;
 mod monitoring;
 mod multi_tenancy;
+mod parallel_export;
 mod progress;
 mod restore;
 mod seed_restores;
