@@ -122,11 +122,11 @@ pub(super) async fn run(
         .await;
         match outcome {
             Ok(()) => {
-                stop_session(session).await;
+                stop_session(inner, session).await;
                 return Ok(());
             }
             Err(Failure::Fatal(SourceError::Stopped)) => {
-                stop_session(session).await;
+                stop_session(inner, session).await;
                 return if inner.is_closed() {
                     Ok(())
                 } else {
@@ -150,7 +150,18 @@ pub(super) async fn run(
     }
 }
 
-async fn stop_session(mut session: ReplicationClient) {
+/// Ends a session gracefully, the last acknowledged position reported first: the library sends
+/// feedback at most once a status interval and not on stop, so without the wait a restart
+/// could resume before what was acknowledged (bounded: a stuck session just stops).
+async fn stop_session(inner: &Inner, mut session: ReplicationClient) {
+    let acked = inner.acked_end.load(Ordering::SeqCst);
+    session.update_applied_lsn(pgwire_replication::Lsn(acked));
+    let reported = session.metrics();
+    let deadline = Instant::now() + inner.config.status_interval * 3;
+    while reported.last_applied_lsn().0 < acked && session.is_running() && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     if tokio::time::timeout(Duration::from_secs(5), session.shutdown())
         .await
         .is_err()
