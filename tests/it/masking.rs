@@ -142,6 +142,37 @@ fn larch() -> Command {
     c
 }
 
+/// `larch export --follow` of `users` into `dir` through the rules of `files`, hashing with
+/// `key`, its status on an ephemeral port (read it with `listening`).
+fn follow_masked(
+    dir: &Path,
+    files: &Files,
+    slot: &str,
+    key: &str,
+    db: &Database,
+) -> std::process::Child {
+    larch()
+        .args(["export", "--follow", "--table", "users", "--store", "local"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--diff-interval",
+            "200ms",
+            "--slot",
+            slot,
+        ])
+        .arg("--path")
+        .arg(dir)
+        .arg("--transform")
+        .arg(files.rules())
+        .env("LARCH_TRANSFORM_KEY", key)
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("LARCH_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 struct Files {
     dir: tempfile::TempDir,
 }
@@ -421,31 +452,13 @@ async fn a_continuous_masked_export_lands_changes_on_the_right_rows_and_masks_a_
     let mut raw = raw_values(&db).await;
     let dir = tempfile::tempdir().unwrap();
     let slot = format!("larch_mask_{}", db.name);
-    let mut child = larch()
-        .args([
-            "export",
-            "--follow",
-            "--table",
-            "users",
-            "--store",
-            "local",
-            "--listen",
-            "127.0.0.1:0",
-            "--diff-interval",
-            "200ms",
-            "--slot",
-            &slot,
-            "--path",
-        ])
-        .arg(dir.path())
-        .arg("--transform")
-        .arg(files.rules())
-        .env("LARCH_TRANSFORM_KEY", "a-dev-seed-key-of-32-bytes-long!")
-        .env("LARCH_PG_DSN", &db.dsn)
-        .env("LARCH_LOG", "info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = follow_masked(
+        dir.path(),
+        &files,
+        &slot,
+        "a-dev-seed-key-of-32-bytes-long!",
+        &db,
+    );
     let (addr, stderr, reader) = listening(&mut child);
     eventually(60, "export readiness", || async move {
         (get(addr, "/health/ready").await.0 == 200).then_some(())
@@ -908,33 +921,7 @@ async fn a_key_rotation_starts_an_epoch_of_new_key_hashes_only_and_engines_rebas
     let files = Files::new(RULES);
     let dir = tempfile::tempdir().unwrap();
     let slot = format!("larch_rotate_{}", db.name);
-    let follow = |key: &str| {
-        larch()
-            .args([
-                "export",
-                "--follow",
-                "--table",
-                "users",
-                "--store",
-                "local",
-                "--listen",
-                "127.0.0.1:0",
-                "--diff-interval",
-                "200ms",
-                "--slot",
-                &slot,
-                "--path",
-            ])
-            .arg(dir.path())
-            .arg("--transform")
-            .arg(files.rules())
-            .env("LARCH_TRANSFORM_KEY", key)
-            .env("LARCH_PG_DSN", &db.dsn)
-            .env("LARCH_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let follow = |key: &str| follow_masked(dir.path(), &files, &slot, key, &db);
     let epoch_at_least = |addr: std::net::SocketAddr, n: i64| async move {
         eventually(60, &format!("epoch {n}"), || async move {
             (get_json(addr, "/status").await["epoch"].as_i64() >= Some(n)).then_some(())

@@ -249,40 +249,26 @@ async fn a_bad_table_in_a_set_fails_naming_it_and_writes_nothing() {
     assert_eq!(slots_left(&db).await, 0);
 
     // Several tables are one-shot only; a table named twice is a mistake.
-    let (code, _, stderr) = run(larch(&db.dsn)
-        .args([
-            "export",
-            "--table",
-            "counter_a",
-            "--table",
-            "counter_b",
-            "--follow",
-            "--store",
-            "local",
-            "--path",
-        ])
-        .arg(&archive));
-    assert_eq!(code, 2, "{stderr}");
-    assert!(
-        stderr.contains("--follow exports one table per process"),
-        "{stderr}"
-    );
-    let (code, _, stderr) = run(larch(&db.dsn)
-        .args([
-            "export",
-            "--table",
-            "counter_a",
-            "--table",
-            "public.counter_a",
-            "--store",
-            "local",
-            "--path",
-        ])
-        .arg(&archive));
-    assert_eq!(code, 2, "{stderr}");
-    assert!(
-        stderr.contains("public.counter_a is given twice"),
-        "{stderr}"
-    );
+    for (tables, extra, message) in [
+        (
+            ["counter_a", "counter_b"],
+            Some("--follow"),
+            "--follow exports one table per process",
+        ),
+        (
+            ["counter_a", "public.counter_a"],
+            None,
+            "public.counter_a is given twice",
+        ),
+    ] {
+        let mut cmd = larch(&db.dsn);
+        cmd.args(["export", "--table", tables[0], "--table", tables[1]]);
+        cmd.args(extra)
+            .args(["--store", "local", "--path"])
+            .arg(&archive);
+        let (code, _, stderr) = run(&mut cmd);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+    }
     assert_eq!(files_under(&archive), Vec::<std::path::PathBuf>::new());
 }

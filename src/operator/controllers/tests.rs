@@ -1314,10 +1314,10 @@ async fn a_crash_looping_writer_reports_its_reason_on_the_export() {
     assert_eq!(event["reason"], "ConnectionFailed");
 }
 
-/// An engine that refuses its configuration (exit 2, ColumnNotFound) stalls the source with
-/// the engine's message; before, the source said `Ready: EnginesReady`-to-be.
-#[tokio::test]
-async fn an_engine_refusing_its_configuration_stalls_the_source() {
+/// Reconciles the `source-exportref-memory` source whose one engine pod last exited with
+/// status 2 and `termination_message`; the requests' bodies (the status patch at 5, the
+/// Event at 6).
+async fn reconcile_with_a_refusing_engine(termination_message: &str) -> Vec<Value> {
     let (ctx, handle, _) = context(Arc::default());
     let mut caches = writers(&ctx);
     fill(&mut caches.config_maps, []);
@@ -1329,7 +1329,7 @@ async fn an_engine_refusing_its_configuration_stalls_the_source() {
         "status": {"podIP": "10.0.0.7", "containerStatuses": [{"name": "engine", "image": "i", "imageID": "", "ready": false, "restartCount": 2,
             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2027-01-15T07:59:00Z",
-                "message": "{\"reason\":\"ColumnNotFound\",\"error\":\"source users-cache: index field \\\"no_such_column\\\" is not a column of table public.users in the archive (its columns: id, name)\"}"}}}]}});
+                "message": termination_message}}}]}});
     script.pop();
     script.push(expect(
         Method::GET,
@@ -1345,7 +1345,17 @@ async fn an_engine_refusing_its_configuration_stalls_the_source() {
     script.push(expect(Method::POST, EVENTS_POST, None));
     let server = tokio::spawn(serve(handle, script));
     source::reconcile(Arc::new(s), ctx.clone()).await.unwrap();
-    let bodies = server.await.unwrap();
+    server.await.unwrap()
+}
+
+/// An engine that refuses its configuration (exit 2, ColumnNotFound) stalls the source with
+/// the engine's message; before, the source said `Ready: EnginesReady`-to-be.
+#[tokio::test]
+async fn an_engine_refusing_its_configuration_stalls_the_source() {
+    let bodies = reconcile_with_a_refusing_engine(
+        "{\"reason\":\"ColumnNotFound\",\"error\":\"source users-cache: index field \\\"no_such_column\\\" is not a column of table public.users in the archive (its columns: id, name)\"}",
+    )
+    .await;
     let st = &bodies[5]["status"];
     assert_eq!(cond(st, "Stalled")["status"], "True");
     assert_eq!(cond(st, "Stalled")["reason"], "ColumnNotFound");
@@ -1362,34 +1372,10 @@ async fn an_engine_refusing_its_configuration_stalls_the_source() {
 /// and the archive's manifest, and a Warning Event says so.
 #[tokio::test]
 async fn an_engine_refusing_a_raw_archive_stalls_the_source_as_not_transformed() {
-    let (ctx, handle, _) = context(Arc::default());
-    let mut caches = writers(&ctx);
-    fill(&mut caches.config_maps, []);
-    fill(&mut caches.services, []);
-    fill(&mut caches.stateful_sets, []);
-    let s = source_fixture("source-exportref-memory");
-    let mut script = source_script(0);
-    let engine = json!({"metadata": {"name": "users-cache-0", "namespace": "data"},
-        "status": {"podIP": "10.0.0.7", "containerStatuses": [{"name": "engine", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
-            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2027-01-15T07:59:00Z",
-                "message": "{\"reason\":\"ArchiveNotTransformed\",\"error\":\"source users-cache: require_transformed: the archive seeds/public.users/manifest.json (table public.users) records no masking transform (it was not exported with --transform / spec.transform): refusing to load raw rows\"}"}}}]}});
-    script.pop();
-    script.push(expect(
-        Method::GET,
-        "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
-        list("PodList", "v1", vec![engine]),
-    ));
-    script.push(expect_status(
-        &format!(
-            "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
-        ),
-        serde_json::to_value(&s).unwrap(),
-    ));
-    script.push(expect(Method::POST, EVENTS_POST, None));
-    let server = tokio::spawn(serve(handle, script));
-    source::reconcile(Arc::new(s), ctx.clone()).await.unwrap();
-    let bodies = server.await.unwrap();
+    let bodies = reconcile_with_a_refusing_engine(
+        "{\"reason\":\"ArchiveNotTransformed\",\"error\":\"source users-cache: require_transformed: the archive seeds/public.users/manifest.json (table public.users) records no masking transform (it was not exported with --transform / spec.transform): refusing to load raw rows\"}",
+    )
+    .await;
     let st = &bodies[5]["status"];
     assert_eq!(cond(st, "Stalled")["status"], "True");
     assert_eq!(cond(st, "Stalled")["reason"], "ArchiveNotTransformed");
