@@ -12,6 +12,10 @@ pub struct TransformRecord {
     /// Fingerprint of the hash key (`hmac-sha256:<16 hex>`); absent when nothing is hashed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// The version of the hash algorithm (`larch-hash-2`); absent when nothing is hashed, and
+    /// in archives of version 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
     /// What a column not declared (one added later included) goes through.
     #[serde(default)]
     pub undeclared: String,

@@ -370,13 +370,18 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
     match &manifest.transform {
         Some(t) => {
             println!(
-                "transform:    {} (key {}; undeclared columns: {})",
+                "transform:    {} (key {}, hash {}; undeclared columns: {})",
                 if t.masks_anything() {
                     "masked"
                 } else {
                     "every column kept"
                 },
                 t.key_id.as_deref().unwrap_or("none"),
+                t.hash.as_deref().unwrap_or(if t.key_id.is_some() {
+                    "larch-hash-1"
+                } else {
+                    "none"
+                }),
                 t.undeclared
             );
             for (column, how) in &t.columns {

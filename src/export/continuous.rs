@@ -558,6 +558,7 @@ impl ContinuousExport {
             if self.writer.manifest().transform.as_ref() != Some(t.record()) {
                 transform_changed = Some(match self.writer.manifest().transform.as_ref() {
                     Some(r) if r.key_id != t.record().key_id => "the hash key changed",
+                    Some(r) if r.hash != t.record().hash => "the hash algorithm changed",
                     Some(_) => "the transform rules changed",
                     None => "the archive was not written with this transform",
                 });

@@ -20,8 +20,10 @@ use crate::archive::model::TableId;
 use crate::archive::value::Row;
 use crate::archive::writer::ArchiveWriter;
 use crate::failure;
+use crate::locks::MutexExt;
 use crate::progress::{Progress, Reporter};
-use crate::source::postgres::{PostgresSource, SharedSnapshot};
+use crate::source::SourceError;
+use crate::source::postgres::{ColumnMask, PostgresSource, RowSink, SharedSnapshot, TableSchema};
 use subset::{Sampler, Subset};
 use transform::{Masking, TableTransform, TransformError};
 
@@ -106,8 +108,9 @@ enum RowSource {
     Shared(Arc<SharedSnapshot>),
 }
 
-/// The single point a row of the table passes before it is buffered or encoded: through the
-/// epoch's transform when the export masks.
+/// The single point a row of a change passes before it is buffered or encoded: through the
+/// epoch's transform when the export masks. A baseline's rows are masked as the baseline
+/// encodes them ([`BaselineSink`]), or here when they are sampled first.
 pub fn mask_row(transform: Option<&TableTransform>, row: Row) -> Result<Row, TransformError> {
     match transform {
         Some(t) => t.apply(row),
@@ -123,6 +126,37 @@ pub fn mask_row_opt(
     row.map(|r| mask_row(transform, r)).transpose()
 }
 
+/// The baseline's way to the snapshot: its batches of rows, and the mask its encoder applies
+/// to every COPY field (the epoch's transform, once compiled), so a masked baseline row is
+/// written once and never exists raw as a row.
+struct BaselineSink {
+    rows: mpsc::Sender<(TableId, Vec<Row>)>,
+    mask: std::sync::Mutex<Option<oneshot::Receiver<Option<Arc<TableTransform>>>>>,
+}
+
+impl RowSink for BaselineSink {
+    async fn send_rows(&self, table: &TableId, rows: Vec<Row>) -> Result<(), SourceError> {
+        self.rows.send_rows(table, rows).await
+    }
+
+    async fn column_mask(
+        &self,
+        schema: &TableSchema,
+    ) -> Result<Option<Box<dyn ColumnMask>>, SourceError> {
+        let pending = self.mask.locked().take();
+        let Some(pending) = pending else {
+            return Ok(None);
+        };
+        match pending.await {
+            Ok(transform) => Ok(transform
+                .and_then(|t| t.baseline_mask(&schema.columns))
+                .map(|m| Box::new(m) as Box<dyn ColumnMask>)),
+            // The export stopped before it had compiled the transform.
+            Err(_) => Err(SourceError::Stopped),
+        }
+    }
+}
+
 async fn copy_into_snapshot(
     source: Arc<PostgresSource>,
     rows_from: RowSource,
@@ -134,6 +168,11 @@ async fn copy_into_snapshot(
 ) -> anyhow::Result<Artifact> {
     // Batches of at most BATCH_ROWS rows (BATCH_BYTES of text) cross each channel.
     let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
+    let (mask_tx, mask_rx) = oneshot::channel();
+    let sink = BaselineSink {
+        rows: src_tx,
+        mask: std::sync::Mutex::new(Some(mask_rx)),
+    };
     // The rows' transform and sample, known once the baseline has the columns (before its
     // first row).
     let (transform_tx, transform_rx) =
@@ -156,13 +195,11 @@ async fn copy_into_snapshot(
         let baseline = async move {
             match rows_from {
                 RowSource::OwnSlot(source) => {
-                    source
-                        .baseline_reporting(&tables, src_tx, Some(pos_tx))
-                        .await
+                    source.baseline_reporting(&tables, sink, Some(pos_tx)).await
                 }
                 RowSource::Shared(shared) => {
                     let _ = pos_tx.send(shared.position().to_string());
-                    let copied = shared.copy_table(&tables[0], &src_tx).await;
+                    let copied = shared.copy_table(&tables[0], &sink).await;
                     copied.map(|_| shared.position().to_string())
                 }
             }
@@ -171,6 +208,18 @@ async fn copy_into_snapshot(
         let forward = async move {
             let Ok((transform, sampler)) = transform_rx.await else {
                 return;
+            };
+            // Sampling reads raw rows: a sampled baseline is masked here, after the sample;
+            // any other in its encoder.
+            let transform = match sampler {
+                None => {
+                    let _ = mask_tx.send(transform);
+                    None
+                }
+                Some(_) => {
+                    let _ = mask_tx.send(None);
+                    transform
+                }
             };
             while let Some((_, mut rows)) = src_rx.recv().await {
                 // Sampled on the raw values (the same as in every table), before masking.

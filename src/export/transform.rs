@@ -23,13 +23,14 @@ use std::sync::{Arc, Mutex};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::archive::masking::TransformRecord;
 use crate::archive::model::{ColumnDefinition, TableId};
-use crate::archive::value::{Row, Value, raw, string_value};
+use crate::archive::value::{Row, Value, raw};
 use crate::export::fake::FakeKind;
 use crate::locks::MutexExt;
+use crate::source::postgres::{ColumnMask, Treatment};
 
 /// Shortest key accepted (bytes).
 pub const MIN_KEY_BYTES: usize = 16;
@@ -309,6 +310,7 @@ impl TransformRules {
             key_id: uses_key
                 .then(|| key.as_ref().map(|k| k.id.clone()))
                 .flatten(),
+            hash: uses_key.then(|| HASH_ALGORITHM.to_string()),
             undeclared: rules.undeclared.record_name(),
             columns: columns
                 .iter()
@@ -334,8 +336,8 @@ pub struct TransformKey {
     mac: Hmac<Sha256>,
     /// `hmac-sha256:` and the first 8 bytes of HMAC(key, "larch transform key id"), in hex.
     id: String,
-    /// Feistel round keys per integer width, derived from the key.
-    rounds: [[u8; 32]; FEISTEL_ROUNDS],
+    /// The Feistel rounds' SipHash keys, derived from the key.
+    rounds: [(u64, u64); FEISTEL_ROUNDS],
 }
 
 impl fmt::Debug for TransformKey {
@@ -344,7 +346,14 @@ impl fmt::Debug for TransformKey {
     }
 }
 
-const FEISTEL_ROUNDS: usize = 4;
+/// Rounds of the integer permutation (as FF3-1's Feistel network).
+const FEISTEL_ROUNDS: usize = 8;
+
+/// The hash algorithm's version, recorded in the manifest (`transform.hash`). Another version
+/// hashes values differently, so a change starts a new epoch, as a new key does. Version 1
+/// (unrecorded) permuted integers with SHA-256 rounds; 2 with SipHash rounds over exactly the
+/// type's bits; text, uuid and fake are HMAC-SHA-256 in both.
+pub const HASH_ALGORITHM: &str = "larch-hash-2";
 
 impl TransformKey {
     /// A key from its bytes (`origin` names the file or variable in errors). Surrounding
@@ -367,9 +376,11 @@ impl TransformKey {
             "hmac-sha256:{}",
             hex::encode(&tag(b"larch transform key id")[..8])
         );
-        let mut rounds = [[0u8; 32]; FEISTEL_ROUNDS];
+        let mut rounds = [(0u64, 0u64); FEISTEL_ROUNDS];
         for (i, r) in rounds.iter_mut().enumerate() {
-            *r = tag(format!("larch feistel round {i}").as_bytes());
+            let t = tag(format!("larch feistel v2 round {i}").as_bytes());
+            let word = |at: usize| u64::from_le_bytes(t[at..at + 8].try_into().expect("8 bytes"));
+            *r = (word(0), word(8));
         }
         Ok(TransformKey { mac, id, rounds })
     }
@@ -421,39 +432,31 @@ impl TransformKey {
         out
     }
 
-    /// One Feistel round's function: SHA-256 over the round key, the width and the half.
+    /// One Feistel round's function: SipHash-2-4 (a keyed PRF made for short inputs) under
+    /// the round's key, over the width and the half.
     fn round(&self, round: usize, width: u32, half: u64) -> u64 {
-        let mut h = Sha256::new();
-        h.update(self.rounds[round]);
-        h.update(width.to_be_bytes());
-        h.update(half.to_be_bytes());
-        let d = h.finalize();
-        u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+        use std::hash::Hasher as _;
+        let (k0, k1) = self.rounds[round];
+        let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
+        h.write_u32(width);
+        h.write_u64(half);
+        h.finish()
     }
 
-    /// A keyed permutation of `[0, 2^bits)` (bits odd: 15, 31, 63): a balanced Feistel
-    /// network over `bits + 1` bits, walked until the result falls back into range.
+    /// A keyed permutation of `[0, 2^bits)` (bits: 15, 31, 63): an unbalanced Feistel network
+    /// over exactly `bits` bits, its halves (`bits / 2` and the rest) trading sizes every
+    /// round, so every output is in range at once (no cycle walking).
     fn permute(&self, value: u64, bits: u32) -> u64 {
-        let width = bits + 1;
-        let half_bits = width / 2;
-        let mask = if half_bits == 64 {
-            u64::MAX
-        } else {
-            (1u64 << half_bits) - 1
-        };
-        let limit = 1u64 << bits;
-        let mut v = value;
-        loop {
-            let (mut l, mut r) = (v >> half_bits, v & mask);
-            for i in 0..FEISTEL_ROUNDS {
-                let f = self.round(i, width, r) & mask;
-                (l, r) = (r, l ^ f);
-            }
-            v = (l << half_bits) | r;
-            if v < limit {
-                return v;
-            }
+        let mask = |n: u32| (1u64 << n) - 1;
+        let (mut a_bits, mut b_bits) = (bits / 2, bits - bits / 2);
+        let (mut a, mut b) = (value >> b_bits, value & mask(b_bits));
+        for i in 0..FEISTEL_ROUNDS {
+            // (a, b) → (b, a ⊕ F(b)): invertible, and the sizes swap.
+            let f = self.round(i, bits, b) & mask(a_bits);
+            (a, b) = (b, a ^ f);
+            (a_bits, b_bits) = (b_bits, a_bits);
         }
+        (a << b_bits) | b
     }
 }
 
@@ -582,61 +585,65 @@ impl Op {
 
     /// The transformed value, or None when the field is dropped. Errors never quote the value.
     fn apply(&self, value: &RawValue) -> Result<Option<Value>, &'static str> {
-        let text = value.get();
-        if text == "null" {
+        let json = value.get();
+        if json == "null" {
             return Ok(match self {
                 Op::Drop => None,
                 _ => Some(raw("null")),
             });
         }
-        Ok(match self {
-            Op::Keep => Some(value.to_owned()),
-            Op::Null => Some(raw("null")),
-            Op::Drop => None,
-            Op::Redact(v) => Some(v.clone()),
-            Op::Hash(key, format) => Some(hash_value(key, *format, text)?),
-            Op::Fake(key, kind, max) => Some(fake_value(key, *kind, *max, text)?),
-        })
-    }
-}
-
-/// A fake picked by the keyed hash of the value's text (a string's content, else its JSON):
-/// the same value gives the same fake in every column of its kind.
-fn fake_value(
-    key: &TransformKey,
-    kind: FakeKind,
-    max: i64,
-    json: &str,
-) -> Result<Value, &'static str> {
-    let text: Cow<'_, str> = match json.as_bytes().first() {
-        Some(b'"') => serde_json::from_str(json).map_err(|_| "a value is not text")?,
-        _ => Cow::Borrowed(json),
-    };
-    let tag = key.tag(b"fake", text.as_bytes());
-    Ok(string_value(&kind.generate(&tag, max)))
-}
-
-fn hash_value(key: &TransformKey, format: HashFormat, json: &str) -> Result<Value, &'static str> {
-    match format {
-        HashFormat::Int(bits) => {
-            let n: i64 = match json.as_bytes().first() {
-                Some(b'"') => serde_json::from_str::<Cow<'_, str>>(json)
-                    .ok()
-                    .and_then(|s| s.parse().ok()),
-                _ => json.parse().ok(),
+        match self {
+            Op::Keep => return Ok(Some(value.to_owned())),
+            Op::Drop => return Ok(None),
+            Op::Null => return Ok(Some(raw("null"))),
+            Op::Redact(v) => return Ok(Some(v.clone())),
+            Op::Hash(..) | Op::Fake(..) => {}
+        }
+        // Hashes and fakes read the value's text: a string's content, else its JSON (a
+        // number); uuids and text must be strings.
+        let text: Cow<'_, str> = match json.as_bytes().first() {
+            Some(b'"') => serde_json::from_str(json).map_err(|_| "a value is not text")?,
+            _ if matches!(self, Op::Hash(_, HashFormat::Uuid | HashFormat::Text)) => {
+                return Err("a value is not text");
             }
-            .ok_or("a value is not an integer")?;
-            Ok(raw(hash_int(key, n, bits).to_string()))
-        }
-        HashFormat::Uuid => {
-            let s: Cow<'_, str> = serde_json::from_str(json).map_err(|_| "a value is not text")?;
-            Ok(string_value(&hash_uuid(key, &s)))
-        }
-        HashFormat::Text => {
-            let s: Cow<'_, str> = serde_json::from_str(json).map_err(|_| "a value is not text")?;
-            Ok(string_value(&hash_text(key, &s)))
-        }
+            _ => Cow::Borrowed(json),
+        };
+        let mut out = Vec::new();
+        self.write_text(&text, &mut out)?;
+        let out = String::from_utf8(out).expect("JSON written from UTF-8 text");
+        Ok(Some(
+            RawValue::from_string(out).expect("a transform writes JSON"),
+        ))
     }
+
+    /// Appends the JSON value of a non-NULL value whose text is `text` (a string's content, an
+    /// integer's digits) — the one implementation of each transform, used on rows and by the
+    /// baseline encoder on COPY fields alike. `Keep` and `Drop` write nothing: their callers
+    /// keep or leave out the field.
+    fn write_text(&self, text: &str, out: &mut Vec<u8>) -> Result<(), &'static str> {
+        match self {
+            Op::Keep | Op::Drop => {}
+            Op::Null => out.extend_from_slice(b"null"),
+            Op::Redact(v) => out.extend_from_slice(v.get().as_bytes()),
+            Op::Hash(key, HashFormat::Int(bits)) => {
+                let n: i64 = text.parse().map_err(|_| "a value is not an integer")?;
+                use std::io::Write as _;
+                write!(out, "{}", hash_int(key, n, *bits)).expect("writing to a Vec cannot fail");
+            }
+            Op::Hash(key, HashFormat::Uuid) => write_string(&hash_uuid(key, text), out),
+            Op::Hash(key, HashFormat::Text) => write_string(&hash_text(key, text), out),
+            Op::Fake(key, kind, max) => {
+                let tag = key.tag(b"fake", text.as_bytes());
+                write_string(&kind.generate(&tag, *max), out);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JSON string with serde_json's escaping (the bytes `string_value` gives).
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    serde_json::to_writer(out, s).expect("writing to a Vec cannot fail");
 }
 
 /// A keyed permutation of the `bits`-bit signed integers keeping the sign: non-negative
@@ -792,6 +799,58 @@ impl TableTransform {
     /// [`Self::apply`] on an optional row (the `old` and `new` sides of a change).
     pub fn apply_opt(&self, row: Option<Row>) -> Result<Option<Row>, TransformError> {
         row.map(|r| self.apply(r)).transpose()
+    }
+}
+
+/// A table's transform for the columns of one baseline, in their order: what the baseline
+/// encoder does to each COPY field ([`ColumnMask`]), so its rows are masked as they are
+/// written, with the same ops as [`TableTransform::apply`].
+pub struct BaselineMask {
+    table: TableId,
+    columns: Vec<(String, Op)>,
+}
+
+impl TableTransform {
+    /// The mask for a baseline of `columns`; None when the transform keeps every column.
+    pub fn baseline_mask(&self, columns: &[ColumnDefinition]) -> Option<BaselineMask> {
+        if self.identity {
+            return None;
+        }
+        Some(BaselineMask {
+            table: self.table.clone(),
+            columns: columns
+                .iter()
+                .map(|c| {
+                    let op = self.ops.get(&c.name).unwrap_or(&self.unknown);
+                    (c.name.clone(), op.clone())
+                })
+                .collect(),
+        })
+    }
+}
+
+impl ColumnMask for BaselineMask {
+    fn treatment(&self, column: usize) -> Treatment {
+        match self.columns.get(column).map(|(_, op)| op) {
+            Some(Op::Keep) => Treatment::Keep,
+            Some(Op::Drop) => Treatment::Drop,
+            // A column the transform was not compiled for is never kept raw.
+            Some(_) | None => Treatment::Rewrite,
+        }
+    }
+
+    fn write(&self, column: usize, text: Option<&str>, out: &mut Vec<u8>) -> Result<(), String> {
+        let Some((name, op)) = self.columns.get(column) else {
+            out.extend_from_slice(b"null");
+            return Ok(());
+        };
+        match text {
+            None => out.extend_from_slice(b"null"),
+            Some(text) => op.write_text(text, out).map_err(|why| {
+                format!("transform of table {}: column {name:?}: {why}", self.table)
+            })?,
+        }
+        Ok(())
     }
 }
 
@@ -1000,6 +1059,31 @@ tables:
         assert_ne!(hash_int(&other, 7, 64), hash_int(&key(), 7, 64));
     }
 
+    /// Known answers: a hashed value changes only with the key or with [`HASH_ALGORITHM`]
+    /// (whose change starts a new epoch). Text, uuid and fake are as in version 1.
+    #[test]
+    fn hashed_values_are_pinned_to_the_algorithm_version() {
+        let k = key();
+        assert_eq!(HASH_ALGORITHM, "larch-hash-2");
+        let got = (
+            hash_int(&k, 42, 64),
+            hash_int(&k, -7, 32),
+            hash_int(&k, 3, 16),
+            hash_text(&k, "alice.smith@example.com"),
+            hash_uuid(&k, "6F9619FF-8B86-D011-B42D-00CF4FC964FF"),
+            FakeKind::City.generate(&k.tag(b"fake", b"tenant-1"), 0),
+        );
+        let pinned = (
+            5516571728129393280,
+            -132412500,
+            25013,
+            "mpiqx.eiyrz@syjuapn.com".to_string(),
+            "e1121f3a-998d-4c11-be0c-48c99ec827f0".to_string(),
+            "Shelby".to_string(),
+        );
+        assert_eq!(got, pinned);
+    }
+
     #[test]
     fn integers_are_permuted_within_their_range_and_sign() {
         let k = key();
@@ -1151,9 +1235,14 @@ tables:
         let other = Arc::new(TransformKey::from_bytes(b"another key of 16+ bytes", "t").unwrap());
         let differ = (0..50)
             .filter(|i| {
-                let v = format!("\"user{i}@corp.io\"");
-                fake_value(&key(), FakeKind::Email, 0, &v).unwrap().get()
-                    != fake_value(&other, FakeKind::Email, 0, &v).unwrap().get()
+                let v = serde_json::value::to_raw_value(&format!("user{i}@corp.io")).unwrap();
+                let fake = |k: &Arc<TransformKey>| {
+                    Op::Fake(k.clone(), FakeKind::Email, 0)
+                        .apply(&v)
+                        .unwrap()
+                        .unwrap()
+                };
+                fake(&key()).get() != fake(&other).get()
             })
             .count();
         assert!(differ > 40, "{differ}");

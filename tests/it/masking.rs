@@ -1069,4 +1069,28 @@ tables:
     })
     .await;
     assert_eq!(served.len() as i64, USERS);
+
+    // An archive of hash version 1 (its manifest records no `transform.hash`): the same key
+    // permutes integers differently now, so the export starts a new epoch instead of mixing
+    // the two versions in one.
+    let manifest_path = dir.path().join("public.users/manifest.json");
+    let hash_of = || -> Value {
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+        m["transform"]["hash"].clone()
+    };
+    assert_eq!(hash_of(), larch::export::transform::HASH_ALGORITHM);
+    let mut m: Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    m["transform"].as_object_mut().unwrap().remove("hash");
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    let mut c = follow(KEY_B);
+    let (addr, log, reader) = listening(&mut c);
+    epoch_at_least(addr, 3).await;
+    unsafe_kill(c.id(), "TERM");
+    assert_eq!(c.wait().unwrap().code(), Some(0));
+    let _ = reader.join();
+    let log = log.lock().unwrap().join("\n");
+    assert!(log.contains("the hash algorithm changed"), "{log}");
+    assert_eq!(hash_of(), larch::export::transform::HASH_ALGORITHM);
 }

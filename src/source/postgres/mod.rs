@@ -18,7 +18,7 @@ mod pgoutput;
 mod schema;
 pub mod schema_change;
 mod snapshot;
-pub use snapshot::RowSink;
+pub use snapshot::{ColumnMask, RowSink, Treatment};
 mod stream;
 mod types;
 

@@ -112,6 +112,36 @@ pub trait RowSink: Send + Sync {
         table: &TableId,
         rows: Vec<Row>,
     ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// The masking the baseline of `schema` applies while it encodes rows, asked once before
+    /// the first row; none by default.
+    fn column_mask(
+        &self,
+        _schema: &TableSchema,
+    ) -> impl Future<Output = Result<Option<Box<dyn ColumnMask>>, SourceError>> + Send {
+        async { Ok(None) }
+    }
+}
+
+/// A rewrite of column values the baseline applies while it encodes each row from COPY's text
+/// (the export's masking): a masked row is written once and never exists raw as a row.
+pub trait ColumnMask: Send + Sync {
+    /// What becomes of column `column` (its index in the table's columns).
+    fn treatment(&self, column: usize) -> Treatment;
+    /// Appends the JSON value a [`Treatment::Rewrite`] column becomes for its text (`None`:
+    /// NULL). Errors name the table and the column, never the value.
+    fn write(&self, column: usize, text: Option<&str>, out: &mut Vec<u8>) -> Result<(), String>;
+}
+
+/// See [`ColumnMask::treatment`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Treatment {
+    /// Written as it is.
+    Keep,
+    /// Left out of the row.
+    Drop,
+    /// Written by [`ColumnMask::write`].
+    Rewrite,
 }
 
 impl RowSink for mpsc::Sender<(TableId, Row)> {
@@ -240,7 +270,8 @@ pub async fn copy_table<R: RowSink>(
         .await
         .map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
     futures::pin_mut!(stream);
-    let encoder = RowEncoder::new(schema, kinds);
+    let mask = rows.column_mask(schema).await?;
+    let encoder = RowEncoder::new(schema, kinds, mask);
     let mut scratch = Scratch::default();
     // The start of a line whose end has not arrived yet (COPY sends one message per row, so
     // this is usually empty and lines are read straight from the message).
@@ -307,25 +338,35 @@ impl Batch {
 
 /// COPY text lines into rows, written straight as JSON text: keys in the order a row's
 /// canonical text has them (sorted), each escaped once up front, values appended by
-/// [`write_json`] — no map, no intermediate values.
+/// [`write_json`] (or by the mask) — no map, no intermediate values.
 struct RowEncoder<'a> {
     schema: &'a TableSchema,
-    /// (column index, `"name":`) in key order.
-    order: Vec<(usize, Vec<u8>)>,
+    /// (column index, `"name":`, written as it is) in key order; dropped columns left out.
+    order: Vec<(usize, Vec<u8>, bool)>,
     kinds: Vec<&'a Kind>,
+    mask: Option<Box<dyn ColumnMask>>,
 }
 
 impl<'a> RowEncoder<'a> {
-    fn new(schema: &'a TableSchema, kinds: &'a HashMap<u32, Kind>) -> RowEncoder<'a> {
-        let mut order: Vec<(usize, Vec<u8>)> = schema
+    fn new(
+        schema: &'a TableSchema,
+        kinds: &'a HashMap<u32, Kind>,
+        mask: Option<Box<dyn ColumnMask>>,
+    ) -> RowEncoder<'a> {
+        let treatment = |i: usize| match &mask {
+            Some(m) => m.treatment(i),
+            None => Treatment::Keep,
+        };
+        let mut order: Vec<(usize, Vec<u8>, bool)> = schema
             .columns
             .iter()
             .enumerate()
+            .filter(|(i, _)| treatment(*i) != Treatment::Drop)
             .map(|(i, c)| {
                 let mut key = Vec::new();
                 write_string(&c.name, &mut key);
                 key.push(b':');
-                (i, key)
+                (i, key, treatment(i) == Treatment::Keep)
             })
             .collect();
         order.sort_by(|a, b| schema.columns[a.0].name.cmp(&schema.columns[b.0].name));
@@ -338,6 +379,7 @@ impl<'a> RowEncoder<'a> {
             schema,
             order,
             kinds,
+            mask,
         }
     }
 
@@ -345,9 +387,19 @@ impl<'a> RowEncoder<'a> {
     /// exact-size text).
     fn row(&self, line: &[u8], scratch: &mut Scratch) -> anyhow::Result<Row> {
         let Scratch { fields, out } = scratch;
+        // One UTF-8 check per line: fields split at tabs (ASCII) are then valid too.
+        let line = std::str::from_utf8(line).map_err(|e| {
+            let column = memchr::memchr_iter(b'\t', &line[..e.valid_up_to()]).count();
+            let name = self
+                .schema
+                .columns
+                .get(column)
+                .map_or("?", |c| c.name.as_str());
+            anyhow!("column {name}: invalid COPY text: {e}")
+        })?;
         fields.clear();
         let mut start = 0;
-        for i in memchr::memchr_iter(b'\t', line) {
+        for i in memchr::memchr_iter(b'\t', line.as_bytes()) {
             fields.push((start, i));
             start = i + 1;
         }
@@ -361,20 +413,30 @@ impl<'a> RowEncoder<'a> {
         }
         out.clear();
         out.push(b'{');
-        for (n, (i, key)) in self.order.iter().enumerate() {
+        for (n, (i, key, keep)) in self.order.iter().enumerate() {
             if n > 0 {
                 out.push(b',');
             }
             out.extend_from_slice(key);
             let (from, to) = fields[*i];
             let field = &line[from..to];
-            if field == b"\\N" {
-                out.extend_from_slice(b"null");
+            let text = if field == "\\N" {
+                None
             } else {
-                let text = unescape_copy(field).with_context(|| {
-                    format!("column {}: invalid COPY text", self.schema.columns[*i].name)
-                })?;
-                write_json(self.kinds[*i], &text, out);
+                match unescape_copy_str(field) {
+                    Ok(text) => Some(text),
+                    Err(e) => bail!(
+                        "column {}: invalid COPY text: {e}",
+                        self.schema.columns[*i].name
+                    ),
+                }
+            };
+            match (&self.mask, text) {
+                (Some(mask), text) if !keep => mask
+                    .write(*i, text.as_deref(), out)
+                    .map_err(|e| anyhow!(e))?,
+                (_, None) => out.extend_from_slice(b"null"),
+                (_, Some(text)) => write_json(self.kinds[*i], &text, out),
             }
         }
         out.push(b'}');
@@ -390,11 +452,17 @@ struct Scratch {
     out: Vec<u8>,
 }
 
-/// Undoes COPY text-format escaping (borrowing when there is nothing to undo).
-pub fn unescape_copy(field: &[u8]) -> anyhow::Result<Cow<'_, str>> {
-    if !field.contains(&b'\\') {
-        return Ok(Cow::Borrowed(std::str::from_utf8(field)?));
+/// Undoes COPY text-format escaping of a field already checked as UTF-8, borrowing when there
+/// is nothing to undo (an escape can still make bytes that are not UTF-8).
+fn unescape_copy_str(field: &str) -> Result<Cow<'_, str>, std::string::FromUtf8Error> {
+    if memchr::memchr(b'\\', field.as_bytes()).is_none() {
+        return Ok(Cow::Borrowed(field));
     }
+    unescape_escaped(field.as_bytes()).map(Cow::Owned)
+}
+
+/// Decodes the escapes of a COPY text field.
+fn unescape_escaped(field: &[u8]) -> Result<String, std::string::FromUtf8Error> {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {
@@ -436,7 +504,7 @@ pub fn unescape_copy(field: &[u8]) -> anyhow::Result<Cow<'_, str>> {
             other => out.push(other),
         }
     }
-    Ok(Cow::Owned(String::from_utf8(out)?))
+    String::from_utf8(out)
 }
 
 #[cfg(test)]
@@ -479,15 +547,67 @@ mod tests {
                 Kind::Json,
                 vec!["{\"a\": [1, 2.50]}", "not json"],
             ),
-            ("blob", Kind::Bytea, vec!["\\\\x0102ff"]),
-            ("at", Kind::Timestamptz, vec!["2026-01-02 03:04:05.5+01"]),
+            (
+                "blob",
+                Kind::Bytea,
+                vec![
+                    "\\\\x0102ff",
+                    "\\\\x",
+                    "\\\\x00ffee11223344556677",
+                    "not hex",
+                ],
+            ),
+            (
+                "at",
+                Kind::Timestamptz,
+                vec![
+                    "2026-01-02 03:04:05.5+01",
+                    "2026-01-02 03:04:05+00",
+                    "0001-01-01 00:00:00.000001+00",
+                    "2026-12-31 23:59:59.123450-09:30",
+                    "infinity",
+                ],
+            ),
+            (
+                "local",
+                Kind::Timestamp,
+                vec![
+                    "2026-01-02 03:04:05.250",
+                    "1999-12-31 23:59:59",
+                    "-infinity",
+                ],
+            ),
             (
                 "tags",
                 Kind::Array {
                     elem: Box::new(Kind::Text),
                     delim: b',',
                 },
-                vec!["{a,\"b c\"}"],
+                vec!["{a,\"b c\"}", "{}", "{{a,NULL},{\"\\\\\"q\",z  }}"],
+            ),
+            (
+                "nums",
+                Kind::Array {
+                    elem: Box::new(Kind::Numeric),
+                    delim: b',',
+                },
+                vec!["{1,2.50,NaN,NULL}", "[0:1]={7,8}"],
+            ),
+            (
+                "docs",
+                Kind::Array {
+                    elem: Box::new(Kind::Json),
+                    delim: b',',
+                },
+                vec!["{\"{\\\\\"a\\\\\": 1}\",\"[1, 2]\"}"],
+            ),
+            (
+                "times",
+                Kind::Array {
+                    elem: Box::new(Kind::Timestamptz),
+                    delim: b',',
+                },
+                vec!["{\"2026-01-02 03:04:05+00\",NULL}"],
             ),
         ];
         let schema = TableSchema {
@@ -512,7 +632,7 @@ mod tests {
             .enumerate()
             .map(|(i, (_, k, _))| (i as u32, k.clone()))
             .collect();
-        let encoder = RowEncoder::new(&schema, &kinds);
+        let encoder = RowEncoder::new(&schema, &kinds, None);
         let mut scratch = Scratch::default();
         for round in 0..5 {
             let fields: Vec<&str> = cases
@@ -532,7 +652,7 @@ mod tests {
                 let v = if *f == "\\N" {
                     raw("null")
                 } else {
-                    to_json(kind, &unescape_copy(f.as_bytes()).unwrap())
+                    to_json(kind, &unescape_copy_str(f).unwrap())
                 };
                 map.insert(name.to_string(), v);
             }
@@ -541,13 +661,121 @@ mod tests {
             assert_eq!(got.as_str(), want.as_str(), "line {line:?}");
         }
         let err = encoder.row(b"1\t2", &mut scratch).unwrap_err().to_string();
-        assert!(err.contains("2 fields, expected 9"), "{err}");
+        assert!(err.contains("2 fields, expected 13"), "{err}");
+    }
+
+    /// A masked baseline row written by the encoder is byte for byte the row the transform
+    /// makes of the unmasked one (the path changes take), for every op, NULLs, escapes and a
+    /// column the transform was not compiled for (the undeclared policy).
+    #[test]
+    fn the_encoder_masks_as_the_transform_does() {
+        use crate::archive::model::ColumnDefinition;
+        use crate::export::transform::{TransformKey, TransformRules};
+        use std::sync::Arc;
+        let col = |name: &str, ty: &str, oid: u32| ColumnDefinition {
+            name: name.into(),
+            type_name: ty.into(),
+            nullable: name != "id",
+            primary_key: name == "id",
+            type_oid: oid,
+            ..Default::default()
+        };
+        let columns = vec![
+            col("id", "int8", 20),
+            col("email", "text", 25),
+            col("ref", "uuid", 2950),
+            col("first", "text", 25),
+            col("ssn", "text", 25),
+            col("note", "text", 25),
+            col("secret", "text", 25),
+            col("payload", "jsonb", 3802),
+            col("small", "int2", 21),
+            col("born", "date", 1082),
+            col("added", "text", 25),
+        ];
+        let rules = TransformRules::parse(
+            r#"
+tables:
+  public.people:
+    undeclared: {redact: "gone"}
+    columns:
+      id: hash
+      email: hash
+      ref: hash
+      first: {fake: first_name}
+      ssn: drop
+      note: {redact: "REDACTED"}
+      secret: null
+      payload: keep
+      small: hash
+      born: keep
+"#,
+            "test.yaml",
+        )
+        .unwrap();
+        let key = Arc::new(TransformKey::from_bytes(b"0123456789abcdef-test-key", "test").unwrap());
+        // Compiled without `added`: a column that appeared after the rules were checked.
+        let transform = rules
+            .compile(
+                &TableId::new("public", "people"),
+                &columns[..columns.len() - 1],
+                &["id".into()],
+                Some(key),
+            )
+            .unwrap();
+        let kinds: HashMap<u32, Kind> = columns
+            .iter()
+            .map(|c| (c.type_oid, Kind::of_base(&c.type_name)))
+            .collect();
+        let schema = TableSchema {
+            id: TableId::new("public", "people"),
+            type_oids: columns.iter().map(|c| c.type_oid).collect(),
+            columns,
+            type_mods: vec![],
+            sql_types: vec![],
+            generated: vec![],
+            key_fields: vec!["id".into()],
+            has_primary_key: true,
+            replica_identity: 'd',
+        };
+        let plain = RowEncoder::new(&schema, &kinds, None);
+        let mask = transform.baseline_mask(&schema.columns).unwrap();
+        let masked = RowEncoder::new(&schema, &kinds, Some(Box::new(mask)));
+        let lines = [
+            "42\talice.smith@example.com\t6f9619ff-8b86-d011-b42d-00cf4fc964ff\tAlice\t123-45-6789\tprivate\ts3cr3t\t{\"a\": 1}\t7\t1990-01-02\tnew",
+            "-9223372036854775808\tbob@corp.io\t6F9619FF-8B86-D011-B42D-00CF4FC964FF\tBo\\tb\t000\tx\ty\t[]\t-32768\t2000-02-29\tz",
+            "0\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N",
+            "9223372036854775807\tno-at-sign \\\\ \"quoted\"\t00000000-0000-0000-0000-000000000000\tÉlodie\t1\t2\t3\tnull\t32767\t2026-12-03\t",
+        ];
+        let mut scratch = Scratch::default();
+        for line in lines {
+            let want = transform
+                .apply(plain.row(line.as_bytes(), &mut scratch).unwrap())
+                .unwrap();
+            let got = masked.row(line.as_bytes(), &mut scratch).unwrap();
+            assert_eq!(got.as_str(), want.as_str(), "line {line:?}");
+            assert!(!got.as_str().contains("ssn"), "{got:?}");
+        }
+        // A hash on a value it cannot read fails naming the table and column, not the value.
+        let err = masked
+            .row(
+                "x1\ta@b.c\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N".as_bytes(),
+                &mut scratch,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("public.people") && err.contains("\"id\"") && !err.contains("x1"),
+            "{err}"
+        );
     }
 
     #[test]
     fn copy_unescape() {
-        assert_eq!(unescape_copy(b"a\\tb\\nc\\\\d").unwrap(), "a\tb\nc\\d");
-        assert_eq!(unescape_copy(b"\\\\x0102").unwrap(), "\\x0102");
-        assert_eq!(unescape_copy(b"plain").unwrap(), "plain");
+        assert_eq!(unescape_copy_str("a\\tb\\nc\\\\d").unwrap(), "a\tb\nc\\d");
+        assert_eq!(unescape_copy_str("\\\\x0102").unwrap(), "\\x0102");
+        assert_eq!(unescape_copy_str("plain").unwrap(), "plain");
+        // An escape making a byte that is not UTF-8 is an error, not a lossy value.
+        assert!(unescape_copy_str("\\xff").is_err());
     }
 }
