@@ -30,7 +30,7 @@ use crate::archive::model::{ColumnDefinition, TableId};
 use crate::archive::value::{Row, Value, raw};
 use crate::export::fake::FakeKind;
 use crate::locks::MutexExt;
-use crate::source::postgres::{ColumnMask, Treatment};
+use crate::source::postgres::{ColumnMask, Treatment, write_string};
 
 /// Shortest key accepted (bytes).
 pub const MIN_KEY_BYTES: usize = 16;
@@ -639,11 +639,6 @@ impl Op {
         }
         Ok(())
     }
-}
-
-/// A JSON string with serde_json's escaping (the bytes `string_value` gives).
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    serde_json::to_writer(out, s).expect("writing to a Vec cannot fail");
 }
 
 /// A keyed permutation of the `bits`-bit signed integers keeping the sign: non-negative

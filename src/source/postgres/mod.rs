@@ -39,7 +39,7 @@ pub use lifecycle::{
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::check_row_filter;
-pub use types::{Kind, to_json};
+pub use types::{Kind, to_json, write_string};
 
 use crate::archive::model::{ColumnDefinition, TableId};
 use crate::archive::position::Lsn;
