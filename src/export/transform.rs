@@ -610,10 +610,9 @@ impl Op {
         };
         let mut out = Vec::new();
         self.write_text(&text, &mut out)?;
-        let out = String::from_utf8(out).expect("JSON written from UTF-8 text");
-        Ok(Some(
-            RawValue::from_string(out).expect("a transform writes JSON"),
-        ))
+        Ok(Some(raw(
+            String::from_utf8(out).expect("JSON written from UTF-8 text")
+        )))
     }
 
     /// Appends the JSON value of a non-NULL value whose text is `text` (a string's content, an
@@ -824,21 +823,18 @@ impl TableTransform {
     }
 }
 
+/// `column` indexes the baseline's columns, the ones the mask was made for.
 impl ColumnMask for BaselineMask {
     fn treatment(&self, column: usize) -> Treatment {
-        match self.columns.get(column).map(|(_, op)| op) {
-            Some(Op::Keep) => Treatment::Keep,
-            Some(Op::Drop) => Treatment::Drop,
-            // A column the transform was not compiled for is never kept raw.
-            Some(_) | None => Treatment::Rewrite,
+        match &self.columns[column].1 {
+            Op::Keep => Treatment::Keep,
+            Op::Drop => Treatment::Drop,
+            _ => Treatment::Rewrite,
         }
     }
 
     fn write(&self, column: usize, text: Option<&str>, out: &mut Vec<u8>) -> Result<(), String> {
-        let Some((name, op)) = self.columns.get(column) else {
-            out.extend_from_slice(b"null");
-            return Ok(());
-        };
+        let (name, op) = &self.columns[column];
         match text {
             None => out.extend_from_slice(b"null"),
             Some(text) => op.write_text(text, out).map_err(|why| {

@@ -1074,14 +1074,14 @@ tables:
     // permutes integers differently now, so the export starts a new epoch instead of mixing
     // the two versions in one.
     let manifest_path = dir.path().join("public.users/manifest.json");
-    let hash_of = || -> Value {
-        let m: Value =
-            serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
-        m["transform"]["hash"].clone()
+    let manifest = || -> Value {
+        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap()
     };
-    assert_eq!(hash_of(), larch::export::transform::HASH_ALGORITHM);
-    let mut m: Value =
-        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let mut m = manifest();
+    assert_eq!(
+        m["transform"]["hash"],
+        larch::export::transform::HASH_ALGORITHM
+    );
     m["transform"].as_object_mut().unwrap().remove("hash");
     std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
     let mut c = follow(KEY_B);
@@ -1092,5 +1092,8 @@ tables:
     let _ = reader.join();
     let log = log.lock().unwrap().join("\n");
     assert!(log.contains("the hash algorithm changed"), "{log}");
-    assert_eq!(hash_of(), larch::export::transform::HASH_ALGORITHM);
+    assert_eq!(
+        manifest()["transform"]["hash"],
+        larch::export::transform::HASH_ALGORITHM
+    );
 }

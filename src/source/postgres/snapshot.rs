@@ -265,13 +265,13 @@ pub async fn copy_table<R: RowSink>(
         qualified(&schema.id),
         where_clause(filter)
     );
+    // The mask is known before the COPY starts, so no COPY waits on it.
+    let encoder = RowEncoder::new(schema, kinds, rows.column_mask(schema).await?);
     let stream = client
         .copy_out(&sql)
         .await
         .map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
     futures::pin_mut!(stream);
-    let mask = rows.column_mask(schema).await?;
-    let encoder = RowEncoder::new(schema, kinds, mask);
     let mut scratch = Scratch::default();
     // The start of a line whose end has not arrived yet (COPY sends one message per row, so
     // this is usually empty and lines are read straight from the message).

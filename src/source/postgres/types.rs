@@ -119,7 +119,11 @@ pub fn to_json(kind: &Kind, text: &str) -> Value {
             None => string_value(text),
         },
         Kind::Array { elem, delim } => match parse_array(text, *delim) {
-            Some(tree) => raw(render_array(&tree, elem)),
+            Some(tree) => {
+                let mut out = Vec::new();
+                write_array(&tree, elem, &mut out);
+                raw(String::from_utf8(out).expect("JSON written from UTF-8 text"))
+            }
             None => string_value(text),
         },
         Kind::Text => string_value(text),
@@ -573,7 +577,7 @@ fn parse_list(s: &[u8], pos: &mut usize, delim: u8) -> Option<ArrayNode> {
     }
 }
 
-/// [`render_array`] appended to `out`, without the intermediate strings.
+/// An array's JSON appended to `out`, element by element (no string per element).
 fn write_array(node: &ArrayNode, elem: &Kind, out: &mut Vec<u8>) {
     match node {
         ArrayNode::Elem(None) => out.extend_from_slice(b"null"),
@@ -587,17 +591,6 @@ fn write_array(node: &ArrayNode, elem: &Kind, out: &mut Vec<u8>) {
                 write_array(item, elem, out);
             }
             out.push(b']');
-        }
-    }
-}
-
-fn render_array(node: &ArrayNode, elem: &Kind) -> String {
-    match node {
-        ArrayNode::Elem(None) => "null".to_string(),
-        ArrayNode::Elem(Some(text)) => to_json(elem, text).get().to_string(),
-        ArrayNode::List(items) => {
-            let parts: Vec<String> = items.iter().map(|n| render_array(n, elem)).collect();
-            format!("[{}]", parts.join(","))
         }
     }
 }
