@@ -301,8 +301,9 @@ async fn bad_input_names_what_is_wrong_and_writes_nothing() {
         &archive,
         &["--table", "items", "--at", "0/1"],
     ));
+    // The position as archives write it (`0/1` is `0/00000001`), and the table.
     assert!(
-        err.contains("0/1") && err.contains("table public.items"),
+        err.contains("0/00000001") && err.contains("table public.items"),
         "{err}"
     );
     assert!(!table_exists(&target, "public.items").await);
