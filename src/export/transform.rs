@@ -629,7 +629,12 @@ impl Op {
                 use std::io::Write as _;
                 write!(out, "{}", hash_int(key, n, *bits)).expect("writing to a Vec cannot fail");
             }
-            Op::Hash(key, HashFormat::Uuid) => write_string(&hash_uuid(key, text), out),
+            Op::Hash(key, HashFormat::Uuid) => {
+                // Hex digits and dashes: nothing to escape.
+                out.push(b'"');
+                out.extend_from_slice(hash_uuid(key, text).as_bytes());
+                out.push(b'"');
+            }
             Op::Hash(key, HashFormat::Text) => write_string(&hash_text(key, text), out),
             Op::Fake(key, kind, max) => {
                 let tag = key.tag(b"fake", text.as_bytes());
@@ -655,19 +660,26 @@ fn hash_int(key: &TransformKey, n: i64, bits: u32) -> i64 {
 
 /// A uuid from the keyed hash of the value's canonical (lowercase) text, version 4 bits set.
 fn hash_uuid(key: &TransformKey, value: &str) -> String {
-    let t = key.tag(b"uuid", value.to_ascii_lowercase().as_bytes());
+    // PostgreSQL writes uuids in lowercase, so the copy is only for text from elsewhere.
+    let canonical = if value.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(value.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(value)
+    };
+    let t = key.tag(b"uuid", canonical.as_bytes());
     let mut b: [u8; 16] = t[..16].try_into().expect("16 bytes");
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(36);
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        text.push(HEX[usize::from(byte >> 4)] as char);
+        text.push(HEX[usize::from(byte & 0x0f)] as char);
+    }
+    text
 }
 
 /// Text of the same length and shape; an email (`local@domain`) keeps that shape, its domain
@@ -705,21 +717,22 @@ fn hash_text(key: &TransformKey, value: &str) -> String {
 /// Replaces each letter by a letter of the same case and each digit by a digit, chosen by
 /// `bytes` (one per character); other characters stay (so separators keep the shape).
 fn shape(value: &str, bytes: &[u8]) -> String {
-    value
+    let mut out = String::with_capacity(value.len());
+    for (c, b) in value
         .chars()
         .zip(bytes.iter().copied().chain(std::iter::repeat(0)))
-        .map(|(c, b)| {
-            if c.is_ascii_uppercase() {
-                (b'A' + b % 26) as char
-            } else if c.is_ascii_digit() {
-                (b'0' + b % 10) as char
-            } else if c.is_alphabetic() {
-                (b'a' + b % 26) as char
-            } else {
-                c
-            }
-        })
-        .collect()
+    {
+        out.push(if c.is_ascii_uppercase() {
+            (b'A' + b % 26) as char
+        } else if c.is_ascii_digit() {
+            (b'0' + b % 10) as char
+        } else if c.is_alphabetic() {
+            (b'a' + b % 26) as char
+        } else {
+            c
+        });
+    }
+    out
 }
 
 /// One table's compiled transform: applied by the exporter at [`TableTransform::apply`], the
