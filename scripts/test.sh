@@ -13,9 +13,9 @@ export PATH="$LARCH_CACHE/venv/bin:$PATH"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked -- -D warnings
 # The crash-safety tests and crash points exist with the feature only: lint them too.
-cargo clippy --all-targets --locked --features crashpoints -- -D warnings
+cargo clippy --workspace --all-targets --locked --features crashpoints -- -D warnings
 echo "== fake kubelet (e2e/fake-kubelet): fmt, clippy, unit tests"
 cargo fmt --manifest-path e2e/fake-kubelet/Cargo.toml --all -- --check
 cargo clippy --manifest-path e2e/fake-kubelet/Cargo.toml --all-targets --locked -- -D warnings
@@ -27,4 +27,4 @@ echo "== e2e/gitops (larch-gitops): go vet, go test"
    GOMODCACHE="$LARCH_CACHE/go/mod" GOCACHE="$LARCH_CACHE/go/build" GOTOOLCHAIN=local \
    GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 && go vet ./... && go test ./...)
 echo "== cargo test (unit, integration with the crash points, end-to-end: tests/e2e)"
-cargo test --locked --all-targets --features crashpoints
+cargo test --workspace --locked --all-targets --features crashpoints

@@ -1,16 +1,28 @@
 //! larch: PostgreSQL tables into laredo-compatible archives, archives into live engines, both
 //! on Kubernetes through an operator.
+//!
+//! This package is the `larch` binary: `cli` parses arguments and calls the workspace's
+//! crates (docs/architecture.md). The modules re-exported below keep one path per concept for
+//! the binary and the tests:
+//! `larch_core` (shared vocabulary) ← `larch_archive` ← `larch_postgres` ← `larch_run`
+//! (export, engine, restore) ← `larch_operator`.
 
-pub mod archive;
 pub mod cli;
-pub mod duration;
-pub mod engine;
-pub mod export;
-pub mod failure;
-pub mod locks;
-pub mod operator;
-pub mod progress;
-pub mod restore;
-pub mod source;
-pub mod telemetry;
-pub mod tls;
+
+pub use larch_archive as archive;
+pub use larch_core::{duration, locks, progress, telemetry, tls, units};
+pub use larch_operator as operator;
+pub use larch_run::{engine, export, restore};
+
+/// Failure reasons (the termination-message contract), classified by every layer.
+pub mod failure {
+    pub use larch_core::failure::*;
+    pub use larch_run::reasons::{classify, reason_of, report};
+}
+
+/// Sources: PostgreSQL (logical replication) and archives.
+pub mod source {
+    pub use larch_archive::source::*;
+    pub use larch_postgres as postgres;
+    pub use larch_run::archive_source as archive;
+}

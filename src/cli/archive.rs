@@ -61,7 +61,7 @@ pub struct ClockAllowanceArgs {
     /// An object counts as stored before the manifest only when its modification time is this
     /// much earlier than the manifest object's (both from the store's own clock, so no
     /// allowance for clock skew between machines is needed).
-    #[arg(long, default_value = "0s", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "0s", value_parser = parse_non_negative_duration)]
     pub clock_allowance: std::time::Duration,
 }
 
@@ -122,7 +122,7 @@ pub fn parse_point_in_time(s: &str) -> Result<PointInTime, String> {
 }
 
 /// A duration, where zero is allowed (`0`, `0s`).
-fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+fn parse_non_negative_duration(s: &str) -> Result<std::time::Duration, String> {
     crate::duration::parse_non_negative(s)
 }
 

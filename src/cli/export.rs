@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 
 use super::env_help::{CRASH, KUBE, LOG, PG, S3};
-use super::{StoreArgs, parse_formats, parse_list};
+use super::{ConnectionArgs, StoreArgs, parse_duration_arg, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
 use crate::export::lease::LeaderElector;
@@ -303,63 +303,9 @@ async fn lease_elector(args: &ExportArgs, name: &str) -> anyhow::Result<LeaderEl
     })
 }
 
-pub(super) fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    crate::duration::parse_positive(s)
-}
-
 /// A retention age: the durations of --diff-interval, plus whole days (`7d`).
 fn parse_age(s: &str) -> Result<std::time::Duration, String> {
     crate::duration::parse_age(s)
-}
-
-/// The PostgreSQL connection, from a flag, a file or the environment.
-#[derive(Args, Debug, Clone, Default)]
-pub struct ConnectionArgs {
-    /// PostgreSQL connection string (key=value or postgres:// URL). Prefer --connection-file or
-    /// LARCH_PG_DSN: a command line is visible to other users of the machine.
-    #[arg(long, conflicts_with = "connection_file")]
-    pub connection: Option<String>,
-    /// File holding the connection string (surrounding whitespace ignored).
-    #[arg(long)]
-    pub connection_file: Option<PathBuf>,
-}
-
-impl ConnectionArgs {
-    /// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
-    pub fn dsn(&self) -> anyhow::Result<String> {
-        self.read_dsn()
-            .map_err(|e| failure::tag(Reason::InvalidConfig, e))
-    }
-
-    fn read_dsn(&self) -> anyhow::Result<String> {
-        if let Some(c) = &self.connection {
-            return Ok(c.clone());
-        }
-        if let Some(path) = &self.connection_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --connection-file {}", path.display()))?;
-            let text = text.trim();
-            if text.is_empty() {
-                bail!("--connection-file {} is empty", path.display());
-            }
-            return Ok(text.to_string());
-        }
-        match std::env::var("LARCH_PG_DSN") {
-            Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
-            _ => bail!(
-                "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
-            ),
-        }
-    }
-
-    /// How to pass the same connection to another command, without the secret itself.
-    pub fn hint(&self) -> String {
-        match (&self.connection_file, &self.connection) {
-            (Some(f), _) => format!("--connection-file {}", f.display()),
-            (None, Some(_)) => "--connection '<the same connection string>'".into(),
-            (None, None) => "(with LARCH_PG_DSN set)".into(),
-        }
-    }
 }
 
 /// `--schema S --table T`, or `--table [S.]T`, for each `--table`; a table named twice is an
@@ -834,7 +780,7 @@ async fn left_behind(connection: &ConnectionArgs, source: &PostgresSource) {
         Ok(_) => match source.slot_usage() {
             Some(u) => format!(
                 "; it holds {} of WAL on the server (restart_lsn {})",
-                crate::source::postgres::format_bytes(u.retained_bytes.unwrap_or(0)),
+                crate::units::format_bytes(u.retained_bytes.unwrap_or(0)),
                 u.restart_lsn.as_deref().unwrap_or("?")
             ),
             None => "; it does not exist (any more)".into(),

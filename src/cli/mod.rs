@@ -3,10 +3,12 @@
 pub mod archive;
 pub mod engine;
 pub mod export;
+pub mod operator;
 pub mod restore;
 pub mod slot;
 pub mod status;
 
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::archive::format::Format;
@@ -91,7 +93,7 @@ pub enum Command {
     /// Print the operator's CustomResourceDefinitions (multi-document YAML).
     Crd,
     /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
-    Operator(crate::operator::cli::OperatorArgs),
+    Operator(operator::OperatorArgs),
     /// Every ArchiveExport, ArchiveSource and ArchiveSourceSet of the cluster and recent warning
     /// Events, read with your kubeconfig (also `kubectl larch status`: install the binary as
     /// `kubectl-larch` on PATH).
@@ -243,11 +245,11 @@ pub fn main() -> i32 {
             Command::Export(a) => export::run(*a).await,
             Command::Engine(a) => engine::run(a).await,
             Command::Restore(a) => restore::run(*a).await,
-            Command::Crd => Ok(crate::operator::cli::crd()),
+            Command::Crd => Ok(operator::crd()),
             Command::Status(a) => status::run(a).await,
             Command::Operator(args) => {
                 init_tracing();
-                crate::operator::cli::operator(args).await
+                operator::operator(args).await
             }
         }
     });
@@ -276,6 +278,61 @@ fn one_line(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// The PostgreSQL connection, from a flag, a file or the environment.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConnectionArgs {
+    /// PostgreSQL connection string (key=value or postgres:// URL). Prefer --connection-file or
+    /// LARCH_PG_DSN: a command line is visible to other users of the machine.
+    #[arg(long, conflicts_with = "connection_file")]
+    pub connection: Option<String>,
+    /// File holding the connection string (surrounding whitespace ignored).
+    #[arg(long)]
+    pub connection_file: Option<std::path::PathBuf>,
+}
+
+impl ConnectionArgs {
+    /// The connection string from the flag, the file or `LARCH_PG_DSN`, never echoed.
+    pub fn dsn(&self) -> anyhow::Result<String> {
+        self.read_dsn()
+            .map_err(|e| crate::failure::tag(crate::failure::Reason::InvalidConfig, e))
+    }
+
+    fn read_dsn(&self) -> anyhow::Result<String> {
+        if let Some(c) = &self.connection {
+            return Ok(c.clone());
+        }
+        if let Some(path) = &self.connection_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --connection-file {}", path.display()))?;
+            let text = text.trim();
+            if text.is_empty() {
+                anyhow::bail!("--connection-file {} is empty", path.display());
+            }
+            return Ok(text.to_string());
+        }
+        match std::env::var("LARCH_PG_DSN") {
+            Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
+            _ => anyhow::bail!(
+                "no PostgreSQL connection: pass --connection, --connection-file or set LARCH_PG_DSN"
+            ),
+        }
+    }
+
+    /// How to pass the same connection to another command, without the secret itself.
+    pub fn hint(&self) -> String {
+        match (&self.connection_file, &self.connection) {
+            (Some(f), _) => format!("--connection-file {}", f.display()),
+            (None, Some(_)) => "--connection '<the same connection string>'".into(),
+            (None, None) => "(with LARCH_PG_DSN set)".into(),
+        }
+    }
+}
+
+/// A positive duration flag (`30s`, `5m`, `1h30m`).
+pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    crate::duration::parse_positive(s)
 }
 
 #[cfg(test)]

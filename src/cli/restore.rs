@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use super::export::ConnectionArgs;
+use super::ConnectionArgs;
 use super::{StoreArgs, parse_formats, parse_table_arg};
 use crate::archive::model::TableId;
 use crate::archive::spill::SpillConfig;

@@ -16,10 +16,11 @@ use clap::{Args, Subcommand};
 use prometheus::Registry;
 use serde::Serialize;
 
-use super::export::{ConnectionArgs, parse_duration_arg};
+use super::{ConnectionArgs, parse_duration_arg};
 use crate::export::slot::{SlotMetrics, SlotReport, now_string};
 use crate::locks::MutexExt;
-use crate::source::postgres::{PostgresConfig, SlotWatcher, cleanup, format_bytes};
+use crate::source::postgres::{PostgresConfig, SlotWatcher, cleanup};
+use crate::units::format_bytes;
 
 #[derive(Subcommand, Debug)]
 pub enum ExportCommand {

@@ -475,7 +475,10 @@ mod tests {
     #[test]
     fn the_next_run_of_a_scheduled_export_in_its_time_zone() {
         let now: jiff::Timestamp = "2027-01-14T10:17:30Z".parse().unwrap();
-        let mut e = crate::operator::builders::tests::export_fixture("export-oneshot-s3");
+        let mut e: crate::operator::crd::ArchiveExport = serde_yaml_ng::from_str(include_str!(
+            "../../crates/operator/src/builders/testdata/export-oneshot-s3.input.yaml"
+        ))
+        .unwrap();
         e.spec.schedule = None;
         assert_eq!(next_run(&e, now), None, "no schedule");
         e.spec.schedule = Some(

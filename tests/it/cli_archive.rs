@@ -594,7 +594,10 @@ fn verify_reports_on_stdout_ok_or_problems() {
 fn every_environment_variable_is_in_help() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut names = std::collections::BTreeSet::new();
-    for file in walk(&root.join("src")) {
+    let files = walk(&root.join("src"))
+        .into_iter()
+        .chain(walk(&root.join("crates")));
+    for file in files {
         let test_only = file.file_name().is_some_and(|n| n == "tests.rs")
             || file.components().any(|c| c.as_os_str() == "tests");
         if file.extension().and_then(|e| e.to_str()) != Some("rs") || test_only {

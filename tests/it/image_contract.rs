@@ -135,7 +135,7 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
     let copies = build_stage_copies(&dockerfile);
     assert_eq!(
         copies,
-        ["Cargo.toml", "Cargo.lock", "src"],
+        ["Cargo.toml", "Cargo.lock", "src", "crates"],
         "update this test with the Dockerfile"
     );
 

@@ -360,10 +360,10 @@ async fn metrics_page_lists_every_scraped_metric() {
     }
     // Listed but not scraped (a labelled metric without a value yet): it must still exist.
     let sources: String = [
-        "src/export",
-        "src/engine",
-        "src/operator",
-        "src/telemetry.rs",
+        "crates/run/src/export",
+        "crates/run/src/engine",
+        "crates/operator/src",
+        "crates/core/src/telemetry.rs",
     ]
     .iter()
     .map(|p| {

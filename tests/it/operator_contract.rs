@@ -1,5 +1,5 @@
 //! The operator's side of the CLI contract, checked against the real parsers: every container
-//! command the operator generates (golden outputs in src/operator/builders/testdata) parses as a
+//! command the operator generates (golden outputs in crates/operator/src/builders/testdata) parses as a
 //! `larch` command line, and every engine config it writes passes `larch engine`'s validation.
 //! The operator code itself does not link the export or engine; this test ties them together.
 
@@ -9,7 +9,7 @@ use clap::Parser;
 use serde_json::Value;
 
 fn golden_docs() -> Vec<(String, Value)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/operator/builders/testdata");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/operator/src/builders/testdata");
     let mut out = vec![];
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

@@ -1,0 +1,988 @@
+//! Writing archives (laredo spec §6, rules W1–W7): streamed base snapshots, collapsed diffs, the
+//! new-epoch policy, commit order and compare-and-swap, retention that deletes what it prunes.
+//!
+//! Memory is bounded by configuration, not by the data ([`SpillConfig`]): the changes of the
+//! transaction being received and those waiting for the next diff collapse in memory up to
+//! `memory_limit` and spill to sorted runs on local disk past it; a diff is streamed from the
+//! merge of those runs straight into its uploads, and a compaction folds the archive the same way
+//! ([`super::fold`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chrono::{DateTime, FixedOffset};
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::{ArchiveError, Result};
+use super::format::{Encoder, Format};
+use super::identity::{laredo_row_key, row_identity};
+use super::manifest::{
+    Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc, object_keys,
+    referenced_keys,
+};
+use super::masking::TransformRecord;
+use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
+use super::policy::{EpochTrigger, Policy, PolicyInputs};
+use super::position::{self, compare};
+use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
+use super::store::{ObjectWriter, Store, check_key_prefix};
+use super::value::Row;
+
+/// One format of a snapshot being uploaded: its encoder and one streaming upload per store.
+type Upload = (
+    Format,
+    Encoder,
+    Vec<(Arc<dyn Store>, String, Box<dyn ObjectWriter>)>,
+);
+
+/// Bytes buffered per format before they go to the upload.
+const UPLOAD_CHUNK: usize = 1 << 20;
+
+/// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a
+/// test's clock that runs ahead or behind.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> DateTime<FixedOffset> + Send + Sync>);
+
+impl Clock {
+    pub fn system() -> Clock {
+        Clock(Arc::new(now_utc))
+    }
+
+    /// The system clock shifted by `offset` (a machine whose clock is off).
+    pub fn offset(offset: chrono::Duration) -> Clock {
+        Clock(Arc::new(move || now_utc() + offset))
+    }
+
+    pub fn now(&self) -> DateTime<FixedOffset> {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::system()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({})", self.now())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct WriterConfig {
+    /// `schema.table`, recorded in the manifest.
+    pub table: String,
+    pub key_prefix: String,
+    /// Configured key fields; empty means the columns' primary key, else `id`.
+    pub key_fields: Vec<String>,
+    pub snapshot_formats: Vec<Format>,
+    pub diff_formats: Vec<Format>,
+    pub policy: Policy,
+    /// Keep this many newest epochs (0: keep everything).
+    pub keep_epochs: u32,
+    /// Prune epochs that ended longer ago than this (see [`super::retention::Retention`]).
+    pub max_age: Option<Duration>,
+    /// The clock of the times the writer records.
+    pub clock: Clock,
+    /// Memory for buffered changes and where they spill past it.
+    pub spill: SpillConfig,
+}
+
+impl WriterConfig {
+    pub fn new(table: impl Into<String>, key_prefix: impl Into<String>) -> WriterConfig {
+        WriterConfig {
+            table: table.into(),
+            key_prefix: key_prefix.into(),
+            key_fields: Vec::new(),
+            snapshot_formats: vec![Format::Jsonl],
+            diff_formats: vec![Format::Jsonl],
+            policy: Policy::default(),
+            keep_epochs: 0,
+            max_age: None,
+            clock: Clock::system(),
+            spill: SpillConfig::default(),
+        }
+    }
+}
+
+/// What a flush did.
+#[derive(Debug, PartialEq)]
+pub enum FlushOutcome {
+    /// Nothing buffered and no trigger due.
+    Idle,
+    /// A diff was committed; `new_epoch` names the policy trigger that asks for a new epoch
+    /// (a snapshot) now (see [`ArchiveWriter::compact`]).
+    Diff {
+        artifact: Artifact,
+        new_epoch: Option<EpochTrigger>,
+    },
+    /// Nothing buffered, but the policy asks for a new snapshot (`max_interval` on an idle
+    /// table).
+    SnapshotNeeded(EpochTrigger),
+}
+
+/// What the open transaction did so far, applied to the writer's counters at its commit.
+#[derive(Default, Debug)]
+struct PendingCounts {
+    changes: u64,
+    /// Rows inserted minus rows deleted (since its TRUNCATE, if any).
+    rows: i64,
+}
+
+pub struct ArchiveWriter {
+    stores: Vec<Arc<dyn Store>>,
+    config: WriterConfig,
+    manifest: Manifest,
+    revisions: Vec<String>,
+    key_fields: Vec<String>,
+    spill: Arc<Spill>,
+    /// Changes of the transaction being received (not committed in PostgreSQL yet as far as
+    /// we know): they join `buffer` at its COMMIT, so a diff never holds part of one (W5).
+    pending: ChangeBuffer,
+    pending_counts: PendingCounts,
+    /// Committed changes collapsed per identity (laredo §6.4), waiting for the next diff; a
+    /// TRUNCATE is kept apart so it is written first (W3).
+    buffer: ChangeBuffer,
+    churn: u64,
+    rows_estimate: u64,
+    last_snapshot_at: Option<Instant>,
+    last_snapshot_bytes: u64,
+    /// Sweep orphans after the first commit made a store time resolution after opening (W10):
+    /// the manifest is then stored after every upload of a writer that died before us, by the
+    /// store's clock. Commits that change the epoch or prune sweep too.
+    sweep_after_commit: bool,
+    opened_at: Instant,
+    /// Counts the rows of the snapshot being written (a compaction's progress).
+    row_progress: Option<Arc<larch_core::progress::Progress>>,
+    /// Commit times of the first and last transaction in `buffer` (the next diff's).
+    buffer_commit_times: Option<(DateTime<FixedOffset>, DateTime<FixedOffset>)>,
+    /// The time of the state the next snapshot holds ([`Self::set_snapshot_time`]).
+    next_snapshot_time: Option<DateTime<FixedOffset>>,
+}
+
+impl ArchiveWriter {
+    /// Opens the archive at the key prefix on every store: adopts the primary store's manifest
+    /// (refusing a newer version or another table's archive) and remembers each revision.
+    pub async fn open(stores: Vec<Arc<dyn Store>>, config: WriterConfig) -> Result<ArchiveWriter> {
+        if stores.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "a writer needs at least one store".into(),
+            ));
+        }
+        if config.snapshot_formats.is_empty() || config.diff_formats.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "a writer needs at least one snapshot and one diff format".into(),
+            ));
+        }
+        config.policy.validate().map_err(ArchiveError::Invalid)?;
+        check_key_prefix(&config.key_prefix)?;
+        let key = manifest_key(&config.key_prefix);
+        let mut revisions = Vec::with_capacity(stores.len());
+        let mut manifest = None;
+        for (i, store) in stores.iter().enumerate() {
+            match store.get(&key).await? {
+                Some(got) => {
+                    if i == 0 {
+                        let m = Manifest::from_slice(&key, &got.bytes)?;
+                        if !m.table.is_empty() && m.table != config.table {
+                            return Err(ArchiveError::Invalid(format!(
+                                "{} on {} holds table {:?}, not {:?}: choose another key prefix",
+                                key,
+                                store.name(),
+                                m.table,
+                                config.table
+                            )));
+                        }
+                        manifest = Some(m);
+                    }
+                    revisions.push(got.revision);
+                }
+                None => revisions.push(String::new()),
+            }
+        }
+        let manifest = manifest.unwrap_or_else(|| Manifest::new(config.table.clone()));
+        let key_fields = effective_key_fields(&config.key_fields, &manifest.columns);
+        let rows_estimate = super::plan::newest_snapshot(&manifest)
+            .map(|s| s.row_count.max(0) as u64)
+            .unwrap_or(0);
+        let spill = Spill::open(
+            config.spill.clone(),
+            &spill_tag(&stores, &config.key_prefix),
+        );
+        let writer = ArchiveWriter {
+            stores,
+            key_fields,
+            manifest,
+            revisions,
+            pending: ChangeBuffer::new(spill.clone()),
+            pending_counts: PendingCounts::default(),
+            buffer: ChangeBuffer::new(spill.clone()),
+            spill,
+            churn: 0,
+            rows_estimate,
+            last_snapshot_at: None,
+            last_snapshot_bytes: 0,
+            sweep_after_commit: true,
+            opened_at: Instant::now(),
+            row_progress: None,
+            buffer_commit_times: None,
+            next_snapshot_time: None,
+            config,
+        };
+        writer.sweep_orphans().await;
+        Ok(writer)
+    }
+
+    /// Deletes orphans (W10) on every store, each judged against that store's own committed
+    /// manifest. Best effort: a failure is logged and the objects wait for the next sweep.
+    async fn sweep_orphans(&self) {
+        let key = manifest_key(&self.config.key_prefix);
+        for store in &self.stores {
+            let result = async {
+                let Some(got) = store.get(&key).await? else {
+                    return Ok(Vec::new());
+                };
+                let manifest = Manifest::from_slice(&key, &got.bytes)?;
+                super::orphans::sweep(store.as_ref(), &self.config.key_prefix, &manifest).await
+            }
+            .await;
+            match result {
+                Ok(deleted) if deleted.is_empty() => {}
+                Ok(deleted) => tracing::info!(
+                    store = %store.name(),
+                    count = deleted.len(),
+                    keys = ?deleted,
+                    "swept orphaned objects of epochs the manifest no longer lists"
+                ),
+                Err(e) => {
+                    tracing::warn!(store = %store.name(), error = %e, "orphan sweep failed; the next one retries")
+                }
+            }
+        }
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The position the archive reaches (the next diff's `from`).
+    pub fn head(&self) -> &str {
+        &self.manifest.head_position
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.manifest.epoch
+    }
+
+    /// Changes waiting for the next diff (an upper bound of the identities once spilled).
+    pub fn buffer_depth(&self) -> usize {
+        self.buffer.depth() + usize::from(self.buffer.truncated())
+    }
+
+    /// Changes of the open transaction received so far.
+    pub fn pending_changes(&self) -> u64 {
+        self.pending_counts.changes
+    }
+
+    /// The spill directory and its live figures.
+    pub fn spill(&self) -> &Arc<Spill> {
+        &self.spill
+    }
+
+    pub fn churn(&self) -> u64 {
+        self.churn
+    }
+
+    pub fn key_fields(&self) -> &[String] {
+        &self.key_fields
+    }
+
+    /// Sets the columns recorded in the manifest (and the key fields they imply).
+    pub fn set_columns(&mut self, columns: Vec<ColumnDefinition>) {
+        self.key_fields = effective_key_fields(&self.config.key_fields, &columns);
+        self.manifest.columns = columns;
+    }
+
+    /// Sets the transform record of the manifest (with the columns, before a new epoch's
+    /// snapshot: it describes that epoch's rows).
+    pub fn set_transform(&mut self, record: Option<TransformRecord>) {
+        self.manifest.transform = record;
+    }
+
+    /// Sets the subset record of the manifest (before a one-shot export's snapshot).
+    pub fn set_subset(&mut self, record: Option<crate::masking::SubsetRecord>) {
+        self.manifest.subset = record;
+    }
+
+    /// Buffers one change as a transaction of its own (see [`record_pending`] and
+    /// [`commit_pending`]; not while a transaction is open).
+    ///
+    /// [`record_pending`]: ArchiveWriter::record_pending
+    /// [`commit_pending`]: ArchiveWriter::commit_pending
+    pub fn record(&mut self, action: Action, old: Option<Row>, new: Option<Row>) -> Result<()> {
+        debug_assert!(
+            self.pending.is_empty(),
+            "record() inside an open transaction"
+        );
+        self.record_pending(action, old, new)?;
+        self.commit_pending()
+    }
+
+    /// Buffers one change of the transaction being received, collapsing it with what the
+    /// transaction holds for the same identity (last write wins). A TRUNCATE resets it; an
+    /// UPDATE that changes the key becomes a DELETE of the old identity and an INSERT of the new
+    /// one (W4). Past the memory limit, buffered changes spill to disk; an error here (the spill
+    /// limit, a disk error) loses nothing committed.
+    pub fn record_pending(
+        &mut self,
+        action: Action,
+        old: Option<Row>,
+        new: Option<Row>,
+    ) -> Result<()> {
+        self.pending_counts.changes += 1;
+        let entry = |action, old, new| Entry { action, old, new };
+        match action {
+            Action::Truncate => {
+                self.pending.truncate();
+                self.pending_counts.rows = 0;
+            }
+            Action::Delete => {
+                let Some(old) = old else { return Ok(()) };
+                let id =
+                    row_identity(&old, &self.key_fields).unwrap_or_else(|| old.as_str().into());
+                self.pending_counts.rows -= 1;
+                self.pending
+                    .insert(id, entry(Action::Delete, Some(old), None));
+            }
+            Action::Insert | Action::Update => {
+                let Some(new) = new else { return Ok(()) };
+                let id =
+                    row_identity(&new, &self.key_fields).unwrap_or_else(|| new.as_str().into());
+                let old_id = old
+                    .as_ref()
+                    .and_then(|o| row_identity(o, &self.key_fields))
+                    .filter(|old_id| *old_id != id);
+                if let Some(old_id) = old_id {
+                    self.pending
+                        .insert(old_id, entry(Action::Delete, old, None));
+                    self.pending
+                        .insert(id, entry(Action::Insert, None, Some(new)));
+                } else {
+                    if action == Action::Insert {
+                        self.pending_counts.rows += 1;
+                    }
+                    self.pending.insert(id, entry(action, old, Some(new)));
+                }
+            }
+        }
+        self.within_memory_limit()
+    }
+
+    /// The open transaction's COMMIT arrived, committed at `commit_time` (when the source
+    /// knows it): its changes join the next diff, whose commit time range it widens.
+    pub fn commit_pending_at(&mut self, commit_time: Option<DateTime<FixedOffset>>) -> Result<()> {
+        if let Some(t) = commit_time
+            && self.pending_counts.changes > 0
+        {
+            self.buffer_commit_times = Some(match self.buffer_commit_times {
+                Some((first, last)) => (first.min(t), last.max(t)),
+                None => (t, t),
+            });
+        }
+        self.commit_pending()
+    }
+
+    /// The time of the state the next [`Self::write_snapshot`] holds (recorded as its
+    /// `snapshot_time`); a compaction sets it itself.
+    pub fn set_snapshot_time(&mut self, at: DateTime<FixedOffset>) {
+        self.next_snapshot_time = Some(at);
+    }
+
+    /// The open transaction's COMMIT arrived: its changes join the next diff.
+    pub fn commit_pending(&mut self) -> Result<()> {
+        let txn = std::mem::replace(&mut self.pending, ChangeBuffer::new(self.spill.clone()));
+        let counts = std::mem::take(&mut self.pending_counts);
+        if txn.truncated() {
+            self.rows_estimate = 0;
+        }
+        self.rows_estimate = self.rows_estimate.saturating_add_signed(counts.rows);
+        self.churn += counts.changes;
+        off_the_runtime(|| self.buffer.append(txn))?;
+        self.within_memory_limit()
+    }
+
+    /// Drops the open transaction's changes (it will be delivered again, or never committed).
+    pub fn discard_pending(&mut self) {
+        self.pending.clear();
+        self.pending_counts = PendingCounts::default();
+    }
+
+    /// Spills the larger of the two buffers while memory holds more than the limit.
+    fn within_memory_limit(&mut self) -> Result<()> {
+        let limit = self.config.spill.memory_limit;
+        if self.pending.memory_bytes() + self.buffer.memory_bytes() <= limit {
+            return Ok(());
+        }
+        let larger = if self.pending.memory_bytes() >= self.buffer.memory_bytes() {
+            &mut self.pending
+        } else {
+            &mut self.buffer
+        };
+        off_the_runtime(|| larger.spill())
+    }
+
+    fn change(&self, action: Action, old: Option<Row>, new: Option<Row>) -> Change {
+        let key = laredo_row_key(new.as_ref().or(old.as_ref()), &self.key_fields);
+        Change {
+            action,
+            key,
+            old,
+            new,
+        }
+    }
+
+    fn change_truncate(&self) -> Change {
+        Change {
+            action: Action::Truncate,
+            key: laredo_row_key(None, &self.key_fields),
+            old: None,
+            new: None,
+        }
+    }
+
+    /// Flushes buffered changes as a diff ending at `to` (the position of the last change
+    /// recorded), unless the policy asks for a snapshot.
+    pub async fn flush(&mut self, to: &str) -> Result<FlushOutcome> {
+        let since = self
+            .last_snapshot_at
+            .map(|t| t.elapsed())
+            .unwrap_or(Duration::MAX);
+        if self.buffer.is_empty() {
+            // laredo never fires max_interval on an idle table; larch does (its only trigger
+            // that makes sense without changes).
+            let p = &self.config.policy;
+            if !p.max_interval.is_zero()
+                && since >= p.max_interval
+                && (p.min_interval.is_zero() || since >= p.min_interval)
+                && self.manifest.epoch > 0
+            {
+                return Ok(FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval));
+            }
+            return Ok(FlushOutcome::Idle);
+        }
+        let from = self.manifest.head_position.clone();
+        if !position::is_valid(to) || compare(to, &from) != std::cmp::Ordering::Greater {
+            return Err(ArchiveError::Invalid(format!(
+                "a diff must end at a valid position after {from:?}; got {to:?} (W1)"
+            )));
+        }
+        let mut artifact = Artifact {
+            kind: ArtifactKind::Diff,
+            epoch: self.manifest.epoch,
+            from_position: Some(from),
+            to_position: to.to_string(),
+            created_at: self.config.clock.now(),
+            row_count: 0,
+            change_count: 0,
+            formats: BTreeMap::new(),
+            first_commit_time: self.buffer_commit_times.map(|(first, _)| first),
+            last_commit_time: self.buffer_commit_times.map(|(_, last)| last),
+            snapshot_time: None,
+        };
+        // Streamed from the merge of the buffer's runs and memory straight into the uploads.
+        let mut uploads = self
+            .start_uploads(&artifact, &self.config.diff_formats)
+            .await?;
+        let streamed: Result<i64> = async {
+            let mut count = 0;
+            if self.buffer.truncated() {
+                let truncate = self.change_truncate();
+                for (_, enc, _) in uploads.iter_mut() {
+                    enc.change(&truncate)?;
+                }
+                count += 1;
+            }
+            for item in self.buffer.merged()? {
+                let (_, e) = item?;
+                let change = self.change(e.action, e.old, e.new);
+                for (_, enc, _) in uploads.iter_mut() {
+                    enc.change(&change)?;
+                }
+                count += 1;
+                send_chunks(&mut uploads).await?;
+            }
+            Ok(count)
+        }
+        .await;
+        let (count, written, primary_bytes) =
+            self.end_uploads(uploads, streamed, &mut artifact).await?;
+        artifact.change_count = count;
+        let inputs = PolicyInputs {
+            since_snapshot: since,
+            diff_bytes: primary_bytes,
+            last_snapshot_bytes: self.last_snapshot_bytes,
+            churn: self.churn,
+            row_count: self.rows_estimate,
+        };
+        // laredo writes a snapshot *instead of* the diff, so every follower must re-baseline.
+        // larch commits the diff first and then compacts: followers walk the diff to the head
+        // and continue into the new epoch without a re-baseline.
+        let new_epoch = self.config.policy.evaluate(&inputs);
+        if let Err(e) = self.commit(artifact.clone(), None).await {
+            self.cleanup(&written).await;
+            return Err(e);
+        }
+        self.buffer.clear();
+        self.buffer_commit_times = None;
+        Ok(FlushOutcome::Diff {
+            artifact,
+            new_epoch,
+        })
+    }
+
+    /// One streaming upload per format and store for `artifact`.
+    async fn start_uploads(&self, artifact: &Artifact, formats: &[Format]) -> Result<Vec<Upload>> {
+        let mut uploads: Vec<Upload> = Vec::new();
+        for format in formats {
+            let key = artifact_key(&self.config.key_prefix, artifact, format.extension());
+            let mut writers = Vec::new();
+            for store in &self.stores {
+                match store.create(&key).await {
+                    Ok(w) => writers.push((store.clone(), key.clone(), w)),
+                    Err(e) => {
+                        abort_all(uploads).await;
+                        for (_, _, w) in writers {
+                            w.abort().await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            uploads.push((*format, Encoder::new(*format)?, writers));
+        }
+        Ok(uploads)
+    }
+
+    /// Writes a base snapshot at a new epoch from a stream of rows (every row of the table at
+    /// `position`), then commits it (W5, W6). Buffered changes are dropped: the snapshot covers
+    /// them. Memory stays bounded: rows go straight to streaming uploads.
+    pub async fn write_snapshot(
+        &mut self,
+        position: &str,
+        rows: mpsc::Receiver<Row>,
+    ) -> Result<Artifact> {
+        self.write_snapshot_verified(position, rows, None).await
+    }
+
+    /// `write_snapshot` for a row stream whose producer reports success or failure once it
+    /// ends: the snapshot commits only on success, so a producer that fails half-way never
+    /// leaves a partial snapshot in the manifest.
+    pub async fn write_snapshot_verified(
+        &mut self,
+        position: &str,
+        mut rows: impl SnapshotRows,
+        verdict: Option<oneshot::Receiver<Result<()>>>,
+    ) -> Result<Artifact> {
+        let epoch = self.manifest.epoch + 1;
+        let mut artifact = Artifact {
+            kind: ArtifactKind::Snapshot,
+            epoch,
+            from_position: None,
+            to_position: position.to_string(),
+            created_at: self.config.clock.now(),
+            row_count: 0,
+            change_count: 0,
+            formats: BTreeMap::new(),
+            first_commit_time: None,
+            last_commit_time: None,
+            snapshot_time: self.next_snapshot_time.take(),
+        };
+        let mut uploads = self
+            .start_uploads(&artifact, &self.config.snapshot_formats)
+            .await?;
+        let mut count: i64 = 0;
+        let counter = self.row_progress.clone();
+        let streamed: Result<()> = async {
+            let mut batch = Vec::new();
+            while rows.next_rows(&mut batch).await {
+                let n = batch.len() as u64;
+                let mut bytes = 0;
+                for row in batch.drain(..) {
+                    bytes += row.as_str().len() as u64;
+                    for (_, enc, _) in uploads.iter_mut() {
+                        enc.row(&row)?;
+                    }
+                }
+                count += n as i64;
+                if let Some(p) = &counter {
+                    p.add(n, bytes);
+                }
+                send_chunks(&mut uploads).await?;
+            }
+            match verdict {
+                None => Ok(()),
+                Some(v) => v.await.unwrap_or_else(|_| {
+                    Err(ArchiveError::Invalid(
+                        "the row producer vanished before finishing".into(),
+                    ))
+                }),
+            }
+        }
+        .await;
+        let ((), written, primary_bytes) =
+            self.end_uploads(uploads, streamed, &mut artifact).await?;
+        artifact.row_count = count;
+        if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
+            self.cleanup(&written).await;
+            return Err(e);
+        }
+        self.buffer.clear();
+        self.buffer_commit_times = None;
+        self.churn = 0;
+        self.rows_estimate = count as u64;
+        self.last_snapshot_at = Some(Instant::now());
+        self.last_snapshot_bytes = primary_bytes;
+        Ok(artifact)
+    }
+
+    /// Writes a new base snapshot at the head from the archive itself (the newest snapshot
+    /// folded with its diff chain), without asking the source for a new baseline. Memory stays
+    /// within the spill's memory limit whatever the size of the diffs ([`super::fold`]).
+    /// Buffered changes must have been flushed first; an open transaction stays open.
+    pub async fn compact(&mut self) -> Result<Artifact> {
+        self.compact_reporting(None).await
+    }
+
+    /// [`Self::compact`], counting the rows written in `progress` (against the newest
+    /// snapshot's `row_count`).
+    pub async fn compact_reporting(
+        &mut self,
+        progress: Option<Arc<larch_core::progress::Progress>>,
+    ) -> Result<Artifact> {
+        if !self.buffer.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "flush buffered changes before compacting".into(),
+            ));
+        }
+        let plan = super::plan::plan_head(&self.manifest);
+        let expected = plan.snapshot.as_ref().map(|s| s.row_count);
+        // The head's time: the last diff's commit time, else the base snapshot's.
+        self.next_snapshot_time = plan
+            .diffs
+            .last()
+            .or(plan.snapshot.as_ref())
+            .and_then(Artifact::end_time);
+        if !position::same(&plan.head_position, &self.manifest.head_position) {
+            return Err(ArchiveError::Invalid(format!(
+                "cannot compact: the chain from the newest snapshot reaches {:?}, not the head {:?}",
+                plan.head_position, self.manifest.head_position
+            )));
+        }
+        let mut formats = self.config.snapshot_formats.clone();
+        formats.extend(self.config.diff_formats.iter().copied());
+        formats.extend(Format::ALL);
+        formats.dedup();
+        let reader = super::reader::ArchiveReader::new(
+            self.stores[0].clone(),
+            &self.config.key_prefix,
+            formats,
+        )?;
+        // The open transaction keeps its share of the memory.
+        let limit = self.config.spill.memory_limit;
+        let budget = limit
+            .saturating_sub(self.pending.memory_bytes())
+            .max(limit / 4);
+        let head = super::fold::head_rows(
+            reader,
+            plan,
+            self.key_fields.clone(),
+            self.spill.clone(),
+            budget,
+        );
+        let position = self.manifest.head_position.clone();
+        if let Some(p) = &progress {
+            p.set_total(expected.map(|n| n.max(0) as u64));
+        }
+        self.row_progress = progress;
+        let written = self
+            .write_snapshot_verified(&position, head.rows, Some(head.verdict))
+            .await;
+        self.row_progress = None;
+        written
+    }
+
+    /// Appends the artifact to a copy of the manifest, prunes, and compare-and-swaps it onto
+    /// every store in order; adopts it only when every store took it. Then deletes the objects
+    /// of pruned artifacts (W7).
+    async fn commit(&mut self, artifact: Artifact, new_epoch: Option<i64>) -> Result<()> {
+        let mut next = self.manifest.clone();
+        next.manifest_version = super::manifest::MANIFEST_VERSION;
+        next.table = self.config.table.clone();
+        if let Some(e) = new_epoch {
+            next.epoch = e;
+        }
+        next.updated_at = self.config.clock.now();
+        next.head_position = artifact.to_position.clone();
+        next.artifacts.push(artifact);
+        let retention = super::retention::Retention {
+            keep_epochs: self.config.keep_epochs,
+            max_age: self.config.max_age,
+        };
+        let (kept, pruned) = super::retention::prune(
+            std::mem::take(&mut next.artifacts),
+            next.epoch,
+            &retention,
+            next.updated_at,
+        );
+        next.artifacts = kept;
+        let bytes = Bytes::from(next.to_json());
+        let key = manifest_key(&self.config.key_prefix);
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_UPLOAD);
+        self.check_uploads(next.artifacts.last().expect("just pushed"))
+            .await?;
+        for (i, store) in self.stores.iter().enumerate() {
+            match store.put_cas(&key, bytes.clone(), &self.revisions[i]).await {
+                Ok(rev) => self.revisions[i] = rev,
+                Err(ArchiveError::CasConflict { .. }) => {
+                    return Err(ArchiveError::CasConflict {
+                        key: format!("{key} on {}", store.name()),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.manifest = next;
+        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_COMMIT);
+        self.delete_artifacts(&pruned).await;
+        let first_due = self.sweep_after_commit
+            && self.opened_at.elapsed() > super::orphans::STORE_TIME_RESOLUTION;
+        if first_due || new_epoch.is_some() || !pruned.is_empty() {
+            if first_due {
+                self.sweep_after_commit = false;
+            }
+            self.sweep_orphans().await;
+        }
+        Ok(())
+    }
+
+    /// Right before the manifest swap: every object of `artifact` is on every store with the
+    /// size uploaded. Whatever removed one in between (a `gc --delete` judging by a skewed clock,
+    /// an operator's `rm`) would otherwise make the commit point at nothing.
+    async fn check_uploads(&self, artifact: &Artifact) -> Result<()> {
+        for (format, entry) in &artifact.formats {
+            let ext = Format::parse(format)?.extension();
+            let key = artifact_key(&self.config.key_prefix, artifact, ext);
+            for store in &self.stores {
+                match store.head(&key).await? {
+                    Some(o) if o.size as i64 == entry.size_bytes => {}
+                    found => {
+                        return Err(ArchiveError::Invalid(format!(
+                            "{key} on {}: {} before the manifest commit (uploaded {} B); not \
+                             committing (was it deleted by `larch archive gc` or by hand?)",
+                            store.name(),
+                            match found {
+                                Some(o) => format!("{} B", o.size),
+                                None => "gone".into(),
+                            },
+                            entry.size_bytes
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_artifacts(&self, artifacts: &[Artifact]) {
+        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
+        for a in artifacts {
+            for key in object_keys(&self.config.key_prefix, a) {
+                if live.contains(&key) {
+                    continue; // sanitised keys can collide (laredo §2.1): never delete a live object
+                }
+                for store in &self.stores {
+                    if let Err(e) = store.delete(&key).await {
+                        tracing::warn!(key = %key, store = %store.name(), error = %e, "retention could not delete a pruned object; it stays as an orphan");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes objects uploaded for an artifact that was not committed.
+    /// Ends a streamed artifact's uploads: aborts them when streaming failed, else finishes them
+    /// (a failed finish deletes what was written). Returns what streaming returned, the objects
+    /// written and the primary format's size.
+    async fn end_uploads<T>(
+        &self,
+        uploads: Vec<Upload>,
+        streamed: Result<T>,
+        artifact: &mut Artifact,
+    ) -> Result<(T, Written, u64)> {
+        let value = match streamed {
+            Ok(v) => v,
+            Err(e) => {
+                abort_all(uploads).await;
+                return Err(e);
+            }
+        };
+        match finish_uploads(uploads, artifact).await {
+            Ok((written, bytes)) => Ok((value, written, bytes)),
+            Err((e, written)) => {
+                self.cleanup(&written).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn cleanup(&self, written: &Written) {
+        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
+        for (store, key) in written {
+            if live.contains(key) {
+                continue; // the key of a committed artifact (a repeated position): leave it
+            }
+            let _ = store.delete(key).await;
+        }
+    }
+
+    /// Re-reads the primary manifest after a conflict: `true` when someone else changed it.
+    pub async fn manifest_changed_elsewhere(&self) -> Result<bool> {
+        let key = manifest_key(&self.config.key_prefix);
+        let now = self.stores[0]
+            .get(&key)
+            .await?
+            .map(|g| g.revision)
+            .unwrap_or_default();
+        Ok(now != self.revisions[0])
+    }
+}
+
+/// Runs file I/O and compression that takes a while (a spill of up to the memory limit) without
+/// holding up the other tasks of a multi-threaded runtime (the Lease renewal, `/status`).
+fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// Sends each format's encoded bytes to its uploads once a chunk is ready.
+async fn send_chunks(uploads: &mut [Upload]) -> Result<()> {
+    for (_, enc, writers) in uploads.iter_mut() {
+        if enc.pending() >= UPLOAD_CHUNK {
+            let chunk = enc.take();
+            for (_, _, w) in writers.iter_mut() {
+                w.write(&chunk).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows of a snapshot as they arrive: one at a time (taken a few at once) or in batches.
+pub trait SnapshotRows: Send {
+    /// Moves the next rows into `batch` (empty on entry); false once the stream has ended.
+    fn next_rows(&mut self, batch: &mut Vec<Row>) -> impl Future<Output = bool> + Send;
+}
+
+/// Rows a snapshot takes from a row-at-a-time channel at once.
+const ROWS_PER_RECEIVE: usize = 256;
+
+impl SnapshotRows for mpsc::Receiver<Row> {
+    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
+        self.recv_many(batch, ROWS_PER_RECEIVE).await > 0
+    }
+}
+
+impl SnapshotRows for mpsc::Receiver<Vec<Row>> {
+    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
+        match self.recv().await {
+            Some(rows) => {
+                *batch = rows;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Objects stored by an artifact's uploads (to delete if the artifact is not committed).
+type Written = Vec<(Arc<dyn Store>, String)>;
+
+/// Finishes every upload and records each format in `artifact`; returns what was stored and
+/// the size of the first format. On failure the rest are aborted and the error comes with what
+/// was already stored.
+async fn finish_uploads(
+    uploads: Vec<Upload>,
+    artifact: &mut Artifact,
+) -> std::result::Result<(Written, u64), (ArchiveError, Written)> {
+    let mut written = Vec::new();
+    let mut failure = None;
+    let mut first_bytes = None;
+    for (format, enc, writers) in uploads {
+        let tail = match enc.finish() {
+            Ok(t) => t,
+            Err(e) => {
+                failure.get_or_insert(e);
+                Vec::new()
+            }
+        };
+        let mut first = None;
+        for (store, key, mut w) in writers {
+            if failure.is_some() {
+                w.abort().await;
+                continue;
+            }
+            if let Err(e) = w.write(&tail).await {
+                w.abort().await;
+                failure = Some(e);
+                continue;
+            }
+            match w.finish().await {
+                Ok(r) => {
+                    written.push((store, key));
+                    first.get_or_insert(r);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        if let Some(r) = first {
+            first_bytes.get_or_insert(r.size);
+            artifact.formats.insert(
+                format.id().to_string(),
+                FormatRef {
+                    uri: r.uri,
+                    size_bytes: r.size as i64,
+                    sha256: Some(r.sha256),
+                },
+            );
+        }
+    }
+    match failure {
+        Some(e) => Err((e, written)),
+        None => Ok((written, first_bytes.unwrap_or(0))),
+    }
+}
+
+/// The prefix of the spill directories of one archive: a hash of its stores and key prefix.
+fn spill_tag(stores: &[Arc<dyn Store>], key_prefix: &str) -> String {
+    let mut parts: Vec<String> = stores.iter().map(|s| s.name()).collect();
+    parts.push(key_prefix.to_string());
+    super::spill::tag(
+        "archive",
+        &parts.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+}
+
+async fn abort_all(uploads: Vec<Upload>) {
+    for (_, _, writers) in uploads {
+        for (_, _, w) in writers {
+            w.abort().await;
+        }
+    }
+}

@@ -1,0 +1,873 @@
+//! CRD tests: the YAML in `crds/` matches the types (regenerate with `LARCH_UPDATE_GOLDEN=1`),
+//! every string, list and map in the schemas is bounded, and the CEL rules accept and reject
+//! what they should (evaluated offline with kube's `cel` feature).
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use super::*;
+
+fn repo_path(rel: &str) -> PathBuf {
+    // The workspace root: goldens (crds/, builders' testdata) are named from there.
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// Compares `actual` with the file at `rel`, or rewrites it when `LARCH_UPDATE_GOLDEN` is set.
+pub fn assert_golden(rel: &str, actual: &str) {
+    let path = repo_path(rel);
+    if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with LARCH_UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{} drifted from the code; run `LARCH_UPDATE_GOLDEN=1 cargo test` and review the diff.\n--- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
+}
+
+#[test]
+fn crds_directory_matches_the_types() {
+    for (file, crd) in all() {
+        assert_golden(&format!("crds/{file}"), &to_yaml(&crd));
+    }
+}
+
+#[test]
+fn larch_crd_output_is_every_crd_as_multi_doc_yaml() {
+    let out = all_yaml();
+    let docs: Vec<Value> = out
+        .split("\n---\n")
+        .map(|d| serde_yaml_ng::from_str(d.trim_start_matches("---\n")).unwrap())
+        .collect();
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "archiveexports.larch.dev",
+            "archivesources.larch.dev",
+            "archivesourcesets.larch.dev",
+            "archiverestores.larch.dev"
+        ]
+    );
+    for d in &docs {
+        assert_eq!(d["spec"]["names"]["categories"], json!(["archives"]));
+        let scope = if d["spec"]["names"]["kind"] == "ArchiveSourceSet" {
+            "Cluster"
+        } else {
+            "Namespaced"
+        };
+        assert_eq!(d["spec"]["scope"], scope);
+        assert_eq!(d["spec"]["versions"][0]["name"], "v1alpha1");
+        assert!(d["spec"]["versions"][0]["subresources"]["status"].is_object());
+    }
+    assert_eq!(docs[0]["spec"]["names"]["shortNames"], json!(["aexp"]));
+    assert_eq!(docs[1]["spec"]["names"]["shortNames"], json!(["asrc"]));
+    assert_eq!(docs[2]["spec"]["names"]["shortNames"], json!(["asrcset"]));
+}
+
+/// Walks a schema and reports every unbounded string, list or map.
+fn unbounded(schema: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(obj) = schema.as_object() else {
+        return;
+    };
+    if obj.contains_key("x-kubernetes-preserve-unknown-fields") && !obj.contains_key("properties") {
+        return; // opaque pass-through objects (affinity) carry no strings the rules can see
+    }
+    match obj.get("type").and_then(Value::as_str) {
+        Some("string") if !obj.contains_key("enum") && !obj.contains_key("maxLength") => {
+            out.push(format!("{path}: string without maxLength"))
+        }
+        Some("array") if !obj.contains_key("maxItems") => {
+            out.push(format!("{path}: array without maxItems"))
+        }
+        Some("object")
+            if obj.contains_key("additionalProperties") && !obj.contains_key("maxProperties") =>
+        {
+            out.push(format!("{path}: map without maxProperties"))
+        }
+        _ => {}
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            unbounded(v, &format!("{path}.{k}"), out);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(v) = obj.get(key) {
+            unbounded(v, &format!("{path}[{key}]"), out);
+        }
+    }
+}
+
+fn schema_of(crd: &CustomResourceDefinition) -> Value {
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_string_list_and_map_in_spec_and_status_is_bounded() {
+    for (file, crd) in all() {
+        let schema = schema_of(&crd);
+        let mut out = vec![];
+        unbounded(&schema["properties"]["spec"], "spec", &mut out);
+        unbounded(&schema["properties"]["status"], "status", &mut out);
+        assert!(out.is_empty(), "{file}: {out:#?}");
+    }
+    // The walker itself finds unbounded fields.
+    let mut out = vec![];
+    unbounded(
+        &json!({"properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string", "maxLength": 1}}}}),
+        "x",
+        &mut out,
+    );
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn conditions_are_a_map_list_keyed_by_type() {
+    for (_, crd) in all() {
+        let c = &schema_of(&crd)["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(c["x-kubernetes-list-type"], "map");
+        assert_eq!(c["x-kubernetes-list-map-keys"], json!(["type"]));
+    }
+}
+
+// ---- CEL rules, evaluated offline ----
+
+fn cel(crd: &CustomResourceDefinition, obj: &Value, old: Option<&Value>) -> Vec<String> {
+    match kube::core::cel::Validator::new().validate(&schema_of(crd), obj, old) {
+        Ok(()) => vec![],
+        Err(errs) => errs.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+fn export(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveExport",
+           "metadata": {"name": "orders", "namespace": "ns"}, "spec": spec})
+}
+
+fn export_spec() -> Value {
+    json!({
+        "source": {"connectionSecretRef": {"name": "pg", "key": "dsn"}, "table": {"name": "orders"}},
+        "destination": {"s3": {"bucket": "seeds", "credentials": {"secretRef": {"name": "s3"}}}},
+        "mode": "OneShot"
+    })
+}
+
+fn with(mut v: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    v.pointer_mut(parent).unwrap()[key] = value;
+    v
+}
+
+fn without(mut v: Value, pointer: &str) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    v.pointer_mut(parent)
+        .unwrap()
+        .as_object_mut()
+        .unwrap()
+        .remove(key);
+    v
+}
+
+fn assert_rejects(errors: Vec<String>, needle: &str) {
+    assert!(
+        errors.iter().any(|e| e.contains(needle)),
+        "expected an error containing {needle:?}, got {errors:?}"
+    );
+}
+
+#[test]
+fn cel_accepts_a_valid_export_and_its_typed_form() {
+    let crd = ArchiveExport::crd();
+    let obj = export(export_spec());
+    assert_eq!(cel(&crd, &obj, None), Vec::<String>::new());
+    // The typed object round-trips and validates the same way.
+    let typed: ArchiveExport = serde_json::from_value(obj.clone()).unwrap();
+    assert!(kube::core::cel::validate_cel(&typed).is_ok());
+    assert!(kube::core::cel::validate_cel_update(&typed, &typed).is_ok());
+}
+
+#[test]
+fn cel_export_one_of_rules() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    let both_dest = with(s.clone(), "/destination/volume", json!({"claimName": "x"}));
+    assert_rejects(
+        cel(&crd, &export(both_dest), None),
+        "exactly one of s3 or volume",
+    );
+    let no_dest = with(s.clone(), "/destination", json!({}));
+    assert_rejects(
+        cel(&crd, &export(no_dest), None),
+        "exactly one of s3 or volume",
+    );
+    let both_tables = with(s.clone(), "/source/tables", json!([{"name": "a"}]));
+    assert_rejects(
+        cel(&crd, &export(both_tables), None),
+        "exactly one of table or tables",
+    );
+    let vol_both = with(
+        s.clone(),
+        "/destination",
+        json!({"volume": {"claimName": "a", "size": "1Gi"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(vol_both), None),
+        "exactly one of claimName",
+    );
+    let class_without_size = with(
+        s.clone(),
+        "/destination",
+        json!({"volume": {"claimName": "a", "storageClassName": "fast"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(class_without_size), None),
+        "apply only with size",
+    );
+    let ca_both = with(
+        s.clone(),
+        "/destination/s3/caBundle",
+        json!({"configMap": {"name": "a", "key": "k"}, "secret": {"name": "a", "key": "k"}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(ca_both), None),
+        "exactly one of configMap or secret",
+    );
+    let ok_vol = with(
+        s,
+        "/destination",
+        json!({"volume": {"size": "5Gi", "storageClassName": "fast"}}),
+    );
+    assert_eq!(cel(&crd, &export(ok_vol), None), Vec::<String>::new());
+}
+
+#[test]
+fn cel_parallel_needs_a_oneshot_export_of_tables() {
+    let crd = ArchiveExport::crd();
+    let tables = with(
+        without(export_spec(), "/source/table"),
+        "/source/tables",
+        json!([{"name": "a"}, {"name": "b"}]),
+    );
+    let ok = with(tables.clone(), "/parallel", json!(2));
+    assert_eq!(cel(&crd, &export(ok), None), Vec::<String>::new());
+    let single = with(export_spec(), "/parallel", json!(2));
+    assert_rejects(
+        cel(&crd, &export(single), None),
+        "parallel applies to mode OneShot with source.tables",
+    );
+    let continuous = with(
+        with(tables, "/parallel", json!(2)),
+        "/mode",
+        json!("Continuous"),
+    );
+    assert_rejects(
+        cel(&crd, &export(continuous), None),
+        "parallel applies to mode OneShot with source.tables",
+    );
+}
+
+#[test]
+fn cel_export_mode_rules_and_sane_values() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    let cont_sched = with(
+        with(s.clone(), "/mode", json!("Continuous")),
+        "/schedule",
+        json!({"cron": "0 2 * * *"}),
+    );
+    assert_rejects(
+        cel(&crd, &export(cont_sched), None),
+        "schedule applies only to mode OneShot",
+    );
+    let oneshot_policy = with(s.clone(), "/continuous", json!({"diffInterval": "30s"}));
+    assert_rejects(
+        cel(&crd, &export(oneshot_policy), None),
+        "continuous applies only to mode Continuous",
+    );
+    let subset =
+        json!({"tables": {"public.orders": {"where": "id > 1", "sample": {"percent": 10}}}});
+    let oneshot_subset = with(s.clone(), "/transform", subset.clone());
+    assert_eq!(
+        cel(&crd, &export(oneshot_subset), None),
+        Vec::<String>::new()
+    );
+    for t in [
+        json!({"tables": {"public.orders": {"where": "id > 1"}}}),
+        json!({"tables": {"public.orders": {"sample": {"percent": 10}}}}),
+    ] {
+        let continuous_subset = with(
+            with(s.clone(), "/mode", json!("Continuous")),
+            "/transform",
+            t,
+        );
+        assert_rejects(
+            cel(&crd, &export(continuous_subset), None),
+            "where and sample (subsetting) apply only to mode OneShot",
+        );
+    }
+    let continuous_masked = with(
+        with(s.clone(), "/mode", json!("Continuous")),
+        "/transform",
+        json!({"tables": {"public.orders": {"columns": {"id": "hash"}}}}),
+    );
+    assert_eq!(
+        cel(&crd, &export(continuous_masked), None),
+        Vec::<String>::new()
+    );
+    let bad_cron = with(s.clone(), "/schedule", json!({"cron": "0 0 2 * * *"}));
+    assert_rejects(
+        cel(&crd, &export(bad_cron), None),
+        "cron must have 5 fields",
+    );
+    let tz_cron = with(
+        s.clone(),
+        "/schedule",
+        json!({"cron": "CRON_TZ=UTC 0 2 * * *"}),
+    );
+    assert_rejects(cel(&crd, &export(tz_cron), None), "timeZone");
+    for good in ["0 2 * * *", "*/15 * * * 1-5", "@daily"] {
+        let ok = with(
+            s.clone(),
+            "/schedule",
+            json!({"cron": good, "timeZone": "Europe/Berlin"}),
+        );
+        assert_eq!(cel(&crd, &export(ok), None), Vec::<String>::new(), "{good}");
+    }
+    let cont = with(s.clone(), "/mode", json!("Continuous"));
+    let inverted = with(
+        cont.clone(),
+        "/continuous",
+        json!({"minInterval": "10m", "maxInterval": "90s"}),
+    );
+    assert_rejects(
+        cel(&crd, &export(inverted), None),
+        "minInterval must not exceed maxInterval",
+    );
+    let ordered = with(
+        cont,
+        "/continuous",
+        json!({"minInterval": "500ms", "maxInterval": "1h"}),
+    );
+    assert_eq!(cel(&crd, &export(ordered), None), Vec::<String>::new());
+    let bad_prefix = with(s.clone(), "/keyPrefix", json!("nightly"));
+    assert_rejects(
+        cel(&crd, &export(bad_prefix), None),
+        "keyPrefix must end with '/'",
+    );
+    let bad_endpoint = with(s.clone(), "/destination/s3/endpoint", json!("minio:9000"));
+    assert_rejects(
+        cel(&crd, &export(bad_endpoint), None),
+        "http:// or https://",
+    );
+    let slot_with_tables = with(
+        with(
+            without(s.clone(), "/source/table"),
+            "/source/tables",
+            json!([{"name": "a"}, {"name": "b"}]),
+        ),
+        "/source/slotName",
+        json!("s"),
+    );
+    assert_rejects(
+        cel(&crd, &export(slot_with_tables), None),
+        "slotName and publicationName apply to a single table",
+    );
+    let dup_tables = with(
+        without(s.clone(), "/source/table"),
+        "/source/tables",
+        json!([{"name": "a"}, {"name": "a"}]),
+    );
+    assert_rejects(
+        cel(&crd, &export(dup_tables), None),
+        "tables must be distinct",
+    );
+    let mut long = export(s);
+    long["metadata"]["name"] = json!("x".repeat(41));
+    assert_rejects(cel(&crd, &long, None), "at most 40 characters");
+}
+
+#[test]
+fn cel_export_immutable_fields() {
+    let crd = ArchiveExport::crd();
+    let old = export(export_spec());
+    let new_bucket = export(with(
+        export_spec(),
+        "/destination/s3/bucket",
+        json!("other"),
+    ));
+    assert_rejects(cel(&crd, &new_bucket, Some(&old)), "bucket is immutable");
+    let new_table = export(with(export_spec(), "/source/table/name", json!("other")));
+    assert_rejects(cel(&crd, &new_table, Some(&old)), "table(s) are immutable");
+    let to_volume = export(with(
+        export_spec(),
+        "/destination",
+        json!({"volume": {"claimName": "a"}}),
+    ));
+    assert_rejects(cel(&crd, &to_volume, Some(&old)), "kind of location");
+    // Mutable things stay mutable: credentials, prefix, mode.
+    let changed = export(with(
+        with(
+            export_spec(),
+            "/destination/s3/credentials/secretRef/name",
+            json!("rotated"),
+        ),
+        "/mode",
+        json!("Continuous"),
+    ));
+    assert_eq!(cel(&crd, &changed, Some(&old)), Vec::<String>::new());
+}
+
+fn source(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSource",
+           "metadata": {"name": "orders", "namespace": "ns"}, "spec": spec})
+}
+
+fn source_spec() -> Value {
+    json!({"archive": {"exportRef": {"name": "orders"}}, "target": {"memory": {"indexFields": ["tenant"]}}})
+}
+
+#[test]
+fn cel_source_rules() {
+    let crd = ArchiveSource::crd();
+    let s = source_spec();
+    assert_eq!(cel(&crd, &source(s.clone()), None), Vec::<String>::new());
+    let both = with(s.clone(), "/archive/s3", json!({"bucket": "seeds"}));
+    assert_rejects(
+        cel(&crd, &source(both), None),
+        "exactly one of exportRef or a location",
+    );
+    let none = with(s.clone(), "/archive", json!({}));
+    assert_rejects(
+        cel(&crd, &source(none), None),
+        "exactly one of exportRef or a location",
+    );
+    let explicit_without_table = with(s.clone(), "/archive", json!({"s3": {"bucket": "seeds"}}));
+    assert_rejects(
+        cel(&crd, &source(explicit_without_table), None),
+        "set table or tables",
+    );
+    let explicit = with(
+        with(
+            s.clone(),
+            "/archive",
+            json!({"s3": {"bucket": "seeds"}, "formats": ["jsonl"]}),
+        ),
+        "/table",
+        json!({"name": "t"}),
+    );
+    assert_eq!(cel(&crd, &source(explicit), None), Vec::<String>::new());
+    let prefix_with_ref = with(s.clone(), "/archive/keyPrefix", json!("x/"));
+    assert_rejects(
+        cel(&crd, &source(prefix_with_ref), None),
+        "come from the ArchiveExport",
+    );
+    let sized_volume = with(
+        with(s.clone(), "/archive", json!({"volume": {"size": "1Gi"}})),
+        "/table",
+        json!({"name": "t"}),
+    );
+    assert_rejects(cel(&crd, &source(sized_volume), None), "existing claim");
+    let two_targets = with(
+        s.clone(),
+        "/target/postgres",
+        json!({"connectionSecretRef": {"name": "a", "key": "b"}}),
+    );
+    assert_rejects(
+        cel(&crd, &source(two_targets), None),
+        "exactly one of memory or postgres",
+    );
+    // state is immutable, in every direction.
+    let with_state = source(with(s.clone(), "/state", json!({"size": "1Gi"})));
+    let old = source(s.clone());
+    assert_rejects(cel(&crd, &with_state, Some(&old)), "state is immutable");
+    assert_rejects(cel(&crd, &old, Some(&with_state)), "state is immutable");
+    let bigger = source(with(s, "/state", json!({"size": "2Gi"})));
+    assert_rejects(cel(&crd, &bigger, Some(&with_state)), "state is immutable");
+    assert_eq!(
+        cel(&crd, &with_state, Some(&with_state)),
+        Vec::<String>::new()
+    );
+}
+
+// ---- ArchiveSourceSet ----
+
+fn source_set(spec: Value) -> Value {
+    json!({"apiVersion": "larch.dev/v1alpha1", "kind": "ArchiveSourceSet",
+           "metadata": {"name": "dev-seed"}, "spec": spec})
+}
+
+fn source_set_spec() -> Value {
+    json!({
+        "namespaceSelector": {"matchLabels": {"larch.dev/seed": "events"}},
+        "template": {"spec": {
+            "archive": {"s3": {"bucket": "seeds", "credentials": {"secretRef": {"name": "s3"}}}},
+            "table": {"name": "events"},
+            "target": {"memory": {}}
+        }},
+        "credentials": {"secretRef": {"namespace": "platform", "name": "seed-reader"}, "shareToNamespaces": true}
+    })
+}
+
+/// What the archive layer refuses is refused at admission too: key prefixes leaving the
+/// store's root, table and schema names with `/` or `..`, key fields the exporter cannot take
+/// as a list. A name PostgreSQL allows is not refused (it is looked up and reported).
+#[test]
+fn cel_refuses_key_prefixes_names_and_key_fields_that_cannot_work() {
+    let crd = ArchiveExport::crd();
+    let s = export_spec();
+    for bad in ["../../etc/", "/abs/", "a/./b/", "a/../", "./", "a\\b/"] {
+        let obj = export(with(s.clone(), "/keyPrefix", json!(bad)));
+        assert_rejects(cel(&crd, &obj, None), "keyPrefix must not start with '/'");
+        // The same rule the CLI applies.
+        assert!(
+            larch_archive::store::check_key_prefix(bad).is_err(),
+            "{bad}"
+        );
+    }
+    for good in ["", "nightly/", "team-a/2026.11/", "a..b/", ".hidden/"] {
+        let obj = export(with(s.clone(), "/keyPrefix", json!(good)));
+        assert_eq!(cel(&crd, &obj, None), Vec::<String>::new(), "{good:?}");
+        assert!(
+            larch_archive::store::check_key_prefix(good).is_ok(),
+            "{good}"
+        );
+    }
+    for bad in ["a/b", "..", "x..y"] {
+        let obj = export(with(s.clone(), "/source/table", json!({"name": bad})));
+        assert_rejects(
+            cel(&crd, &obj, None),
+            "table name must not contain '/' or '..'",
+        );
+        let obj = export(with(
+            s.clone(),
+            "/source/table",
+            json!({"schema": bad, "name": "t"}),
+        ));
+        assert_rejects(cel(&crd, &obj, None), "schema must not contain '/' or '..'");
+    }
+    let quoted = export(with(
+        s.clone(),
+        "/source/table",
+        json!({"name": "events; DROP TABLE events"}),
+    ));
+    assert_eq!(cel(&crd, &quoted, None), Vec::<String>::new());
+    for bad in ["a,b", " id", "id "] {
+        let obj = export(with(s.clone(), "/source/keyFields", json!(["x", bad])));
+        assert_rejects(cel(&crd, &obj, None), "key fields must not contain ','");
+    }
+    let obj = export(with(s, "/source/keyFields", json!(["id", "tenant_id"])));
+    assert_eq!(cel(&crd, &obj, None), Vec::<String>::new());
+
+    let crd = ArchiveSource::crd();
+    let explicit = json!({
+        "archive": {"s3": {"bucket": "seeds"}, "keyPrefix": "../x/"},
+        "table": {"name": "events"},
+        "target": {"memory": {}}
+    });
+    assert_rejects(
+        cel(&crd, &source(explicit.clone()), None),
+        "keyPrefix must not start with '/'",
+    );
+    let bad_table = with(
+        with(explicit, "/archive/keyPrefix", json!("seed/")),
+        "/tables",
+        json!([{"name": "ok"}, {"name": "a/b"}]),
+    );
+    assert_rejects(
+        cel(&crd, &source(without(bad_table, "/table")), None),
+        "table name must not contain",
+    );
+}
+
+#[test]
+fn cel_source_set_rules() {
+    let crd = ArchiveSourceSet::crd();
+    let ok = source_set(source_set_spec());
+    assert_eq!(cel(&crd, &ok, None), Vec::<String>::new());
+    let typed: ArchiveSourceSet = serde_json::from_value(ok.clone()).unwrap();
+    assert!(kube::core::cel::validate_cel(&typed).is_ok());
+
+    // Sharing is an explicit opt-in.
+    let no_opt_in = with(
+        ok.clone(),
+        "/spec/credentials/shareToNamespaces",
+        json!(false),
+    );
+    assert_rejects(cel(&crd, &no_opt_in, None), "shareToNamespaces: true");
+    // Without credentials, the template names a per-namespace Secret (or none at all).
+    assert_eq!(
+        cel(&crd, &without(ok.clone(), "/spec/credentials"), None),
+        Vec::<String>::new()
+    );
+    // An empty selector would select every namespace.
+    let empty = with(ok.clone(), "/spec/namespaceSelector", json!({}));
+    assert_rejects(cel(&crd, &empty, None), "must not be empty");
+    let empty_labels = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchLabels": {}}),
+    );
+    assert_rejects(cel(&crd, &empty_labels, None), "must not be empty");
+    let expr = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchExpressions": [{"key": "team", "operator": "Exists"}]}),
+    );
+    assert_eq!(cel(&crd, &expr, None), Vec::<String>::new());
+    let bad_expr = with(
+        ok.clone(),
+        "/spec/namespaceSelector",
+        json!({"matchExpressions": [{"key": "team", "operator": "In"}]}),
+    );
+    assert_rejects(cel(&crd, &bad_expr, None), "In and NotIn need values");
+    // Credentials only make sense for an S3 archive.
+    let volume = with(
+        ok.clone(),
+        "/spec/template/spec/archive",
+        json!({"volume": {"claimName": "seed"}}),
+    );
+    assert_rejects(
+        cel(&crd, &volume, None),
+        "credentials apply to an s3 archive",
+    );
+    // The template is checked by the ArchiveSource's own rules.
+    let two_targets = with(
+        ok.clone(),
+        "/spec/template/spec/target",
+        json!({"memory": {}, "postgres": {"connectionSecretRef": {"name": "a", "key": "b"}}}),
+    );
+    assert_rejects(
+        cel(&crd, &two_targets, None),
+        "set exactly one of memory or postgres",
+    );
+    let long = with(ok, "/metadata/name", json!("x".repeat(41)));
+    assert_rejects(cel(&crd, &long, None), "at most 40 characters");
+}
+
+// ---- packaging: the chart's CRDs and values, the examples ----
+
+#[test]
+fn chart_crds_are_identical_to_crds_directory() {
+    for (file, crd) in all() {
+        // Same content as crds/ (both regenerate with LARCH_UPDATE_GOLDEN=1).
+        assert_golden(&format!("charts/larch/files/crds/{file}"), &to_yaml(&crd));
+        if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
+            continue; // crds/ is being rewritten by another test right now
+        }
+        assert_eq!(
+            std::fs::read_to_string(repo_path(&format!("charts/larch/files/crds/{file}"))).unwrap(),
+            std::fs::read_to_string(repo_path(&format!("crds/{file}"))).unwrap(),
+            "charts/larch/files/crds/{file} differs from crds/{file}"
+        );
+    }
+    let count = std::fs::read_dir(repo_path("charts/larch/files/crds"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        count,
+        all().len(),
+        "no stray files in charts/larch/files/crds"
+    );
+}
+
+/// Every key of values.yaml is declared in values.schema.json (which forbids unknown keys).
+fn undeclared(values: &Value, schema: &Value, path: &str, out: &mut Vec<String>) {
+    let Some(map) = values.as_object() else {
+        return;
+    };
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (k, v) in map {
+        match props.and_then(|p| p.get(k)) {
+            Some(s) => undeclared(v, s, &format!("{path}.{k}"), out),
+            None if schema
+                .get("additionalProperties")
+                .is_some_and(|a| a != false) => {}
+            None if props.is_none() => {}
+            None => out.push(format!("{path}.{k}")),
+        }
+    }
+}
+
+#[test]
+fn chart_values_are_declared_in_the_values_schema() {
+    let values: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo_path("charts/larch/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("charts/larch/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+    let mut out = vec![];
+    undeclared(&values, &schema, "", &mut out);
+    assert!(out.is_empty(), "undeclared values: {out:?}");
+    let mut out = vec![];
+    undeclared(&json!({"image": {"repo": "x"}}), &schema, "", &mut out);
+    assert_eq!(out, [".image.repo"], "the check itself finds typos");
+}
+
+#[test]
+fn examples_parse_and_pass_the_cel_rules() {
+    let mut seen = 0;
+    // examples/fleet holds cluster-scoped kinds, applied on their own (not by e2e/examples.sh).
+    let paths = ["examples", "examples/fleet"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo_path(d)).unwrap())
+        .map(|e| e.unwrap().path());
+    for path in paths {
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let crd = match v["kind"].as_str() {
+                Some("ArchiveExport") => {
+                    serde_json::from_value::<ArchiveExport>(v.clone()).unwrap();
+                    ArchiveExport::crd()
+                }
+                Some("ArchiveSource") => {
+                    serde_json::from_value::<ArchiveSource>(v.clone()).unwrap();
+                    ArchiveSource::crd()
+                }
+                Some("ArchiveSourceSet") => {
+                    serde_json::from_value::<ArchiveSourceSet>(v.clone()).unwrap();
+                    ArchiveSourceSet::crd()
+                }
+                _ => continue,
+            };
+            assert_eq!(
+                cel(&crd, &v, None),
+                Vec::<String>::new(),
+                "{}",
+                path.display()
+            );
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 4,
+        "examples cover OneShot, Continuous, an ArchiveSource and an ArchiveSourceSet"
+    );
+}
+
+/// Every duration field refuses exactly what `larch_core::duration` refuses, as far as the offline
+/// evaluator can tell (the OpenAPI pattern and maxLength checked here with the `regex` crate, the
+/// CEL rule by kube's evaluator). That evaluator (the `cel` crate) is not the API server's
+/// cel-go: its `duration()` has no `µs`/`μs` and no range check, so it differs on exactly the
+/// texts below. The API server is the authority: e2e s20 runs the same table against it and
+/// finds no difference.
+const OFFLINE_CEL_DIFFERS: &[&str] = &[
+    "2\u{b5}s",
+    "2\u{3bc}s",
+    "2562047h47m16.854775808s",
+    "2562048h",
+    "9223372036854775808ns",
+    "99999999999999999999h",
+];
+
+#[test]
+fn duration_fields_refuse_what_the_parser_refuses() {
+    use larch_core::duration::{AGREEMENT_CASES, parse_age, parse_positive};
+    let export_crd = ArchiveExport::crd();
+    let source_crd = ArchiveSource::crd();
+    let cont = with(export_spec(), "/mode", json!("Continuous"));
+    type Parser = fn(&str) -> Result<std::time::Duration, String>;
+    let fields: [(&CustomResourceDefinition, Value, &str, &str, Parser); 5] = [
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "diffInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "minInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(cont.clone()),
+            "/spec/continuous",
+            "maxInterval",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(export_spec()),
+            "/spec/retention",
+            "maxAge",
+            parse_age,
+        ),
+        (
+            &source_crd,
+            source(source_spec()),
+            "/spec",
+            "pollInterval",
+            parse_positive,
+        ),
+    ];
+    let mut disagreements = Vec::new();
+    for (crd, base, parent, field, parser) in fields {
+        let schema = schema_of(crd);
+        let mut field_schema = &schema;
+        for seg in parent.split('/').skip(1) {
+            field_schema = &field_schema["properties"][seg];
+        }
+        let field_schema = &field_schema["properties"][field];
+        let pattern = regex::Regex::new(field_schema["pattern"].as_str().unwrap()).unwrap();
+        let max_len = field_schema["maxLength"].as_u64().unwrap() as usize;
+        for &text in AGREEMENT_CASES {
+            let mut obj = base.clone();
+            if obj.pointer(parent).is_none() {
+                let (p, k) = parent.rsplit_once('/').unwrap();
+                obj.pointer_mut(p).unwrap()[k] = json!({});
+            }
+            obj.pointer_mut(parent).unwrap()[field] = json!(text);
+            let schema_ok = text.len() <= max_len && pattern.is_match(text);
+            let crd_ok = schema_ok && cel(crd, &obj, None).is_empty();
+            let parser_ok = parser(text).is_ok();
+            if crd_ok != parser_ok && !OFFLINE_CEL_DIFFERS.contains(&text) {
+                disagreements.push(format!(
+                    "{field}={text:?}: crd {crd_ok} (schema {schema_ok}, cel {:?}), parser {:?}",
+                    cel(crd, &obj, None),
+                    parser(text)
+                ));
+            }
+            if crd_ok == parser_ok && OFFLINE_CEL_DIFFERS.contains(&text) {
+                disagreements.push(format!(
+                    "{field}={text:?}: the offline evaluator now agrees: shorten OFFLINE_CEL_DIFFERS"
+                ));
+            }
+        }
+    }
+    assert!(disagreements.is_empty(), "{disagreements:#?}");
+}

@@ -1,0 +1,236 @@
+//! The second step of a reconcile: what the schema and its CEL rules cannot say (or what a
+//! cluster still running older CRDs did not check). Each check names the field; a failure
+//! sets `Stalled=True`, reason `InvalidSpec`, and nothing is built.
+//!
+//! - `spec.schedule.cron`: parsed as Kubernetes parses CronJob schedules ([`super::cron`]);
+//! - key prefixes: the rule the CLI and the readers apply
+//!   ([`larch_archive::store::check_key_prefix`]: no `..` or `.` segment, no leading `/`);
+//! - table and schema names: no `/` or `..` (they become the archive's key prefix, as the
+//!   engine's configuration requires); an export's key fields: no `,` and no surrounding
+//!   spaces (`larch export --key-fields a,b` takes them as a list);
+//! - `spec.pod.affinity` must parse as a core/v1 Affinity (it is free-form in the schema);
+//! - `spec.networkPolicy.from[i]` must parse as a NetworkPolicyPeer naming a peer (likewise).
+
+use crate::crd::archive_export::ArchiveExport;
+use crate::crd::archive_restore::ArchiveRestore;
+use crate::crd::archive_source::ArchiveSource;
+use crate::crd::common::TableRef;
+use crate::crd::common_pod::PodOverrides;
+use larch_archive::model::TableId;
+
+/// `spec.pod.affinity` is free-form in the schema: it must still parse as an Affinity.
+fn affinity(pod: Option<&PodOverrides>) -> Result<(), String> {
+    let Some(a) = pod.and_then(|p| p.affinity.as_ref()) else {
+        return Ok(());
+    };
+    serde_json::from_value::<k8s_openapi::api::core::v1::Affinity>(a.clone())
+        .map(|_| ())
+        .map_err(|e| format!("spec.pod.affinity is not a valid Affinity: {e}"))
+}
+
+fn key_prefix(field: &str, prefix: Option<&str>) -> Result<(), String> {
+    match prefix {
+        Some(p) => larch_archive::store::check_key_prefix(p).map_err(|_| {
+            format!("{field} {p:?} is not a valid key prefix: no '..' or '.' segment, no leading '/', no backslash (the archive would leave the store's root)")
+        }),
+        None => Ok(()),
+    }
+}
+
+fn tables(field: &str, tables: &[TableRef]) -> Result<(), String> {
+    for (i, t) in tables.iter().enumerate() {
+        let at = if field.ends_with("tables") {
+            format!("{field}[{i}]")
+        } else {
+            field.to_string()
+        };
+        for (part, value) in [("schema", t.schema()), ("name", t.name.as_str())] {
+            if !TableId::is_valid_part(value) {
+                return Err(format!(
+                    "{at}.{part} {value:?} is not a valid name: it must not contain '/' or '..' (it names the archive's key prefix)"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn key_fields(field: &str, fields: Option<&Vec<String>>) -> Result<(), String> {
+    for k in fields.into_iter().flatten() {
+        if k.contains(',') || k.trim() != k || k.is_empty() {
+            return Err(format!(
+                "{field} {k:?} is not a valid key field: no ',' and no surrounding spaces (the exporter takes key fields as a comma-separated list)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What an ArchiveExport's spec says that cannot work; the message names the field.
+pub fn export(export: &ArchiveExport) -> Result<(), String> {
+    let spec = &export.spec;
+    affinity(spec.pod.as_ref())?;
+    let all = spec.source.all_tables();
+    if all.is_empty() {
+        return Err("set spec.source.table or spec.source.tables".into());
+    }
+    let field = if spec.source.tables.is_some() {
+        "spec.source.tables"
+    } else {
+        "spec.source.table"
+    };
+    tables(field, &all)?;
+    key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
+    key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
+    if let Some(s) = &spec.schedule {
+        super::cron::check_schedule(&s.cron).map_err(|e| {
+            format!(
+                "spec.schedule.cron {:?} is not a valid schedule: {e}",
+                s.cron
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// What an ArchiveSource's spec says that cannot work; the message names the field.
+pub fn source(source: &ArchiveSource) -> Result<(), String> {
+    let spec = &source.spec;
+    affinity(spec.pod.as_ref())?;
+    if let Some(t) = &spec.table {
+        tables("spec.table", std::slice::from_ref(t))?;
+    }
+    if let Some(ts) = &spec.tables {
+        tables("spec.tables", ts)?;
+    }
+    key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
+    if let Some(np) = &spec.network_policy {
+        np.peers()?;
+    }
+    Ok(())
+}
+
+/// What the ArchiveRestore schema cannot check.
+pub fn restore(restore: &ArchiveRestore) -> Result<(), String> {
+    let spec = &restore.spec;
+    affinity(spec.pod.as_ref())?;
+    if let Some(ts) = &spec.tables {
+        tables("spec.tables", ts)?;
+    }
+    key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
+    if let Some(time) = spec.at.as_ref().and_then(|a| a.time.as_deref())
+        && time.parse::<jiff::Timestamp>().is_err()
+    {
+        return Err(format!(
+            "spec.at.time {time:?} is not an RFC 3339 time such as 2026-11-30T14:00:00Z"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builders::tests::{export_fixture, source_fixture};
+    use crate::crd::archive_export::Schedule;
+
+    #[test]
+    fn the_fixtures_are_valid() {
+        for f in [
+            "export-oneshot-s3",
+            "export-continuous-s3",
+            "export-scheduled-tables",
+        ] {
+            assert_eq!(export(&export_fixture(f)), Ok(()), "{f}");
+        }
+        for f in ["source-exportref-memory", "source-s3-postgres"] {
+            assert_eq!(source(&source_fixture(f)), Ok(()), "{f}");
+        }
+    }
+
+    #[test]
+    fn each_check_names_its_field() {
+        let base = export_fixture("export-oneshot-s3");
+        let refuse = |e: ArchiveExport, fragment: &str| {
+            let err = export(&e).expect_err(fragment);
+            assert!(err.contains(fragment), "{err:?} lacks {fragment:?}");
+        };
+        let mut e = base.clone();
+        e.spec.schedule = Some(Schedule {
+            cron: "61 25 * * *".into(),
+            time_zone: None,
+            suspend: None,
+            concurrency_policy: None,
+            successful_jobs_history_limit: None,
+            failed_jobs_history_limit: None,
+        });
+        refuse(
+            e,
+            "spec.schedule.cron \"61 25 * * *\" is not a valid schedule: end of range (61) above maximum (59): 61",
+        );
+        for prefix in ["../../etc/", "/abs/", "a/./b/", "a\\b/"] {
+            let mut e = base.clone();
+            e.spec.key_prefix = Some(prefix.into());
+            refuse(
+                e,
+                &format!("spec.keyPrefix {prefix:?} is not a valid key prefix"),
+            );
+        }
+        let mut e = base.clone();
+        e.spec.source.table.as_mut().unwrap().name = "a/b".into();
+        refuse(e, "spec.source.table.name \"a/b\" is not a valid name");
+        let mut e = base.clone();
+        e.spec.source.key_fields = Some(vec!["id".into(), "a,b".into()]);
+        refuse(e, "spec.source.keyFields \"a,b\"");
+        let mut e = base.clone();
+        e.spec.pod = Some(PodOverrides {
+            affinity: Some(serde_json::json!({"nodeAffinity": 3})),
+            ..Default::default()
+        });
+        refuse(e, "spec.pod.affinity is not a valid Affinity");
+        // A name PostgreSQL allows (quoted) is fine: it is looked up, not refused.
+        let mut e = base;
+        e.spec.source.table.as_mut().unwrap().name = "events; DROP TABLE events".into();
+        assert_eq!(export(&e), Ok(()));
+
+        let mut s = source_fixture("source-s3-postgres");
+        s.spec.tables.as_mut().unwrap()[1].schema = Some("..".into());
+        assert!(
+            source(&s)
+                .unwrap_err()
+                .starts_with("spec.tables[1].schema \"..\"")
+        );
+        let mut s = source_fixture("source-s3-postgres");
+        s.spec.archive.key_prefix = Some("../x/".into());
+        assert!(
+            source(&s)
+                .unwrap_err()
+                .starts_with("spec.archive.keyPrefix \"../x/\"")
+        );
+        assert_eq!(
+            source(&source_fixture("source-access-networkpolicy")),
+            Ok(())
+        );
+        for (peer, message) in [
+            (
+                serde_json::json!({"podSelector": {"matchLabels": 3}}),
+                "spec.networkPolicy.from[1] is not a NetworkPolicyPeer",
+            ),
+            (
+                serde_json::json!({}),
+                "spec.networkPolicy.from[1] names no peer: set podSelector, namespaceSelector or ipBlock",
+            ),
+        ] {
+            let mut s = source_fixture("source-access-networkpolicy");
+            s.spec
+                .network_policy
+                .as_mut()
+                .unwrap()
+                .from
+                .as_mut()
+                .unwrap()[1] = peer;
+            let e = source(&s).unwrap_err();
+            assert!(e.starts_with(message), "{e}");
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Configuration of the PostgreSQL source and its two kinds of connection: an ordinary one
+//! (tokio-postgres: schema discovery, COPY, slot inspection) and a replication one
+//! (pgwire-replication: slot creation and the pgoutput stream). The DSN holds credentials: it
+//! is never logged or printed, and errors name only host, port, database and user.
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_postgres::config::Host;
+
+use larch_archive::model::TableId;
+
+/// Session settings pinned on both connections so that text output (and therefore the JSON
+/// mapping) does not depend on server or role defaults.
+pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
+     -c extra_float_digits=1 -c bytea_output=hex -c client_encoding=UTF8";
+
+/// Also `--slot-mode persistent|temporary`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlotMode {
+    /// The slot survives restarts; a restarted source resumes from its confirmed position.
+    Persistent,
+    /// The slot lives as long as the replication session (dropped by PostgreSQL when it ends).
+    Temporary,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reconnect {
+    /// Attempts in a row before the stream fails (0 = retry forever).
+    pub max_attempts: u32,
+    pub initial: Duration,
+    pub max: Duration,
+    pub multiplier: f64,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Reconnect {
+            max_attempts: 10,
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            multiplier: 2.0,
+        }
+    }
+}
+
+impl Reconnect {
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = self.multiplier.max(1.0).powi(attempt.min(64) as i32);
+        let secs = (self.initial.as_secs_f64() * factor).min(self.max.as_secs_f64());
+        Duration::from_secs_f64(secs.max(0.0))
+    }
+}
+
+#[derive(Clone)]
+pub struct PostgresConfig {
+    /// libpq key=value string or `postgres://` URL. Never logged.
+    pub dsn: String,
+    pub tables: Vec<TableId>,
+    /// Key fields when the tables have no primary key (applies to every table); empty = PK.
+    pub key_fields: Vec<String>,
+    pub slot_name: String,
+    pub publication_name: String,
+    pub slot_mode: SlotMode,
+    /// Create the publication (`FOR TABLE …`) when it is absent. An existing publication is
+    /// never rewritten unless larch created it for this slot.
+    pub create_publication: bool,
+    /// A baseline only, never a stream (a one-shot export): no publication is needed, so none
+    /// is created or checked.
+    pub snapshot_only: bool,
+    /// A baseline's row filter per table (an SQL predicate, checked by
+    /// [`super::snapshot::check_row_filter`]): the COPY reads only the rows it keeps. Only for
+    /// a snapshot-only source (a stream would not respect it).
+    pub row_filters: std::collections::BTreeMap<TableId, String>,
+    pub reconnect: Reconnect,
+    /// How often acknowledged positions reach the server at most.
+    pub status_interval: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl PostgresConfig {
+    /// A config with larch's defaults: persistent slot, publication created when absent.
+    pub fn new(
+        dsn: impl Into<String>,
+        tables: Vec<TableId>,
+        slot_name: impl Into<String>,
+        publication_name: impl Into<String>,
+    ) -> PostgresConfig {
+        PostgresConfig {
+            dsn: dsn.into(),
+            tables,
+            key_fields: Vec::new(),
+            slot_name: slot_name.into(),
+            publication_name: publication_name.into(),
+            slot_mode: SlotMode::Persistent,
+            create_publication: true,
+            snapshot_only: false,
+            row_filters: Default::default(),
+            reconnect: Reconnect::default(),
+            status_interval: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The conventional slot/publication name for one table: `larch_<schema>_<table>`, lower
+    /// case, anything outside `[a-z0-9_]` replaced by `_`, at most 63 bytes (a hash suffix
+    /// keeps long names distinct).
+    pub fn default_name(table: &TableId) -> String {
+        let mut name: String = format!("larch_{}_{}", table.schema, table.table)
+            .chars()
+            .map(|c| {
+                let c = c.to_ascii_lowercase();
+                if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if name.len() > 63 || name != format!("larch_{}_{}", table.schema, table.table) {
+            // Distinct tables must never share a name: add a hash of the exact identity.
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(format!("{}.{}", table.schema, table.table));
+            let suffix = hex::encode(&digest[..4]);
+            name.truncate(63 - 9);
+            name.push('_');
+            name.push_str(&suffix);
+        }
+        name
+    }
+
+    pub fn parsed(&self) -> anyhow::Result<tokio_postgres::Config> {
+        Ok(self.dsn()?.config)
+    }
+
+    /// The connection string with its TLS settings and larch's session defaults. The parser's
+    /// messages never include the password; the DSN itself is not repeated.
+    pub fn dsn(&self) -> anyhow::Result<crate::connection::PgDsn> {
+        let mut dsn = crate::connection::PgDsn::parse(&self.dsn)?;
+        let cfg = &mut dsn.config;
+        let options = match cfg.get_options() {
+            Some(o) if !o.trim().is_empty() => format!("{o} {SESSION_OPTIONS}"),
+            _ => SESSION_OPTIONS.to_string(),
+        };
+        cfg.options(options);
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(self.connect_timeout);
+        }
+        if cfg.get_application_name().is_none() {
+            cfg.application_name("larch");
+        }
+        if cfg.get_user().is_none() {
+            cfg.user(std::env::var("PGUSER").unwrap_or_else(|_| "postgres".into()));
+        }
+        Ok(dsn)
+    }
+
+    /// `host:port/database as user`, with no credentials, for error messages.
+    pub fn describe(&self) -> String {
+        match self.parsed() {
+            Ok(cfg) => describe(&cfg),
+            Err(_) => "<invalid connection string>".to_string(),
+        }
+    }
+
+    /// Settings for a replication session on this DSN.
+    pub fn replication(
+        &self,
+        start: u64,
+        ack: Option<u64>,
+    ) -> anyhow::Result<pgwire_replication::ReplicationConfig> {
+        let dsn = self.dsn()?;
+        let cfg = &dsn.config;
+        let host = match cfg.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(p)) => p.to_string_lossy().into_owned(),
+            None => "localhost".to_string(),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let user = cfg.get_user().unwrap_or("postgres").to_string();
+        let password = match cfg.get_password() {
+            Some(p) => String::from_utf8(p.to_vec()).context("the password is not UTF-8")?,
+            None => std::env::var("PGPASSWORD").unwrap_or_default(),
+        };
+        let database = cfg.get_dbname().unwrap_or(&user).to_string();
+        let mut rc = pgwire_replication::ReplicationConfig::new(
+            host,
+            user,
+            password,
+            database,
+            self.slot_name.clone(),
+            self.publication_name.clone(),
+        )
+        .with_port(port)
+        .with_tls(dsn.replication_tls())
+        .with_start_lsn(pgwire_replication::Lsn(start))
+        .with_status_interval(self.status_interval)
+        .with_wakeup_interval(Duration::from_secs(5))
+        .with_buffer_size(1024)
+        .with_options(cfg.get_options().unwrap_or(SESSION_OPTIONS).to_string())
+        .with_application_name(format!("larch:{}", self.slot_name));
+        if let Some(ack) = ack {
+            rc = rc.with_ack_lsn(pgwire_replication::Lsn(ack));
+        }
+        Ok(rc)
+    }
+}
+
+pub fn describe(cfg: &tokio_postgres::Config) -> String {
+    let host = match cfg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.to_string_lossy().into_owned(),
+        None => "localhost".to_string(),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let user = cfg.get_user().unwrap_or("postgres");
+    let db = cfg.get_dbname().unwrap_or(user);
+    format!("{host}:{port}/{db} as user {user}")
+}
+
+/// The DSN is secret: Debug shows everything else.
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("dsn", &"<redacted>")
+            .field("server", &self.describe())
+            .field("tables", &self.tables)
+            .field("key_fields", &self.key_fields)
+            .field("slot_name", &self.slot_name)
+            .field("publication_name", &self.publication_name)
+            .field("slot_mode", &self.slot_mode)
+            .field("create_publication", &self.create_publication)
+            .field("snapshot_only", &self.snapshot_only)
+            .field("row_filters", &self.row_filters)
+            .field("reconnect", &self.reconnect)
+            .finish()
+    }
+}
+
+/// Quotes an SQL identifier.
+pub fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes an SQL string literal.
+pub fn literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+pub fn qualified(table: &TableId) -> String {
+    format!("{}.{}", ident(&table.schema), ident(&table.table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let c = PostgresConfig::new(
+            "postgres://alice:s3cret@db.example:6543/app",
+            vec![],
+            "s",
+            "p",
+        );
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("db.example:6543/app as user alice"),
+            "{shown}"
+        );
+        let rc = c.replication(0, None).unwrap();
+        assert_eq!(
+            (rc.host.as_str(), rc.port, rc.password.as_str()),
+            ("db.example", 6543, "s3cret")
+        );
+    }
+
+    #[test]
+    fn default_names() {
+        assert_eq!(
+            PostgresConfig::default_name(&TableId::new("public", "orders")),
+            "larch_public_orders"
+        );
+        let a = PostgresConfig::default_name(&TableId::new("public", "Orders"));
+        let b = PostgresConfig::default_name(&TableId::new("public", "orders!"));
+        assert!(a.starts_with("larch_public_orders_") && b.starts_with("larch_public_orders_"));
+        assert_ne!(a, b);
+        let long = PostgresConfig::default_name(&TableId::new("s", "x".repeat(100)));
+        assert!(long.len() <= 63);
+    }
+
+    #[test]
+    fn backoff() {
+        let r = Reconnect::default();
+        assert_eq!(r.delay(0), Duration::from_secs(1));
+        assert_eq!(r.delay(2), Duration::from_secs(4));
+        assert_eq!(r.delay(10), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,420 @@
+//! laredo's HOCON engine configuration (what `laredo-server --config` reads), for archive (`file`)
+//! sources and memory targets, translated into larch's engine configuration (the YAML shape of
+//! `docs/engine.md`), which is then validated as YAML is. Keys larch does not support are refused
+//! by name with what to use instead; `docs/laredo.md` maps every laredo key and flag.
+
+use serde_json::{Map, Value};
+
+/// Parses HOCON text (substitutions from the environment; includes relative to `base_dir`) into
+/// a JSON tree.
+pub fn parse_hocon(text: &str, base_dir: Option<&std::path::Path>) -> Result<Value, String> {
+    let mut opts = hocon::ParseOptions::defaults();
+    if let Some(dir) = base_dir {
+        opts = opts.with_base_dir(dir.to_path_buf());
+    }
+    let config = hocon::parse_string_with_options(text, opts).map_err(|e| e.to_string())?;
+    let mut root = Map::new();
+    for key in config.keys() {
+        if let Some(v) = config.get(key) {
+            root.insert(key.to_string(), to_json(v));
+        }
+    }
+    Ok(Value::Object(root))
+}
+
+fn to_json(v: &hocon::HoconValue) -> Value {
+    use hocon::{HoconValue, ScalarType};
+    match v {
+        HoconValue::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), to_json(v))).collect())
+        }
+        HoconValue::Array(items) => Value::Array(items.iter().map(to_json).collect()),
+        HoconValue::Scalar(s) => match s.value_type {
+            ScalarType::Null => Value::Null,
+            ScalarType::Boolean => Value::Bool(s.raw == "true"),
+            ScalarType::Number => serde_json::from_str::<serde_json::Number>(&s.raw)
+                .map(Value::Number)
+                .unwrap_or_else(|_| Value::String(s.raw.clone())),
+            _ => Value::String(s.raw.clone()),
+        },
+        // Unresolved substitutions do not survive a resolving parse.
+        _ => Value::Null,
+    }
+}
+
+/// Why a laredo key has no larch equivalent in the engine, by key.
+const PG_SOURCE: &str = "a PostgreSQL source key: larch's engine replays archives only (type = archive or file); export the table with `larch export` (or `larch archive export`) and point an archive source at it";
+const KINESIS_SOURCE: &str = "an s3-kinesis source key: larch has no Kinesis source";
+const PIPELINE: &str = "pipeline buffering, filters and transforms are not supported by larch's engine (it applies every change of the archive as is)";
+
+const TOP_LEVEL_REFUSED: &[(&str, &str)] = &[
+    (
+        "snapshot",
+        "laredo's engine snapshots are not supported: larch's engine rebuilds from the archive on start (a PostgreSQL target resumes from its checkpoint)",
+    ),
+    (
+        "grpc",
+        "larch serves HTTP only (`larch engine --listen ADDR`: /tables, /status, /health, /metrics); there is no gRPC API",
+    ),
+    (
+        "fanout",
+        "replication fan-out is not supported by larch's engine",
+    ),
+    (
+        "health",
+        "health endpoints are on `larch engine --listen ADDR` at /health/live and /health/ready",
+    ),
+    (
+        "observability",
+        "metrics are at /metrics on `larch engine --listen ADDR`; the log level is LARCH_LOG (logs are JSON on stderr)",
+    ),
+];
+
+const SOURCE_KEYS: &[&str] = &[
+    "type",
+    "store",
+    "store_config",
+    "format",
+    "key_prefix",
+    "key_fields",
+    "follow",
+    "poll_interval",
+    "state_path",
+    "group",
+];
+const SOURCE_REFUSED: &[(&str, &str)] = &[
+    ("connection", PG_SOURCE),
+    ("slot_mode", PG_SOURCE),
+    ("slot_name", PG_SOURCE),
+    ("always_baseline", PG_SOURCE),
+    ("publication", PG_SOURCE),
+    ("reconnect", PG_SOURCE),
+    ("baseline_bucket", KINESIS_SOURCE),
+    ("baseline_format", KINESIS_SOURCE),
+    ("stream_arn", KINESIS_SOURCE),
+    ("consumer_group", KINESIS_SOURCE),
+    ("checkpoint_table", KINESIS_SOURCE),
+    ("region", KINESIS_SOURCE),
+];
+/// laredo's `store_config` keys, then larch's additions (an S3-compatible endpoint, key files).
+const STORE_CONFIG_KEYS: &[&str] = &[
+    "path",
+    "bucket",
+    "prefix",
+    "region",
+    "endpoint",
+    "path_style",
+    "access_key_id_file",
+    "secret_access_key_file",
+    "session_token_file",
+];
+const STORE_CONFIG_REFUSED: &[(&str, &str)] = &[(
+    "credentials",
+    "inline credentials are not accepted (neither does laredo-server): use the ambient AWS chain, or access_key_id_file and secret_access_key_file",
+)];
+const TABLE_KEYS: &[&str] = &["source", "schema", "table", "targets"];
+const TABLE_REFUSED: &[(&str, &str)] = &[
+    ("ttl", "row expiry (ttl) is not supported by larch's engine"),
+    (
+        "validation",
+        "row-count validation is not supported by larch's engine; `larch archive verify` checks an archive's record counts and checksums",
+    ),
+];
+const TARGET_COMMON_REFUSED: &[(&str, &str)] = &[
+    ("buffer", PIPELINE),
+    ("error_handling", PIPELINE),
+    ("filters", PIPELINE),
+    ("transforms", PIPELINE),
+];
+
+/// Translates a laredo HOCON configuration (as a JSON tree) into larch's engine configuration.
+pub fn translate(doc: &Value) -> Result<Value, String> {
+    let root = object(doc, "the configuration")?;
+    for (key, _) in root {
+        match key.as_str() {
+            "sources" | "tables" => {}
+            other => return Err(refusal(other, other, TOP_LEVEL_REFUSED, "sources, tables")),
+        }
+    }
+    let mut sources = Map::new();
+    if let Some(s) = root.get("sources") {
+        for (id, source) in object(s, "sources")? {
+            let path = format!("sources.{id}");
+            sources.insert(id.clone(), translate_source(&path, source)?);
+        }
+    }
+    let mut tables = Vec::new();
+    if let Some(t) = root.get("tables") {
+        let Value::Array(items) = t else {
+            return Err("tables: expected a list of table blocks ([{ source = …, schema = …, table = …, targets = [...] }])".into());
+        };
+        for (i, table) in items.iter().enumerate() {
+            tables.push(translate_table(&format!("tables[{i}]"), table)?);
+        }
+    }
+    Ok(serde_json::json!({"sources": sources, "tables": tables}))
+}
+
+fn translate_source(path: &str, source: &Value) -> Result<Value, String> {
+    let obj = object(source, path)?;
+    match obj.get("type").and_then(Value::as_str) {
+        Some("archive" | "file") => {}
+        Some(t @ ("postgresql" | "pg")) => {
+            return Err(format!("{path}.type: {t:?} is {PG_SOURCE}"));
+        }
+        Some(t @ "s3-kinesis") => return Err(format!("{path}.type: {t:?} is {KINESIS_SOURCE}")),
+        // larch's own validation names the missing or unknown type
+        _ => {}
+    }
+    check_keys(path, obj, SOURCE_KEYS, SOURCE_REFUSED)?;
+    let mut out = Map::new();
+    for (key, value) in obj {
+        match key.as_str() {
+            "store" | "store_config" => {}
+            _ => {
+                out.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    match (obj.get("store"), obj.get("store_config")) {
+        (None, None) => {}
+        (None, Some(_)) => {
+            return Err(format!(
+                "{path}.store: required with store_config (store = local or store = s3)"
+            ));
+        }
+        (Some(Value::String(kind)), config) => {
+            let mut store = Map::new();
+            store.insert("type".into(), Value::String(kind.clone()));
+            if let Some(config) = config {
+                let cpath = format!("{path}.store_config");
+                let c = object(config, &cpath)?;
+                check_keys(&cpath, c, STORE_CONFIG_KEYS, STORE_CONFIG_REFUSED)?;
+                store.extend(c.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            out.insert("store".into(), Value::Object(store));
+        }
+        (Some(_), _) => {
+            return Err(format!(
+                "{path}.store: expected local or s3 (laredo's shape: store = local, store_config {{ path = … }})"
+            ));
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+fn translate_table(path: &str, table: &Value) -> Result<Value, String> {
+    let obj = object(table, path)?;
+    check_keys(path, obj, TABLE_KEYS, TABLE_REFUSED)?;
+    let mut out = obj.clone();
+    if let Some(targets) = obj.get("targets") {
+        let Value::Array(items) = targets else {
+            return Err(format!(
+                "{path}.targets: expected a list of targets ([{{ type = indexed-memory }}])"
+            ));
+        };
+        let mut translated = Vec::new();
+        for (j, target) in items.iter().enumerate() {
+            translated.push(translate_target(&format!("{path}.targets[{j}]"), target)?);
+        }
+        out.insert("targets".into(), Value::Array(translated));
+    }
+    Ok(Value::Object(out))
+}
+
+fn translate_target(path: &str, target: &Value) -> Result<Value, String> {
+    let obj = object(target, path)?;
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    let (allowed, renames): (&[&str], &[(&str, &str)]) = match kind {
+        "indexed-memory" => (
+            &["type", "lookup_fields"],
+            &[("type", "type"), ("lookup_fields", "index_fields")],
+        ),
+        // larch's own target types, in HOCON syntax
+        "memory" => (&["type", "index_fields"], &[]),
+        "postgres" => (
+            &[
+                "type",
+                "connection_file",
+                "connection_env",
+                "schema",
+                "table",
+            ],
+            &[],
+        ),
+        "compiled-memory" | "http-sync" | "replication-fanout" => {
+            return Err(format!(
+                "{path}.type: {kind:?} is not supported by larch's engine (targets: indexed-memory, or larch's memory and postgres)"
+            ));
+        }
+        // larch's own validation names the missing or unknown type
+        _ => return Ok(target.clone()),
+    };
+    let mut refused: Vec<(&str, &str)> = TARGET_COMMON_REFUSED.to_vec();
+    if kind == "indexed-memory" {
+        refused.push((
+            "additional_indexes",
+            "named indexes are not supported: larch's memory target filters rows by equality on the lookup_fields (GET /tables/{table}/rows?field=value)",
+        ));
+    }
+    check_keys(path, obj, allowed, &refused)?;
+    let mut out = Map::new();
+    for (key, value) in obj {
+        let name = renames
+            .iter()
+            .find(|(from, _)| from == key)
+            .map_or(key.as_str(), |(_, to)| to);
+        out.insert(name.to_string(), value.clone());
+    }
+    if kind == "indexed-memory" {
+        out.insert("type".into(), Value::String("memory".into()));
+    }
+    Ok(Value::Object(out))
+}
+
+fn object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, String> {
+    v.as_object()
+        .ok_or_else(|| format!("{path}: expected an object ({{ … }})"))
+}
+
+/// Refuses every key of `obj` that is not `allowed`, naming it and saying why.
+fn check_keys(
+    path: &str,
+    obj: &Map<String, Value>,
+    allowed: &[&str],
+    refused: &[(&str, &str)],
+) -> Result<(), String> {
+    for key in obj.keys() {
+        if !allowed.contains(&key.as_str()) {
+            return Err(refusal(
+                &format!("{path}.{key}"),
+                key,
+                refused,
+                &allowed.join(", "),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn refusal(path: &str, key: &str, refused: &[(&str, &str)], allowed: &str) -> String {
+    match refused.iter().find(|(k, _)| *k == key) {
+        Some((_, why)) => format!("{path}: not supported: {why}"),
+        None => format!("{path}: unknown key (expected one of: {allowed})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tr(text: &str) -> Result<Value, String> {
+        translate(&parse_hocon(text, None)?)
+    }
+
+    /// docs/laredo.md names every key this translation knows, accepted or refused.
+    #[test]
+    fn the_mapping_doc_names_every_key() {
+        let doc = include_str!("../../../../docs/laredo.md");
+        let refused = [
+            SOURCE_REFUSED,
+            STORE_CONFIG_REFUSED,
+            TABLE_REFUSED,
+            TARGET_COMMON_REFUSED,
+            TOP_LEVEL_REFUSED,
+        ];
+        let keys = SOURCE_KEYS
+            .iter()
+            .chain(STORE_CONFIG_KEYS)
+            .chain(TABLE_KEYS)
+            .copied()
+            .chain(refused.iter().flat_map(|r| r.iter().map(|(k, _)| *k)))
+            .chain(["indexed-memory", "lookup_fields", "additional_indexes"])
+            .chain(["compiled-memory", "http-sync", "replication-fanout"]);
+        for key in keys {
+            assert!(
+                doc.contains(&format!("`{key}"))
+                    || doc.contains(&format!("{key}`"))
+                    || doc.contains(&format!("{key},"))
+                    || doc.contains(&format!(" {key} ")),
+                "docs/laredo.md does not mention {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn hocon_values_become_json() {
+        let v = parse_hocon(
+            "a { b = 1, c = [x, \"y z\"], d = true, e = null, f = 5s, \"g.h\" = 1.50 }",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"a": {"b": 1, "c": ["x", "y z"], "d": true, "e": null, "f": "5s", "g.h": 1.50}})
+        );
+    }
+
+    #[test]
+    fn renames_laredo_keys_and_refuses_the_rest_by_name() {
+        let v = tr(
+            r#"sources { s { type = file, store = local, store_config { path = "/a" } } }
+            tables = [{ source = s, schema = public, table = t,
+                        targets = [{ type = indexed-memory, lookup_fields = [tenant] }] }]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            v["sources"]["s"]["store"],
+            serde_json::json!({"type": "local", "path": "/a"})
+        );
+        assert_eq!(
+            v["tables"][0]["targets"][0],
+            serde_json::json!({"type": "memory", "index_fields": ["tenant"]})
+        );
+        for (text, want) in [
+            (
+                "sources { s { type = archive, connection = x } }",
+                "sources.s.connection: not supported: a PostgreSQL source key",
+            ),
+            (
+                "sources { s { type = postgresql } }",
+                "sources.s.type: \"postgresql\" is a PostgreSQL source key",
+            ),
+            (
+                "sources { s { type = archive, store = s3, store_config { credentials = k } } }",
+                "sources.s.store_config.credentials: not supported: inline credentials",
+            ),
+            (
+                "sources { s { type = archive, colour = red } }",
+                "sources.s.colour: unknown key (expected one of: type, store,",
+            ),
+            (
+                "grpc { port = 4001 }",
+                "grpc: not supported: larch serves HTTP only",
+            ),
+            (
+                "tables = [{ source = s, ttl { field = x } }]",
+                "tables[0].ttl: not supported",
+            ),
+            (
+                "tables = [{ targets = [{ type = indexed-memory, buffer { max_size = 1 } }] }]",
+                "tables[0].targets[0].buffer: not supported: pipeline buffering",
+            ),
+            (
+                "tables = [{ targets = [{ type = indexed-memory, additional_indexes = [] }] }]",
+                "tables[0].targets[0].additional_indexes: not supported: named indexes",
+            ),
+            (
+                "tables = [{ targets = [{ type = http-sync }] }]",
+                "tables[0].targets[0].type: \"http-sync\" is not supported",
+            ),
+            (
+                "sources { s { type = archive, store_config { path = x } } }",
+                "sources.s.store: required with store_config",
+            ),
+        ] {
+            let err = tr(text).unwrap_err();
+            assert!(err.starts_with(want), "{text}: {err}");
+        }
+    }
+}

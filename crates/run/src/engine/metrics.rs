@@ -1,0 +1,174 @@
+//! Prometheus metrics with laredo's names and labels (spec §9.6), in a per-engine registry so
+//! several engines can run in one process (tests).
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// laredo's pipeline state gauge values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipelineState {
+    Initializing = 0,
+    Baselining = 1,
+    Streaming = 2,
+    Paused = 3,
+    Error = 4,
+    Stopped = 5,
+}
+
+impl PipelineState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineState::Initializing => "INITIALIZING",
+            PipelineState::Baselining => "BASELINING",
+            PipelineState::Streaming => "STREAMING",
+            PipelineState::Paused => "PAUSED",
+            PipelineState::Error => "ERROR",
+            PipelineState::Stopped => "STOPPED",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub source_rebaseline_total: IntCounterVec,
+    pub source_lag_seconds: GaugeVec,
+    pub source_lag_bytes: IntGaugeVec,
+    pub pipeline_state: IntGaugeVec,
+    pub changes_received_total: IntCounterVec,
+    pub changes_applied_total: IntCounterVec,
+    pub change_errors_total: IntCounterVec,
+    pub change_apply_duration_seconds: HistogramVec,
+    pub baseline_duration_seconds: HistogramVec,
+    pub baseline_rows_total: IntGaugeVec,
+    pub baseline_rows_loaded_total: IntCounterVec,
+    pub baseline_expected_rows: IntGaugeVec,
+    pub source_behind_diffs: IntGaugeVec,
+    pub source_data_age_seconds: GaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.expect("valid metric");
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("metric registered once");
+                m
+            }};
+        }
+        larch_core::telemetry::register_process_and_build_info(&registry, "engine");
+        Metrics {
+            source_rebaseline_total: reg!(IntCounterVec::new(
+                Opts::new(
+                    "laredo_source_rebaseline_total",
+                    "Re-baselines a source asked for (replacement archives)."
+                ),
+                &["source"]
+            )),
+            source_lag_seconds: reg!(GaugeVec::new(
+                Opts::new(
+                    "laredo_source_lag_seconds",
+                    "now - updated_at of the last manifest the source read."
+                ),
+                &["source"]
+            )),
+            source_lag_bytes: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "laredo_source_lag_bytes",
+                    "Bytes of the archive's diffs not yet applied (0 when caught up with the head)."
+                ),
+                &["source"]
+            )),
+            pipeline_state: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "laredo_pipeline_state",
+                    "0 INITIALIZING, 1 BASELINING, 2 STREAMING, 3 PAUSED, 4 ERROR, 5 STOPPED."
+                ),
+                &["pipeline"]
+            )),
+            changes_received_total: reg!(IntCounterVec::new(
+                Opts::new("laredo_changes_received_total", "Change events received."),
+                &["pipeline", "action"]
+            )),
+            changes_applied_total: reg!(IntCounterVec::new(
+                Opts::new("laredo_changes_applied_total", "Change events applied."),
+                &["pipeline", "action"]
+            )),
+            change_errors_total: reg!(IntCounterVec::new(
+                Opts::new("laredo_change_errors_total", "Change events that failed."),
+                &["pipeline"]
+            )),
+            change_apply_duration_seconds: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "laredo_change_apply_duration_seconds",
+                    "Time to apply one change."
+                ),
+                &["pipeline", "action"]
+            )),
+            baseline_duration_seconds: reg!(HistogramVec::new(
+                HistogramOpts::new("laredo_baseline_duration_seconds", "Baseline duration.")
+                    .buckets(vec![0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
+                &["pipeline"]
+            )),
+            baseline_rows_total: reg!(IntGaugeVec::new(
+                Opts::new("laredo_baseline_rows_total", "Rows of the last baseline."),
+                &["pipeline"]
+            )),
+            baseline_rows_loaded_total: reg!(IntCounterVec::new(
+                Opts::new(
+                    "laredo_baseline_rows_loaded_total",
+                    "Baseline rows loaded, over every baseline."
+                ),
+                &["pipeline"]
+            )),
+            baseline_expected_rows: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "larch_engine_baseline_expected_rows",
+                    "Rows of the snapshot the baseline in progress (else the last one) loads: its manifest row_count; -1: unknown."
+                ),
+                &["pipeline"]
+            )),
+            source_behind_diffs: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "larch_source_behind_diffs",
+                    "Diffs between the source's position and the archive's head (0 when caught up)."
+                ),
+                &["source"]
+            )),
+            source_data_age_seconds: reg!(GaugeVec::new(
+                Opts::new(
+                    "larch_source_data_age_seconds",
+                    "Seconds since the archive's head was written (manifest updated_at): the age of the data, not a lag."
+                ),
+                &["source"]
+            )),
+            registry,
+        }
+    }
+
+    pub fn set_state(&self, pipeline: &str, state: PipelineState) {
+        self.pipeline_state
+            .with_label_values(&[pipeline])
+            .set(state as i64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).expect("UTF-8 exposition")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

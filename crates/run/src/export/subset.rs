@@ -1,0 +1,277 @@
+//! Subsetting a one-shot export (dev seeds): a row filter (`where:`, an SQL predicate the
+//! baseline's COPY applies inside the exported snapshot) and a sample (`sample:`, a percentage
+//! of the rows). The sample is decided per row by a keyed hash of the `by` column(s) (default:
+//! the key fields), not by `TABLESAMPLE`: it is deterministic (two runs over the same rows
+//! keep the same rows) and consistent across tables (sampling `users` by `id` and `orders` by
+//! `user_id` keeps the orders of the users kept), which a block sample cannot be.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use crate::export::transform::TransformKey;
+use larch_archive::masking::SubsetRecord;
+use larch_archive::value::Row;
+use larch_postgres::TableSchema;
+
+/// `sample:` of a table's rules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SampleRule {
+    /// Percentage of the rows kept, in (0, 100].
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub percent: f64,
+    /// The column whose value decides (default: the key fields). Tables sampled by columns
+    /// holding the same values (a key and its foreign keys) keep matching rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub by: Option<String>,
+}
+
+/// The subset of one table: where it came from is checked, the sample compiled for its columns.
+#[derive(Clone, Debug, Default)]
+pub struct Subset {
+    pub row_filter: Option<String>,
+    pub sample: Option<SampleRule>,
+}
+
+/// Resolution of a sample: parts per million.
+const PPM: u64 = 1_000_000;
+
+/// A compiled sample: keeps a row when the keyed hash of its `by` values falls under the
+/// percentage.
+pub struct Sampler {
+    key: std::sync::Arc<TransformKey>,
+    by: Vec<String>,
+    threshold: u64,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("by", &self.by)
+            .field("threshold_ppm", &self.threshold)
+            .finish()
+    }
+}
+
+impl Subset {
+    pub fn is_empty(&self) -> bool {
+        self.row_filter.is_none() && self.sample.is_none()
+    }
+
+    /// Checks the rule's values (the predicate's text, the percentage); `table` names it.
+    pub fn check(&self, table: &str) -> Result<(), String> {
+        if let Some(p) = &self.row_filter {
+            larch_postgres::check_row_filter(p)
+                .map_err(|why| format!("the row filter of table {table} (where: {p}): {why}"))?;
+        }
+        if let Some(s) = &self.sample
+            && !(s.percent > 0.0 && s.percent <= 100.0)
+        {
+            return Err(format!(
+                "the sample of table {table}: percent {} is not in (0, 100]",
+                s.percent
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sample for `schema`'s columns, keyed by `key` (the transform key when there is one,
+    /// so who lacks it cannot tell which rows were kept; else a fixed key: still
+    /// deterministic). None without a sample.
+    pub fn sampler(
+        &self,
+        schema: &TableSchema,
+        key: Option<std::sync::Arc<TransformKey>>,
+    ) -> Result<Option<Sampler>, String> {
+        let Some(rule) = &self.sample else {
+            return Ok(None);
+        };
+        let by = match &rule.by {
+            Some(c) => {
+                if !schema.columns.iter().any(|d| &d.name == c) {
+                    let names: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+                    return Err(format!(
+                        "the sample of table {}: column {c:?} (by) does not exist (columns: {})",
+                        schema.id,
+                        names.join(", ")
+                    ));
+                }
+                vec![c.clone()]
+            }
+            None => schema.key_fields.clone(),
+        };
+        let key = match key {
+            Some(k) => k,
+            None => std::sync::Arc::new(
+                TransformKey::from_bytes(b"larch sample without a transform key", "built-in")
+                    .expect("a long enough key"),
+            ),
+        };
+        Ok(Some(Sampler {
+            key,
+            by,
+            threshold: (rule.percent / 100.0 * PPM as f64).round() as u64,
+        }))
+    }
+
+    /// What the manifest records (None without a subset).
+    pub fn record(&self, schema: Option<&TableSchema>) -> Option<SubsetRecord> {
+        if self.is_empty() {
+            return None;
+        }
+        Some(SubsetRecord {
+            row_filter: self.row_filter.clone(),
+            sample_percent: self
+                .sample
+                .as_ref()
+                .and_then(|s| serde_json::Number::from_f64(s.percent)),
+            sample_by: match (&self.sample, schema) {
+                (Some(SampleRule { by: Some(c), .. }), _) => vec![c.clone()],
+                (Some(_), Some(s)) => s.key_fields.clone(),
+                _ => Vec::new(),
+            },
+        })
+    }
+}
+
+impl Sampler {
+    /// Whether the row is in the sample. A missing `by` field counts as NULL.
+    pub fn keeps(&self, row: &Row) -> bool {
+        let mut input = Vec::new();
+        for (i, c) in self.by.iter().enumerate() {
+            if i > 0 {
+                input.push(0);
+            }
+            let value = row.get(c);
+            let text = value.as_ref().map(|v| v.get()).unwrap_or("null");
+            // A string's content (so text and varchar agree), else the JSON (numbers).
+            let canonical: Cow<'_, str> = match text.as_bytes().first() {
+                Some(b'"') => serde_json::from_str(text).unwrap_or(Cow::Borrowed(text)),
+                _ => Cow::Borrowed(text),
+            };
+            input.extend_from_slice(canonical.as_bytes());
+        }
+        let tag = self.key.sample_tag(&input);
+        let n = u64::from_be_bytes(tag[..8].try_into().expect("8 bytes"));
+        n % PPM < self.threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use larch_archive::model::{ColumnDefinition, TableId};
+
+    fn schema(name: &str, cols: &[&str]) -> TableSchema {
+        TableSchema {
+            id: TableId::new("public", name),
+            columns: cols
+                .iter()
+                .map(|c| ColumnDefinition {
+                    name: c.to_string(),
+                    type_name: "int8".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            key_fields: vec![cols[0].to_string()],
+            type_oids: vec![20; cols.len()],
+            type_mods: vec![-1; cols.len()],
+            sql_types: vec!["bigint".into(); cols.len()],
+            generated: vec![false; cols.len()],
+            has_primary_key: true,
+            replica_identity: 'd',
+        }
+    }
+
+    #[test]
+    fn the_sample_is_deterministic_consistent_and_near_its_percentage() {
+        let users = Subset {
+            row_filter: None,
+            sample: Some(SampleRule {
+                percent: 10.0,
+                by: None,
+            }),
+        };
+        let orders = Subset {
+            row_filter: None,
+            sample: Some(SampleRule {
+                percent: 10.0,
+                by: Some("user_id".into()),
+            }),
+        };
+        let u = users
+            .sampler(&schema("users", &["id"]), None)
+            .unwrap()
+            .unwrap();
+        let o = orders
+            .sampler(&schema("orders", &["id", "user_id"]), None)
+            .unwrap()
+            .unwrap();
+        let mut kept = 0;
+        for id in 0..20_000 {
+            let user = Row::parse(&format!(r#"{{"id":{id}}}"#)).unwrap();
+            let order = Row::parse(&format!(r#"{{"id":{},"user_id":{id}}}"#, id + 7)).unwrap();
+            let k = u.keeps(&user);
+            assert_eq!(k, u.keeps(&user), "deterministic");
+            assert_eq!(k, o.keeps(&order), "an order is kept with its user");
+            kept += usize::from(k);
+        }
+        assert!((1_700..2_300).contains(&kept), "{kept} of 20000 at 10 %");
+        let all = Subset {
+            row_filter: None,
+            sample: Some(SampleRule {
+                percent: 100.0,
+                by: None,
+            }),
+        }
+        .sampler(&schema("users", &["id"]), None)
+        .unwrap()
+        .unwrap();
+        assert!((0..1000).all(|id| all.keeps(&Row::parse(&format!(r#"{{"id":{id}}}"#)).unwrap())));
+        let e = orders
+            .sampler(&schema("orders", &["id"]), None)
+            .unwrap_err();
+        assert!(e.contains("column \"user_id\" (by) does not exist"), "{e}");
+        let bad = Subset {
+            row_filter: None,
+            sample: Some(SampleRule {
+                percent: 0.0,
+                by: None,
+            }),
+        };
+        assert!(
+            bad.check("public.users")
+                .unwrap_err()
+                .contains("percent 0 is not in (0, 100]")
+        );
+    }
+
+    #[test]
+    fn a_row_filter_is_one_predicate() {
+        use larch_postgres::check_row_filter;
+        for ok in [
+            "created_at > now() - interval '30 days'",
+            "id IN (SELECT user_id FROM orders WHERE total > 10)",
+            "name = 'it''s; fine'".replace(';', ",").as_str(),
+            r#""Weird )( name" = 'a)b'"#,
+            "a - b > 0",
+        ] {
+            assert_eq!(check_row_filter(ok), Ok(()), "{ok}");
+        }
+        for (bad, why) in [
+            ("true; DROP TABLE users", "`;`"),
+            ("true) TO PROGRAM 'x' --", "closes a parenthesis"),
+            ("true -- ) TO STDOUT", "comments"),
+            ("true /* x */", "comments"),
+            ("(true", "do not balance"),
+            ("name = 'open", "not closed"),
+            ("name = $$x$$", "dollar quoting"),
+            ("  ", "empty"),
+        ] {
+            let e = check_row_filter(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! A one-shot restore: tables of an archive, at its head or as of a point, loaded into a
+//! PostgreSQL database in one transaction, then done (`larch restore`, the `ArchiveRestore`
+//! kind's Job). docs/restore.md.
+//!
+//! * Everything that can be checked is checked before the database is touched: each table's
+//!   manifest, the point (a position or an RFC 3339 time, [`PointInTime`], as every `--at`),
+//!   the key fields, whether each destination table exists
+//!   (`--if-exists fail`), and that a table to replace has every archived column.
+//! * One transaction for every table: a new table is created from the archive's columns
+//!   (as the engine's PostgreSQL target creates it), an existing one (`replace`) is emptied
+//!   with `TRUNCATE` and keeps its definition, indexes, grants and dependent views; rows go
+//!   in by `COPY … FROM STDIN` ([`crate::engine::targets::postgres_copy`]). Any error rolls
+//!   it all back: nothing half-written. Readers of a replaced table wait for the commit and
+//!   then see the restored rows, never a partial table.
+//! * Rows stream from the archive in bounded memory ([`larch_archive::fold::head_rows`]:
+//!   the diffs' net effect past its budget spills to disk), never a whole table.
+//! * Several tables restore at one point: the given one, else the greatest position every
+//!   table's chain reaches (the smallest of their heads). Each table is folded up to its last
+//!   diff ending at or before that point (a diff straddling it is left out, as for
+//!   `reconstruct --at`); the summary gives the position each reached.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::SinkExt;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::targets::postgres::{create_table_sql, quote_ident};
+use crate::engine::targets::postgres_copy::{CopyColumn, copy_columns, encode_row};
+use larch_archive::error::ArchiveError;
+use larch_archive::fold::head_rows;
+use larch_archive::format::Format;
+use larch_archive::manifest::{Manifest, format_time};
+use larch_archive::model::{TableId, check_key_fields, effective_key_fields};
+use larch_archive::plan::{Plan, plan_as_of, plan_head, short_chain};
+use larch_archive::point_in_time::{PointInTime, resolve};
+use larch_archive::position::compare;
+use larch_archive::reader::ArchiveReader;
+use larch_archive::spill::{Spill, SpillConfig, tag};
+use larch_archive::store::Store;
+use larch_core::failure::{self, Reason};
+
+/// What to do when a destination table exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IfExists {
+    /// Stop with an error naming the table; nothing is restored.
+    Fail,
+    /// Empty it and load the archived rows (its definition is kept).
+    Replace,
+}
+
+/// One restore: which archives, at which point, into which database.
+pub struct RestoreRequest {
+    pub store: Arc<dyn Store>,
+    /// Each table and the key prefix of its archive ([`table_key_prefix`] for an export's).
+    pub tables: Vec<(TableId, String)>,
+    pub formats: Vec<Format>,
+    /// The point, as `larch archive reconstruct --at` takes it; `None`: the head.
+    pub at: Option<String>,
+    pub if_exists: IfExists,
+    /// The destination's connection string (never logged).
+    pub dsn: String,
+    pub spill: SpillConfig,
+}
+
+/// One table restored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRestored {
+    pub table: String,
+    pub rows: u64,
+    /// The position the table's rows are at (its last diff at or before the point).
+    pub position: String,
+    /// When the last artifact restored was written to the archive (RFC 3339): the changes it
+    /// holds were committed before.
+    pub archived_at: String,
+    /// `created` or `replaced`.
+    pub action: String,
+}
+
+/// What `larch restore` prints (and writes to `--summary-file`) when it is done.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RestoreSummary {
+    /// The point every table was restored at (`--at`, else the greatest every table reaches).
+    pub position: String,
+    /// `--at` as given, when given.
+    pub at: Option<String>,
+    pub tables: Vec<TableRestored>,
+    pub duration_seconds: f64,
+}
+
+/// Where an export of several tables (or one, by default) writes `table`: `<root><schema>.<table>/`.
+pub fn table_key_prefix(root: &str, table: &TableId) -> String {
+    format!("{root}{table}/")
+}
+
+/// One table's archive, read and planned.
+struct Planned {
+    table: TableId,
+    reader: ArchiveReader,
+    manifest: Manifest,
+    key_fields: Vec<String>,
+    plan: Plan,
+}
+
+fn invalid(e: anyhow::Error) -> anyhow::Error {
+    failure::tag(Reason::InvalidConfig, e)
+}
+
+/// Reads each table's manifest and plans it at one point; touches no database.
+async fn plan_tables(request: &RestoreRequest) -> anyhow::Result<(String, Vec<Planned>)> {
+    if request.tables.is_empty() {
+        return Err(invalid(anyhow::anyhow!("no table to restore (--table)")));
+    }
+    let mut loaded = Vec::new();
+    for (table, prefix) in &request.tables {
+        if loaded.iter().any(|(t, _, _)| t == table) {
+            return Err(invalid(anyhow::anyhow!("table {table} is named twice")));
+        }
+        let reader = ArchiveReader::new(request.store.clone(), prefix, request.formats.clone())?;
+        let Some((manifest, _)) = reader.try_load_manifest().await? else {
+            return Err(invalid(anyhow::anyhow!(
+                "table {table}: {} has no archive at key prefix {prefix:?} ({} not found)",
+                reader.store().name(),
+                reader.manifest_key()
+            )));
+        };
+        if manifest.snapshots().next().is_none() {
+            return Err(invalid(anyhow::anyhow!(
+                "table {table}: the archive at {prefix:?} holds no snapshot yet: nothing to restore"
+            )));
+        }
+        loaded.push((table.clone(), reader, manifest));
+    }
+    let mut smallest_head: Option<&TableId> = None;
+    let point = match &request.at {
+        Some(at) => at.clone(),
+        None => {
+            let mut reached: Option<String> = None;
+            for (table, reader, manifest) in &loaded {
+                let head = plan_head(manifest);
+                if let Some(short) = short_chain(manifest, &head) {
+                    return Err(anyhow::anyhow!(
+                        "table {table}: {}: {short}; the archive cannot reproduce its head (see \
+                         `larch archive verify`); pass --at {} to restore the state it reaches",
+                        reader.manifest_key(),
+                        short.reached
+                    ));
+                }
+                if reached
+                    .as_deref()
+                    .is_none_or(|r| compare(&head.head_position, r) == Ordering::Less)
+                {
+                    reached = Some(head.head_position);
+                    smallest_head = Some(table);
+                }
+            }
+            reached.expect("at least one table")
+        }
+    };
+    // A time resolves per table to its last transaction committed at or before it (one
+    // database, one commit clock: the tables are consistent at that time); a position is
+    // the same position in every table.
+    let at = request
+        .at
+        .as_deref()
+        .map(|at| {
+            at.parse::<PointInTime>()
+                .map_err(|e| invalid(anyhow::anyhow!("--at: {e}")))
+        })
+        .transpose()?;
+    let mut planned = Vec::new();
+    for (table, reader, manifest) in &loaded {
+        let resolved = match &at {
+            Some(at) => resolve(manifest, at).map(|r| r.plan),
+            None => plan_as_of(manifest, &point),
+        };
+        let plan = match (resolved, smallest_head) {
+            (Ok(plan), _) => plan,
+            // Without --at: this table's archive starts after another's head.
+            (Err(ArchiveError::Predates { oldest, .. }), Some(other)) => {
+                return Err(invalid(anyhow::anyhow!(
+                    "table {table}: its archive starts at {oldest}, after {point}, the greatest \
+                     position every table reaches (the head of {other}): the tables have no \
+                     common point; pass --at {oldest} or later to restore each at its last state \
+                     at or before it"
+                )));
+            }
+            (Err(e), _) => {
+                return Err(invalid(
+                    anyhow::Error::new(e).context(format!("table {table}: --at")),
+                ));
+            }
+        };
+        check_key_fields(&[], &manifest.columns)
+            .map_err(|e| invalid(anyhow::anyhow!("table {table}: {e}")))?;
+        let key_fields = effective_key_fields(&[], &manifest.columns);
+        planned.push(Planned {
+            table: table.clone(),
+            reader: reader.clone(),
+            manifest: manifest.clone(),
+            key_fields,
+            plan,
+        });
+    }
+    Ok((point, planned))
+}
+
+fn qualified(t: &TableId) -> String {
+    format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.table))
+}
+
+/// Whether `table` exists in the destination.
+async fn exists(client: &tokio_postgres::Client, table: &TableId) -> anyhow::Result<bool> {
+    Ok(client
+        .query_one(
+            "SELECT to_regclass($1::text) IS NOT NULL",
+            &[&qualified(table)],
+        )
+        .await
+        .with_context(|| format!("restore: looking up table {table}"))?
+        .get(0))
+}
+
+/// The COPY columns of an archived table in `destination` (its kinds), refusing a destination
+/// that lacks an archived column.
+async fn archived_columns(
+    client: &tokio_postgres::Client,
+    planned: &Planned,
+) -> anyhow::Result<Vec<CopyColumn>> {
+    let destination = copy_columns(client, &qualified(&planned.table)).await?;
+    let mut columns = Vec::new();
+    for c in &planned.manifest.columns {
+        match destination.iter().find(|d| d.name == c.name) {
+            Some(d) => columns.push(d.clone()),
+            None => {
+                return Err(failure::tag(
+                    Reason::ColumnNotFound,
+                    anyhow::anyhow!(
+                        "table {}: the archive has column {:?}, which the existing table lacks; \
+                         nothing was restored (drop the table, or add the column)",
+                        planned.table,
+                        c.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(columns)
+}
+
+/// Bytes of COPY text sent at once.
+const COPY_CHUNK: usize = 256 << 10;
+
+/// Loads one table's rows (the transaction is the caller's).
+async fn load(
+    tx: &tokio_postgres::Transaction<'_>,
+    planned: &Planned,
+    columns: &[CopyColumn],
+    spill: &SpillConfig,
+) -> anyhow::Result<u64> {
+    let table = &planned.table;
+    let list: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
+    let sink = tx
+        .copy_in::<_, Bytes>(&format!(
+            "COPY {} ({}) FROM STDIN",
+            qualified(table),
+            list.join(", ")
+        ))
+        .await
+        .with_context(|| format!("restore: COPY into {table}"))?;
+    futures::pin_mut!(sink);
+    let spill_dir = Spill::open(spill.clone(), &tag("restore", &[&table.to_string()]));
+    let mut head = head_rows(
+        planned.reader.clone(),
+        planned.plan.clone(),
+        planned.key_fields.clone(),
+        spill_dir,
+        spill.memory_limit,
+    );
+    let mut buf = Vec::with_capacity(COPY_CHUNK + 4096);
+    let mut rows = 0u64;
+    while let Some(row) = head.rows.recv().await {
+        encode_row(&row, columns, &mut buf)
+            .with_context(|| format!("table {table}: row {}", rows + 1))?;
+        rows += 1;
+        if buf.len() >= COPY_CHUNK {
+            sink.send(Bytes::from(std::mem::take(&mut buf)))
+                .await
+                .with_context(|| format!("restore: COPY into {table}"))?;
+        }
+    }
+    match head.verdict.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(anyhow::Error::new(e).context(format!("table {table}"))),
+        Err(_) => bail!("table {table}: the archive reader stopped"),
+    }
+    if !buf.is_empty() {
+        sink.send(Bytes::from(buf))
+            .await
+            .with_context(|| format!("restore: COPY into {table}"))?;
+    }
+    let copied = sink
+        .finish()
+        .await
+        .with_context(|| format!("restore: COPY into {table}"))?;
+    if copied != rows {
+        bail!("table {table}: sent {rows} rows, PostgreSQL copied {copied}");
+    }
+    Ok(rows)
+}
+
+/// Runs a restore to its commit, or rolls everything back and returns why.
+pub async fn restore(request: RestoreRequest) -> anyhow::Result<RestoreSummary> {
+    let started = Instant::now();
+    let (point, planned) = plan_tables(&request).await?;
+    let dsn = larch_postgres::connection::PgDsn::parse(&request.dsn)
+        .context("restore: the target connection string")?;
+    let (mut client, connection) = dsn
+        .config
+        .connect(dsn.tls()?)
+        .await
+        .context("restore: connecting to the target database")?;
+    let connection = tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "restore: the target connection ended");
+        }
+    });
+    let mut existing = Vec::new();
+    for p in &planned {
+        let found = exists(&client, &p.table).await?;
+        if found && request.if_exists == IfExists::Fail {
+            return Err(invalid(anyhow::anyhow!(
+                "table {} already exists in the target database (--if-exists fail): nothing was \
+                 restored; pass --if-exists replace to replace its rows",
+                p.table
+            )));
+        }
+        if found {
+            archived_columns(&client, p).await?;
+        } else if p.manifest.columns.is_empty() {
+            return Err(invalid(anyhow::anyhow!(
+                "table {}: the archive records no columns to create the table from",
+                p.table
+            )));
+        }
+        existing.push(found);
+    }
+    let tx = client
+        .transaction()
+        .await
+        .context("restore: BEGIN on the target database")?;
+    let mut restored = Vec::new();
+    for (p, found) in planned.iter().zip(existing) {
+        let action = if found {
+            tx.batch_execute(&format!("TRUNCATE {}", qualified(&p.table)))
+                .await
+                .with_context(|| format!("restore: TRUNCATE {}", p.table))?;
+            "replaced"
+        } else {
+            let sql = create_table_sql(&p.table, &p.manifest.columns, &p.key_fields);
+            tx.batch_execute(&sql)
+                .await
+                .with_context(|| format!("restore: creating table {} ({sql})", p.table))?;
+            "created"
+        };
+        let columns = archived_columns(tx.client(), p).await?;
+        let rows = load(&tx, p, &columns, &request.spill).await?;
+        let last = p.plan.diffs.last().or(p.plan.snapshot.as_ref());
+        tracing::info!(table = %p.table, rows, position = %p.plan.head_position, action, "table restored (not committed yet)");
+        restored.push(TableRestored {
+            table: p.table.to_string(),
+            rows,
+            position: p.plan.head_position.clone(),
+            archived_at: last.map(|a| format_time(&a.created_at)).unwrap_or_default(),
+            action: action.to_string(),
+        });
+    }
+    tx.commit()
+        .await
+        .context("restore: COMMIT on the target database")?;
+    drop(client);
+    let _ = connection.await;
+    Ok(RestoreSummary {
+        position: point,
+        at: request.at,
+        tables: restored,
+        duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+    })
+}
