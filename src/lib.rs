@@ -4,7 +4,8 @@
 //! This package is the `larch` binary: `cli` parses arguments and calls the workspace's
 //! crates (docs/architecture.md). The modules re-exported below keep one path per concept for
 //! the binary and the tests:
-//! `larch_core` (shared vocabulary) ← `larch_archive` ← `larch_postgres` ← `larch_run`
+//! `larch_core` (shared vocabulary) ← `larch_archive` ← `larch_contract` (what the operator
+//! writes for its pods) and `larch_postgres` ← `larch_run`
 //! (export, engine, restore) ← `larch_operator`.
 
 pub mod cli;

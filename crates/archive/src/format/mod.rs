@@ -21,10 +21,26 @@ pub const MAX_PROTOBUF_RECORD: usize = 4 * 1024 * 1024;
 /// What larch accepts when reading protobuf (more than it ever writes).
 pub const MAX_PROTOBUF_RECORD_READ: usize = 64 * 1024 * 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Archive file formats (the names `larch export --format` and the engine config take).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Format {
     Jsonl,
     Protobuf,
+    /// JSONL compressed with zstd.
+    #[serde(rename = "jsonl+zstd")]
     JsonlZstd,
 }
 

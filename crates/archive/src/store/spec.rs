@@ -68,7 +68,7 @@ pub struct StoreSpec {
     pub region: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub path_style: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_key_id_file: Option<PathBuf>,

@@ -2,7 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use larch_archive::store::spec::{StoreKind, StoreSpec};
+use larch_contract::engine_file::{
+    EngineFile, OneOrMany, SourceFile, SourceKind, TableFile, TargetFile, TargetKind,
+};
 
 use super::pod::{ARCHIVE_DIR, STATE_DIR};
 use crate::crd::archive_export::ArchiveExport;
@@ -119,95 +122,69 @@ pub fn resolve_archive(
     })
 }
 
-#[derive(Serialize, Debug, PartialEq)]
-pub struct EngineConfig {
-    pub sources: BTreeMap<String, SourceConfig>,
-    pub tables: Vec<TableConfig>,
-}
-
-#[derive(Serialize, Debug, PartialEq)]
-pub struct SourceConfig {
-    #[serde(rename = "type")]
-    pub type_: &'static str,
-    pub store: StoreConfig,
-    /// Single table only (a group reads `<schema>.<table>/`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_prefix: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_fields: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub format: Option<Vec<&'static str>>,
-    pub follow: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub poll_interval: Option<String>,
-    pub state_path: String,
-    pub group: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub require_transformed: bool,
-}
-
-#[derive(Serialize, Debug, PartialEq)]
-pub struct StoreConfig {
-    #[serde(rename = "type")]
-    pub type_: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path_style: Option<bool>,
-}
-
-#[derive(Serialize, Debug, PartialEq)]
-pub struct TableConfig {
-    pub source: String,
-    pub schema: String,
-    pub table: String,
-    pub targets: Vec<TargetConfig>,
-}
-
-#[derive(Serialize, Debug, PartialEq)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum TargetConfig {
-    Memory {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        index_fields: Option<Vec<String>>,
-    },
-    Postgres {
-        connection_file: String,
-        schema: String,
-        table: String,
-    },
-}
-
 /// The engine's source id for an ArchiveSource: its name. Members of a group report as
 /// `<name>/<schema>.<table>` in the engine's `/status` and metrics.
 pub fn source_id(source: &ArchiveSource) -> String {
     kube::ResourceExt::name_any(source)
 }
 
-pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> EngineConfig {
+pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> EngineFile {
     let id = source_id(source);
-    // A group reads `<schema>.<table>/` under the store root (the engine allows no key_prefix
-    // there), so the group's key prefix moves into the store: the S3 prefix (prepended
-    // verbatim, as the exporter does) or a subdirectory of the local store.
+    let state_path = if archive.group {
+        format!("{STATE_DIR}/{id}")
+    } else {
+        format!("{STATE_DIR}/{id}.pos")
+    };
+    let spec = &source.spec;
+    let src = SourceFile {
+        kind: Some(SourceKind::Archive),
+        store: Some(store_spec(archive)),
+        key_prefix: (!archive.group).then(|| archive.key_prefix.clone()),
+        key_fields: archive
+            .key_fields
+            .clone()
+            .filter(|k| !k.is_empty())
+            .map(OneOrMany::Many),
+        format: archive
+            .formats
+            .as_ref()
+            .map(|fs| OneOrMany::Many(fs.iter().map(|f| f.id().to_string()).collect())),
+        // Pinned at a point in time, the engine never follows.
+        follow: spec.at.is_none() && spec.follow.unwrap_or(true),
+        at: spec.at.as_ref().and_then(|a| a.value()).map(str::to_string),
+        poll_interval: spec.poll_interval.clone().map(serde_yaml_ng::Value::String),
+        state_path: Some(state_path.into()),
+        group: archive.group,
+        require_transformed: spec.require_transformed.unwrap_or(false),
+    };
+    let tables = archive
+        .tables
+        .iter()
+        .map(|t| TableFile {
+            source: id.clone(),
+            schema: t.schema().into(),
+            table: t.name.clone(),
+            targets: vec![target(source, archive, t)],
+        })
+        .collect();
+    EngineFile {
+        sources: BTreeMap::from([(id, src)]),
+        tables,
+    }
+}
+
+/// Where the engine reads the archive. A group reads `<schema>.<table>/` under the store root
+/// (the engine allows no key_prefix there), so the group's key prefix moves into the store: the
+/// S3 prefix (prepended verbatim, as the exporter does) or a subdirectory of the local store.
+fn store_spec(archive: &ResolvedArchive) -> StoreSpec {
     let group_prefix = if archive.group {
         archive.key_prefix.as_str()
     } else {
         ""
     };
-    let store = match &archive.location.s3 {
-        Some(s3) => StoreConfig {
-            type_: "s3",
-            path: None,
+    match &archive.location.s3 {
+        Some(s3) => StoreSpec {
+            kind: StoreKind::S3,
             bucket: Some(s3.bucket.clone()),
             prefix: Some(format!(
                 "{}{group_prefix}",
@@ -215,76 +192,41 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
             )),
             region: s3.region.clone(),
             endpoint: s3.endpoint.clone(),
-            path_style: s3.path_style,
+            path_style: s3.path_style.unwrap_or(false),
+            ..Default::default()
         },
-        None => StoreConfig {
-            type_: "local",
-            path: Some(match group_prefix.trim_end_matches('/') {
-                "" => ARCHIVE_DIR.to_string(),
-                sub => format!("{ARCHIVE_DIR}/{sub}"),
-            }),
-            bucket: None,
-            prefix: None,
-            region: None,
-            endpoint: None,
-            path_style: None,
-        },
-    };
-    let state_path = if archive.group {
-        format!("{STATE_DIR}/{id}")
-    } else {
-        format!("{STATE_DIR}/{id}.pos")
-    };
-    let spec = &source.spec;
-    let src = SourceConfig {
-        type_: "archive",
-        store,
-        key_prefix: (!archive.group).then(|| archive.key_prefix.clone()),
-        key_fields: archive.key_fields.clone().filter(|k| !k.is_empty()),
-        format: archive
-            .formats
-            .as_ref()
-            .map(|fs| fs.iter().map(|f| f.as_str()).collect()),
-        // Pinned at a point in time, the engine never follows.
-        follow: spec.at.is_none() && spec.follow.unwrap_or(true),
-        at: spec.at.as_ref().and_then(|a| a.value()).map(str::to_string),
-        poll_interval: spec.poll_interval.clone(),
-        state_path,
-        group: archive.group,
-        require_transformed: spec.require_transformed.unwrap_or(false),
-    };
-    let tables = archive
-        .tables
-        .iter()
-        .map(|t| {
-            let target = match (&spec.target.memory, &spec.target.postgres) {
-                (_, Some(pg)) => TargetConfig::Postgres {
-                    connection_file: TARGET_DSN_FILE.into(),
-                    schema: pg.schema.clone().unwrap_or_else(|| t.schema().into()),
-                    table: match (&pg.table, archive.tables.len()) {
-                        (Some(name), 1) => name.clone(),
-                        _ => t.name.clone(),
-                    },
-                },
-                (Some(m), None) => TargetConfig::Memory {
-                    index_fields: m.index_fields.clone().filter(|f| !f.is_empty()),
-                },
-                (None, None) => TargetConfig::Memory { index_fields: None },
-            };
-            TableConfig {
-                source: id.clone(),
-                schema: t.schema().into(),
-                table: t.name.clone(),
-                targets: vec![target],
-            }
-        })
-        .collect();
-    EngineConfig {
-        sources: BTreeMap::from([(id, src)]),
-        tables,
+        None => StoreSpec::local(match group_prefix.trim_end_matches('/') {
+            "" => ARCHIVE_DIR.to_string(),
+            sub => format!("{ARCHIVE_DIR}/{sub}"),
+        }),
     }
 }
 
-pub fn engine_yaml(config: &EngineConfig) -> String {
-    serde_yaml_ng::to_string(config).expect("engine config serialises")
+/// The target of one table: the source's PostgreSQL database, else a memory table.
+fn target(source: &ArchiveSource, archive: &ResolvedArchive, t: &TableRef) -> TargetFile {
+    match (&source.spec.target.memory, &source.spec.target.postgres) {
+        (_, Some(pg)) => TargetFile {
+            kind: Some(TargetKind::Postgres),
+            connection_file: Some(TARGET_DSN_FILE.into()),
+            schema: Some(pg.schema.clone().unwrap_or_else(|| t.schema().into())),
+            table: Some(match (&pg.table, archive.tables.len()) {
+                (Some(name), 1) => name.clone(),
+                _ => t.name.clone(),
+            }),
+            ..Default::default()
+        },
+        (Some(m), None) => TargetFile {
+            kind: Some(TargetKind::Memory),
+            index_fields: m.index_fields.clone().filter(|f| !f.is_empty()),
+            ..Default::default()
+        },
+        (None, None) => TargetFile {
+            kind: Some(TargetKind::Memory),
+            ..Default::default()
+        },
+    }
+}
+
+pub fn engine_yaml(config: &EngineFile) -> String {
+    config.to_yaml()
 }

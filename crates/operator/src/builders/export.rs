@@ -221,7 +221,7 @@ fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
         a.extend(["--key-prefix".into(), kp]);
     }
     if let Some(f) = spec.format {
-        a.extend(["--format".into(), f.as_str().into()]);
+        a.extend(["--format".into(), f.id().into()]);
     }
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.

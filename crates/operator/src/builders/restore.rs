@@ -75,7 +75,7 @@ pub fn restore_args(restore: &ArchiveRestore, archive: &ResolvedArchive) -> Vec<
         args.extend(["--key-prefix".into(), archive.key_prefix.clone()]);
     }
     if let Some(formats) = &archive.formats {
-        let names: Vec<&str> = formats.iter().map(|f| f.as_str()).collect();
+        let names: Vec<&str> = formats.iter().map(|f| f.id()).collect();
         args.extend(["--format".into(), names.join(",")]);
     }
     if let Some(at) = restore.spec.at.as_ref().and_then(|a| a.arg()) {

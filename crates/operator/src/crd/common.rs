@@ -174,26 +174,7 @@ pub struct Location {
     pub volume: Option<VolumeLocation>,
 }
 
-/// Archive file formats (the names `larch export --format` and the engine config take).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    Jsonl,
-    Protobuf,
-    /// JSONL compressed with zstd.
-    #[serde(rename = "jsonl+zstd")]
-    JsonlZstd,
-}
-
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Jsonl => "jsonl",
-            Format::Protobuf => "protobuf",
-            Format::JsonlZstd => "jsonl+zstd",
-        }
-    }
-}
+pub use larch_archive::format::Format;
 
 /// A PostgreSQL table. Any name PostgreSQL allows (larch quotes it) except `/` and `..`: the
 /// archive's key prefix is `<schema>.<table>/`.

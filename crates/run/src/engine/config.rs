@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use larch_core::failure::{Classify, Reason};
-use serde::Deserialize;
 use thiserror::Error;
 
 use larch_archive::format::Format;
@@ -16,6 +15,7 @@ use larch_archive::model::TableId;
 use larch_archive::point_in_time::PointInTime;
 use larch_archive::store::check_key_prefix;
 use larch_archive::store::spec::StoreSpec;
+use larch_contract::engine_file::{EngineFile, OneOrMany, SourceKind, TargetFile, TargetKind};
 
 #[derive(Debug, Error)]
 #[error("{file}: {message}")]
@@ -28,110 +28,6 @@ impl Classify for ConfigError {
     fn reason(&self) -> Option<Reason> {
         Some(Reason::InvalidConfig)
     }
-}
-
-/// A string or a list of strings (`format: jsonl` or `format: [jsonl, protobuf]`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            OneOrMany::One(s) => vec![s],
-            OneOrMany::Many(v) => v,
-        }
-    }
-}
-
-/// `sources.*.type`: laredo calls an archive source `file`, larch `archive`; the same source.
-/// Any other value is kept, for validation to refuse by its path.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum SourceKind {
-    Archive,
-    File,
-    #[serde(untagged)]
-    Unknown(String),
-}
-
-/// `tables[].targets[].type`; any other value is kept, for validation to refuse by its path.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum TargetKind {
-    Memory,
-    Postgres,
-    #[serde(untagged)]
-    Unknown(String),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    #[serde(default)]
-    sources: BTreeMap<String, RawSource>,
-    #[serde(default)]
-    tables: Vec<RawTable>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSource {
-    #[serde(rename = "type", default)]
-    kind: Option<SourceKind>,
-    #[serde(default)]
-    store: Option<StoreSpec>,
-    #[serde(default)]
-    key_prefix: Option<String>,
-    #[serde(default)]
-    key_fields: Option<OneOrMany>,
-    #[serde(default)]
-    format: Option<OneOrMany>,
-    #[serde(default)]
-    follow: bool,
-    #[serde(default)]
-    at: Option<String>,
-    #[serde(default)]
-    require_transformed: bool,
-    #[serde(default)]
-    poll_interval: Option<serde_yaml_ng::Value>,
-    #[serde(default)]
-    state_path: Option<PathBuf>,
-    #[serde(default)]
-    group: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTable {
-    #[serde(default)]
-    source: String,
-    #[serde(default)]
-    schema: String,
-    #[serde(default)]
-    table: String,
-    #[serde(default)]
-    targets: Vec<RawTarget>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTarget {
-    #[serde(rename = "type", default)]
-    kind: Option<TargetKind>,
-    #[serde(default)]
-    index_fields: Option<Vec<String>>,
-    #[serde(default)]
-    connection_file: Option<PathBuf>,
-    #[serde(default)]
-    connection_env: Option<String>,
-    #[serde(default)]
-    schema: Option<String>,
-    #[serde(default)]
-    table: Option<String>,
 }
 
 /// Where a PostgreSQL target finds its connection string (never inline in the config).
@@ -236,7 +132,7 @@ impl EngineConfig {
 
     /// Parses and validates YAML text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<EngineConfig, ConfigError> {
-        let raw: RawConfig = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
+        let raw: EngineFile = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
             file: file.to_string(),
             message: e.to_string(),
         })?;
@@ -257,7 +153,7 @@ impl EngineConfig {
         let doc = super::laredo_config::parse_hocon(text, base_dir).map_err(err)?;
         let larch = super::laredo_config::translate(&doc).map_err(err)?;
         // serde_json names no path of its own; YAML's errors start with one
-        let raw: RawConfig = serde_path_to_error::deserialize(larch).map_err(|e| {
+        let raw: EngineFile = serde_path_to_error::deserialize(larch).map_err(|e| {
             match e.path().to_string().as_str() {
                 "." => err(e.inner().to_string()),
                 path => err(format!("{path}: {}", e.inner())),
@@ -266,7 +162,7 @@ impl EngineConfig {
         EngineConfig::from_raw(file, raw)
     }
 
-    fn from_raw(file: &str, raw: RawConfig) -> Result<EngineConfig, ConfigError> {
+    fn from_raw(file: &str, raw: EngineFile) -> Result<EngineConfig, ConfigError> {
         let mut config = validate(raw).map_err(|message| ConfigError {
             file: file.to_string(),
             message,
@@ -276,7 +172,7 @@ impl EngineConfig {
     }
 }
 
-fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
+fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
     // Tables first: which (schema, table) each source serves, and their targets.
     let mut served: BTreeMap<&str, BTreeMap<TableId, Vec<TargetConfig>>> = BTreeMap::new();
     let mut memory_tables: BTreeMap<TableId, String> = BTreeMap::new();
@@ -459,7 +355,7 @@ fn validate(raw: RawConfig) -> Result<EngineConfig, String> {
     })
 }
 
-fn validate_target(path: &str, t: &RawTarget, table: &TableId) -> Result<TargetConfig, String> {
+fn validate_target(path: &str, t: &TargetFile, table: &TableId) -> Result<TargetConfig, String> {
     match &t.kind {
         Some(TargetKind::Memory) => {
             for (field, set) in [
