@@ -13,9 +13,9 @@
 #   e2e/realnode.sh exec DIR CMD run CMD inside the node's network namespace
 #
 # Network: everything runs in one network namespace the script creates (`larch-node-<hash>`),
-# with loopback (127.0.0.1 and the node's address 10.89.0.1/32), a blackhole default route (no
-# interface leads out of the namespace anyway), the CNI bridge cni0 (10.88.0.1/24) and the pods'
-# veths. Pod netns are created by this containerd under DIR
+# with loopback (127.0.0.1 and the node's address 10.89.0.1/32), the default route to larch0, a
+# bridge without ports (nothing sent there arrives anywhere; no interface of the namespace leads
+# out of it anyway), the CNI bridge cni0 (10.88.0.1/24) and the pods' veths. Pod netns are created by this containerd under DIR
 # (netns_mounts_under_state_dir). Service ClusterIPs (10.0.0.0/24) are kube-proxy's iptables rules
 # in that namespace. The host's network is never touched; KUBECONFIG's server is 127.0.0.1 of the
 # namespace, so use the wrappers DIR/bin/{kubectl,helm,curl,psql} (or `exec`).
@@ -29,6 +29,7 @@
 # LARCH_E2E_NETNS, LARCH_E2E_NODE_IP, LARCH_E2E_PG_PORT, LARCH_E2E_PG_DSN,
 # LARCH_E2E_S3_ENDPOINT (what pods use: the node's address), LARCH_E2E_IMAGE.
 set -euo pipefail
+trap 'echo "realnode.sh: line $LINENO failed (exit $?): $BASH_COMMAND" >&2' ERR
 here=$(cd "$(dirname "$0")/.." && pwd)
 export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
 BIN=$LARCH_CACHE/bin
@@ -213,10 +214,15 @@ cmd_up() {
   ip netns add "$NS"
   in_ns ip link set lo up
   in_ns ip addr add "$NODE_IP/32" dev lo    # the node's address (the kernel has no dummy device)
-  in_ns ip route add blackhole default       # anything not in the namespace is dropped
+  # The default route: a bridge with no ports (what is sent there reaches nothing). Not a
+  # blackhole route: connect() to a Service's ClusterIP from the node needs a route before
+  # kube-proxy's nat OUTPUT rule rewrites the destination (a blackhole fails it with EINVAL).
+  in_ns ip link add larch0 type bridge
+  in_ns ip link set larch0 up
+  in_ns ip route add default dev larch0
   in_ns sysctl -qw net.ipv4.ip_forward=1
   in_ns sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
-  log "network namespace $NS: lo with 127.0.0.1 and the node's $NODE_IP, default route blackhole"
+  log "network namespace $NS: lo with 127.0.0.1 and the node's $NODE_IP, default route to larch0 (a bridge without ports)"
 
   # ---- control plane, PostgreSQL, SeaweedFS: inside the namespace
   in_ns env LARCH_E2E_NODE_IP=$NODE_IP bash "$here/e2e/cluster.sh" up "$dir/cluster" >"$dir/logs/cluster.log" 2>&1 \
