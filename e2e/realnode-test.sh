@@ -21,20 +21,24 @@
 #      pod violates it (server dry run of the label), every pod Running or Succeeded
 #
 # Budget: LARCH_REALNODE_BUDGET seconds for the whole run (default 1200); exceeded -> failure.
-# DIR: LARCH_REALNODE_DIR (default /var/tmp/larch-realnode).
+# DIR: LARCH_REALNODE_DIR (default /var/tmp/larch-realnode-test; --keep and --demo:
+# /var/tmp/larch-realnode). The image: LARCH_IMAGE (default localhost/larch:dev), which must exist
+# (scripts/image.sh build).
 set -euo pipefail
 trap 'echo "realnode-test.sh: line $LINENO failed (exit $?): $BASH_COMMAND" >&2' ERR
 here=$(cd "$(dirname "$0")/.." && pwd)
 export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
-dir=${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode}
 budget=${LARCH_REALNODE_BUDGET:-1200}
 mode=test
 case "${1:-}" in
   --keep) mode=keep ;;
   --demo) mode=demo ;;
   "") ;;
-  *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
+# the test's node and the demo's do not share a directory (nor a network namespace)
+if [[ $mode == test ]]; then dir=${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode-test}
+else dir=${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode}; fi
 ns=larch-demo
 t0=$SECONDS
 step_t=$SECONDS

@@ -14,11 +14,13 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
 export HELM=${HELM:-$LARCH_CACHE/bin/helm}
 [[ -x "$HELM" ]] || HELM=$(command -v helm) || { echo "release-check: no helm (run e2e/build.sh helm)" >&2; exit 1; }
-python3 -c 'import yaml' 2>/dev/null || {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml >/dev/null
-}
+py=python3
+if ! $py -c 'import yaml' 2>/dev/null; then   # Debian's python3 with Debian's PyYAML
+  py=/usr/bin/python3
+  $py -c 'import yaml' 2>/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-yaml >/dev/null
+fi
 
-image=$(python3 - "$here" <<'PY'
+image=$($py - "$here" <<'PY'
 import sys, yaml, re
 root = sys.argv[1]
 wf = yaml.safe_load(open(f"{root}/.github/workflows/release.yml"))
@@ -68,7 +70,7 @@ bash "$here/scripts/chart-package.sh" 9.8.7-check "$digest" "$tmp" >/dev/null
 "$HELM" lint "$tmp/larch-9.8.7-check.tgz" >/dev/null
 want="$image:9.8.7-check@$digest"
 rendered=$("$HELM" template larch "$tmp/larch-9.8.7-check.tgz" --namespace larch-system)
-got=$(python3 -c '
+got=$($py -c '
 import sys, yaml
 for d in yaml.safe_load_all(sys.stdin):
     if d and d.get("kind") == "Deployment":
