@@ -24,7 +24,7 @@
 # DIR: LARCH_REALNODE_DIR (default /var/tmp/larch-realnode-test; --keep and --demo:
 # /var/tmp/larch-realnode). The image: LARCH_IMAGE (default localhost/larch:dev), which must exist
 # (scripts/image.sh build).
-set -euo pipefail
+set -Eeuo pipefail
 trap 'echo "realnode-test.sh: line $LINENO failed (exit $?): $BASH_COMMAND" >&2' ERR
 here=$(cd "$(dirname "$0")/.." && pwd)
 export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
@@ -69,6 +69,7 @@ cleanup() {
       rm -rf "$LARCH_CACHE/realnode-logs" && mkdir -p "$LARCH_CACHE/realnode-logs"
       cp -r "$dir/logs/." "$LARCH_CACHE/realnode-logs/" 2>/dev/null || true
       cp -r "$dir/pod-logs" "$LARCH_CACHE/realnode-logs/" 2>/dev/null || true
+      cp -r "$dir/cluster/logs" "$LARCH_CACHE/realnode-logs/cluster" 2>/dev/null || true
       echo "realnode-test: logs kept in $LARCH_CACHE/realnode-logs" >&2
     fi
     bash "$here/e2e/realnode.sh" down "$dir" || true

@@ -28,7 +28,7 @@
 # DIR/env afterwards: KUBECONFIG, KUBECTL, HELM, CURL, PSQL (wrappers entering the namespace),
 # LARCH_E2E_NETNS, LARCH_E2E_NODE_IP, LARCH_E2E_PG_PORT, LARCH_E2E_PG_DSN,
 # LARCH_E2E_S3_ENDPOINT (what pods use: the node's address), LARCH_E2E_IMAGE.
-set -euo pipefail
+set -Eeuo pipefail
 trap 'echo "realnode.sh: line $LINENO failed (exit $?): $BASH_COMMAND" >&2' ERR
 here=$(cd "$(dirname "$0")/.." && pwd)
 export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
@@ -48,7 +48,7 @@ cmd_setup() {
   local pkgs=() p
   for p in containerd runc containernetworking-plugins iptables conntrack iproute2 podman \
            util-linux openssl curl python3-yaml gcc libc6-dev; do
-    dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || pkgs+=("$p")
+    [[ "$(dpkg-query -W -f '${Status}' "$p" 2>/dev/null)" == "install ok installed" ]] || pkgs+=("$p")
   done
   if ((${#pkgs[@]})); then
     log "installing ${pkgs[*]}"
@@ -171,11 +171,12 @@ EOF
 # larch-node is built from, linked statically, in an image of its own.
 pause_image() {
   local src k8s
-  k8s=$(sed 's/^require[[:space:]]*//' "$here/e2e/node/go.mod" | awk '$1 == "k8s.io/kubernetes" { print $2; exit }')
+  # (awk reads the file itself: `sed | awk '...exit'` can kill sed with SIGPIPE, fatal with pipefail)
+  k8s=$(awk '{ sub(/^require[ \t]*/, "") } $1 == "k8s.io/kubernetes" { print $2; exit }' "$here/e2e/node/go.mod")
   src="$LARCH_CACHE/go/mod/k8s.io/kubernetes@$k8s/build/pause/linux/pause.c"
   [[ -f "$src" ]] || die "no $src (e2e/build.sh larch-node downloads the module)"
   local out="$LARCH_CACHE/image/pause"
-  local stamp; stamp=$( (cat "$src"; echo "$PAUSE_IMAGE"; gcc --version | head -1) | sha256sum | cut -c1-16)
+  local stamp; stamp=$( (cat "$src"; echo "$PAUSE_IMAGE"; gcc -dumpfullversion) | sha256sum | cut -c1-16)
   if [[ -f "$out/pause.tar" && "$(cat "$out/stamp" 2>/dev/null)" == "$stamp" ]]; then
     return 0
   fi

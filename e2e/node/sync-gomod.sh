@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 cp=../controlplane/go.mod
-ver="$(sed 's/^require[[:space:]]*//' "$cp" | awk '$1 == "k8s.io/kubernetes" { print $2; exit }')"
+ver="$(awk '{ sub(/^require[ \t]*/, "") } $1 == "k8s.io/kubernetes" { print $2; exit }' "$cp")"
 godir="$(awk '$1 == "go" { print $2; exit }' "$cp")"
 [[ -n "$ver" && -n "$godir" ]] || { echo "sync-gomod: cannot read $cp" >&2; exit 1; }
 {
