@@ -78,6 +78,12 @@ setvars() {
 
 in_ns() { nsenter --net="/run/netns/$NS" -- "$@"; }
 
+# private_tmp DIR CMD...: CMD in a mount namespace of its own where DIR is mounted on /tmp
+private_tmp() {
+  local d=$1; shift
+  unshare --mount --propagation private -- bash -c 'mount --bind "$1" /tmp && shift && exec "$@"' _ "$d" "$@"
+}
+
 # start NAME CMD...: a daemon in the namespace, own session, pid in DIR/run/NAME.pid
 start() {
   local name=$1; shift
@@ -239,7 +245,10 @@ cmd_up() {
   in_ns "$psql" -q -h 127.0.0.1 -p $pg_port -U postgres -d postgres -c "CREATE DATABASE app" >/dev/null
   in_ns env PGOPTIONS="-c client_min_messages=warning" "$psql" -q -h 127.0.0.1 -p $pg_port -U postgres -d app \
     -v rows="${LARCH_SAMPLE_ROWS:-2000}" -f "$here/scripts/sample/events.sql" >/dev/null
-  in_ns env LARCH_S3_BIND=0.0.0.0 bash "$here/scripts/seaweedfs.sh" start "$dir/s3" $s3_port >/dev/null
+  # weed names unix sockets /tmp/seaweedfs-<component>-<port>.sock: ports free in this namespace
+  # may be another SeaweedFS's on the host, so this one gets a /tmp of its own (private_tmp)
+  mkdir -p "$dir/s3/tmp"
+  private_tmp "$dir/s3/tmp" nsenter --net="/run/netns/$NS" -- env LARCH_S3_BIND=0.0.0.0 bash "$here/scripts/seaweedfs.sh" start "$dir/s3" $s3_port >/dev/null
   log "PostgreSQL $NODE_IP:$pg_port, SeaweedFS http://$NODE_IP:$s3_port ($((SECONDS - t0))s)"
 
   # ---- containerd (its own root, state and socket under DIR; CNI bridge + host-local)
@@ -411,7 +420,7 @@ cmd_down() {
     kill -KILL "$p" 2>/dev/null || true
   done
   [[ -d "$dir/cluster" ]] && in_ns bash "$here/e2e/cluster.sh" down "$dir/cluster" >/dev/null 2>&1 || true
-  [[ -d "$dir/s3" ]] && in_ns bash "$here/scripts/seaweedfs.sh" stop "$dir/s3" >/dev/null 2>&1 || true
+  [[ -d "$dir/s3" ]] && private_tmp "$dir/s3/tmp" nsenter --net="/run/netns/$NS" -- bash "$here/scripts/seaweedfs.sh" stop "$dir/s3" >/dev/null 2>&1 || true
   [[ -d "$pgdir" ]] && in_ns bash "$here/scripts/postgres.sh" stop "$pgdir" >/dev/null 2>&1 || true
   # mounts under DIR (pod volumes, overlay rootfs, pod netns), deepest first
   local m
@@ -423,6 +432,12 @@ cmd_down() {
   for c in /sys/fs/cgroup/*/"$CGROOT"; do
     [[ -d "$c" ]] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
+  # the kubelet's links to its containers' logs (/var/log/containers is fixed in the kubelet)
+  local l
+  for l in /var/log/containers/*.log; do
+    [[ -L "$l" && "$(readlink "$l")" == "$dir/"* ]] && rm -f "$l"
+  done
+  rmdir /var/log/containers 2>/dev/null || true
   ip netns delete "$NS" 2>/dev/null || true
   rm -rf "$pgdir" "$dir"
   log "stopped and removed $dir ($((SECONDS - t0))s)"
