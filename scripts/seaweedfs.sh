@@ -112,8 +112,8 @@ stop)
   kill -TERM "$pid"
   for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
-  # weed leaves some of its $TMPDIR/seaweedfs-<component>-<port>.sock behind; remove ours.
-  for p in $(cat "$dir/weed.ports" 2>/dev/null); do rm -f "${TMPDIR:-/tmp}"/seaweedfs-*-"$p".sock; done
+  # weed leaves some of its /tmp/seaweedfs-<component>-<port>.sock behind; remove ours.
+  for p in $(cat "$dir/weed.ports" 2>/dev/null); do rm -f /tmp/seaweedfs-*-"$p".sock; done
   rm -f "$pidfile" "$dir/weed.ports"
   echo "seaweedfs: stopped"
   ;;
