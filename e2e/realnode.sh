@@ -400,8 +400,9 @@ cmd_down() {
   # netns and volume mounts are unmounted under DIR, their addresses were allocated under DIR.
   stop kube-proxy
   stop kubelet
+  local ids="" id
   if alive containerd; then
-    local id
+    ids=$(ctr -a "$SOCK" -n k8s.io containers ls -q 2>/dev/null || true)   # sandboxes too
     for id in $(ctr -a "$SOCK" -n k8s.io tasks ls -q 2>/dev/null); do
       ctr -a "$SOCK" -n k8s.io tasks kill -s KILL "$id" >/dev/null 2>&1 || true
     done
@@ -432,6 +433,11 @@ cmd_down() {
   for c in /sys/fs/cgroup/*/"$CGROOT"; do
     [[ -d "$c" ]] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
+  # what CNI (libcni, under containerd) cached of each sandbox's network: /var/lib/cni/results,
+  # fixed in containerd 1.6; no CNI DEL ran for them
+  for id in $ids; do rm -f /var/lib/cni/results/*-"$id"-*; done
+  rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true
+  rmdir /run/containerd/fifo /run/containerd/runc/k8s.io /run/containerd/runc /run/containerd/s /run/containerd 2>/dev/null || true
   # the kubelet's links to its containers' logs (/var/log/containers is fixed in the kubelet)
   local l
   for l in /var/log/containers/*.log; do
