@@ -20,6 +20,10 @@
 #   LARCH_E2E_SCHEDULER=0  do not start kube-scheduler
 #   LARCH_E2E_V            klog verbosity of the Kubernetes components (default 1)
 #   LARCH_E2E_TIMEOUT      seconds to wait for each component (default 120)
+#   LARCH_E2E_NODE_IP      for a real node (e2e/realnode.sh, run inside its network namespace):
+#                          kube-apiserver listens on every address of the namespace, advertises
+#                          this one (also in its certificate) and keeps the `kubernetes` Service's
+#                          endpoints (--endpoint-reconciler-type=lease), so pods reach it at 10.0.0.1
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,6 +32,14 @@ BIN="$LARCH_CACHE/bin"
 CP="${LARCH_CP:-$BIN/larch-cp}"
 TIMEOUT="${LARCH_E2E_TIMEOUT:-120}"
 VERBOSITY="${LARCH_E2E_V:-1}"
+NODE_IP="${LARCH_E2E_NODE_IP:-}"
+if [[ -n "$NODE_IP" ]]; then
+  APISERVER_BIND=0.0.0.0 APISERVER_ADVERTISE="$NODE_IP" ENDPOINT_RECONCILER=lease
+  KUBELET_ADDRESS_TYPES=InternalIP   # logs/exec: the node's address, never a DNS lookup of its name
+else
+  APISERVER_BIND=127.0.0.1 APISERVER_ADVERTISE=127.0.0.1 ENDPOINT_RECONCILER=none
+  KUBELET_ADDRESS_TYPES=Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP   # the default
+fi
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
 # Ports nobody else in the test suite may lose: SeaweedFS (`weed mini` opens fixed ports) and PostgreSQL.
@@ -118,7 +130,7 @@ authorityKeyIdentifier=keyid"
 keyUsage=critical,digitalSignature
 extendedKeyUsage=serverAuth
 authorityKeyIdentifier=keyid
-subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,${NODE_IP:+IP:$NODE_IP,}DNS:localhost,IP:10.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
     leaf admin "/O=system:masters/CN=larch-e2e-admin" "$client"
     leaf kube-controller-manager "/CN=system:kube-controller-manager" "$client"
     leaf kube-scheduler "/CN=system:kube-scheduler" "$client"
@@ -303,12 +315,14 @@ EOF
   # ---- kube-apiserver
   start kube-apiserver \
     --etcd-servers="$ETCD_URL" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" \
+    --bind-address="$APISERVER_BIND" --advertise-address="$APISERVER_ADVERTISE" \
+    --secure-port="$APISERVER_PORT" \
     --cert-dir="$DIR/certs" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
     --client-ca-file="$PKI/ca.crt" \
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types="$KUBELET_ADDRESS_TYPES" \
     --requestheader-client-ca-file="$PKI/front-proxy-ca.crt" \
     --requestheader-allowed-names=front-proxy-client \
     --requestheader-username-headers=X-Remote-User \
@@ -323,7 +337,7 @@ EOF
     --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,PodSecurity,DefaultTolerationSeconds,ResourceQuota,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --disable-admission-plugins=TaintNodesByCondition \
     --allow-privileged=true \
-    --endpoint-reconciler-type=none \
+    --endpoint-reconciler-type="$ENDPOINT_RECONCILER" \
     --profiling=false \
     --v="$VERBOSITY"
   wait_for kube-apiserver "kube-apiserver /readyz" curl_admin "$APISERVER_URL/readyz"

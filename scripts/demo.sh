@@ -6,6 +6,12 @@
 #
 #   scripts/demo.sh          bring it up (tears down a previous demo first)
 #   scripts/demo.sh down     stop everything and remove its state
+#   scripts/demo.sh --real-node [down]
+#                            the same on a real node instead of the fake kubelet (e2e/realnode.sh):
+#                            the larch image (scripts/image.sh; LARCH_BIN=... to use a built
+#                            binary) run by a kubelet through containerd + runc, in a network
+#                            namespace of its own; the scenarios of e2e/realnode-test.sh run, and the
+#                            node stays up (under ${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode})
 #
 # Everything lives under ${LARCH_DEMO_DIR:-$HOME/.cache/larch/demo}. On a fresh machine it first
 # installs what is missing (scripts/setup.sh) and builds the control plane and helm
@@ -17,13 +23,27 @@ export LARCH_CACHE=${LARCH_CACHE:-$HOME/.cache/larch}
 demo=${LARCH_DEMO_DIR:-$LARCH_CACHE/demo}
 ns=demo
 
+if [ "${1:-}" = --real-node ]; then
+  export LARCH_REALNODE_DIR=${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode}
+  case "${2:-up}" in
+    down) exec bash e2e/realnode.sh down "$LARCH_REALNODE_DIR" ;;
+    up) ;;
+    *) echo "usage: $0 --real-node [up|down]" >&2; exit 2 ;;
+  esac
+  bash scripts/setup.sh
+  bash e2e/realnode.sh setup
+  bash e2e/build.sh larch-cp helm larch-node
+  bash scripts/image.sh build
+  exec bash e2e/realnode-test.sh --demo
+fi
+
 case "${1:-up}" in
   down)
     bash e2e/env.sh down "$demo"
     exit 0
     ;;
   up) ;;
-  *) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--real-node] [up|down]" >&2; exit 2 ;;
 esac
 
 t0=$SECONDS

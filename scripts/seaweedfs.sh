@@ -7,6 +7,8 @@
 # Everything binds to loopback. The server's other components (master, volume, filer, admin)
 # get free ports of their own, so several instances can run on one machine. No identities are
 # configured: any access key pair is accepted. `weed` comes from scripts/setup.sh.
+# LARCH_S3_BIND (default 127.0.0.1) is the address it binds (e2e/realnode.sh: 0.0.0.0 inside its
+# own network namespace, so pods reach S3 at the node's address).
 set -euo pipefail
 
 usage() { echo "usage: $0 start|stop DIR PORT" >&2; exit 2; }
@@ -76,7 +78,7 @@ start)
   read -r s3grpc master mastergrpc volume volumegrpc filer filergrpc admin <<<"$(free_ports 7)"
   (
     unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY S3_BUCKET S3_TABLE_BUCKET
-    exec setsid "$weed" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    exec setsid "$weed" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind="${LARCH_S3_BIND:-127.0.0.1}" \
       -s3.port="$port" -s3.port.grpc="$s3grpc" \
       -master.port="$master" -master.port.grpc="$mastergrpc" \
       -volume.port="$volume" -volume.port.grpc="$volumegrpc" \

@@ -31,4 +31,5 @@ app.kubernetes.io/component: operator
 
 {{- define "larch.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
