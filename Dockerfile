@@ -19,7 +19,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake clang pkg-config protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
 # The context is what .dockerignore lets through: Cargo.toml, Cargo.lock, src/ and crates/ (the
-# workspace's members, when there are any).
+# workspace's members).
 COPY . ./
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
