@@ -14,17 +14,26 @@ pub trait Prober: Send + Sync {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String>;
 }
 
-/// Plain HTTP/1.1 with a short timeout.
+/// Plain HTTP/1.1, bounded: a pod's answer is read for at most `timeout` in all (connecting
+/// included) and at most `max_body` bytes, so an endpoint that stalls or streams forever costs
+/// the operator one short wait and a small buffer, never its memory or its other reconciles.
 pub struct HttpProber {
     client: Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
     timeout: Duration,
+    max_body: usize,
 }
+
+/// `/status` and `/metrics` of larch's pods are a few KiB; a body past this is refused.
+pub const MAX_PROBE_BODY: usize = 256 * 1024;
 
 impl Default for HttpProber {
     fn default() -> Self {
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(1)));
         Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
             timeout: Duration::from_secs(3),
+            max_body: MAX_PROBE_BODY,
         }
     }
 }
@@ -43,18 +52,21 @@ impl Prober for HttpProber {
         let fut = async {
             let resp = self.client.get(uri).await.map_err(|e| e.to_string())?;
             let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
             if !status.is_success() {
                 return Err(format!("HTTP {status}"));
             }
-            // Bodies are small JSON or Prometheus text; cap what is kept.
-            let body = &body[..body.len().min(4 << 20)];
-            Ok(String::from_utf8_lossy(body).into_owned())
+            let mut body = resp.into_body();
+            let mut kept = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| e.to_string())?;
+                if let Some(data) = frame.data_ref() {
+                    if kept.len() + data.len() > self.max_body {
+                        return Err(format!("answer over {} bytes: not read", self.max_body));
+                    }
+                    kept.extend_from_slice(data);
+                }
+            }
+            Ok(String::from_utf8_lossy(&kept).into_owned())
         };
         tokio::time::timeout(self.timeout, fut)
             .await
@@ -97,5 +109,47 @@ mod tests {
                 .unwrap_err()
                 .contains("503")
         );
+    }
+
+    /// A pod that streams `/status` forever, or accepts and never answers, costs one bounded
+    /// read: the prober gives up past its body limit or its deadline and reads the next pod.
+    #[tokio::test]
+    async fn a_hostile_endpoint_costs_a_bounded_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let streamed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = streamed.clone();
+        tokio::spawn(async move {
+            // 1: chunked, forever (stops when the prober hangs up).
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            while s.write_all(chunk.as_bytes()).await.is_ok() {
+                counter.fetch_add(64 * 1024, std::sync::atomic::Ordering::Relaxed);
+            }
+            // 2: headers, then silence.
+            let (mut s, _) = listener.accept().await.unwrap();
+            let _ = s.read(&mut buf).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n")
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        let p = HttpProber::default();
+        let t0 = std::time::Instant::now();
+        let e = p.get("127.0.0.1", port, "/status").await.unwrap_err();
+        assert!(e.contains("over 262144 bytes"), "{e}");
+        let sent = streamed.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            sent < 64 << 20,
+            "the prober stopped reading early, the server wrote {sent} bytes"
+        );
+        let e = p.get("127.0.0.1", port, "/status").await.unwrap_err();
+        assert_eq!(e, "timed out");
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     }
 }
