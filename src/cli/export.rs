@@ -175,7 +175,8 @@ pub struct ExportArgs {
     #[arg(long, value_name = "FILE")]
     pub transform_key_file: Option<PathBuf>,
     /// Subsetting (one-shot only): export only the rows this SQL predicate keeps, e.g.
-    /// `created_at > now() - interval '90 days'` (checked with EXPLAIN first; no `;`).
+    /// `created_at > CURRENT_TIMESTAMP - interval '90 days'` (parsed: columns, constants,
+    /// operators, casts and immutable functions only; then checked with EXPLAIN).
     /// Also `where:` of the table in --transform.
     #[arg(long = "where", value_name = "PREDICATE")]
     pub row_filter: Option<String>,
@@ -233,7 +234,7 @@ fn subset(
         );
     }
     subset
-        .check(&table.to_string())
+        .check(table)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!(e)))?;
     Ok(Some(subset))
 }

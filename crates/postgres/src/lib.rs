@@ -16,6 +16,7 @@ pub mod connection;
 mod lifecycle;
 mod pgoutput;
 pub mod reasons;
+pub mod row_filter;
 mod schema;
 pub mod schema_change;
 mod snapshot;
@@ -34,9 +35,10 @@ use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
+pub use row_filter::check_row_filter;
 pub use schema::{TableSchema, owner_comment};
 pub use schema_change::SchemaChange;
-pub use snapshot::{check_row_filter, encode_copy_lines};
+pub use snapshot::encode_copy_lines;
 pub use types::{Kind, to_json, write_string};
 
 use larch_archive::model::{ColumnDefinition, TableId};

@@ -12,6 +12,7 @@ use pgwire_replication::ReplicationClient;
 use tokio::sync::mpsc;
 
 use super::config::{PostgresConfig, SlotMode, ident, qualified};
+use super::row_filter::check_row_filter;
 use super::schema::{TableSchema, db_error};
 use super::types::{Kind, write_json, write_string};
 use larch_archive::model::TableId;
@@ -163,60 +164,6 @@ impl RowSink for mpsc::Sender<(TableId, Vec<Row>)> {
     }
 }
 
-/// Checks a row filter's text before it goes into a query larch builds: one predicate, never a
-/// second statement or a way out of the parentheses it is put in. Rejects `;`, comments,
-/// dollar quoting and parentheses that do not balance outside string literals and quoted
-/// identifiers. Whether it is valid SQL for the table is the server's to say (EXPLAIN).
-pub fn check_row_filter(predicate: &str) -> Result<(), String> {
-    if predicate.trim().is_empty() {
-        return Err("the predicate is empty".into());
-    }
-    if predicate.contains(';') {
-        return Err("`;` is not allowed: a row filter is one predicate, not a statement".into());
-    }
-    let mut depth = 0i64;
-    let mut quote: Option<char> = None;
-    let mut chars = predicate.chars().peekable();
-    while let Some(c) = chars.next() {
-        if let Some(q) = quote {
-            if c == q {
-                // A doubled quote is an escaped one; either way the literal goes on or ends.
-                if chars.peek() == Some(&q) {
-                    chars.next();
-                } else {
-                    quote = None;
-                }
-            }
-            continue;
-        }
-        match c {
-            '\'' | '"' => quote = Some(c),
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err("a `)` closes a parenthesis the predicate did not open".into());
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                return Err("comments (`--`) are not allowed".into());
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                return Err("comments (`/*`) are not allowed".into());
-            }
-            '$' => return Err("`$` (dollar quoting, parameters) is not allowed".into()),
-            _ => {}
-        }
-    }
-    if quote.is_some() {
-        return Err("a quoted literal or identifier is not closed".into());
-    }
-    if depth != 0 {
-        return Err("the parentheses do not balance".into());
-    }
-    Ok(())
-}
-
 /// The baseline query's row filter clause for `schema` (empty without one).
 fn where_clause(filter: Option<&String>) -> String {
     filter.map(|p| format!(" WHERE ({p})")).unwrap_or_default()
@@ -232,7 +179,7 @@ pub async fn explain_row_filter(
 ) -> anyhow::Result<()> {
     let what = || format!("the row filter of table {table} (where: {predicate})");
     let invalid = |e: anyhow::Error| failure::tag(failure::Reason::InvalidConfig, e);
-    check_row_filter(predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
+    check_row_filter(table, predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
     let sql = format!(
         "EXPLAIN SELECT 1 FROM {}{}",
         qualified(table),
@@ -256,8 +203,12 @@ pub async fn copy_table<R: RowSink>(
 ) -> Result<u64, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
     if let Some(p) = filter {
-        check_row_filter(p)
-            .map_err(|why| anyhow!("the row filter of table {} (where: {p}): {why}", schema.id))?;
+        check_row_filter(&schema.id, p).map_err(|why| {
+            failure::tag(
+                failure::Reason::InvalidConfig,
+                anyhow!("the row filter of table {} (where: {p}): {why}", schema.id),
+            )
+        })?;
     }
     let sql = format!(
         "COPY (SELECT {} FROM {}{}) TO STDOUT",

@@ -1,0 +1,190 @@
+//! Issue 35: what a tenant controls (an export's row filter and masking rules, from a spec it may
+//! edit) against a real PostgreSQL 15 shared with others. A row filter cannot act on the server
+//! or read other tables; a slow one cannot hold the snapshot past its age limit; every session
+//! larch opens carries its timeouts; a data error's server text (which quotes row values) never
+//! reaches the termination message or stderr; debug logs carry no statement parameters.
+
+use std::path::Path;
+use serde_json::Value;
+
+use crate::masking::{Files, larch, setup};
+use crate::support::postgres::{Database, new_database};
+
+/// A one-shot export of `table` into `dir` with `extra` arguments and a summary file; (exit
+/// code, stderr, the summary's termination message).
+fn export(
+    dsn: &str,
+    table: &str,
+    dir: &Path,
+    extra: &[&str],
+    files: Option<&Files>,
+    log: &str,
+) -> (i32, String, Value) {
+    static SLOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let slot = format!(
+        "larch_hostile_{}_{}",
+        std::process::id(),
+        SLOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let summary = dir.join("summary.json");
+    let store = dir.join("store");
+    let mut cmd = larch();
+    cmd.args([
+        "export", "--table", table, "--store", "local", "--slot", &slot,
+    ])
+    .arg("--path")
+    .arg(&store)
+    .arg("--summary-file")
+    .arg(&summary)
+    .args(extra)
+    .env("LARCH_PG_DSN", dsn)
+    .env("LARCH_LOG", log);
+    if let Some(files) = files {
+        cmd.arg("--transform")
+            .arg(files.rules())
+            .arg("--transform-key-file")
+            .arg(files.key());
+    }
+    let out = cmd.output().unwrap();
+    let message = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| t.lines().rev().find_map(|l| serde_json::from_str(l).ok()))
+        .unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        message,
+    )
+}
+
+/// No manifest in the store under `dir`: nothing was committed.
+fn nothing_written(dir: &Path) -> bool {
+    let mut stack = vec![dir.join("store")];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "manifest.json") {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+async fn slot_exists(db: &Database, slot: &str) -> bool {
+    db.client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 1
+}
+
+/// Findings 2 and 3: functions with effects, subqueries and a filter that escapes its
+/// parenthesis after an `E'\''` string are refused by the parser, before anything connects.
+#[tokio::test]
+async fn row_filters_that_act_on_the_server_are_refused_before_any_query() {
+    let db = new_database().await;
+    setup(&db).await;
+    let victim = format!("other_team_{}", db.name);
+    db.client
+        .query(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&victim],
+        )
+        .await
+        .unwrap();
+    let drop_it = format!("pg_drop_replication_slot('{victim}') IS NULL");
+    for (predicate, refused) in [
+        (
+            drop_it.as_str(),
+            "function pg_drop_replication_slot is not allowed in a row filter (allowed: abs, ",
+        ),
+        (
+            "pg_terminate_backend(pg_backend_pid())",
+            "function pg_terminate_backend is not allowed",
+        ),
+        ("pg_sleep(1000) IS NULL", "function pg_sleep is not allowed"),
+        (
+            "set_config('statement_timeout', '0', false) <> ''",
+            "function set_config is not allowed",
+        ),
+        (
+            "pg_advisory_lock(35) IS NULL",
+            "function pg_advisory_lock is not allowed",
+        ),
+        (
+            "pg_logical_emit_message(true, 'x', 'y') IS NULL",
+            "function pg_logical_emit_message is not allowed",
+        ),
+        (
+            "id IN (SELECT id FROM users WHERE email LIKE 'user1%')",
+            "a subquery (SELECT …) is not allowed in a row filter",
+        ),
+        (r"email <> E'\'' OR true) LIMIT (1", "LIMIT is not allowed"),
+        (
+            r"email = E'\'' ) OR (true) -- '",
+            "comments (`--`, `/* */`) are not allowed in a row filter",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, err, message) = export(
+            &db.dsn,
+            "users",
+            dir.path(),
+            &["--where", predicate],
+            None,
+            "info",
+        );
+        assert_eq!(code, 2, "{predicate}: {err}");
+        assert!(
+            err.contains(&format!(
+                "the row filter of table public.users (where: {predicate}): "
+            )) && err.contains(refused),
+            "{predicate}: {err}"
+        );
+        assert_eq!(message["reason"], "InvalidConfig", "{predicate}");
+        assert!(nothing_written(dir.path()), "{predicate}");
+    }
+    assert!(
+        slot_exists(&db, &victim).await,
+        "the other team's slot is still there"
+    );
+    // Refused before anything connects: the same answer with a server that does not exist.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err, _) = export(
+        "host=127.0.0.1 port=1 user=nobody dbname=nothing connect_timeout=2",
+        "users",
+        dir.path(),
+        &["--where", &drop_it],
+        None,
+        "info",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("function pg_drop_replication_slot is not allowed"),
+        "{err}"
+    );
+    // An allowed predicate still exports.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err, _) = export(
+        &db.dsn,
+        "users",
+        dir.path(),
+        &[
+            "--where",
+            "lower(email) LIKE 'user1%' AND id BETWEEN 7000000001 AND 7000000200",
+        ],
+        None,
+        "info",
+    );
+    assert_eq!(code, 0, "{err}");
+}
