@@ -5,8 +5,12 @@
 //! reaches the termination message or stderr; debug logs carry no statement parameters.
 
 use std::path::Path;
+use std::time::Duration;
+
+use larch::source::postgres::{PostgresConfig, Session, SessionLimits, connect};
 use serde_json::Value;
 
+use crate::engine_support::eventually;
 use crate::masking::{Files, larch, setup};
 use crate::support::postgres::{Database, new_database};
 
@@ -187,4 +191,115 @@ async fn row_filters_that_act_on_the_server_are_refused_before_any_query() {
         "info",
     );
     assert_eq!(code, 0, "{err}");
+}
+
+/// Finding 2: a filter that is allowed but slow cannot hold the snapshot (and the primary's
+/// xmin horizon) past `--snapshot-max-age`; every kind of session carries its timeouts.
+#[tokio::test]
+async fn a_slow_row_filter_is_cut_by_the_snapshot_age_and_sessions_carry_their_timeouts() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE big (id int8 PRIMARY KEY, v text);
+             INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 2000000) g;
+             ANALYZE big;",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let (code, err, message) = export(
+        &db.dsn,
+        "big",
+        dir.path(),
+        &[
+            "--where",
+            "lower(v || v || v || v) LIKE '%zz%' OR upper(v || v) LIKE '%ZZ%'",
+            "--snapshot-max-age",
+            "300ms",
+        ],
+        None,
+        "info",
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "copying table public.big: the baseline's snapshot reached its age limit \
+             (--snapshot-max-age) and the copy was cancelled (SQLSTATE 57014)"
+        ),
+        "{err}"
+    );
+    assert!(
+        message["error"]
+            .as_str()
+            .unwrap()
+            .contains("reached its age limit"),
+        "{message}"
+    );
+    assert!(nothing_written(dir.path()));
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // Nothing of larch's is left running on the server.
+    let c = &db.client;
+    eventually(10, "larch's sessions to end", || async move {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'larch%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (n == 0).then_some(())
+    })
+    .await;
+
+    let mut config = PostgresConfig::new(db.dsn.clone(), vec![], "s", "p");
+    config.limits = SessionLimits {
+        statement_timeout: Duration::from_secs(5),
+        lock_timeout: Duration::from_millis(1500),
+        idle_in_transaction_timeout: Duration::from_secs(30),
+        snapshot_max_age: Duration::from_secs(3600),
+    };
+    for (session, want) in [
+        (Session::Catalog, ["5s", "1500ms", "30s"]),
+        (Session::Snapshot, ["1h", "1500ms", "1h"]),
+    ] {
+        let client = connect(&config, session).await.unwrap();
+        let mut got = Vec::new();
+        for setting in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            let rows = client
+                .simple_query(&format!("SHOW {setting}"))
+                .await
+                .unwrap();
+            let value = rows.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            });
+            got.push(value.unwrap());
+        }
+        assert_eq!(got, want, "{session:?}");
+    }
+    // The defaults.
+    let client = connect(
+        &PostgresConfig::new(db.dsn.clone(), vec![], "s", "p"),
+        Session::Catalog,
+    )
+    .await
+    .unwrap();
+    let row = client
+        .query_one(
+            "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                    current_setting('idle_in_transaction_session_timeout'),
+                    current_setting('standard_conforming_strings')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let defaults: Vec<String> = (0..4).map(|i| row.get(i)).collect();
+    assert_eq!(defaults, ["1min", "10s", "1min", "on"]);
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use anyhow::{Context, anyhow, bail};
 use tokio_postgres::Client;
 
-use super::config::{PostgresConfig, describe, ident, literal, qualified};
+use super::config::{PostgresConfig, Session, describe, ident, literal, qualified};
 use super::types::Kind;
 use larch_archive::model::{ColumnDefinition, TableId, effective_key_fields};
 use larch_core::failure::{self, Reason};
@@ -42,9 +42,15 @@ impl TableSchema {
     }
 }
 
-/// Opens an ordinary connection; errors name the server (never the credentials) and what failed.
+/// Opens an ordinary connection for catalog work; errors name the server (never the
+/// credentials) and what failed.
 pub async fn connect(config: &PostgresConfig) -> anyhow::Result<Client> {
-    let dsn = config.dsn()?;
+    connect_as(config, Session::Catalog).await
+}
+
+/// Opens an ordinary connection of kind `session` (its timeouts: [`crate::config::SessionLimits`]).
+pub async fn connect_as(config: &PostgresConfig, session: Session) -> anyhow::Result<Client> {
+    let dsn = config.dsn_for(session)?;
     let cfg = &dsn.config;
     let (client, connection) = cfg
         .connect(dsn.tls()?)
