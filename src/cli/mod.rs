@@ -268,14 +268,18 @@ pub fn main() -> i32 {
 fn one_line(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
+        // A data error's server text is withheld here as in the termination message.
+        let redacted = crate::failure::redacted(cause, crate::failure::redact);
+        let text = redacted.clone().unwrap_or_else(|| cause.to_string());
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
         }
-        if !out.is_empty() {
-            out.push_str(": ");
+        if redacted.is_some() {
+            break;
         }
-        out.push_str(&text);
     }
     out
 }

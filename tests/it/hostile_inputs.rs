@@ -11,7 +11,7 @@ use larch::source::postgres::{PostgresConfig, Session, SessionLimits, connect};
 use serde_json::Value;
 
 use crate::engine_support::eventually;
-use crate::masking::{Files, larch, setup};
+use crate::masking::{Files, RULES, hits, larch, raw_values, setup};
 use crate::support::postgres::{Database, new_database};
 
 /// A one-shot export of `table` into `dir` with `extra` arguments and a summary file; (exit
@@ -302,4 +302,73 @@ async fn a_slow_row_filter_is_cut_by_the_snapshot_age_and_sessions_carry_their_t
         .unwrap();
     let defaults: Vec<String> = (0..4).map(|i| row.get(i)).collect();
     assert_eq!(defaults, ["1min", "10s", "1min", "on"]);
+}
+
+/// Finding 1: `CAST(email AS int)` on a masked table made the server quote the raw email in its
+/// error, which became the termination message (then the ArchiveExport's condition).
+#[tokio::test]
+async fn a_data_error_of_a_masked_table_leaves_no_value_in_any_message() {
+    let db = new_database().await;
+    setup(&db).await;
+    let raw = raw_values(&db).await;
+    let files = Files::new(RULES);
+    for log in ["info", "debug"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, err, message) = export(
+            &db.dsn,
+            "users",
+            dir.path(),
+            &["--where", "CAST(email AS int) > 0"],
+            Some(&files),
+            log,
+        );
+        assert_ne!(code, 0, "{err}");
+        let text = message["error"].as_str().unwrap();
+        assert!(
+            text.contains(
+                "copying table public.users: the server refused a value (SQLSTATE 22P02 \
+                 invalid_text_representation"
+            ) && text.contains("its message is withheld: it may quote row values"),
+            "{text}"
+        );
+        for (what, bytes) in [("summary", message.to_string()), ("stderr", err.clone())] {
+            let found = hits(bytes.as_bytes(), &raw);
+            assert!(
+                found.is_empty(),
+                "LARCH_LOG={log}: {what} holds {found:?}: {bytes}"
+            );
+        }
+        assert!(nothing_written(dir.path()));
+    }
+
+    // A server error anywhere in a chain (the engine's and restore's targets pass them on with
+    // context) is reduced as it is rendered: a unique violation names the constraint, not the key.
+    let e = db
+        .client
+        .execute(
+            "INSERT INTO users (id, email) VALUES (7000000001, 'dup@acme-corp.com')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    let chain = anyhow::Error::from(e).context("postgres target public.users: writing");
+    let text = larch::failure::render(&chain);
+    assert!(
+        text.starts_with(
+            "postgres target public.users: writing: the server refused a value (SQLSTATE 23505 \
+             unique_violation; table public.users, constraint users_pkey;"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("7000000001") && !text.contains("dup@"),
+        "{text}"
+    );
+    let summary = tempfile::NamedTempFile::new().unwrap();
+    larch::failure::report(Some(summary.path()), &chain);
+    let written = std::fs::read_to_string(summary.path()).unwrap();
+    assert!(
+        written.contains("23505") && !written.contains("7000000001"),
+        "{written}"
+    );
 }

@@ -13,6 +13,7 @@
 
 mod config;
 pub mod connection;
+pub mod errors;
 mod lifecycle;
 mod pgoutput;
 pub mod reasons;

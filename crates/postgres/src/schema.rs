@@ -433,7 +433,8 @@ pub async fn check_published_columns(
     Ok(())
 }
 
-/// `what: <the server's message>`, tagged with the reason of its SQLSTATE.
+/// `what: <the server's message>`, tagged with the reason of its SQLSTATE; a data error's
+/// message is withheld ([`crate::errors`]).
 pub fn db_error(what: impl std::fmt::Display, e: &tokio_postgres::Error) -> anyhow::Error {
     failure::tag_opt(
         crate::reasons::of_postgres(e),
@@ -441,15 +442,9 @@ pub fn db_error(what: impl std::fmt::Display, e: &tokio_postgres::Error) -> anyh
     )
 }
 
-/// A server error's message (with detail), else the error's text.
+/// A server error's message (with detail; reduced for a data error), else the error's text.
 pub fn db_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => match db.detail() {
-            Some(d) => format!("{} ({d})", db.message()),
-            None => db.message().to_string(),
-        },
-        None => e.to_string(),
-    }
+    crate::errors::message(e)
 }
 
 /// What `pg_replication_slots` says about a slot.
