@@ -5,13 +5,15 @@
 //! reaches the termination message or stderr; debug logs carry no statement parameters.
 
 use std::path::Path;
+use std::process::Stdio;
 use std::time::Duration;
 
 use larch::source::postgres::{PostgresConfig, Session, SessionLimits, connect};
 use serde_json::Value;
 
-use crate::engine_support::eventually;
+use crate::engine_support::{eventually, get, get_json};
 use crate::masking::{Files, RULES, hits, larch, raw_values, setup};
+use crate::postgres_continuous::{listening, unsafe_kill};
 use crate::support::postgres::{Database, new_database};
 
 /// A one-shot export of `table` into `dir` with `extra` arguments and a summary file; (exit
@@ -371,4 +373,56 @@ async fn a_data_error_of_a_masked_table_leaves_no_value_in_any_message() {
         written.contains("23505") && !written.contains("7000000001"),
         "{written}"
     );
+}
+
+/// Finding 7: at `LARCH_LOG=debug` the PostgreSQL driver logged the parameters of the TOAST
+/// look-up of a masked continuous export: raw keys.
+#[tokio::test]
+async fn debug_logs_of_a_masked_continuous_export_carry_no_raw_key() {
+    let db = new_database().await;
+    setup(&db).await;
+    let files = Files::new(RULES);
+    let raw = raw_values(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("larch_debuglog_{}", db.name);
+    let mut child = larch()
+        .args(["export", "--follow", "--table", "users", "--store", "local"])
+        .args(["--listen", "127.0.0.1:0", "--diff-interval", "200ms"])
+        .args(["--slot", &slot, "--slot-mode", "temporary"])
+        .arg("--path")
+        .arg(dir.path())
+        .arg("--transform")
+        .arg(files.rules())
+        .arg("--transform-key-file")
+        .arg(files.key())
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("LARCH_LOG", "debug")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, stderr, reader) = listening(&mut child);
+    eventually(60, "export readiness", || async move {
+        (get(addr, "/health/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    // The TOASTed bio is unchanged: the export looks it up by the raw key.
+    db.client
+        .batch_execute("UPDATE users SET name = 'Bioowner' WHERE id = 7000000001;")
+        .await
+        .unwrap();
+    eventually(30, "a diff", || async move {
+        (get_json(addr, "/status").await["diffs"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1)
+            .then_some(())
+    })
+    .await;
+    unsafe_kill(child.id(), "TERM");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let _ = reader.join();
+    let log = stderr.lock().unwrap().join("\n");
+    let found = hits(log.as_bytes(), &raw);
+    assert!(found.is_empty(), "the log holds raw values {found:?}");
+    assert!(!log.contains("with parameters"), "no driver parameter line");
 }
