@@ -51,6 +51,14 @@ pub fn describe_data_error(db: &DbError) -> String {
         (None, Some(t)) => names.push(format!("table {t}")),
         _ => {}
     }
+    // A COPY's context names the line and the column before the value (`COPY orders, line 3,
+    // column amount: "1.25"`): the part before the value is kept.
+    if let Some((line, column)) = db.where_().and_then(copy_position) {
+        names.push(format!("COPY line {line}"));
+        if db.column().is_none() {
+            names.push(format!("column {column}"));
+        }
+    }
     for (what, value) in [
         ("column", db.column()),
         ("constraint", db.constraint()),
@@ -70,6 +78,18 @@ pub fn describe_data_error(db: &DbError) -> String {
          quote row values)",
         condition(code)
     )
+}
+
+/// The line and column of a COPY's error context `COPY t, line N, column C: …` (PostgreSQL's
+/// English text; anything else gives none).
+fn copy_position(context: &str) -> Option<(u64, &str)> {
+    let first = context.lines().next()?;
+    let rest = first.strip_prefix("COPY ")?;
+    let (_, rest) = rest.split_once(", line ")?;
+    let (line, rest) = rest.split_once(", column ")?;
+    let line = line.parse().ok()?;
+    let (column, _) = rest.split_once(':')?;
+    Some((line, column))
 }
 
 /// A server error's message (with its detail), reduced for a data error; else the client
@@ -93,4 +113,20 @@ pub fn redact(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
         None => cause.downcast_ref::<DbError>(),
     }?;
     carries_data(db.code().code()).then(|| describe_data_error(db))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_copy_context_gives_its_line_and_column_never_the_value() {
+        assert_eq!(
+            super::copy_position("COPY orders, line 3, column amount: \"1.25\""),
+            Some((3, "amount"))
+        );
+        assert_eq!(
+            super::copy_position("COPY orders, line 3: \"1.25\t\""),
+            None
+        );
+        assert_eq!(super::copy_position("SQL function \"f\" statement 1"), None);
+    }
 }
