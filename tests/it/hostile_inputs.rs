@@ -325,7 +325,9 @@ async fn a_data_error_of_a_masked_table_leaves_no_value_in_any_message() {
             log,
         );
         assert_ne!(code, 0, "{err}");
-        let text = message["error"].as_str().unwrap();
+        let text = message["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no termination message ({code}): {err}"));
         assert!(
             text.contains(
                 "copying table public.users: the server refused a value (SQLSTATE 22P02 \
