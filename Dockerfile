@@ -14,7 +14,8 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 
 FROM ${BUILD_IMAGE} AS build
 WORKDIR /src
-# cmake/clang: C parts of crypto and compression crates; protobuf-compiler for prost if needed.
+# cmake/clang: C parts of crypto and compression crates, and libclang for pg_query's bindgen
+# (PostgreSQL's parser, for row filters); protobuf-compiler for prost if needed.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake clang pkg-config protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*

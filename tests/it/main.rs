@@ -18,6 +18,7 @@ mod engine_postgres;
 mod engine_support;
 mod fixtures;
 mod gc_race;
+mod hostile_inputs;
 mod image_contract;
 mod laredo_hocon;
 mod masking;

@@ -271,9 +271,14 @@ pub struct TerminationMessage {
 
 impl TerminationMessage {
     pub fn of(reason: Reason, err: &anyhow::Error) -> TerminationMessage {
+        Self::with_text(reason, &format!("{err:#}"))
+    }
+
+    /// The message of `reason` with `text` as its error (cut to fit).
+    pub fn with_text(reason: Reason, text: &str) -> TerminationMessage {
         TerminationMessage {
             reason: reason.as_str().into(),
-            error: truncate(&format!("{err:#}"), MAX_ERROR_BYTES),
+            error: truncate(text, MAX_ERROR_BYTES),
         }
     }
 
@@ -293,10 +298,50 @@ impl TerminationMessage {
     }
 }
 
-/// Writes the termination message of `err`, classified by `layer`, to `path` (best effort: a
-/// failure to write is printed, the exit status still tells). Returns the exit status for `err`.
-pub fn report_with(path: Option<&Path>, err: &anyhow::Error, layer: Classifier) -> i32 {
-    let message = TerminationMessage::of(classify_with(err, layer), err);
+/// A layer's own words for one cause of an error chain whose text must not leave the process
+/// as it is (a database server's message that may quote a row's values): `Some(text)` stands
+/// for that cause and every cause under it. Like [`Classifier`], each layer's asks the one
+/// below.
+pub type Redactor = fn(&(dyn std::error::Error + 'static)) -> Option<String>;
+
+/// What `redact` says of `cause`; a [`Tagged`] error is looked through (it displays the error
+/// it wraps).
+pub fn redacted(cause: &(dyn std::error::Error + 'static), redact: Redactor) -> Option<String> {
+    match cause.downcast_ref::<Tagged>() {
+        Some(t) => {
+            let inner: &(dyn std::error::Error + 'static) = t.inner.as_ref();
+            redact(inner)
+        }
+        None => redact(cause),
+    }
+}
+
+/// `err` as `{err:#}` writes it (`outer: cause: …`), each cause as `redact` says.
+pub fn render(err: &anyhow::Error, redact: Redactor) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        if let Some(text) = redacted(cause, redact) {
+            out.push_str(&text);
+            break;
+        }
+        out.push_str(&cause.to_string());
+    }
+    out
+}
+
+/// Writes the termination message of `err`, classified by `layer` and its text rendered through
+/// `redact`, to `path` (best effort: a failure to write is printed, the exit status still
+/// tells). Returns the exit status for `err`.
+pub fn report_with(
+    path: Option<&Path>,
+    err: &anyhow::Error,
+    layer: Classifier,
+    redact: Redactor,
+) -> i32 {
+    let message = TerminationMessage::with_text(classify_with(err, layer), &render(err, redact));
     if let Some(path) = path
         && let Err(e) = std::fs::write(path, format!("{}\n", message.to_line()))
     {
@@ -384,6 +429,27 @@ mod tests {
     }
 
     #[test]
+    fn render_replaces_a_redacted_cause_and_what_is_under_it() {
+        #[derive(Debug)]
+        struct Quoting;
+        impl fmt::Display for Quoting {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("invalid input: \"alice@corp.example\"")
+            }
+        }
+        impl std::error::Error for Quoting {}
+        let redact: Redactor = |c| c.downcast_ref::<Quoting>().map(|_| "withheld".to_string());
+        let e = anyhow::Error::new(Quoting).context("copying table public.users");
+        assert_eq!(render(&e, redact), "copying table public.users: withheld");
+        // A tag displays what it wraps: it is looked through.
+        let tagged = tag(Reason::Failed, Quoting).context("outer");
+        assert_eq!(render(&tagged, redact), "outer: withheld");
+        // Without anything to redact, the text is `{:#}`'s.
+        let plain = anyhow!("inner").context("middle").context("outer");
+        assert_eq!(render(&plain, redact), format!("{plain:#}"));
+    }
+
+    #[test]
     fn io_causes_and_text_are_classified() {
         let refused =
             anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
@@ -414,7 +480,7 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("termination-log");
-        let code = report_with(Some(&path), &e, |_| None);
+        let code = report_with(Some(&path), &e, |_| None, |_| None);
         assert_eq!(code, 2);
         let written = std::fs::read_to_string(&path).unwrap();
         assert_eq!(TerminationMessage::parse(&written), Some(m));

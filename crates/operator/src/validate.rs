@@ -9,7 +9,10 @@
 //!   engine's configuration requires); an export's key fields: no `,` and no surrounding
 //!   spaces (`larch export --key-fields a,b` takes them as a list);
 //! - `spec.pod.affinity` must parse as a core/v1 Affinity (it is free-form in the schema);
-//! - `spec.networkPolicy.from[i]` must parse as a NetworkPolicyPeer naming a peer (likewise).
+//! - `spec.networkPolicy.from[i]` must parse as a NetworkPolicyPeer naming a peer (likewise);
+//! - `spec.transform.tables[T].where`: parsed by PostgreSQL's parser and refused unless it is a
+//!   predicate on the row ([`larch_postgres::row_filter`]), as the exporter refuses it, so the
+//!   export stalls naming the node before a pod runs anything on the primary.
 
 use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_restore::ArchiveRestore;
@@ -82,6 +85,19 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
     tables(field, &all)?;
     key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
     key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
+    if let Some(t) = &spec.transform {
+        for (name, rules) in &t.tables {
+            let Some(predicate) = &rules.row_filter else {
+                continue;
+            };
+            let field = format!("spec.transform.tables[{name:?}].where");
+            let table: TableId = name
+                .parse()
+                .map_err(|_| format!("spec.transform.tables[{name:?}]: not schema.table"))?;
+            larch_postgres::check_row_filter(&table, predicate)
+                .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
+        }
+    }
     if let Some(s) = &spec.schedule {
         super::cron::check_schedule(&s.cron).map_err(|e| {
             format!(
@@ -188,6 +204,22 @@ mod tests {
             ..Default::default()
         });
         refuse(e, "spec.pod.affinity is not a valid Affinity");
+        let mut e = base.clone();
+        e.spec.transform = Some(crate::crd::archive_export::ExportTransform {
+            tables: [(
+                "public.users".to_string(),
+                larch_run::export::transform::TableRules {
+                    row_filter: Some("pg_drop_replication_slot('other') IS NULL".into()),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            key_secret_ref: None,
+        });
+        refuse(
+            e,
+            "spec.transform.tables[\"public.users\"].where \"pg_drop_replication_slot('other') IS NULL\": function pg_drop_replication_slot is not allowed in a row filter (allowed: abs,",
+        );
         // A name PostgreSQL allows (quoted) is fine: it is looked up, not refused.
         let mut e = base;
         e.spec.source.table.as_mut().unwrap().name = "events; DROP TABLE events".into();

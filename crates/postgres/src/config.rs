@@ -12,9 +12,86 @@ use tokio_postgres::config::Host;
 use larch_archive::model::TableId;
 
 /// Session settings pinned on both connections so that text output (and therefore the JSON
-/// mapping) does not depend on server or role defaults.
+/// mapping) does not depend on server or role defaults. `standard_conforming_strings=on` makes
+/// the server read backslashes in string literals as the row filter's parser did
+/// ([`crate::row_filter`]).
 pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
-     -c extra_float_digits=1 -c bytea_output=hex -c client_encoding=UTF8";
+     -c extra_float_digits=1 -c bytea_output=hex -c client_encoding=UTF8 \
+     -c standard_conforming_strings=on";
+
+/// The kinds of session larch opens on a source database; each gets its own timeouts
+/// ([`SessionLimits`]), set as startup options so they hold from the first statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Session {
+    /// Schema discovery, slot and publication management, TOAST look-ups, lag: short
+    /// statements.
+    Catalog,
+    /// A baseline's snapshot transaction (its COPY, and the coordinator that keeps a shared
+    /// snapshot open while the tables are copied): it may legitimately last hours, so it is
+    /// bounded by the snapshot's total age instead.
+    Snapshot,
+    /// A replication session (slot creation, the pgoutput stream): the stream is one command
+    /// that runs as long as the export, so its `statement_timeout` is 0, set explicitly so a
+    /// role's or database's default cannot cut it.
+    Replication,
+}
+
+/// Timeouts of the sessions larch opens on a source database, so that nothing it runs holds
+/// locks, a snapshot (and with it the primary's xmin horizon) or a backend indefinitely.
+/// Also `larch export --statement-timeout`, `--lock-timeout`, `--idle-in-transaction-timeout`,
+/// `--snapshot-max-age` (docs/postgres-source.md, "Session limits").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// `statement_timeout` of catalog sessions.
+    pub statement_timeout: Duration,
+    /// `lock_timeout` of every session: a lock larch waits for longer fails instead of
+    /// queueing the primary's writers behind it.
+    pub lock_timeout: Duration,
+    /// `idle_in_transaction_session_timeout` of catalog sessions.
+    pub idle_in_transaction_timeout: Duration,
+    /// The longest a baseline's snapshot stays open, from the slot's creation to the last
+    /// COPY's end: each COPY's `statement_timeout` is what is left of it, and it is the
+    /// `idle_in_transaction_session_timeout` of the snapshot and replication sessions (the
+    /// slot's session holds the exported snapshot in an open transaction).
+    pub snapshot_max_age: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            statement_timeout: Duration::from_secs(60),
+            lock_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+            snapshot_max_age: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// A duration as PostgreSQL's integer milliseconds (0 would mean "no limit": at least 1).
+pub fn millis(d: Duration) -> u128 {
+    d.as_millis().max(1)
+}
+
+impl SessionLimits {
+    /// The startup options (`-c name=value`) of a session of kind `session`.
+    pub fn options(&self, session: Session) -> String {
+        let (statement, idle) = match session {
+            Session::Catalog => (
+                millis(self.statement_timeout),
+                millis(self.idle_in_transaction_timeout),
+            ),
+            Session::Snapshot => (millis(self.snapshot_max_age), millis(self.snapshot_max_age)),
+            // The slot's session keeps its exported snapshot in an open transaction while the
+            // baseline copies: the snapshot's age bounds it.
+            Session::Replication => (0, millis(self.snapshot_max_age)),
+        };
+        format!(
+            "-c statement_timeout={statement} -c lock_timeout={} \
+             -c idle_in_transaction_session_timeout={idle}",
+            millis(self.lock_timeout)
+        )
+    }
+}
 
 /// Also `--slot-mode persistent|temporary`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -77,6 +154,8 @@ pub struct PostgresConfig {
     /// How often acknowledged positions reach the server at most.
     pub status_interval: Duration,
     pub connect_timeout: Duration,
+    /// Timeouts of every session larch opens ([`SessionLimits`]).
+    pub limits: SessionLimits,
 }
 
 impl PostgresConfig {
@@ -100,6 +179,7 @@ impl PostgresConfig {
             reconnect: Reconnect::default(),
             status_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
+            limits: SessionLimits::default(),
         }
     }
 
@@ -134,14 +214,22 @@ impl PostgresConfig {
         Ok(self.dsn()?.config)
     }
 
-    /// The connection string with its TLS settings and larch's session defaults. The parser's
-    /// messages never include the password; the DSN itself is not repeated.
+    /// The connection string with its TLS settings and larch's session defaults, for a
+    /// catalog session. The parser's messages never include the password; the DSN itself is
+    /// not repeated.
     pub fn dsn(&self) -> anyhow::Result<crate::connection::PgDsn> {
+        self.dsn_for(Session::Catalog)
+    }
+
+    /// [`Self::dsn`] for a session of kind `session`: larch's settings and that kind's
+    /// timeouts come after the connection string's own `options`, so they win.
+    pub fn dsn_for(&self, session: Session) -> anyhow::Result<crate::connection::PgDsn> {
         let mut dsn = crate::connection::PgDsn::parse(&self.dsn)?;
         let cfg = &mut dsn.config;
+        let ours = format!("{SESSION_OPTIONS} {}", self.limits.options(session));
         let options = match cfg.get_options() {
-            Some(o) if !o.trim().is_empty() => format!("{o} {SESSION_OPTIONS}"),
-            _ => SESSION_OPTIONS.to_string(),
+            Some(o) if !o.trim().is_empty() => format!("{o} {ours}"),
+            _ => ours,
         };
         cfg.options(options);
         if cfg.get_connect_timeout().is_none() {
@@ -170,7 +258,7 @@ impl PostgresConfig {
         start: u64,
         ack: Option<u64>,
     ) -> anyhow::Result<pgwire_replication::ReplicationConfig> {
-        let dsn = self.dsn()?;
+        let dsn = self.dsn_for(Session::Replication)?;
         let cfg = &dsn.config;
         let host = match cfg.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
@@ -234,6 +322,7 @@ impl fmt::Debug for PostgresConfig {
             .field("snapshot_only", &self.snapshot_only)
             .field("row_filters", &self.row_filters)
             .field("reconnect", &self.reconnect)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -255,6 +344,45 @@ pub fn qualified(table: &TableId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_session_kind_sets_its_timeouts() {
+        let limits = SessionLimits {
+            statement_timeout: Duration::from_secs(5),
+            lock_timeout: Duration::from_millis(1500),
+            idle_in_transaction_timeout: Duration::from_secs(30),
+            snapshot_max_age: Duration::from_secs(3600),
+        };
+        assert_eq!(
+            limits.options(Session::Catalog),
+            "-c statement_timeout=5000 -c lock_timeout=1500 -c idle_in_transaction_session_timeout=30000"
+        );
+        assert_eq!(
+            limits.options(Session::Snapshot),
+            "-c statement_timeout=3600000 -c lock_timeout=1500 -c idle_in_transaction_session_timeout=3600000"
+        );
+        assert_eq!(
+            limits.options(Session::Replication),
+            "-c statement_timeout=0 -c lock_timeout=1500 -c idle_in_transaction_session_timeout=3600000"
+        );
+        // larch's settings come after the connection string's own, so they win.
+        let mut c = PostgresConfig::new(
+            "host=db user=u options='-c statement_timeout=0'",
+            vec![],
+            "s",
+            "p",
+        );
+        c.limits = limits;
+        let options = c.dsn().unwrap().config.get_options().unwrap().to_string();
+        assert!(
+            options.starts_with("-c statement_timeout=0 -c DateStyle=ISO")
+                && options.ends_with("-c statement_timeout=5000 -c lock_timeout=1500 -c idle_in_transaction_session_timeout=30000")
+                && options.contains("standard_conforming_strings=on"),
+            "{options}"
+        );
+        let replication = c.replication(0, None).unwrap();
+        assert!(format!("{replication:?}").contains("statement_timeout=0 -c lock_timeout=1500"));
+    }
 
     #[test]
     fn debug_never_shows_the_password() {

@@ -13,9 +13,11 @@
 
 mod config;
 pub mod connection;
+pub mod errors;
 mod lifecycle;
 mod pgoutput;
 pub mod reasons;
+pub mod row_filter;
 mod schema;
 pub mod schema_change;
 mod snapshot;
@@ -32,11 +34,12 @@ use async_trait::async_trait;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_postgres::Client;
 
-pub use config::{PostgresConfig, Reconnect, SlotMode};
+pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
+pub use row_filter::check_row_filter;
 pub use schema::{TableSchema, owner_comment};
 pub use schema_change::SchemaChange;
-pub use snapshot::{check_row_filter, encode_copy_lines};
+pub use snapshot::encode_copy_lines;
 pub use types::{Kind, to_json, write_string};
 
 use larch_archive::model::{ColumnDefinition, TableId};
@@ -47,6 +50,12 @@ use larch_archive::source::{
 use larch_archive::value::Row;
 use larch_core::locks::MutexExt;
 use snapshot::CreatedSlot;
+
+/// Opens a session on the source database as larch does: its settings and the timeouts of a
+/// `session` of that kind ([`SessionLimits`]).
+pub async fn connect(config: &PostgresConfig, session: Session) -> anyhow::Result<Client> {
+    schema::connect_as(config, session).await
+}
 
 /// Checks that a table has a usable key: a primary key, or the given key fields (which must be
 /// columns). The error names the table and says what to pass.
@@ -491,7 +500,8 @@ async fn baseline<R: RowSink>(
     for t in &tables {
         let s = &schemas[t];
         let filter = inner.config.row_filters.get(t);
-        let n = snapshot::copy_table(&copy_client, s, &kinds, filter, &rows).await?;
+        let n =
+            snapshot::copy_table(&copy_client, s, &kinds, filter, created.deadline, &rows).await?;
         tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
     }
     copy_client
@@ -600,7 +610,7 @@ impl SharedSnapshot {
             .schemas
             .get(table)
             .ok_or_else(|| anyhow!("table {table} is not part of the shared snapshot"))?;
-        let client = schema::connect(&self.config)
+        let client = schema::connect_as(&self.config, config::Session::Snapshot)
             .await
             .with_context(|| format!("connecting to copy table {table}"))?;
         client
@@ -616,7 +626,15 @@ impl SharedSnapshot {
                 )
             })?;
         let filter = self.config.row_filters.get(table);
-        let n = snapshot::copy_table(&client, schema, &self.kinds, filter, rows).await?;
+        let n = snapshot::copy_table(
+            &client,
+            schema,
+            &self.kinds,
+            filter,
+            self.slot.deadline,
+            rows,
+        )
+        .await?;
         client
             .batch_execute("COMMIT")
             .await
@@ -659,7 +677,7 @@ async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), S
         snapshot::drop_slot(&client, slot).await?;
     }
     let created = snapshot::create_slot(&inner.config).await?;
-    let copy_client = schema::connect(&inner.config).await?;
+    let copy_client = schema::connect_as(&inner.config, config::Session::Snapshot).await?;
     copy_client
         .batch_execute(&format!(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",

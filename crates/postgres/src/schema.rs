@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use anyhow::{Context, anyhow, bail};
 use tokio_postgres::Client;
 
-use super::config::{PostgresConfig, describe, ident, literal, qualified};
+use super::config::{PostgresConfig, Session, describe, ident, literal, qualified};
 use super::types::Kind;
 use larch_archive::model::{ColumnDefinition, TableId, effective_key_fields};
 use larch_core::failure::{self, Reason};
@@ -42,9 +42,15 @@ impl TableSchema {
     }
 }
 
-/// Opens an ordinary connection; errors name the server (never the credentials) and what failed.
+/// Opens an ordinary connection for catalog work; errors name the server (never the
+/// credentials) and what failed.
 pub async fn connect(config: &PostgresConfig) -> anyhow::Result<Client> {
-    let dsn = config.dsn()?;
+    connect_as(config, Session::Catalog).await
+}
+
+/// Opens an ordinary connection of kind `session` (its timeouts: [`crate::config::SessionLimits`]).
+pub async fn connect_as(config: &PostgresConfig, session: Session) -> anyhow::Result<Client> {
+    let dsn = config.dsn_for(session)?;
     let cfg = &dsn.config;
     let (client, connection) = cfg
         .connect(dsn.tls()?)
@@ -427,7 +433,8 @@ pub async fn check_published_columns(
     Ok(())
 }
 
-/// `what: <the server's message>`, tagged with the reason of its SQLSTATE.
+/// `what: <the server's message>`, tagged with the reason of its SQLSTATE; a data error's
+/// message is withheld ([`crate::errors`]).
 pub fn db_error(what: impl std::fmt::Display, e: &tokio_postgres::Error) -> anyhow::Error {
     failure::tag_opt(
         crate::reasons::of_postgres(e),
@@ -435,15 +442,9 @@ pub fn db_error(what: impl std::fmt::Display, e: &tokio_postgres::Error) -> anyh
     )
 }
 
-/// A server error's message (with detail), else the error's text.
+/// A server error's message (with detail; reduced for a data error), else the error's text.
 pub fn db_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => match db.detail() {
-            Some(d) => format!("{} ({d})", db.message()),
-            None => db.message().to_string(),
-        },
-        None => e.to_string(),
-    }
+    crate::errors::message(e)
 }
 
 /// What `pg_replication_slots` says about a slot.

@@ -12,6 +12,7 @@ use pgwire_replication::ReplicationClient;
 use tokio::sync::mpsc;
 
 use super::config::{PostgresConfig, SlotMode, ident, qualified};
+use super::row_filter::check_row_filter;
 use super::schema::{TableSchema, db_error};
 use super::types::{Kind, write_json, write_string};
 use larch_archive::model::TableId;
@@ -25,10 +26,14 @@ pub struct CreatedSlot {
     pub session: ReplicationClient,
     pub consistent_point: u64,
     pub snapshot: String,
+    /// When the snapshot must be gone: its creation plus
+    /// [`crate::config::SessionLimits::snapshot_max_age`]. Every COPY out of it ends by then.
+    pub deadline: std::time::Instant,
 }
 
 /// Opens a gated replication session and creates the slot with an exported snapshot.
 pub async fn create_slot(config: &PostgresConfig) -> anyhow::Result<CreatedSlot> {
+    let deadline = std::time::Instant::now() + config.limits.snapshot_max_age;
     let rc = config.replication(0, None)?;
     let mut session = ReplicationClient::connect_gated(rc)
         .await
@@ -65,6 +70,7 @@ pub async fn create_slot(config: &PostgresConfig) -> anyhow::Result<CreatedSlot>
         session,
         consistent_point,
         snapshot,
+        deadline,
     })
 }
 
@@ -163,60 +169,6 @@ impl RowSink for mpsc::Sender<(TableId, Vec<Row>)> {
     }
 }
 
-/// Checks a row filter's text before it goes into a query larch builds: one predicate, never a
-/// second statement or a way out of the parentheses it is put in. Rejects `;`, comments,
-/// dollar quoting and parentheses that do not balance outside string literals and quoted
-/// identifiers. Whether it is valid SQL for the table is the server's to say (EXPLAIN).
-pub fn check_row_filter(predicate: &str) -> Result<(), String> {
-    if predicate.trim().is_empty() {
-        return Err("the predicate is empty".into());
-    }
-    if predicate.contains(';') {
-        return Err("`;` is not allowed: a row filter is one predicate, not a statement".into());
-    }
-    let mut depth = 0i64;
-    let mut quote: Option<char> = None;
-    let mut chars = predicate.chars().peekable();
-    while let Some(c) = chars.next() {
-        if let Some(q) = quote {
-            if c == q {
-                // A doubled quote is an escaped one; either way the literal goes on or ends.
-                if chars.peek() == Some(&q) {
-                    chars.next();
-                } else {
-                    quote = None;
-                }
-            }
-            continue;
-        }
-        match c {
-            '\'' | '"' => quote = Some(c),
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err("a `)` closes a parenthesis the predicate did not open".into());
-                }
-            }
-            '-' if chars.peek() == Some(&'-') => {
-                return Err("comments (`--`) are not allowed".into());
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                return Err("comments (`/*`) are not allowed".into());
-            }
-            '$' => return Err("`$` (dollar quoting, parameters) is not allowed".into()),
-            _ => {}
-        }
-    }
-    if quote.is_some() {
-        return Err("a quoted literal or identifier is not closed".into());
-    }
-    if depth != 0 {
-        return Err("the parentheses do not balance".into());
-    }
-    Ok(())
-}
-
 /// The baseline query's row filter clause for `schema` (empty without one).
 fn where_clause(filter: Option<&String>) -> String {
     filter.map(|p| format!(" WHERE ({p})")).unwrap_or_default()
@@ -232,7 +184,7 @@ pub async fn explain_row_filter(
 ) -> anyhow::Result<()> {
     let what = || format!("the row filter of table {table} (where: {predicate})");
     let invalid = |e: anyhow::Error| failure::tag(failure::Reason::InvalidConfig, e);
-    check_row_filter(predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
+    check_row_filter(table, predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
     let sql = format!(
         "EXPLAIN SELECT 1 FROM {}{}",
         qualified(table),
@@ -246,18 +198,26 @@ pub async fn explain_row_filter(
 }
 
 /// Copies every row of `schema` as of `snapshot` (those `filter` keeps, when given) into
-/// `rows`, in batches of at most [`BATCH_ROWS`]. Returns the number of rows.
+/// `rows`, in batches of at most [`BATCH_ROWS`]. Returns the number of rows. The COPY's
+/// `statement_timeout` is what is left until `deadline` (the snapshot's age limit): a slow
+/// filter or a stalled reader cannot hold the snapshot, and the primary's xmin horizon,
+/// longer.
 pub async fn copy_table<R: RowSink>(
     client: &tokio_postgres::Client,
     schema: &TableSchema,
     kinds: &HashMap<u32, Kind>,
     filter: Option<&String>,
+    deadline: std::time::Instant,
     rows: &R,
 ) -> Result<u64, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
     if let Some(p) = filter {
-        check_row_filter(p)
-            .map_err(|why| anyhow!("the row filter of table {} (where: {p}): {why}", schema.id))?;
+        check_row_filter(&schema.id, p).map_err(|why| {
+            failure::tag(
+                failure::Reason::InvalidConfig,
+                anyhow!("the row filter of table {} (where: {p}): {why}", schema.id),
+            )
+        })?;
     }
     let sql = format!(
         "COPY (SELECT {} FROM {}{}) TO STDOUT",
@@ -266,11 +226,22 @@ pub async fn copy_table<R: RowSink>(
         where_clause(filter)
     );
     // The mask is known before the COPY starts, so no COPY waits on it.
-    let encoder = RowEncoder::new(schema, kinds, rows.column_mask(schema).await?);
-    let stream = client
-        .copy_out(&sql)
+    let mask = rows.column_mask(schema).await?;
+    let masked = mask.is_some();
+    let encoder = RowEncoder::new(schema, kinds, mask);
+    let copy_error = |e: &tokio_postgres::Error| copy_error(&schema.id, masked, e);
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(snapshot_too_old(&schema.id).into());
+    }
+    client
+        .batch_execute(&format!(
+            "SET statement_timeout = {}",
+            crate::config::millis(left)
+        ))
         .await
-        .map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
+        .map_err(|e| copy_error(&e))?;
+    let stream = client.copy_out(&sql).await.map_err(|e| copy_error(&e))?;
     futures::pin_mut!(stream);
     let mut scratch = Scratch::default();
     // The start of a line whose end has not arrived yet (COPY sends one message per row, so
@@ -279,7 +250,7 @@ pub async fn copy_table<R: RowSink>(
     let mut batch = Batch::default();
     let mut count = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| db_error(format!("copying table {}", schema.id), &e))?;
+        let chunk = chunk.map_err(|e| copy_error(&e))?;
         let data: &[u8] = if pending.is_empty() {
             &chunk
         } else {
@@ -311,6 +282,27 @@ pub async fn copy_table<R: RowSink>(
         rows.send_rows(&schema.id, batch.rows).await?;
     }
     Ok(count)
+}
+
+/// The error of a baseline's COPY: a statement timeout says it was the snapshot's age limit;
+/// the server's own text goes only to a debug log line, and only for a table without a
+/// transform (it may quote a value: [`crate::schema::db_error`]).
+fn copy_error(table: &TableId, masked: bool, e: &tokio_postgres::Error) -> anyhow::Error {
+    if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+        return snapshot_too_old(table);
+    }
+    if !masked && let Some(db) = e.as_db_error() {
+        tracing::debug!(table = %table, server_message = db.message(), detail = db.detail(), "the baseline's COPY failed");
+    }
+    db_error(format!("copying table {table}"), e)
+}
+
+fn snapshot_too_old(table: &TableId) -> anyhow::Error {
+    anyhow!(
+        "copying table {table}: the baseline's snapshot reached its age limit \
+         (--snapshot-max-age) and the copy was cancelled (SQLSTATE 57014): raise the limit, or \
+         make the row filter cheaper"
+    )
 }
 
 /// Rows gathered for one send.

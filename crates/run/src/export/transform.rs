@@ -62,8 +62,9 @@ pub struct TableRules {
     #[schemars(extend("maxProperties" = 1600))]
     pub columns: BTreeMap<String, ColumnRule>,
     /// Subsetting (one-shot exports only): an SQL predicate on the table's columns; only the
-    /// rows it keeps are exported. Referential completeness across tables is the predicate's
-    /// job (e.g. `user_id IN (SELECT id FROM users WHERE …)`).
+    /// rows it keeps are exported. Parsed by PostgreSQL's parser: columns of the table,
+    /// constants, operators, casts to built-in types and immutable functions only (no
+    /// subqueries; docs/security.md).
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub row_filter: Option<String>,

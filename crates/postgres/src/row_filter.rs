@@ -1,0 +1,522 @@
+//! Row filters (`--where`, `transform.tables[*].where`) are parsed by PostgreSQL's own parser
+//! (libpg_query, through the `pg_query` crate) and walked node by node: only what cannot act on
+//! the server or read anything but the filtered row gets through. A filter comes from whoever
+//! may write an export's spec (a tenant with `edit` in its namespace), and the COPY it goes
+//! into runs on the production primary inside the exported snapshot; a scan of the text (what
+//! larch did before) was bypassed by `E'\''` strings.
+//!
+//! What is allowed:
+//! - references to the table's columns (`col`, `table.col`, `schema.table.col`);
+//! - constants, `AND`/`OR`/`NOT`, comparison, arithmetic and `||` operators, `IS [NOT] NULL`,
+//!   `IS [NOT] TRUE/FALSE/UNKNOWN`, `IS [NOT] DISTINCT FROM`, `[NOT] BETWEEN [SYMMETRIC]`,
+//!   `[NOT] IN (list)`, `[NOT] LIKE`/`ILIKE`, `CASE`, `COALESCE`, `NULLIF`, `GREATEST`, `LEAST`;
+//! - casts to built-in scalar types ([`ALLOWED_TYPES`]);
+//! - calls of the immutable functions in [`ALLOWED_FUNCTIONS`] (no aggregates, windows,
+//!   `VARIADIC` or named arguments);
+//! - the time keywords `CURRENT_DATE`, `CURRENT_TIMESTAMP`, `LOCALTIMESTAMP`, `CURRENT_TIME`,
+//!   `LOCALTIME` (the snapshot transaction's start: a moving window such as "the last 90 days"
+//!   needs them; they act on nothing).
+//!
+//! Everything else is refused, naming the node: subqueries, parameters, other functions
+//! (`pg_sleep`, `pg_drop_replication_slot`, `set_config`, …), schema-qualified operators,
+//! casts to other types (`regclass`, …), comments, and anything that is not part of the
+//! predicate (a second statement, `LIMIT`, `ORDER BY`, `UNION`, …).
+//!
+//! The text checked is the text the COPY runs: `SELECT 1 FROM <table> WHERE (<filter>)` has the
+//! same tokens around the filter as `COPY (SELECT <columns> FROM <table> WHERE (<filter>)) TO
+//! STDOUT`, so a filter that closes the parenthesis itself shows up here as a clause other than
+//! the `WHERE`. larch's sessions pin `standard_conforming_strings=on`
+//! ([`crate::config::SESSION_OPTIONS`]), the parser's reading of backslashes in strings.
+
+use larch_archive::model::TableId;
+use pg_query::NodeEnum;
+use pg_query::protobuf::{self, AExprKind, Node, SetOperation, SqlValueFunctionOp};
+
+/// Functions a row filter may call: immutable, no side effects, no access to other rows or
+/// tables. `extract`, `position`, `substring`, `trim` and `AT TIME ZONE` are SQL syntax the
+/// parser turns into calls of `pg_catalog.extract`, `position`, `substring`, `btrim`/`ltrim`/
+/// `rtrim` and `timezone`.
+pub const ALLOWED_FUNCTIONS: &[&str] = &[
+    "abs",
+    "btrim",
+    "ceil",
+    "ceiling",
+    "char_length",
+    "character_length",
+    "date_part",
+    "date_trunc",
+    "extract",
+    "floor",
+    "left",
+    "length",
+    "lower",
+    "ltrim",
+    "mod",
+    "octet_length",
+    "position",
+    "replace",
+    "right",
+    "round",
+    "rtrim",
+    "sign",
+    "starts_with",
+    "strpos",
+    "substr",
+    "substring",
+    "timezone",
+    "trunc",
+    "upper",
+];
+
+/// Types a row filter may cast to (the last part of the name, as the parser writes it:
+/// `integer` is `int4`, `timestamp with time zone` is `timestamptz`): built-in scalar types
+/// whose input functions read only their text.
+pub const ALLOWED_TYPES: &[&str] = &[
+    "bool",
+    "bpchar",
+    "bytea",
+    "char",
+    "date",
+    "float4",
+    "float8",
+    "inet",
+    "int2",
+    "int4",
+    "int8",
+    "interval",
+    "json",
+    "jsonb",
+    "numeric",
+    "text",
+    "time",
+    "timestamp",
+    "timestamptz",
+    "timetz",
+    "uuid",
+    "varchar",
+];
+
+/// Operators (`a OP b`, `OP a`) a row filter may use.
+const ALLOWED_OPERATORS: &[&str] = &[
+    "=", "<>", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "||", "~~", "!~~", "~~*", "!~~*",
+];
+
+/// Checks a row filter of `table`: `Ok` when it is one predicate made only of what the module
+/// documentation lists; else why not, naming the node (`function pg_sleep is not allowed in a
+/// row filter (allowed: …)`). Whether the columns exist and the types fit is the server's to
+/// say (`EXPLAIN`, [`crate::snapshot::explain_row_filter`]).
+pub fn check_row_filter(table: &TableId, predicate: &str) -> Result<(), String> {
+    if predicate.trim().is_empty() {
+        return Err("the predicate is empty".into());
+    }
+    if predicate.contains('\0') {
+        return Err("a NUL character is not allowed in a row filter".into());
+    }
+    // Comments are refused outright: a filter is one line of configuration, and a comment
+    // could hide what follows from a reader of the spec.
+    let tokens = pg_query::scan(predicate).map_err(|e| format!("not valid SQL: {}", reason(&e)))?;
+    if tokens.tokens.iter().any(|t| {
+        t.token == protobuf::Token::SqlComment as i32 || t.token == protobuf::Token::CComment as i32
+    }) {
+        return Err("comments (`--`, `/* */`) are not allowed in a row filter".into());
+    }
+    let sql = format!(
+        "SELECT 1 FROM {} WHERE ({predicate})",
+        crate::config::qualified(table)
+    );
+    let parsed = pg_query::parse(&sql, pg_query::ParserOptions::DEFAULT)
+        .map_err(|e| format!("not valid SQL: {}", reason(&e)))?;
+    let stmts = &parsed.protobuf.stmts;
+    if stmts.len() != 1 {
+        return Err("a row filter is one predicate, not several statements".into());
+    }
+    let Some(NodeEnum::SelectStmt(select)) = stmts[0].stmt.as_ref().and_then(|n| n.node.as_ref())
+    else {
+        return Err("a row filter is one predicate, not a statement".into());
+    };
+    only_a_where(select)?;
+    let Some(filter) = select.where_clause.as_deref() else {
+        return Err("the predicate is empty".into());
+    };
+    Walker { table }.node(filter)
+}
+
+/// The libpg_query error's message (it never holds more than the filter's own text).
+fn reason(e: &pg_query::Error) -> String {
+    match e {
+        pg_query::Error::Parse(m) | pg_query::Error::Scan(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The statement is `SELECT 1 FROM table WHERE …` and nothing else: a filter that closed the
+/// parenthesis larch puts it in and went on (`true) LIMIT 1 --`, `true) UNION (SELECT …`) adds
+/// a clause.
+fn only_a_where(s: &protobuf::SelectStmt) -> Result<(), String> {
+    let extra = [
+        (
+            s.op != SetOperation::SetopNone as i32 || s.larg.is_some() || s.rarg.is_some(),
+            "UNION/INTERSECT/EXCEPT",
+        ),
+        (!s.distinct_clause.is_empty(), "DISTINCT"),
+        (s.into_clause.is_some(), "INTO"),
+        (s.target_list.len() != 1, "a select list"),
+        (s.from_clause.len() != 1, "FROM"),
+        (!s.group_clause.is_empty(), "GROUP BY"),
+        (s.having_clause.is_some(), "HAVING"),
+        (!s.window_clause.is_empty(), "WINDOW"),
+        (!s.values_lists.is_empty(), "VALUES"),
+        (!s.sort_clause.is_empty(), "ORDER BY"),
+        (s.limit_offset.is_some(), "OFFSET"),
+        (s.limit_count.is_some(), "LIMIT"),
+        (!s.locking_clause.is_empty(), "FOR UPDATE/SHARE"),
+        (s.with_clause.is_some(), "WITH"),
+    ];
+    match extra.iter().find(|(present, _)| *present) {
+        Some((_, what)) => Err(format!(
+            "{what} is not allowed: a row filter is one predicate and cannot close the parenthesis it is put in"
+        )),
+        None => Ok(()),
+    }
+}
+
+struct Walker<'a> {
+    table: &'a TableId,
+}
+
+fn not_allowed(what: impl std::fmt::Display) -> Result<(), String> {
+    Err(format!("{what} is not allowed in a row filter"))
+}
+
+/// `{what} is not allowed in a row filter ({instead})`.
+fn not_allowed_but(
+    what: impl std::fmt::Display,
+    instead: impl std::fmt::Display,
+) -> Result<(), String> {
+    Err(format!("{what} is not allowed in a row filter ({instead})"))
+}
+
+/// The names in a list of `String` nodes (function, operator, type and column names).
+fn names(nodes: &[Node]) -> Option<Vec<&str>> {
+    nodes
+        .iter()
+        .map(|n| match n.node.as_ref() {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A node's kind as PostgreSQL names it (`RowExpr`, `SubLink`), for messages.
+fn kind(node: &NodeEnum) -> String {
+    let debug = format!("{node:?}");
+    debug
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .next()
+        .unwrap_or("this expression")
+        .to_string()
+}
+
+impl Walker<'_> {
+    fn all(&self, nodes: &[Node]) -> Result<(), String> {
+        nodes.iter().try_for_each(|n| self.node(n))
+    }
+
+    fn opt(&self, node: Option<&Node>) -> Result<(), String> {
+        node.map_or(Ok(()), |n| self.node(n))
+    }
+
+    fn node(&self, node: &Node) -> Result<(), String> {
+        let Some(node) = node.node.as_ref() else {
+            return Ok(());
+        };
+        match node {
+            NodeEnum::AConst(_) => Ok(()),
+            NodeEnum::ColumnRef(c) => self.column(c),
+            NodeEnum::BoolExpr(b) => self.all(&b.args),
+            NodeEnum::NullTest(t) => self.opt(t.arg.as_deref()),
+            NodeEnum::BooleanTest(t) => self.opt(t.arg.as_deref()),
+            NodeEnum::List(l) => self.all(&l.items),
+            NodeEnum::AExpr(e) => self.operator(e),
+            NodeEnum::TypeCast(c) => {
+                self.cast(c.type_name.as_ref())?;
+                self.opt(c.arg.as_deref())
+            }
+            NodeEnum::CaseExpr(c) => {
+                self.opt(c.arg.as_deref())?;
+                self.all(&c.args)?;
+                self.opt(c.defresult.as_deref())
+            }
+            NodeEnum::CaseWhen(w) => {
+                self.opt(w.expr.as_deref())?;
+                self.opt(w.result.as_deref())
+            }
+            NodeEnum::CoalesceExpr(c) => self.all(&c.args),
+            NodeEnum::MinMaxExpr(m) => self.all(&m.args),
+            NodeEnum::FuncCall(f) => self.function(f),
+            NodeEnum::SqlvalueFunction(f) => {
+                use SqlValueFunctionOp as Op;
+                let time = [
+                    Op::SvfopCurrentDate,
+                    Op::SvfopCurrentTime,
+                    Op::SvfopCurrentTimeN,
+                    Op::SvfopCurrentTimestamp,
+                    Op::SvfopCurrentTimestampN,
+                    Op::SvfopLocaltime,
+                    Op::SvfopLocaltimeN,
+                    Op::SvfopLocaltimestamp,
+                    Op::SvfopLocaltimestampN,
+                ];
+                if time.iter().any(|op| *op as i32 == f.op) {
+                    Ok(())
+                } else {
+                    not_allowed_but(
+                        "a session value (CURRENT_USER, CURRENT_SCHEMA, …)",
+                        "allowed: CURRENT_DATE, CURRENT_TIMESTAMP, LOCALTIMESTAMP, CURRENT_TIME, \
+                         LOCALTIME",
+                    )
+                }
+            }
+            NodeEnum::SubLink(_) => not_allowed("a subquery (SELECT …)"),
+            NodeEnum::ParamRef(_) => not_allowed("a parameter ($n)"),
+            NodeEnum::AStar(_) => not_allowed("`*`"),
+            NodeEnum::NamedArgExpr(_) => not_allowed("a named argument (name => value)"),
+            other => not_allowed(kind(other)),
+        }
+    }
+
+    /// A column of the table: `col`, `table.col` or `schema.table.col`.
+    fn column(&self, c: &protobuf::ColumnRef) -> Result<(), String> {
+        let Some(parts) = names(&c.fields) else {
+            return not_allowed("`*`");
+        };
+        let ours = match parts.as_slice() {
+            [_] => true,
+            [t, _] => *t == self.table.table,
+            [s, t, _] => *s == self.table.schema && *t == self.table.table,
+            _ => false,
+        };
+        if ours {
+            Ok(())
+        } else {
+            not_allowed_but(
+                format!("column {}", parts.join(".")),
+                format!("only columns of table {} are", self.table),
+            )
+        }
+    }
+
+    fn operator(&self, e: &protobuf::AExpr) -> Result<(), String> {
+        use AExprKind as K;
+        let name = names(&e.name).unwrap_or_default();
+        let kind = K::try_from(e.kind).unwrap_or(K::Undefined);
+        match kind {
+            K::AexprOp => match name.as_slice() {
+                [op] if ALLOWED_OPERATORS.contains(op) => {}
+                [op] => {
+                    return not_allowed_but(
+                        format!("operator {op}"),
+                        format!(
+                            "allowed: {} AND OR NOT, IS [NOT] NULL, BETWEEN, IN (list), LIKE, ILIKE",
+                            ALLOWED_OPERATORS.join(" ")
+                        ),
+                    );
+                }
+                _ => {
+                    return not_allowed(format!(
+                        "operator OPERATOR({}) (a schema-qualified operator)",
+                        name.join(".")
+                    ));
+                }
+            },
+            K::AexprDistinct
+            | K::AexprNotDistinct
+            | K::AexprNullif
+            | K::AexprIn
+            | K::AexprLike
+            | K::AexprIlike
+            | K::AexprBetween
+            | K::AexprNotBetween
+            | K::AexprBetweenSym
+            | K::AexprNotBetweenSym => {
+                if name.len() != 1 {
+                    return not_allowed("a schema-qualified operator");
+                }
+            }
+            K::AexprOpAny | K::AexprOpAll => return not_allowed("ANY/ALL"),
+            K::AexprSimilar => return not_allowed("SIMILAR TO"),
+            K::Undefined => return not_allowed("this operator"),
+        }
+        self.opt(e.lexpr.as_deref())?;
+        self.opt(e.rexpr.as_deref())
+    }
+
+    fn cast(&self, t: Option<&protobuf::TypeName>) -> Result<(), String> {
+        let Some(t) = t else {
+            return not_allowed("a cast without a type");
+        };
+        let parts = names(&t.names).unwrap_or_default();
+        let allowed = match parts.as_slice() {
+            [name] | ["pg_catalog", name] => ALLOWED_TYPES.contains(name),
+            _ => false,
+        };
+        if !allowed || t.setof || t.pct_type {
+            return not_allowed_but(
+                format!("a cast to {}", parts.join(".")),
+                format!("allowed: {}", ALLOWED_TYPES.join(", ")),
+            );
+        }
+        self.all(&t.typmods)
+    }
+
+    fn function(&self, f: &protobuf::FuncCall) -> Result<(), String> {
+        let parts = names(&f.funcname).unwrap_or_default();
+        let name = match parts.as_slice() {
+            [name] | ["pg_catalog", name] if ALLOWED_FUNCTIONS.contains(name) => *name,
+            _ => {
+                let hint = if parts.last() == Some(&"now") {
+                    "; for the snapshot's time write CURRENT_TIMESTAMP"
+                } else {
+                    ""
+                };
+                return not_allowed_but(
+                    format!("function {}", parts.join(".")),
+                    format!("allowed: {}{hint}", ALLOWED_FUNCTIONS.join(", ")),
+                );
+            }
+        };
+        if f.agg_star
+            || f.agg_distinct
+            || f.func_variadic
+            || f.agg_within_group
+            || !f.agg_order.is_empty()
+            || f.agg_filter.is_some()
+            || f.over.is_some()
+        {
+            return not_allowed(format!(
+                "{name}(…) with *, DISTINCT, VARIADIC, ORDER BY, FILTER, WITHIN GROUP or OVER"
+            ));
+        }
+        self.all(&f.args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(p: &str) -> Result<(), String> {
+        check_row_filter(&"public.users".parse().unwrap(), p)
+    }
+
+    #[test]
+    fn predicates_on_the_row_pass() {
+        for ok in [
+            "id > 10",
+            "a - b > 0",
+            "users.id % 10 = 3 AND public.users.name IS NOT NULL",
+            "name = 'it''s; fine -- not a comment /* nor this */'",
+            r#""Weird )( name" = 'a)b'"#,
+            "lower(email) LIKE '%@example.com' OR email ILIKE '%@EXAMPLE.org'",
+            "created_at > CURRENT_TIMESTAMP - interval '90 days'",
+            "created_at::date BETWEEN DATE '2024-01-01' AND '2024-12-31'",
+            "extract(year FROM created_at) = 2024 AND date_trunc('month', created_at) IS NOT NULL",
+            "status IN ('a', 'b') AND kind NOT IN (1, 2)",
+            "CASE WHEN a > 1 THEN b ELSE c END = coalesce(d, nullif(e, 0), 3)",
+            "CAST(x AS integer) > 0 AND y::numeric(10,2) < 3.5 AND greatest(a, b) > least(c, d)",
+            "substring(name FROM 1 FOR 3) = 'abc' AND trim(both ' ' FROM name) <> ''",
+            "flag IS TRUE AND a IS DISTINCT FROM b AND NOT (c = 1)",
+            "name = E'\\\\'",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok}");
+        }
+    }
+
+    #[test]
+    fn anything_that_acts_or_reads_elsewhere_is_refused_by_name() {
+        for (bad, why) in [
+            (
+                "pg_sleep(1e9) IS NULL",
+                "function pg_sleep is not allowed in a row filter (allowed: abs, ",
+            ),
+            (
+                "pg_drop_replication_slot('other_team') IS NULL",
+                "function pg_drop_replication_slot is not allowed",
+            ),
+            (
+                "pg_catalog.pg_terminate_backend(1)",
+                "function pg_catalog.pg_terminate_backend is not allowed",
+            ),
+            ("pg_cancel_backend(1)", "function pg_cancel_backend"),
+            ("set_config('a.b', 'c', false) = 'c'", "function set_config"),
+            ("pg_notify('c', 'x') IS NULL", "function pg_notify"),
+            ("pg_advisory_lock(1) IS NULL", "function pg_advisory_lock"),
+            (
+                "pg_logical_emit_message(true, 'x', 'y') IS NULL",
+                "function pg_logical_emit_message",
+            ),
+            (
+                "created_at > now() - interval '1 day'",
+                "function now is not allowed",
+            ),
+            ("hashtext(email) > 0", "function hashtext"),
+            ("public.lower(email) = 'a'", "function public.lower"),
+            ("count(*) > 0", "function count"),
+            (
+                "id IN (SELECT user_id FROM orders)",
+                "a subquery (SELECT …) is not allowed",
+            ),
+            ("EXISTS (SELECT 1 FROM pg_authid)", "a subquery"),
+            ("id = $1", "a parameter ($n) is not allowed"),
+            ("oid::regclass IS NULL", "a cast to regclass is not allowed"),
+            ("'pg_sleep'::regproc IS NULL", "a cast to regproc"),
+            (
+                "other.id = 1",
+                "column other.id is not allowed in a row filter (only columns of table public.users are)",
+            ),
+            ("x OPERATOR(public.=) 1", "a schema-qualified operator"),
+            ("id = ANY(ARRAY[1])", "ANY/ALL is not allowed"),
+            ("ROW(a, b) = ROW(1, 2)", "RowExpr is not allowed"),
+            ("CURRENT_USER = 'postgres'", "a session value"),
+            (
+                "true; DROP TABLE users",
+                "not valid SQL: syntax error at or near \";\"",
+            ),
+            (
+                "true); DROP TABLE users; SELECT (1",
+                "not several statements",
+            ),
+            ("true) LIMIT (1", "LIMIT is not allowed"),
+            ("true) ORDER BY (1", "ORDER BY is not allowed"),
+            (
+                "true) UNION (SELECT 1 FROM pg_authid WHERE (true)",
+                "UNION/INTERSECT/EXCEPT",
+            ),
+            ("true -- ) TO STDOUT", "comments"),
+            ("true /* x */", "comments"),
+            ("(true", "not valid SQL"),
+            ("name = 'open", "not valid SQL"),
+            ("  ", "empty"),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// Issue 35, finding 3: after `E'\''` the old scanner believed it was inside a string and
+    /// let a parenthesis, a comment and a LIMIT through.
+    #[test]
+    fn escape_strings_do_not_hide_what_follows() {
+        for bad in [
+            r"name = E'\'' ) LIMIT 1 --'",
+            r"name <> E'\'' OR true) LIMIT (1",
+            r"name = E'\'' OR pg_sleep(10) IS NULL OR name = ''",
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(
+                e.contains("LIMIT") || e.contains("comments") || e.contains("pg_sleep"),
+                "{bad}: {e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,430 @@
+//! Issue 35: what a tenant controls (an export's row filter and masking rules, from a spec it may
+//! edit) against a real PostgreSQL 15 shared with others. A row filter cannot act on the server
+//! or read other tables; a slow one cannot hold the snapshot past its age limit; every session
+//! larch opens carries its timeouts; a data error's server text (which quotes row values) never
+//! reaches the termination message or stderr; debug logs carry no statement parameters.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use larch::source::postgres::{PostgresConfig, Session, SessionLimits, connect};
+use serde_json::Value;
+
+use crate::engine_support::{eventually, get, get_json};
+use crate::masking::{Files, RULES, hits, larch, raw_values, setup};
+use crate::postgres_continuous::{listening, unsafe_kill};
+use crate::support::postgres::{Database, new_database};
+
+/// A one-shot export of `table` into `dir` with `extra` arguments and a summary file; (exit
+/// code, stderr, the summary's termination message).
+fn export(
+    dsn: &str,
+    table: &str,
+    dir: &Path,
+    extra: &[&str],
+    files: Option<&Files>,
+    log: &str,
+) -> (i32, String, Value) {
+    static SLOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let slot = format!(
+        "larch_hostile_{}_{}",
+        std::process::id(),
+        SLOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let summary = dir.join("summary.json");
+    let store = dir.join("store");
+    let mut cmd = larch();
+    cmd.args([
+        "export", "--table", table, "--store", "local", "--slot", &slot,
+    ])
+    .arg("--path")
+    .arg(&store)
+    .arg("--summary-file")
+    .arg(&summary)
+    .args(extra)
+    .env("LARCH_PG_DSN", dsn)
+    .env("LARCH_LOG", log);
+    if let Some(files) = files {
+        cmd.arg("--transform")
+            .arg(files.rules())
+            .arg("--transform-key-file")
+            .arg(files.key());
+    }
+    let out = cmd.output().unwrap();
+    let message = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| t.lines().rev().find_map(|l| serde_json::from_str(l).ok()))
+        .unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        message,
+    )
+}
+
+/// No manifest in the store under `dir`: nothing was committed.
+fn nothing_written(dir: &Path) -> bool {
+    let mut stack = vec![dir.join("store")];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "manifest.json") {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+async fn slot_exists(db: &Database, slot: &str) -> bool {
+    db.client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 1
+}
+
+/// Findings 2 and 3: functions with effects, subqueries and a filter that escapes its
+/// parenthesis after an `E'\''` string are refused by the parser, before anything connects.
+#[tokio::test]
+async fn row_filters_that_act_on_the_server_are_refused_before_any_query() {
+    let db = new_database().await;
+    setup(&db).await;
+    let victim = format!("other_team_{}", db.name);
+    db.client
+        .query(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&victim],
+        )
+        .await
+        .unwrap();
+    let drop_it = format!("pg_drop_replication_slot('{victim}') IS NULL");
+    for (predicate, refused) in [
+        (
+            drop_it.as_str(),
+            "function pg_drop_replication_slot is not allowed in a row filter (allowed: abs, ",
+        ),
+        (
+            "pg_terminate_backend(pg_backend_pid())",
+            "function pg_terminate_backend is not allowed",
+        ),
+        ("pg_sleep(1000) IS NULL", "function pg_sleep is not allowed"),
+        (
+            "set_config('statement_timeout', '0', false) <> ''",
+            "function set_config is not allowed",
+        ),
+        (
+            "pg_advisory_lock(35) IS NULL",
+            "function pg_advisory_lock is not allowed",
+        ),
+        (
+            "pg_logical_emit_message(true, 'x', 'y') IS NULL",
+            "function pg_logical_emit_message is not allowed",
+        ),
+        (
+            "id IN (SELECT id FROM users WHERE email LIKE 'user1%')",
+            "a subquery (SELECT …) is not allowed in a row filter",
+        ),
+        (r"email <> E'\'' OR true) LIMIT (1", "LIMIT is not allowed"),
+        (
+            r"email = E'\'' ) OR (true) -- '",
+            "comments (`--`, `/* */`) are not allowed in a row filter",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, err, message) = export(
+            &db.dsn,
+            "users",
+            dir.path(),
+            &["--where", predicate],
+            None,
+            "info",
+        );
+        assert_eq!(code, 2, "{predicate}: {err}");
+        assert!(
+            err.contains(&format!(
+                "the row filter of table public.users (where: {predicate}): "
+            )) && err.contains(refused),
+            "{predicate}: {err}"
+        );
+        assert_eq!(message["reason"], "InvalidConfig", "{predicate}");
+        assert!(nothing_written(dir.path()), "{predicate}");
+    }
+    assert!(
+        slot_exists(&db, &victim).await,
+        "the other team's slot is still there"
+    );
+    // Refused before anything connects: the same answer with a server that does not exist.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err, _) = export(
+        "host=127.0.0.1 port=1 user=nobody dbname=nothing connect_timeout=2",
+        "users",
+        dir.path(),
+        &["--where", &drop_it],
+        None,
+        "info",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("function pg_drop_replication_slot is not allowed"),
+        "{err}"
+    );
+    // An allowed predicate still exports.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err, _) = export(
+        &db.dsn,
+        "users",
+        dir.path(),
+        &[
+            "--where",
+            "lower(email) LIKE 'user1%' AND id BETWEEN 7000000001 AND 7000000200",
+        ],
+        None,
+        "info",
+    );
+    assert_eq!(code, 0, "{err}");
+}
+
+/// Finding 2: a filter that is allowed but slow cannot hold the snapshot (and the primary's
+/// xmin horizon) past `--snapshot-max-age`; every kind of session carries its timeouts.
+#[tokio::test]
+async fn a_slow_row_filter_is_cut_by_the_snapshot_age_and_sessions_carry_their_timeouts() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE big (id int8 PRIMARY KEY, v text);
+             INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 2000000) g;
+             ANALYZE big;",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let (code, err, message) = export(
+        &db.dsn,
+        "big",
+        dir.path(),
+        &[
+            "--where",
+            "lower(v || v || v || v) LIKE '%zz%' OR upper(v || v) LIKE '%ZZ%'",
+            "--snapshot-max-age",
+            "300ms",
+        ],
+        None,
+        "info",
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "copying table public.big: the baseline's snapshot reached its age limit \
+             (--snapshot-max-age) and the copy was cancelled (SQLSTATE 57014)"
+        ),
+        "{err}"
+    );
+    assert!(
+        message["error"]
+            .as_str()
+            .unwrap()
+            .contains("reached its age limit"),
+        "{message}"
+    );
+    assert!(nothing_written(dir.path()));
+    assert!(started.elapsed() < Duration::from_secs(60));
+    // Nothing of larch's is left running on the server.
+    let c = &db.client;
+    eventually(10, "larch's sessions to end", || async move {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'larch%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (n == 0).then_some(())
+    })
+    .await;
+
+    let mut config = PostgresConfig::new(db.dsn.clone(), vec![], "s", "p");
+    config.limits = SessionLimits {
+        statement_timeout: Duration::from_secs(5),
+        lock_timeout: Duration::from_millis(1500),
+        idle_in_transaction_timeout: Duration::from_secs(30),
+        snapshot_max_age: Duration::from_secs(3600),
+    };
+    for (session, want) in [
+        (Session::Catalog, ["5s", "1500ms", "30s"]),
+        (Session::Snapshot, ["1h", "1500ms", "1h"]),
+    ] {
+        let client = connect(&config, session).await.unwrap();
+        let mut got = Vec::new();
+        for setting in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            let rows = client
+                .simple_query(&format!("SHOW {setting}"))
+                .await
+                .unwrap();
+            let value = rows.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            });
+            got.push(value.unwrap());
+        }
+        assert_eq!(got, want, "{session:?}");
+    }
+    // The defaults.
+    let client = connect(
+        &PostgresConfig::new(db.dsn.clone(), vec![], "s", "p"),
+        Session::Catalog,
+    )
+    .await
+    .unwrap();
+    let row = client
+        .query_one(
+            "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),
+                    current_setting('idle_in_transaction_session_timeout'),
+                    current_setting('standard_conforming_strings')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let defaults: Vec<String> = (0..4).map(|i| row.get(i)).collect();
+    assert_eq!(defaults, ["1min", "10s", "1min", "on"]);
+}
+
+/// Finding 1: `CAST(email AS int)` on a masked table made the server quote the raw email in its
+/// error, which became the termination message (then the ArchiveExport's condition).
+#[tokio::test]
+async fn a_data_error_of_a_masked_table_leaves_no_value_in_any_message() {
+    let db = new_database().await;
+    setup(&db).await;
+    let raw = raw_values(&db).await;
+    let files = Files::new(RULES);
+    for log in ["info", "debug"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, err, message) = export(
+            &db.dsn,
+            "users",
+            dir.path(),
+            &["--where", "CAST(email AS int) > 0"],
+            Some(&files),
+            log,
+        );
+        assert_ne!(code, 0, "{err}");
+        let text = message["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no termination message ({code}): {err}"));
+        assert!(
+            text.contains(
+                "copying table public.users: the server refused a value (SQLSTATE 22P02 \
+                 invalid_text_representation"
+            ) && text.contains("its message is withheld: it may quote row values"),
+            "{text}"
+        );
+        for (what, bytes) in [("summary", message.to_string()), ("stderr", err.clone())] {
+            let found = hits(bytes.as_bytes(), &raw);
+            assert!(
+                found.is_empty(),
+                "LARCH_LOG={log}: {what} holds {found:?}: {bytes}"
+            );
+        }
+        assert!(nothing_written(dir.path()));
+    }
+
+    // A server error anywhere in a chain (the engine's and restore's targets pass them on with
+    // context) is reduced as it is rendered: a unique violation names the constraint, not the key.
+    let e = db
+        .client
+        .execute(
+            "INSERT INTO users (id, email) VALUES (7000000001, 'dup@acme-corp.com')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    let chain = anyhow::Error::from(e).context("postgres target public.users: writing");
+    let text = larch::failure::render(&chain);
+    assert!(
+        text.starts_with(
+            "postgres target public.users: writing: the server refused a value (SQLSTATE 23505 \
+             unique_violation; table public.users, constraint users_pkey;"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("7000000001") && !text.contains("dup@"),
+        "{text}"
+    );
+    let summary = tempfile::NamedTempFile::new().unwrap();
+    larch::failure::report(Some(summary.path()), &chain);
+    let written = std::fs::read_to_string(summary.path()).unwrap();
+    assert!(
+        written.contains("23505") && !written.contains("7000000001"),
+        "{written}"
+    );
+}
+
+/// Finding 7: at `LARCH_LOG=debug` the PostgreSQL driver logged the parameters of the TOAST
+/// look-up of a masked continuous export: raw keys.
+#[tokio::test]
+async fn debug_logs_of_a_masked_continuous_export_carry_no_raw_key() {
+    let db = new_database().await;
+    setup(&db).await;
+    let files = Files::new(RULES);
+    let raw = raw_values(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("larch_debuglog_{}", db.name);
+    let mut child = larch()
+        .args(["export", "--follow", "--table", "users", "--store", "local"])
+        .args(["--listen", "127.0.0.1:0", "--diff-interval", "200ms"])
+        .args(["--slot", &slot, "--slot-mode", "temporary"])
+        .arg("--path")
+        .arg(dir.path())
+        .arg("--transform")
+        .arg(files.rules())
+        .arg("--transform-key-file")
+        .arg(files.key())
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("LARCH_LOG", "debug")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, stderr, reader) = listening(&mut child);
+    eventually(60, "export readiness", || async move {
+        (get(addr, "/health/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    // The TOASTed bio is unchanged: the export looks it up by the raw key.
+    db.client
+        .batch_execute("UPDATE users SET name = 'Bioowner' WHERE id = 7000000001;")
+        .await
+        .unwrap();
+    eventually(30, "a diff", || async move {
+        (get_json(addr, "/status").await["diffs"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1)
+            .then_some(())
+    })
+    .await;
+    unsafe_kill(child.id(), "TERM");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let _ = reader.join();
+    let log = stderr.lock().unwrap().join("\n");
+    let found = hits(log.as_bytes(), &raw);
+    assert!(found.is_empty(), "the log holds raw values {found:?}");
+    assert!(!log.contains("with parameters"), "no driver parameter line");
+}
