@@ -7,7 +7,8 @@
 #                                   $LARCH_CACHE/realnode-logs on a failure)
 #   e2e/realnode-test.sh --keep     leave the node running at the end (down it yourself:
 #                                   e2e/realnode.sh down DIR)
-#   e2e/realnode-test.sh --demo     only bring up the demo (operator + examples) and leave it up
+#   e2e/realnode-test.sh --demo     only bring up the demo (operator + examples; r1..r5, not r6
+#                                   and r7, which change the data) and leave it up
 #                                   (scripts/demo.sh --real-node)
 #
 # Scenarios, each timed:
@@ -19,6 +20,13 @@
 #      node's namespace) returns rows, the same count as PostgreSQL
 #   r5 Pod Security restricted: enforced on every namespace used; no pod creation was refused, no
 #      pod violates it (server dry run of the label), every pod Running or Succeeded
+#   r6 the continuous ArchiveExport events (examples/): its Deployment's one pod Ready on the node,
+#      the Lease named like it held and renewed by that pod; a row updated in PostgreSQL after the
+#      baseline reaches the archive: a diff ending past the WAL position before the update in the
+#      manifest, its head advanced to it, the diff object in the bucket holding the new value
+#   r7 an ArchiveRestore of events (its archive at the head, with r6's diff) into a second
+#      database: the Job succeeds, Ready=True, the restored table has the source's row count and
+#      the same md5 of its rows in id order; then r5's checks again over r6's and r7's pods
 #
 # Budget: LARCH_REALNODE_BUDGET seconds for the whole run (default 1200); exceeded -> failure.
 # DIR: LARCH_REALNODE_DIR (default /var/tmp/larch-realnode-test; --keep and --demo:
@@ -34,7 +42,7 @@ case "${1:-}" in
   --keep) mode=keep ;;
   --demo) mode=demo ;;
   "") ;;
-  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
 # the test's node and the demo's do not share a directory (nor a network namespace)
 if [[ $mode == test ]]; then dir=${LARCH_REALNODE_DIR:-/var/tmp/larch-realnode-test}
@@ -44,11 +52,29 @@ t0=$SECONDS
 step_t=$SECONDS
 step() { echo; echo "== $* ($((SECONDS - t0))s)"; step_t=$SECONDS; }
 done_step() { echo "   ok: $* ($((SECONDS - step_t))s)"; }
+# What a step's failure dumps besides every pod and the last events: (NAMESPACE SELECTOR OBJECT)
+# -> the matching pods' description and logs (also of a previous container), the object's status.
+diag=()
+pod_diag() { # NAMESPACE SELECTOR [OBJECT]
+  local p
+  echo "--- kubectl describe pods -n $1 -l $2"
+  "$KUBECTL" describe pods -n "$1" -l "$2" | tail -n 80
+  for p in $("$KUBECTL" get pods -n "$1" -l "$2" -o name); do
+    echo "--- logs of $p"
+    "$KUBECTL" logs -n "$1" "$p" --all-containers --tail=60 || true
+    "$KUBECTL" logs -n "$1" "$p" --all-containers --tail=30 --previous 2>/dev/null || true
+  done
+  if [[ -n "${3:-}" ]]; then
+    echo "--- status of $3"
+    "$KUBECTL" get -n "$1" "$3" -o jsonpath='{.status}' | python3 -m json.tool || true
+  fi
+}
 fail() {
   echo "realnode-test: FAILED: $*" >&2
   if [[ -n "${KUBECTL:-}" ]]; then
-    "$KUBECTL" get pods,jobs,statefulsets,pvc -A -o wide >&2 || true
+    "$KUBECTL" get pods,jobs,deployments,statefulsets,pvc,leases -A -o wide >&2 || true
     "$KUBECTL" get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -n 30 >&2 || true
+    if ((${#diag[@]})); then pod_diag "${diag[@]}" >&2 || true; fi
   fi
   exit 1
 }
@@ -202,31 +228,161 @@ done_step "ClusterIP $cip:8080 -> the engines: $count rows, as PostgreSQL"
 
 # ---------------------------------------------------------------------------------------------
 step "r5: Pod Security restricted, enforced, nothing refused"
-for n in larch-system "$ns"; do
-  [[ "$(kubectl get ns "$n" -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" == restricted ]] \
-    || fail "$n does not enforce restricted"
-  # the API server warns about every existing pod the label would forbid
-  warn=$(kubectl label ns "$n" --overwrite --dry-run=server pod-security.kubernetes.io/enforce=restricted 2>&1 >/dev/null | grep -i '^warning' || true)
-  [[ -z "$warn" ]] || fail "pods of $n violate restricted: $warn"
-done
-refused=$(kubectl get events -A --field-selector reason=FailedCreate -o jsonpath='{range .items[*]}{.involvedObject.kind}/{.involvedObject.name}: {.message}{"\n"}{end}')
-[[ -z "$refused" ]] || fail "pod creation refused: $refused"
-bad=$(kubectl get pods -A --no-headers -o custom-columns=NS:.metadata.namespace,NAME:.metadata.name,PHASE:.status.phase | awk '$3 != "Running" && $3 != "Succeeded"')
-[[ -z "$bad" ]] || fail "pods neither Running nor Succeeded: $bad"
+pod_security() { # r5's checks, over the pods there are now
+  local n warn refused bad
+  for n in larch-system "$ns"; do
+    [[ "$(kubectl get ns "$n" -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" == restricted ]] \
+      || fail "$n does not enforce restricted"
+    # the API server warns about every existing pod the label would forbid
+    warn=$(kubectl label ns "$n" --overwrite --dry-run=server pod-security.kubernetes.io/enforce=restricted 2>&1 >/dev/null | grep -i '^warning' || true)
+    [[ -z "$warn" ]] || fail "pods of $n violate restricted: $warn"
+  done
+  refused=$(kubectl get events -A --field-selector reason=FailedCreate -o jsonpath='{range .items[*]}{.involvedObject.kind}/{.involvedObject.name}: {.message}{"\n"}{end}')
+  [[ -z "$refused" ]] || fail "pod creation refused: $refused"
+  bad=$(kubectl get pods -A --no-headers -o custom-columns=NS:.metadata.namespace,NAME:.metadata.name,PHASE:.status.phase | awk '$3 != "Running" && $3 != "Succeeded"')
+  [[ -z "$bad" ]] || fail "pods neither Running nor Succeeded: $bad"
+}
+pod_security
 kubectl get pods -A -o wide
 done_step "larch-system and $ns enforce restricted; no FailedCreate, no violation, every pod Running or Succeeded"
 
-within_budget
-if [[ "$mode" != test ]]; then
-  cat <<EOF
+finish() {
+  if [[ "$mode" != test ]]; then
+    cat <<EOF
 
 == the real node is up ($((SECONDS - t0))s). Use it through the wrappers (they enter its network namespace):
 
   . $dir/env
   \$KUBECTL get archives -A
   \$CURL http://$cip:8080/tables/public.events/rows?limit=2
-  \$PSQL -d app
+  \$PSQL -d app$([[ "$mode" == keep ]] && echo "      (and -d restored: r7's ArchiveRestore)")
 
 Tear down: e2e/realnode.sh down $dir   (or scripts/demo.sh --real-node down)
 EOF
-fi
+  fi
+}
+# The demo stops here: r6 and r7 change a row of app.public.events and add a database.
+if [[ "$mode" == demo ]]; then within_budget; finish; exit 0; fi
+
+# ---------------------------------------------------------------------------------------------
+# The bucket of an ArchiveExport of examples.json.
+export_bucket() {
+  python3 -c 'import json,sys; o=[i for i in json.load(open(sys.argv[1]))["items"] if i["kind"]=="ArchiveExport" and i["metadata"]["name"]==sys.argv[2]][0]; print(o["spec"]["destination"]["s3"]["bucket"])' "$dir/examples.json" "$1"
+}
+# The archive BUCKET/PREFIX's manifest holds a diff ending after the position AFTER and its head is
+# at least there: prints the head and the newest such diff's object (bucket/key); else exit 1.
+diff_after() { # BUCKET PREFIX AFTER
+  "$CURL" -sf --max-time 5 "$LARCH_E2E_S3_ENDPOINT/$1/${2}manifest.json" | python3 -c '
+import json, sys
+def lsn(p):
+    hi, lo = p.split("/")
+    return int(hi, 16) << 32 | int(lo, 16)
+m = json.load(sys.stdin)
+after = lsn(sys.argv[1])
+diffs = [a for a in m["artifacts"] if a["kind"] == "diff" and lsn(a["to_position"]) > after]
+if not diffs or lsn(m["head_position"]) < lsn(diffs[-1]["to_position"]):
+    sys.exit(1)
+uri = next(iter(diffs[-1]["formats"].values()))["uri"]
+print(m["head_position"], uri.split("://", 1)[-1])' "$3"
+}
+
+step "r6: the continuous ArchiveExport events: a Deployment with its Lease, a change in PostgreSQL reaching the archive"
+diag=("$ns" larch.dev/archive-export=events archiveexport/events)
+wait_for 300 "ArchiveExport events Ready or Stalled" bash -c '
+  "$1" get archiveexport -n "$2" events -o jsonpath="{.status.conditions[?(@.status==\"True\")].type}" | grep -qw "Ready\|Stalled"' \
+  _ "$KUBECTL" "$ns"
+[[ "$(kubectl get archiveexport -n "$ns" events -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]] \
+  || fail "ArchiveExport events stalled: $(kubectl get archiveexport -n "$ns" events -o jsonpath='{.status.conditions[?(@.type=="Stalled")].message}')"
+dep=$(kubectl get deployment -n "$ns" events -o jsonpath='{.spec.replicas} {.spec.strategy.type} {.status.readyReplicas}') \
+  || fail "no Deployment events"
+[[ "$dep" == "1 Recreate 1" ]] || fail "Deployment events: replicas, strategy, ready = $dep (want 1 Recreate 1)"
+writers=$(kubectl get pods -n "$ns" -l larch.dev/archive-export=events \
+  -o jsonpath='{range .items[?(@.status.phase=="Running")]}{.metadata.name}{"\n"}{end}')
+[[ $(wc -w <<<"$writers") == 1 ]] || fail "want one running writer pod of events, have: $writers"
+writer=$writers
+wait_for 120 "writer pod $writer Ready" kubectl wait -n "$ns" --for=condition=Ready pod/"$writer" --timeout=5s
+wnode=$(kubectl get pod -n "$ns" "$writer" -o jsonpath='{.spec.nodeName}')
+[[ "$wnode" == larch-node ]] || fail "writer $writer on node '$wnode'"
+wait_for 60 "Lease events held by $writer" \
+  bash -c '[[ "$("$1" get lease -n "$2" events -o jsonpath="{.spec.holderIdentity}")" == "$3" ]]' _ "$KUBECTL" "$ns" "$writer"
+renewed=$(kubectl get lease -n "$ns" events -o jsonpath='{.spec.renewTime}')
+bucket=$(export_bucket events)
+prefix=public.events/
+manifest0=$("$CURL" -sf --max-time 5 "$LARCH_E2E_S3_ENDPOINT/$bucket/${prefix}manifest.json") \
+  || fail "no manifest of events in bucket $bucket"
+head0=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["head_position"])' "$manifest0")
+# the change: one row, after the baseline; the diff that holds it ends past the WAL position before it
+before=$("$PSQL" -X -At -d app -c "SELECT pg_current_wal_lsn()")
+"$PSQL" -X -q -d app -c "UPDATE public.events SET tenant = 'r6-changed', amount = 4242.42 WHERE id = 7"
+echo "   $writer holds Lease events; baseline head $head0; UPDATE of id 7 after WAL position $before"
+# the example's diffInterval is 30s: the change is in the archive within it
+wait_for 120 "a diff of events past $before in bucket $bucket (diffInterval 30s)" diff_after "$bucket" "$prefix" "$before"
+read -r head1 object < <(diff_after "$bucket" "$prefix" "$before") || true
+[[ -n "${object:-}" ]] || fail "the manifest of events lost its diff past $before"
+diff=$("$CURL" -sf --max-time 5 "$LARCH_E2E_S3_ENDPOINT/$object") || fail "diff object $object missing from the bucket"
+grep -q '"tenant":"r6-changed"' <<<"$diff" || fail "diff $object does not hold the update: $(head -c 400 <<<"$diff")"
+wip=$(kubectl get pod -n "$ns" "$writer" -o jsonpath='{.status.podIP}')
+wstatus=$("$CURL" -sf --max-time 5 "http://$wip:8080/status") || fail "no /status from writer $writer at $wip:8080"
+read -r wstate wdiffs < <(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print(s["state"], s["diffs"])' "$wstatus")
+((wdiffs >= 1)) || fail "writer $writer reports $wdiffs diffs: $wstatus"
+# still the holder, renewing (every 3 s), with no restart
+wait_for 30 "Lease events renewed by $writer" bash -c '
+  [[ "$("$1" get lease -n "$2" events -o jsonpath="{.spec.holderIdentity} {.spec.renewTime}")" == "$3 "* ]] &&
+  [[ "$("$1" get lease -n "$2" events -o jsonpath="{.spec.renewTime}")" != "$4" ]]' _ "$KUBECTL" "$ns" "$writer" "$renewed"
+restarts=$(kubectl get pod -n "$ns" "$writer" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[[ "$restarts" == 0 ]] || fail "writer $writer restarted $restarts times"
+done_step "writer $writer ($wip) Ready on $wnode, holding and renewing Lease events ($wstate, $wdiffs diffs); head $head0 -> $head1, $object holds the update"
+
+# ---------------------------------------------------------------------------------------------
+step "r7: an ArchiveRestore of events into a second database (a Job on the node)"
+diag=("$ns" larch.dev/archive-restore=events-back archiverestore/events-back)
+digest() { # DATABASE: row count and md5 of the rows in id order
+  "$PSQL" -X -At -d "$1" -c "SELECT count(*)::text || ' rows, md5 ' || md5(string_agg(t::text, '|' ORDER BY id)) FROM public.events t"
+}
+"$PSQL" -X -q -d app -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS restored" -c "CREATE DATABASE restored"
+kubectl create secret generic pg-restored -n "$ns" --from-literal=dsn="${LARCH_E2E_PG_DSN/dbname=app/dbname=restored}" \
+  --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: larch.dev/v1alpha1
+kind: ArchiveRestore
+metadata: {name: events-back, namespace: $ns}
+spec:
+  archive:
+    exportRef: {name: events}
+  target:
+    postgres:
+      connectionSecretRef: {name: pg-restored, key: dsn}
+  ifExists: Fail
+  backoffLimit: 0
+EOF
+# ends with the run, or at once when the restore stalls before it (a spec or reference it rejects)
+wait_for 180 "ArchiveRestore events-back run ended" bash -c '
+  [[ -n "$("$1" get archiverestore -n "$2" events-back -o jsonpath="{.status.run.succeeded}")" ||
+     "$("$1" get archiverestore -n "$2" events-back -o jsonpath="{.status.conditions[?(@.type==\"Stalled\")].status}")" == True ]]' \
+  _ "$KUBECTL" "$ns"
+[[ "$(kubectl get archiverestore -n "$ns" events-back -o jsonpath='{.status.run.succeeded}')" == true ]] \
+  || fail "ArchiveRestore events-back failed: $(kubectl get archiverestore -n "$ns" events-back -o jsonpath='{.status.conditions[?(@.type=="Stalled")].message}')"
+kubectl wait -n "$ns" --for=condition=Ready archiverestore/events-back --timeout=30s >/dev/null \
+  || fail "ArchiveRestore events-back not Ready"
+run=$(kubectl get archiverestore -n "$ns" events-back -o jsonpath='{.status.run.id}')
+rjob=events-back-$run
+[[ "$(kubectl get job -n "$ns" "$rjob" -o jsonpath='{.status.succeeded}')" == 1 ]] || fail "Job $rjob did not succeed"
+rpod=$(kubectl get pods -n "$ns" -l larch.dev/archive-restore=events-back -o jsonpath='{range .items[?(@.status.phase=="Succeeded")]}{.metadata.name} {.spec.nodeName}{"\n"}{end}')
+[[ "$rpod" == *" larch-node" ]] || fail "no succeeded restore pod on larch-node: '$rpod'"
+position=$(kubectl get archiverestore -n "$ns" events-back -o jsonpath='{.status.position}')
+rrows=$(kubectl get archiverestore -n "$ns" events-back -o jsonpath='{.status.tables[0].table} {.status.tables[0].rows} {.status.tables[0].action}')
+src_digest=$(digest app)
+restored=$(digest restored)
+echo "   source:   $src_digest"
+echo "   restored: $restored (status: $rrows at $position)"
+[[ "$restored" == "$src_digest" ]] || fail "the restored table differs from the source: $restored vs $src_digest"
+[[ "$rrows" == "public.events ${src_digest%% *} created" ]] || fail "status.tables[0]: $rrows, the source has ${src_digest%% *} rows"
+[[ "$position" == "$head1" ]] || fail "restored at $position, the archive's head is $head1"
+[[ "$("$PSQL" -X -At -d restored -c "SELECT tenant FROM public.events WHERE id = 7")" == r6-changed ]] \
+  || fail "the restored row 7 lacks r6's update"
+diag=()
+pod_security
+done_step "Job $rjob succeeded (pod ${rpod% *}); database restored = app: ${restored}; at the head $position with r6's update; r5's checks hold for every pod"
+
+within_budget
+finish
