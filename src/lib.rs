@@ -18,7 +18,8 @@ pub use larch_run::{engine, export, restore};
 /// Failure reasons (the termination-message contract), classified by every layer.
 pub mod failure {
     pub use larch_core::failure::*;
-    pub use larch_run::reasons::{classify, reason_of, redact, render, report};
+    pub use larch_postgres::errors::redact;
+    pub use larch_run::reasons::{classify, reason_of, render, report};
 }
 
 /// Sources: PostgreSQL (logical replication) and archives.

@@ -39,7 +39,7 @@ impl Row {
             .into_boxed_str())
     }
 
-    pub fn from_borrowed(map: &BTreeMap<Cow<'_, str>, &RawValue>) -> Row {
+    pub(crate) fn from_borrowed(map: &BTreeMap<Cow<'_, str>, &RawValue>) -> Row {
         Row(serde_json::to_string(map)
             .expect("a map of raw values always serializes")
             .into_boxed_str())

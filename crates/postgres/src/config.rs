@@ -210,20 +210,20 @@ impl PostgresConfig {
         name
     }
 
-    pub fn parsed(&self) -> anyhow::Result<tokio_postgres::Config> {
+    pub(crate) fn parsed(&self) -> anyhow::Result<tokio_postgres::Config> {
         Ok(self.dsn()?.config)
     }
 
     /// The connection string with its TLS settings and larch's session defaults, for a
     /// catalog session. The parser's messages never include the password; the DSN itself is
     /// not repeated.
-    pub fn dsn(&self) -> anyhow::Result<crate::connection::PgDsn> {
+    pub(crate) fn dsn(&self) -> anyhow::Result<crate::connection::PgDsn> {
         self.dsn_for(Session::Catalog)
     }
 
     /// [`Self::dsn`] for a session of kind `session`: larch's settings and that kind's
     /// timeouts come after the connection string's own `options`, so they win.
-    pub fn dsn_for(&self, session: Session) -> anyhow::Result<crate::connection::PgDsn> {
+    pub(crate) fn dsn_for(&self, session: Session) -> anyhow::Result<crate::connection::PgDsn> {
         let mut dsn = crate::connection::PgDsn::parse(&self.dsn)?;
         let cfg = &mut dsn.config;
         let ours = format!("{SESSION_OPTIONS} {}", self.limits.options(session));
@@ -253,7 +253,7 @@ impl PostgresConfig {
     }
 
     /// Settings for a replication session on this DSN.
-    pub fn replication(
+    pub(crate) fn replication(
         &self,
         start: u64,
         ack: Option<u64>,
@@ -295,7 +295,7 @@ impl PostgresConfig {
     }
 }
 
-pub fn describe(cfg: &tokio_postgres::Config) -> String {
+pub(crate) fn describe(cfg: &tokio_postgres::Config) -> String {
     let host = match cfg.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         Some(Host::Unix(p)) => p.to_string_lossy().into_owned(),

@@ -67,7 +67,7 @@ pub struct PostgresSource {
     inner: Arc<Inner>,
 }
 
-pub struct Inner {
+pub(crate) struct Inner {
     config: PostgresConfig,
     tables: Mutex<Vec<TableId>>,
     query: tokio::sync::Mutex<Option<Arc<Client>>>,

@@ -21,20 +21,17 @@ pub fn classify(err: &anyhow::Error) -> Reason {
     failure::classify_with(err, reason_of)
 }
 
-/// The runs' [`failure::Redactor`]: they have no error type of their own whose text must be
-/// withheld, so the PostgreSQL layer's (a data error's server text: [`larch_postgres::errors`]).
-pub fn redact(cause: &(dyn std::error::Error + 'static)) -> Option<String> {
-    larch_postgres::errors::redact(cause)
-}
+// The runs have no error type of their own whose text must be withheld: what is redacted is
+// a data error's server text, in the PostgreSQL layer ([`larch_postgres::errors::redact`]).
 
 /// `err` in one line, as a termination message or a log line may show it.
 pub fn render(err: &anyhow::Error) -> String {
-    failure::render(err, redact)
+    failure::render(err, larch_postgres::errors::redact)
 }
 
 /// Writes the termination message of `err` to `path`; returns the exit status for it.
 pub fn report(path: Option<&Path>, err: &anyhow::Error) -> i32 {
-    failure::report_with(path, err, reason_of, redact)
+    failure::report_with(path, err, reason_of, larch_postgres::errors::redact)
 }
 
 #[cfg(test)]

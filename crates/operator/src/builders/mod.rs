@@ -88,4 +88,4 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 #[cfg(test)]
-pub mod tests;
+pub(crate) mod tests;

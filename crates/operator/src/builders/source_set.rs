@@ -438,7 +438,7 @@ pub fn owns(meta: &ObjectMeta, set: &ArchiveSourceSet) -> bool {
 }
 
 #[cfg(test)]
-pub mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::crd::archive_source_set::SelectorRequirement;
 
@@ -449,7 +449,7 @@ pub mod tests {
         }
     }
 
-    pub fn set_fixture(share: bool) -> ArchiveSourceSet {
+    pub(crate) fn set_fixture(share: bool) -> ArchiveSourceSet {
         let mut v: serde_json::Value = serde_yaml_ng::from_str(
             r#"
 apiVersion: larch.dev/v1alpha1
@@ -591,7 +591,7 @@ spec:
 
     /// The fixture with a CA bundle shared: the template names `pg-ca` for the archive (S3) and
     /// the target, and `other-ca` nowhere shared.
-    pub fn set_with_ca() -> ArchiveSourceSet {
+    pub(crate) fn set_with_ca() -> ArchiveSourceSet {
         let mut v = serde_json::to_value(set_fixture(true)).unwrap();
         v["spec"]["caBundle"] = serde_json::json!({
             "configMapRef": {"namespace": "platform", "name": "pg-ca"},
@@ -806,7 +806,7 @@ spec:
 
     /// A set stamping restores: CloudNativePG's `<cluster>-app` Secret per namespace, the
     /// archive's keys and CA shared.
-    pub fn restore_set_fixture(refresh: &str) -> ArchiveSourceSet {
+    pub(crate) fn restore_set_fixture(refresh: &str) -> ArchiveSourceSet {
         serde_yaml_ng::from_str(&format!(
             r#"
 apiVersion: larch.dev/v1alpha1

@@ -12,7 +12,7 @@ use super::source::{self, SourceChildren};
 use super::*;
 use crate::crd::{ArchiveExport, ArchiveRestore, ArchiveSource};
 
-pub fn ctx() -> BuildContext {
+pub(crate) fn ctx() -> BuildContext {
     BuildContext {
         image: "registry.example/larch:0.1.0".into(),
         operator_namespace: "larch-system".into(),
@@ -21,7 +21,7 @@ pub fn ctx() -> BuildContext {
     }
 }
 
-pub fn export_fixture(name: &str) -> ArchiveExport {
+pub(crate) fn export_fixture(name: &str) -> ArchiveExport {
     let path = format!(
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")
@@ -29,7 +29,7 @@ pub fn export_fixture(name: &str) -> ArchiveExport {
     serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
-pub fn source_fixture(name: &str) -> ArchiveSource {
+pub(crate) fn source_fixture(name: &str) -> ArchiveSource {
     let path = format!(
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")
@@ -128,7 +128,7 @@ const RESTORES: [(&str, Option<&str>); 2] = [
     ("restore-s3-at-position", None),
 ];
 
-pub fn restore_fixture(name: &str) -> ArchiveRestore {
+pub(crate) fn restore_fixture(name: &str) -> ArchiveRestore {
     let path = format!(
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")

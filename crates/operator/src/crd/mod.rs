@@ -40,4 +40,4 @@ pub fn all_yaml() -> String {
 }
 
 #[cfg(test)]
-pub mod tests;
+pub(crate) mod tests;

@@ -16,7 +16,7 @@ fn repo_path(rel: &str) -> PathBuf {
 }
 
 /// Compares `actual` with the file at `rel`, or rewrites it when `LARCH_UPDATE_GOLDEN` is set.
-pub fn assert_golden(rel: &str, actual: &str) {
+pub(crate) fn assert_golden(rel: &str, actual: &str) {
     let path = repo_path(rel);
     if std::env::var_os("LARCH_UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -408,7 +408,7 @@ impl TransformKey {
     }
 
     /// The keyed hash deciding whether a row is in a sample ([`super::subset`]).
-    pub fn sample_tag(&self, value: &[u8]) -> [u8; 32] {
+    pub(crate) fn sample_tag(&self, value: &[u8]) -> [u8; 32] {
         self.tag(b"sample", value)
     }
 
