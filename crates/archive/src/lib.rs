@@ -1,5 +1,5 @@
 //! The archive: a base snapshot plus a chain of diffs, indexed by a per-table manifest, exactly
-//! as laredo writes it (`shared/spec/laredo-archive.md`) under larch's rules
+//! as laredo writes it (`docs/archive.md`) under larch's rules
 //! (`docs/rules.md`: R1–R8, W1–W10, C1–C5).
 
 pub mod crashpoint;
