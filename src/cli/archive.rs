@@ -33,7 +33,8 @@ pub enum ArchiveCommand {
     /// A dry run unless --delete.
     #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Gc(GcArgs),
-    /// `larch export` under laredo's name (`laredo archive export`): the same flags.
+    /// `larch export` under laredo's name (`laredo archive export`): the same flags, but as in
+    /// laredo `--table` is the table's name as it is (dots included) in `--schema` (default public).
     Export(Box<super::export::ExportArgs>),
 }
 
@@ -222,7 +223,12 @@ pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
         ArchiveCommand::Inspect(a) => inspect(a).await,
         ArchiveCommand::Verify(a) => run_verify(a).await,
         ArchiveCommand::Gc(a) => gc(a).await,
-        ArchiveCommand::Export(a) => super::export::run(*a).await,
+        ArchiveCommand::Export(mut a) => {
+            // laredo's `--table` is the table's name as it is (`--table a.b` is `public."a.b"`):
+            // `--schema` defaults to `public` here, which makes `--table` literal.
+            a.schema.get_or_insert_with(|| "public".to_string());
+            super::export::run(*a).await
+        }
     }
 }
 

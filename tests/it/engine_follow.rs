@@ -238,15 +238,17 @@ tables:
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c["Name"].as_str().unwrap())
+        .map(|c| c["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["id", "v"]);
+    // snake_case, like every other key of the HTTP API (not the manifest's PascalCase).
+    assert!(t["columns"][0].get("Name").is_none(), "{t}");
     assert!(
         t["columns"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|c| c["PrimaryKey"] == false)
+            .all(|c| c["primary_key"] == false)
     );
     assert_eq!(t["primary_key"], serde_json::json!(["id"]));
     let status = get_json(addr, "/status").await;

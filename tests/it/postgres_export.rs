@@ -451,3 +451,40 @@ async fn kill_9_in_the_middle_of_a_one_shot_export_leaves_the_archive_as_it_was(
         }
     }
 }
+
+/// `larch archive export` is laredo's command: its `--table` is the table's name as it is, so
+/// `Mixed.Case` is `public."Mixed.Case"`, while `larch export` reads `S.T` as schema and table.
+#[tokio::test]
+async fn archive_export_takes_the_table_name_literally_as_laredo() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            r#"CREATE SCHEMA "Mixed";
+               CREATE TABLE public."Mixed.Case" (id int8 PRIMARY KEY);
+               INSERT INTO public."Mixed.Case" SELECT generate_series(1, 3);
+               CREATE TABLE "Mixed"."Case" (id int8 PRIMARY KEY);
+               INSERT INTO "Mixed"."Case" SELECT generate_series(1, 5);"#,
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let export = |command: &[&str]| {
+        run(larch()
+            .env("LARCH_PG_DSN", &db.dsn)
+            .args(command)
+            .args(["--table", "Mixed.Case", "--store", "local", "--path"])
+            .arg(&archive))
+    };
+    let (code, stdout, stderr) = export(&["archive", "export"]);
+    assert_eq!(code, 0, "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["key_prefix"], "public.Mixed.Case/");
+    assert_eq!(summary["row_count"], 3);
+
+    let (code, stdout, stderr) = export(&["export"]);
+    assert_eq!(code, 0, "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(summary["key_prefix"], "Mixed.Case/");
+    assert_eq!(summary["row_count"], 5);
+}

@@ -407,7 +407,7 @@ impl MemoryTarget {
         let meta = self.meta.locked();
         serde_json::json!({
             "table": self.table.to_string(),
-            "columns": meta.columns,
+            "columns": meta.columns.iter().map(column_json).collect::<Vec<_>>(),
             "primary_key": &*key_fields,
             "index_fields": &*self.index_fields,
             "row_count": self.len(),
@@ -685,6 +685,23 @@ impl Target for MemoryTarget {
     fn row_count(&self) -> Option<u64> {
         Some(self.len() as u64)
     }
+}
+
+/// A column as the HTTP API shows it: snake_case like every other key the API answers (the
+/// manifest keeps laredo's PascalCase; docs/engine.md, "HTTP API").
+fn column_json(c: &ColumnDefinition) -> serde_json::Value {
+    serde_json::json!({
+        "name": c.name,
+        "type": c.type_name,
+        "sql_type": (!c.sql_type.is_empty()).then_some(&c.sql_type),
+        "nullable": c.nullable,
+        "primary_key": c.primary_key,
+        "primary_key_ordinal": c.primary_key_ordinal,
+        "ordinal_position": c.ordinal_position,
+        "default_value": c.default_value,
+        "max_length": c.max_length,
+        "type_oid": c.type_oid,
+    })
 }
 
 #[cfg(test)]
