@@ -73,38 +73,8 @@ fn the_quickstart_runs_as_written() {
     let steps: Vec<&String> = blocks.iter().filter(|b| !b.0).map(|b| &b.1).collect();
     assert!(steps.len() >= 6, "{steps:?}");
 
-    let larch = Path::new(env!("CARGO_BIN_EXE_larch"));
-    let mut script = format!(
-        "set -euo pipefail\ncd {}\nexport PATH={}:$PATH\n",
-        root.display(),
-        larch.parent().unwrap().display()
-    );
-    for (i, step) in steps.iter().enumerate() {
-        script.push_str(&format!("echo '#### step {i}'\n{step}\n"));
-    }
-    script.push_str("echo '#### done'\n");
-    // Namespaces: lo up in the empty network; /var/tmp private. The commands themselves are the
-    // doc's, verbatim.
-    let inner = format!(
-        "ip link set lo up && mount -t tmpfs -o mode=1777 tmpfs /var/tmp && exec timeout 240 bash -c {}",
-        shell_quote(&script)
-    );
     let t0 = Instant::now();
-    let out = Command::new("unshare")
-        .args([
-            "--net",
-            "--mount",
-            "--propagation",
-            "private",
-            "--pid",
-            "--fork",
-            "--kill-child",
-            "bash",
-            "-c",
-        ])
-        .arg(&inner)
-        .output()
-        .expect("running unshare (util-linux)");
+    let out = run_in_namespaces(&steps, "");
     let secs = t0.elapsed().as_secs_f64();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -162,6 +132,69 @@ fn the_quickstart_runs_as_written() {
         assert!(inspect.contains(want), "{want:?} missing:\n{inspect}");
     }
     assert!(inspect.contains("  id "), "columns listed: {inspect}");
+}
+
+/// Runs `steps` (the doc's blocks, verbatim) after `prelude`, in one `set -euo pipefail` bash in
+/// fresh network, mount and PID namespaces: lo up in the empty network, /var/tmp private.
+fn run_in_namespaces(steps: &[&String], prelude: &str) -> std::process::Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let larch = Path::new(env!("CARGO_BIN_EXE_larch"));
+    let mut script = format!(
+        "set -euo pipefail\ncd {}\nexport PATH={}:$PATH\n{prelude}\n",
+        root.display(),
+        larch.parent().unwrap().display()
+    );
+    for (i, step) in steps.iter().enumerate() {
+        script.push_str(&format!("echo '#### step {i}'\n{step}\n"));
+    }
+    script.push_str("echo '#### done'\n");
+    let inner = format!(
+        "ip link set lo up && mount -t tmpfs -o mode=1777 tmpfs /var/tmp && exec timeout 240 bash -c {}",
+        shell_quote(&script)
+    );
+    Command::new("unshare")
+        .args([
+            "--net",
+            "--mount",
+            "--propagation",
+            "private",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "bash",
+            "-c",
+        ])
+        .arg(&inner)
+        .output()
+        .expect("running unshare (util-linux)")
+}
+
+/// A port of the quick start taken by another program: the commands stop at the wait for the
+/// engine (exit 1, not the 240 s timeout's 124), showing the log that names the port.
+#[test]
+fn the_quickstart_fails_fast_when_a_port_is_taken() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/quickstart.md")).unwrap();
+    let blocks = sh_blocks(&doc);
+    let steps: Vec<&String> = blocks.iter().filter(|b| !b.0).map(|b| &b.1).collect();
+    for (port, log) in [(8080, "engine.log"), (8081, "export.log")] {
+        let squat = format!(
+            "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\",{port})); s.listen(); time.sleep(300)' & disown\nsleep 0.5"
+        );
+        let out = run_in_namespaces(&steps, &squat);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let all = format!("--- stdout\n{stdout}\n--- stderr\n{stderr}");
+        assert_eq!(out.status.code(), Some(1), "port {port}: {all}");
+        assert!(
+            !stdout.contains("#### step 3"),
+            "port {port}: stopped at the wait: {all}"
+        );
+        assert!(
+            stdout.contains(&format!("{log} <==")) && stdout.contains(&format!("127.0.0.1:{port}")),
+            "port {port}: the log naming the port is shown: {all}"
+        );
+    }
 }
 
 fn shell_quote(s: &str) -> String {
