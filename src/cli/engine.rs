@@ -11,7 +11,7 @@ use crate::engine::tls::TlsFiles;
 
 #[derive(Args, Debug)]
 #[command(after_help = super::env_section(&[
-    super::env_help::S3,
+    super::env_help::S3_CONFIG,
     "  (a postgres target's connection_env: the variable the configuration names)",
     "  LARCH_ENGINE_TOKEN: the API token when no --token-file is given",
     super::env_help::LOG,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 
-use super::env_help::{CRASH, KUBE, LOG, PG, S3};
+use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
 use super::{ConnectionArgs, StoreArgs, parse_duration_arg, parse_formats, parse_list};
 use crate::archive::model::TableId;
 use crate::archive::writer::{ArchiveWriter, WriterConfig};
@@ -24,7 +24,7 @@ use crate::source::postgres::{PostgresConfig, PostgresSource, SessionLimits, Slo
 use k8s_openapi::api::coordination::v1::Lease;
 
 fn export_env() -> String {
-    super::env_section(&[PG, S3, KUBE, LOG, CRASH])
+    super::env_section(&[PG, S3, KUBE, LEASE, LOG, CRASH])
 }
 
 /// What each mode leaves on the source database, for `larch export --help`.

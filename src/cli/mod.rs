@@ -17,41 +17,67 @@ use crate::archive::store::spec::{StoreKind, StoreSpec};
 /// Environment variables, per command, shown in `--help` (`LARCH_*`, libpq's, the AWS SDK's).
 pub mod env_help {
     pub const S3: &str = "  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
-                      S3 credentials (--store s3) when no key files are configured; also
-                      AWS_PROFILE, AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE, and
-                      AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN (the SDK's ambient chain)
+                      S3 credentials (--store s3); also AWS_PROFILE, AWS_CONFIG_FILE,
+                      AWS_SHARED_CREDENTIALS_FILE, and AWS_WEB_IDENTITY_TOKEN_FILE with
+                      AWS_ROLE_ARN (the SDK's ambient chain)
   AWS_REGION, AWS_DEFAULT_REGION
                       S3 region when --region is not given (then the profile, then us-east-1)
+  AWS_CA_BUNDLE       PEM CA bundle trusted for an https S3 endpoint (a private CA)";
+    /// The engine's stores are configured in its file, not by flags.
+    pub const S3_CONFIG: &str = "  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN
+                      S3 credentials of an s3 store whose configuration sets no
+                      access_key_id_file / secret_access_key_file; also the SDK's ambient
+                      chain (AWS_PROFILE, AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, ...)
+  AWS_REGION, AWS_DEFAULT_REGION
+                      S3 region of a store whose configuration sets no region
   AWS_CA_BUNDLE       PEM CA bundle trusted for an https S3 endpoint (a private CA)";
     pub const LOG: &str =
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
                       info); logs are JSON lines on stderr";
+    /// Shown only in builds with the test-only `crashpoints` feature, where it works.
+    #[cfg(feature = "crashpoints")]
     pub const CRASH: &str =
-        "  LARCH_CRASH_AT      tests only (builds with the crashpoints feature): POINT[@N]
+        "  LARCH_CRASH_AT      tests only (this build has the crashpoints feature): POINT[@N]
                       kills the process at a crash point (docs/archive.md);
                       LARCH_PAUSE_AT=POINT=MS holds a race window open for MS
                       milliseconds; never set either in production";
+    #[cfg(not(feature = "crashpoints"))]
+    pub const CRASH: &str = "";
     pub const PG: &str =
         "  LARCH_PG_DSN        the PostgreSQL connection string when neither --connection nor
                       --connection-file is given
   PGUSER, PGPASSWORD  user and password when the connection string names none";
     pub const KUBE: &str =
-        "  KUBECONFIG          Kubernetes client configuration (in a pod: its service account)
-  HOSTNAME            the holder identity when neither --lease-identity nor POD_NAME is set";
+        "  KUBECONFIG          Kubernetes client configuration (in a pod: its service account)";
+    /// The export's Lease holder.
+    pub const LEASE: &str =
+        "  HOSTNAME            the Lease holder identity when neither --lease-identity nor
+                      POD_NAME is set";
 }
 
-use env_help::{CRASH, KUBE, LOG, PG, S3};
+use env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
 
-/// The `Environment:` section of a command's `--help`.
+/// The `Environment:` and `Exit status:` sections of a command's `--help`.
 pub fn env_section(blocks: &[&str]) -> String {
-    format!("Environment:\n{}", blocks.join("\n"))
+    let blocks: Vec<&str> = blocks.iter().copied().filter(|b| !b.is_empty()).collect();
+    format!("Environment:\n{}\n\n{EXIT_STATUS}", blocks.join("\n"))
 }
+
+/// Exit codes follow the failure's reason (`larch_core::failure::Reason::exit_code`).
+const EXIT_STATUS: &str = "Exit status:
+  0  success
+  1  a failure that may clear by itself (a connection, a store unavailable) or an
+     unclassified one; `archive verify`: problems found
+  2  someone must act: bad arguments or configuration, a table, database or bucket missing,
+     credentials or rights refused (the error names what)
+  3  a continuous export lost its Lease to another holder (docs/postgres-source.md)";
 
 fn all_env() -> String {
     env_section(&[
         PG,
         S3,
         KUBE,
+        LEASE,
         "  LARCH_EXPORT_LEASE, POD_NAME, POD_NAMESPACE
                       export: --lease, --lease-identity, --lease-namespace
   LARCH_TRANSFORM_KEY export: the masking hash key when no --transform-key-file is given
@@ -97,6 +123,7 @@ pub enum Command {
     /// Every ArchiveExport, ArchiveSource and ArchiveSourceSet of the cluster and recent warning
     /// Events, read with your kubeconfig (also `kubectl larch status`: install the binary as
     /// `kubectl-larch` on PATH).
+    #[command(after_help = env_section(&[KUBE]))]
     Status(status::StatusArgs),
 }
 

@@ -325,11 +325,13 @@ fn flags_of(args: &[&str]) -> Vec<String> {
     let mut flags: Vec<String> = text
         .lines()
         .map(str::trim_start)
-        .filter(|l| l.starts_with("--") || l.starts_with("-h, --"))
-        .filter_map(|l| {
-            let l = l.trim_start_matches("-h, ");
-            l.split([' ', ',', '=']).next().map(str::to_string)
+        // `--long`, or `-s, --long`
+        .map(|l| match l.as_bytes() {
+            [b'-', s, b',', b' ', b'-', b'-', ..] if s.is_ascii_alphabetic() => &l[4..],
+            _ => l,
         })
+        .filter(|l| l.starts_with("--"))
+        .filter_map(|l| l.split([' ', ',', '=']).next().map(str::to_string))
         .collect();
     flags.sort();
     flags
@@ -652,6 +654,15 @@ fn every_environment_variable_is_in_help() {
     .map(|c| help(c))
     .collect();
     for name in &names {
+        // the crash points exist only in builds with the test-only feature; help says so there
+        let crash_point = matches!(name.as_str(), "LARCH_CRASH_AT" | "LARCH_PAUSE_AT");
+        if crash_point && !cfg!(feature = "crashpoints") {
+            assert!(
+                !top.contains(name.as_str()) && commands.iter().all(|h| !h.contains(name.as_str())),
+                "{name} is in --help of a build without crash points"
+            );
+            continue;
+        }
         assert!(
             top.contains(name.as_str()),
             "{name} missing from larch --help"
@@ -680,5 +691,53 @@ fn http_listeners_default_to_loopback() {
                 && !text.contains("default 0.0.0.0:8080"),
             "{cmd:?}: {text}"
         );
+    }
+}
+
+/// Every command's `--help` ends with its exit codes, and names in its text only flags that
+/// command has (an environment block shared between commands once named other commands' flags).
+#[test]
+fn help_has_exit_status_and_names_only_real_flags() {
+    let commands: &[&[&str]] = &[
+        &["export"],
+        &["archive", "export"],
+        &["archive", "inspect"],
+        &["archive", "verify"],
+        &["archive", "reconstruct"],
+        &["archive", "gc"],
+        &["engine"],
+        &["restore"],
+        &["operator"],
+        &["status"],
+    ];
+    for command in commands {
+        let out = larch().args(*command).arg("--help").output().unwrap();
+        assert!(out.status.success(), "{command:?}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("Exit status:\n  0  success"),
+            "{command:?}: {text}"
+        );
+        // its own flags, and its subcommands' (which its list of commands may mention)
+        let mut own = flags_of(command);
+        if let Some(list) = text.split("Commands:\n").nth(1) {
+            for line in list.lines().take_while(|l| l.starts_with("  ")) {
+                let sub = line.split_whitespace().next().unwrap();
+                if sub != "help" {
+                    own.extend(flags_of(&[command, &[sub][..]].concat()));
+                }
+            }
+        }
+        let named: std::collections::BTreeSet<String> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches('-').to_string())
+            .collect();
+        for flag in named {
+            assert!(
+                own.contains(&flag),
+                "{command:?} --help names {flag}, which it does not have: {text}"
+            );
+        }
     }
 }
