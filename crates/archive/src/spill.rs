@@ -238,8 +238,8 @@ pub fn tag(kind: &str, parts: &[&str]) -> String {
     format!("{kind}-{}", hex::encode(&h.finalize()[..8]))
 }
 
-/// Parses a byte size: a plain number of bytes, or with a Kubernetes quantity suffix (`Ki` ...
-/// `Ei`, `k` ... `E`) or `KiB` ... `EiB`.
+/// Parses a byte size: a plain number of bytes (`B` optional), or with a Kubernetes quantity
+/// suffix (`Ki` ... `Ei`, `k` ... `E`), `KiB` ... `EiB`, or the SI `kB`/`KB` ... `EB`.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -247,13 +247,13 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let factor: u64 = match unit.trim() {
-        "" => 1,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "E" => 1_000_000_000_000_000_000,
+        "" | "B" => 1,
+        "k" | "K" | "kB" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "T" | "TB" => 1_000_000_000_000,
+        "P" | "PB" => 1_000_000_000_000_000,
+        "E" | "EB" => 1_000_000_000_000_000_000,
         "Ki" | "KiB" => 1 << 10,
         "Mi" | "MiB" => 1 << 20,
         "Gi" | "GiB" => 1 << 30,
@@ -262,7 +262,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "Ei" | "EiB" => 1 << 60,
         other => {
             return Err(format!(
-                "{s:?}: unknown size unit {other:?} (use bytes or Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E)"
+                "{s:?}: unknown size unit {other:?} (use bytes, Ki/KiB ... Ei/EiB, or k/kB ... E/EB)"
             ));
         }
     };
@@ -871,6 +871,11 @@ mod tests {
         assert_eq!(parse_size("500M").unwrap(), 500_000_000);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        // the SI spellings people write (64MB was refused while 64M passed)
+        assert_eq!(parse_size("64MB").unwrap(), 64_000_000);
+        assert_eq!(parse_size("1.5 GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("512kB").unwrap(), 512_000);
+        assert_eq!(parse_size("100B").unwrap(), 100);
         assert!(
             parse_size("12 parsecs")
                 .unwrap_err()
