@@ -19,9 +19,11 @@ WORKDIR /src
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake clang pkg-config protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
-# The context is what .dockerignore lets through: Cargo.toml, Cargo.lock, src/ and crates/ (the
-# workspace's members).
+# The context is what .dockerignore lets through: Cargo.toml, Cargo.lock, build.rs, src/ and
+# crates/ (the workspace's members).
 COPY . ./
+# `larch --version` names the commit: docker build --build-arg LARCH_GIT_COMMIT=$(git rev-parse HEAD)
+ARG LARCH_GIT_COMMIT=""
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin larch \

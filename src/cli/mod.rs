@@ -94,7 +94,7 @@ fn all_env() -> String {
 #[derive(Parser, Debug)]
 #[command(
     name = "larch",
-    version,
+    version = env!("LARCH_VERSION"),
     about = "PostgreSQL tables into laredo-compatible archives, archives into live engines",
     after_help = all_env()
 )]

@@ -148,7 +148,7 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
         "the allowlist is for distroless/cc-debian12, the runtime base by default"
     );
     // `COPY . ./`: the context is what .dockerignore lets through: the workspace (the larch
-    // package in src/, the member crates under crates/) and nothing else.
+    // package in src/ with its build.rs, the member crates under crates/) and nothing else.
     assert_eq!(
         build_stage_copies(&dockerfile),
         ["."],
@@ -157,11 +157,11 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
     let copies = context_entries(root, &dockerignore);
     for name in &copies {
         assert!(
-            ["Cargo.toml", "Cargo.lock", "src", "crates"].contains(&name.as_str()),
+            ["Cargo.toml", "Cargo.lock", "build.rs", "src", "crates"].contains(&name.as_str()),
             "{name} is in the build context: .dockerignore should leave it out"
         );
     }
-    for needed in ["Cargo.toml", "Cargo.lock", "src", "crates"] {
+    for needed in ["Cargo.toml", "Cargo.lock", "build.rs", "src", "crates"] {
         assert!(
             copies.iter().any(|c| c == needed),
             "{needed} is not in the build context"
@@ -190,6 +190,8 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
         .args(["build", "--offline", "--locked", "--bin", "larch"])
         .current_dir(&context)
         .env("CARGO_TARGET_DIR", work.join("target"))
+        // what the Dockerfile's build argument passes (the context has no .git)
+        .env("LARCH_GIT_COMMIT", "0123456789ab")
         .output()
         .unwrap();
     assert!(
@@ -205,7 +207,7 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
     let version = Command::new(&binary).arg("--version").output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
-        format!("larch {}", env!("CARGO_PKG_VERSION"))
+        format!("larch {} (commit 0123456789ab)", env!("CARGO_PKG_VERSION"))
     );
 
     let ldd = Command::new("ldd").arg(&binary).output().expect("ldd");
