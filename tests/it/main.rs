@@ -10,6 +10,7 @@ mod census;
 mod cli_archive;
 #[cfg(feature = "crashpoints")]
 mod crash_safety;
+mod docs_claims;
 mod engine_access;
 mod engine_config;
 mod engine_follow;
