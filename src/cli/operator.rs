@@ -57,6 +57,11 @@ pub struct OperatorArgs {
     /// NetworkPolicy admitting only this operator's namespace and its listed clients.
     #[arg(long, env = "LARCH_NETWORK_POLICIES")]
     pub network_policies: bool,
+    /// Do not generate engine API tokens: an ArchiveSource without `spec.access.tokenSecretRef`
+    /// then has none (reads open). By default the operator creates a Secret
+    /// `<source>-engine-token` with a random token (the chart then grants `create` on Secrets).
+    #[arg(long, env = "LARCH_NO_GENERATED_ENGINE_TOKENS")]
+    pub no_generated_engine_tokens: bool,
     /// UID (also GID and fsGroup) of the pods the operator creates, or `platform` to leave it
     /// to the platform (OpenShift's restricted SCC assigns one; pods keep `runAsNonRoot`).
     #[arg(long, env = "LARCH_POD_RUN_AS_USER", default_value = "65532")]
@@ -125,6 +130,7 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let mut ctx = Context::new(client, args.image, metrics, Arc::new(HttpProber::default()));
     ctx.build.operator_namespace = operator_namespace;
     ctx.build.network_policies = args.network_policies;
+    ctx.build.generate_engine_tokens = !args.no_generated_engine_tokens;
     ctx.build.pod_user = args.pod_run_as_user;
     let ctx = Arc::new(ctx);
     let controllers = controllers::run(ctx, args.namespace, !args.disable_source_sets);
