@@ -107,9 +107,8 @@ mod tests {
             ("ArchiveSource", "cache", Some(true))
         );
         assert_eq!(owner.uid, "4d2c1b0a-0000-4000-8000-000000000001");
-        let token = |s: &Secret| {
-            String::from_utf8(s.data.as_ref().unwrap()[TOKEN_KEY].0.clone()).unwrap()
-        };
+        let token =
+            |s: &Secret| String::from_utf8(s.data.as_ref().unwrap()[TOKEN_KEY].0.clone()).unwrap();
         let t = token(&a);
         assert_eq!(t.len(), 2 * TOKEN_BYTES);
         assert!(t.bytes().all(|b| b.is_ascii_hexdigit()), "{t}");

@@ -532,7 +532,11 @@ fn engine_access_mounts_the_token_and_the_certificate() {
             .any(|a| a.starts_with("--tls") || a == "--allow-control"),
         "{args:?}"
     );
-    let token = pod.volumes.unwrap().into_iter().find(|v| v.name == "api-token");
+    let token = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "api-token");
     assert_eq!(
         token.and_then(|v| v.secret).and_then(|s| s.secret_name),
         Some("users-cache-engine-token".to_string())
@@ -544,7 +548,13 @@ fn engine_access_mounts_the_token_and_the_certificate() {
         ..Default::default()
     });
     let off = |s: &ArchiveSource, ctx: &BuildContext| {
-        source::children(s, &r, ctx).stateful_set.spec.template.spec.unwrap().containers[0]
+        source::children(s, &r, ctx)
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
             .args
             .clone()
             .unwrap()

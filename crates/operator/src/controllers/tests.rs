@@ -632,6 +632,7 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
         caches: ctx.caches.clone(),
         cache_writers: Mutex::new(None),
         rejected: Mutex::new(ctx.rejected.locked().clone()),
+        lease_rights: ctx.lease_rights.clone(),
     });
     (ctx2, handle)
 }
