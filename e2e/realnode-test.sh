@@ -217,8 +217,10 @@ done_step "new $pod ($new_ip) on the same claim $claim and volume $pv; its engin
 step "r4: a query through Service users-cache's ClusterIP"
 cip=$(kubectl get svc -n "$ns" users-cache -o jsonpath='{.spec.clusterIP}')
 [[ "$cip" == 10.0.0.* ]] || fail "ClusterIP $cip"
-rows=$("$CURL" -sf --max-time 5 "http://$cip:8080/tables/public.events/rows?limit=2&tenant=tenant-7") || fail "no answer from $cip:8080"
-echo "   \$ curl 'http://$cip:8080/tables/public.events/rows?limit=2&tenant=tenant-7'"
+# the token the operator generated for users-cache (its tables need it by default)
+token=$(kubectl get secret -n "$ns" users-cache-engine-token -o go-template='{{.data.token | base64decode}}') || fail "no generated token"
+rows=$("$CURL" -sf --max-time 5 -H "Authorization: Bearer $token" "http://$cip:8080/tables/public.events/rows?limit=2&tenant=tenant-7") || fail "no answer from $cip:8080"
+echo "   \$ curl -H 'Authorization: Bearer <token>' 'http://$cip:8080/tables/public.events/rows?limit=2&tenant=tenant-7'"
 echo "   $rows" | cut -c1-300
 grep -q '"tenant":"tenant-7"' <<<"$rows" || fail "no tenant-7 rows through $cip"
 count=$("$CURL" -sf --max-time 5 "http://$cip:8080/status" | python3 -c 'import json,sys; s=json.load(sys.stdin); print(sum(v.get("row_count") or 0 for v in s["pipelines"].values()))')

@@ -57,6 +57,20 @@ pub struct OperatorArgs {
     /// NetworkPolicy admitting only this operator's namespace and its listed clients.
     #[arg(long, env = "LARCH_NETWORK_POLICIES")]
     pub network_policies: bool,
+    /// Do not generate engine API tokens: an ArchiveSource without `spec.access.tokenSecretRef`
+    /// then has none (reads open). By default the operator creates a Secret
+    /// `<source>-engine-token` with a random token (the chart then grants `create` on Secrets).
+    #[arg(long, env = "LARCH_NO_GENERATED_ENGINE_TOKENS")]
+    pub no_generated_engine_tokens: bool,
+    /// A ClusterRole with the rights on Leases a continuous export needs, which the operator
+    /// binds to its own ServiceAccount (`POD_SERVICE_ACCOUNT`) in each namespace where it
+    /// manages them (the chart's `<release>-export-leases`; the operator then holds no Lease
+    /// rights cluster-wide). Unset: the operator's own role must grant them.
+    #[arg(long, env = "LARCH_EXPORT_LEASE_ROLE")]
+    pub export_lease_role: Option<String>,
+    /// The operator's ServiceAccount (the chart sets it from `spec.serviceAccountName`).
+    #[arg(long, env = "POD_SERVICE_ACCOUNT")]
+    pub service_account: Option<String>,
     /// UID (also GID and fsGroup) of the pods the operator creates, or `platform` to leave it
     /// to the platform (OpenShift's restricted SCC assigns one; pods keep `runAsNonRoot`).
     #[arg(long, env = "LARCH_POD_RUN_AS_USER", default_value = "65532")]
@@ -125,7 +139,18 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let mut ctx = Context::new(client, args.image, metrics, Arc::new(HttpProber::default()));
     ctx.build.operator_namespace = operator_namespace;
     ctx.build.network_policies = args.network_policies;
+    ctx.build.generate_engine_tokens = !args.no_generated_engine_tokens;
     ctx.build.pod_user = args.pod_run_as_user;
+    if let Some(role) = args.export_lease_role {
+        let service_account = args
+            .service_account
+            .context("--export-lease-role needs the operator's ServiceAccount (--service-account, POD_SERVICE_ACCOUNT)")?;
+        ctx.lease_rights = Some(controllers::lease_rights::LeaseRights {
+            cluster_role: role,
+            service_account,
+            namespace: ctx.build.operator_namespace.clone(),
+        });
+    }
     let ctx = Arc::new(ctx);
     let controllers = controllers::run(ctx, args.namespace, !args.disable_source_sets);
     match elector {

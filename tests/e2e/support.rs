@@ -492,15 +492,65 @@ stringData:
     }
 
     /// `GET url` through curl; the parsed JSON body, or `None` on any failure.
+    /// A GET of `url` as JSON; a tables API URL of an engine carries its source's token (the
+    /// engines' tables need one by default).
     pub fn http_json(&self, url: &str) -> Option<Value> {
-        let out = Command::new("curl")
-            .args(["-sf", "--max-time", "10", url])
-            .output()
-            .expect("running curl");
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sf", "--max-time", "10"]);
+        if url.contains(":8080/tables") {
+            let ip = url.trim_start_matches("http://").split(':').next()?;
+            if let Some(token) = self.engine_token(ip) {
+                cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+            }
+        }
+        let out = cmd.arg(url).output().expect("running curl");
         if !out.status.success() {
             return None;
         }
         serde_json::from_slice(&out.stdout).ok()
+    }
+}
+
+impl Env {
+    /// The API token of the engine pod at `ip`: its source's `tokenSecretRef`, else the Secret
+    /// `<source>-engine-token` the operator generated (read as a client would, with kubectl).
+    pub fn engine_token(&self, ip: &str) -> Option<String> {
+        let pod = self
+            .list(&[
+                "pods",
+                "-A",
+                "--field-selector",
+                &format!("status.podIP={ip}"),
+            ])
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["larch.dev/archive-source"].is_string())?;
+        let ns = pod["metadata"]["namespace"].as_str()?;
+        let source = pod["metadata"]["labels"]["larch.dev/archive-source"].as_str()?;
+        let src = self.get(&["archivesource", source, "-n", ns])?;
+        let named = &src["spec"]["access"]["tokenSecretRef"];
+        let (name, key) = match named["name"].as_str() {
+            Some(n) => (n.to_string(), named["key"].as_str()?.to_string()),
+            None => (format!("{source}-engine-token"), "token".to_string()),
+        };
+        self.secret_value(ns, &name, &key)
+    }
+
+    /// A key of a Secret, decoded.
+    pub fn secret_value(&self, ns: &str, name: &str, key: &str) -> Option<String> {
+        let out = self.kubectl_out(
+            &[
+                "get",
+                "secret",
+                name,
+                "-n",
+                ns,
+                "-o",
+                &format!("go-template={{{{index .data \"{key}\" | base64decode}}}}"),
+            ],
+            None,
+        );
+        (out.status.success() && !out.stdout.is_empty())
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
     }
 }
 

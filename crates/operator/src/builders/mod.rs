@@ -3,6 +3,7 @@
 
 pub mod cleanup;
 pub mod engine_config;
+pub mod engine_token;
 pub mod export;
 pub mod pod;
 pub mod restore;
@@ -39,6 +40,9 @@ pub struct BuildContext {
     /// Generate engine NetworkPolicies for ArchiveSources that do not say
     /// (`--network-policies`).
     pub network_policies: bool,
+    /// Generate an engine API token for ArchiveSources that name none (on unless
+    /// `--no-generated-engine-tokens`).
+    pub generate_engine_tokens: bool,
     /// The UID of generated pods (`--pod-run-as-user`).
     pub pod_user: pod::PodUser,
 }

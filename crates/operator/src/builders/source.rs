@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::engine_config::{ResolvedArchive, engine_config, engine_yaml};
+use super::engine_token;
 use super::export::TERMINATION_LOG;
 use super::pod::{self, HTTP_PORT, HTTPS_PORT, STATE_DIR};
 use super::{
@@ -31,7 +32,7 @@ use crate::crd::archive_source::ArchiveSource;
 pub const CONTAINER: &str = "engine";
 pub const CONFIG_FILE: &str = "/etc/larch/engine.yaml";
 pub const CONFIG_KEY: &str = "engine.yaml";
-/// Where `spec.access.tokenSecretRef` is mounted.
+/// Where the API token (`spec.access.tokenSecretRef`, or the generated one) is mounted.
 pub const TOKEN_DIR: &str = "/etc/larch/api-token";
 pub const TOKEN_FILE: &str = "/etc/larch/api-token/token";
 /// Where the `spec.access.tls` Secret is mounted.
@@ -125,7 +126,8 @@ pub fn children(
         ..Default::default()
     }];
     let api = spec.access.clone().unwrap_or_default();
-    if let Some(token) = &api.token_secret_ref {
+    let generated = engine_token::generates_token(source, ctx);
+    if let Some(token) = &engine_token::token_ref(source, ctx) {
         volumes.push(pod::secret_file_volume(
             "api-token",
             &token.name,
@@ -138,7 +140,7 @@ pub fn children(
     if api.control == Some(true) {
         args.push("--allow-control".into());
     }
-    if api.protect_reads == Some(true) {
+    if api.protect_reads.unwrap_or(generated) {
         args.push("--protect-reads".into());
     }
     if let Some(tls) = &api.tls {

@@ -10,6 +10,7 @@ use super::engine_config::{ResolvedArchive, resolve};
 use super::export::{self, ExportChildren};
 use super::source::{self, SourceChildren};
 use super::*;
+use crate::crd::archive_source::EngineAccess;
 use crate::crd::{ArchiveExport, ArchiveRestore, ArchiveSource};
 
 pub(crate) fn ctx() -> BuildContext {
@@ -17,6 +18,7 @@ pub(crate) fn ctx() -> BuildContext {
         image: "registry.example/larch:0.1.0".into(),
         operator_namespace: "larch-system".into(),
         network_policies: false,
+        generate_engine_tokens: true,
         pod_user: pod::PodUser::default(),
     }
 }
@@ -517,18 +519,58 @@ fn engine_access_mounts_the_token_and_the_certificate() {
         ports,
         [("http".to_string(), 8080), ("https".to_string(), 8443)]
     );
-    // Without spec.access: no token, no control, plain HTTP only.
+    // Without spec.access: the generated token (the Secret the source owns) protects reads;
+    // no control, plain HTTP only.
     let plain = source_children("source-exportref-memory", Some("export-oneshot-s3"));
-    let args = plain.stateful_set.spec.template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
+    let pod = plain.stateful_set.spec.template.spec.unwrap();
+    let args = pod.containers[0].args.clone().unwrap();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    assert!(has("--token-file") && has("--protect-reads"), "{args:?}");
     assert!(
         !args
             .iter()
-            .any(|a| a.starts_with("--token") || a.starts_with("--tls") || a == "--allow-control"),
+            .any(|a| a.starts_with("--tls") || a == "--allow-control"),
         "{args:?}"
     );
+    let token = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "api-token");
+    assert_eq!(
+        token.and_then(|v| v.secret).and_then(|s| s.secret_name),
+        Some("users-cache-engine-token".to_string())
+    );
+    // generateToken: false (or an operator that generates none): no token, reads open.
+    let (mut s, r) = resolved("source-exportref-memory", Some("export-oneshot-s3"));
+    s.spec.access = Some(EngineAccess {
+        generate_token: Some(false),
+        ..Default::default()
+    });
+    let off = |s: &ArchiveSource, ctx: &BuildContext| {
+        source::children(s, &r, ctx)
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    let quiet = |args: Vec<String>| {
+        !args
+            .iter()
+            .any(|a| a.starts_with("--token") || a == "--protect-reads")
+    };
+    assert!(quiet(off(&s, &ctx())));
+    s.spec.access = None;
+    let no_generation = BuildContext {
+        generate_engine_tokens: false,
+        ..ctx()
+    };
+    assert!(quiet(off(&s, &no_generation)));
 }
 
 /// The NetworkPolicy selects exactly the engine pods, admits the operator's namespace to the

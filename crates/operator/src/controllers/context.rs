@@ -112,6 +112,9 @@ pub struct Context {
     /// Children the API server refused, by `kind/namespace/name`: the hash refused and why.
     /// The same child is not sent again (a failing reconcile writes nothing); a changed one is.
     pub rejected: Mutex<HashMap<String, (String, Rejected)>>,
+    /// The ClusterRole the operator binds to itself where it manages Leases
+    /// (`--export-lease-role`); `None`: its own role grants them.
+    pub lease_rights: Option<super::lease_rights::LeaseRights>,
 }
 
 impl Context {
@@ -139,6 +142,7 @@ impl Context {
             prober,
             trackers: Mutex::default(),
             rejected: Mutex::default(),
+            lease_rights: None,
             clock: Arc::new(Timestamp::now),
         }
     }

@@ -24,6 +24,7 @@ use kube::runtime::events::{Event, EventType};
 
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
+use super::lease_rights;
 use crate::builders::export::{self as build, ExportChildren};
 use crate::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::conditions::{
@@ -264,8 +265,11 @@ impl<'a> ExportRound<'a> {
         let new_run = self.start_run();
         let children = build::children(self.export, new_run.as_deref(), &self.ctx.build);
         let mut set = ChildSet::new(applier, self.selector());
+        if children.lease_access.is_some() {
+            lease_rights::ensure(self.ctx, &self.ns, self.export).await?;
+        }
         let deployments = apply_children(&mut set, &children).await?;
-        prune_children(&mut set, &children, &self.ns).await?;
+        prune_children(&mut set, &children, (self.ctx, self.export)).await?;
         if let Some(id) = &new_run {
             self.events.push(export_started(id, children.jobs.len()));
         }
@@ -609,13 +613,17 @@ async fn apply_children(
 async fn prune_children(
     set: &mut ChildSet<'_>,
     children: &ExportChildren,
-    ns: &str,
+    (ctx, export): (&Context, &ArchiveExport),
 ) -> Result<(), Error> {
+    let ns = &export.namespace().ok_or(Error::NoNamespace)?;
     set.prune::<CronJob>(ns).await?;
     let deployments_pruned = set.prune::<Deployment>(ns).await?;
     // After the Deployments, so no exporter outlives its Lease rights. Only where some can be
     // stale: a continuous export (its tables changed) or one that just left that mode.
     if children.lease_access.is_some() || deployments_pruned > 0 {
+        if children.lease_access.is_none() {
+            lease_rights::ensure(ctx, ns, export).await?;
+        }
         set.prune::<Lease>(ns).await?;
         set.prune::<RoleBinding>(ns).await?;
         set.prune::<Role>(ns).await?;

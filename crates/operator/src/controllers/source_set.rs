@@ -226,23 +226,9 @@ impl<'a> SetRound<'a> {
         let Some(s3) = t.spec.archive.s3.as_ref() else {
             return Ok(idle);
         };
-        let secret = match (&shared.secret, per_namespace_secret(self.set)) {
-            (Some(s), _) => s.data.clone(),
-            // Keys that exist in each namespace: the first selected namespace's.
-            (None, Some(name)) => match observed
-                .selected
-                .iter()
-                .find(|ns| observed.has_secret.contains(*ns))
-            {
-                Some(ns) => Api::<Secret>::namespaced(self.ctx.client.clone(), ns)
-                    .get_opt(&name)
-                    .await
-                    .map_err(Error::Dereference)?
-                    .and_then(|s| s.data),
-                None => None,
-            },
-            (None, None) => None,
-        };
+        // Only the credentials the set shares (opt-in): never a Secret of a selected
+        // namespace, which is the tenant's; without sharing, the operator's own identity.
+        let secret = shared.secret.as_ref().and_then(|s| s.data.clone());
         let probe = ArchiveRestore::new(&self.set.name_any(), t.spec.clone());
         let read = async {
             let archive = crate::builders::restore::resolve(&probe, None)?;

@@ -632,6 +632,7 @@ fn same_operator(ctx: &Context, prober: Arc<FakeProber>) -> (Arc<Context>, Handl
         caches: ctx.caches.clone(),
         cache_writers: Mutex::new(None),
         rejected: Mutex::new(ctx.rejected.locked().clone()),
+        lease_rights: ctx.lease_rights.clone(),
     });
     (ctx2, handle)
 }
@@ -2969,4 +2970,89 @@ async fn a_restore_set_stamps_refreshes_on_request_and_reports_per_namespace() {
     assert!(restores[2]["failureReason"].is_null());
     assert_eq!(cond(st, "Stalled")["reason"], "NamespacesFailing");
     assert_eq!(bodies[11]["reason"], "NamespacesFailing");
+}
+
+/// One visit of `users-cache` by an operator that generates engine tokens, the token Secret's
+/// create answered with `secret_answer` (`None`: created). Returns the request bodies.
+async fn visit_generating_tokens(secret_answer: Option<Value>) -> Vec<Value> {
+    let (ctx, handle, _) = context(Arc::default());
+    let mut ctx = Arc::try_unwrap(ctx).ok().expect("a new context");
+    ctx.build.generate_engine_tokens = true;
+    let ctx = Arc::new(ctx);
+    let mut caches = writers(&ctx);
+    fill(&mut caches.config_maps, []);
+    fill(&mut caches.services, []);
+    fill(&mut caches.stateful_sets, []);
+    let s = source_fixture("source-exportref-memory");
+    let mut script = source_script(1);
+    script.insert(
+        export_gets().len(),
+        expect(
+            Method::POST,
+            "/api/v1/namespaces/data/secrets?&fieldManager=larch-operator%2Fsource",
+            secret_answer,
+        ),
+    );
+    script.push(expect_status(
+        &format!(
+            "/apis/larch.dev/v1alpha1/namespaces/data/archivesources/users-cache/status?{MANAGER_SOURCE_Q}"
+        ),
+        serde_json::to_value(&s).unwrap(),
+    ));
+    script.push(expect(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/data/events?",
+        None,
+    ));
+    let server = tokio::spawn(serve(handle, script));
+    source::reconcile(Arc::new(s), ctx).await.unwrap();
+    server.await.unwrap()
+}
+
+/// Without `spec.access.tokenSecretRef` the operator creates Secret `<source>-engine-token`
+/// (owned by the source, a 64-hex-character token) before the engines that mount it, and
+/// only creates it: when it exists (409) nothing reads, patches or replaces it, and the
+/// reconcile goes on. The token is in no other request (status, Event, children).
+#[tokio::test]
+async fn a_generated_token_secret_is_created_once_and_never_rewritten() {
+    let bodies = visit_generating_tokens(None).await;
+    let find = |bodies: &[Value], kind: &str| {
+        bodies
+            .iter()
+            .position(|b| b["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} sent"))
+    };
+    let at = find(&bodies, "Secret");
+    let secret = &bodies[at];
+    assert!(
+        at < find(&bodies, "StatefulSet"),
+        "the Secret before the engines"
+    );
+    assert_eq!(secret["metadata"]["name"], "users-cache-engine-token");
+    let owner = &secret["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (&owner["kind"], &owner["name"]),
+        (&json!("ArchiveSource"), &json!("users-cache"))
+    );
+    let b64 = secret["data"]["token"].as_str().unwrap();
+    assert_eq!(b64.len(), 88, "base64 of 64 hex characters: {b64}");
+    let sts = &bodies[find(&bodies, "StatefulSet")];
+    let volumes = sts["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains("users-cache-engine-token"), "{volumes}");
+    for (i, b) in bodies.iter().enumerate().filter(|(i, _)| *i != at) {
+        assert!(
+            !b.to_string().contains(b64),
+            "the token leaked into request {i}: {b}"
+        );
+    }
+
+    let exists = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "reason": "AlreadyExists", "code": 409,
+        "message": "secrets \"users-cache-engine-token\" already exists"});
+    let again = visit_generating_tokens(Some(exists)).await;
+    let status = &again[again.len() - 2]["status"];
+    assert_eq!(cond(status, "Stalled")["status"], "False", "{status}");
+    // A new draw each visit, never sent over the existing one (serve fails on any other request).
+    let sent = &again[find(&again, "Secret")];
+    assert_ne!(sent["data"]["token"], secret["data"]["token"]);
 }

@@ -139,17 +139,23 @@ impl PointInTimeSpec {
 /// scrapes; no row data) are always open.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.tokenSecretRef) || !((has(self.control) && self.control) || (has(self.protectReads) && self.protectReads))").message("control and protectReads need tokenSecretRef"))]
+#[x_kube(validation = Rule::new("has(self.tokenSecretRef) || !has(self.generateToken) || self.generateToken || !((has(self.control) && self.control) || (has(self.protectReads) && self.protectReads))").message("control and protectReads need a token: tokenSecretRef, or generateToken not false"))]
 pub struct EngineAccess {
     /// Secret key holding the API bearer token (at least 16 printable characters), mounted as
     /// a file; clients send `Authorization: Bearer <token>`. A new token takes effect when the
     /// engine pods restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeyRef>,
+    /// Without `tokenSecretRef`: the operator generates a random token into the Secret
+    /// `<source>-engine-token` (key `token`, owned by the source) and, unless `protectReads`
+    /// says false, the tables API needs it (default true; false: no token, reads open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate_token: Option<bool>,
     /// Serve `POST /sources/{id}/pause` and `/resume`, behind the token (default false: refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
-    /// Require the token for the tables API (`/tables…`, row data) too (default false).
+    /// Require the token for the tables API (`/tables…`, row data) too (default: true with a
+    /// generated token, false with `tokenSecretRef`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protect_reads: Option<bool>,
     /// Serve the API over TLS on port 8443 (`https`) with the certificate of this

@@ -500,6 +500,27 @@ fn cel_source_rules() {
         cel(&crd, &source(two_targets), None),
         "exactly one of memory or postgres",
     );
+    // control and protectReads need a token: named, or generated (generateToken not false).
+    for access in [
+        json!({"control": true}),
+        json!({"protectReads": true, "generateToken": true}),
+        json!({"control": true, "generateToken": false, "tokenSecretRef": {"name": "t", "key": "k"}}),
+        json!({"generateToken": false}),
+    ] {
+        let ok = with(s.clone(), "/access", access.clone());
+        assert_eq!(
+            cel(&crd, &source(ok), None),
+            Vec::<String>::new(),
+            "{access}"
+        );
+    }
+    for access in [
+        json!({"control": true, "generateToken": false}),
+        json!({"protectReads": true, "generateToken": false}),
+    ] {
+        let bad = with(s.clone(), "/access", access);
+        assert_rejects(cel(&crd, &source(bad), None), "need a token");
+    }
     // state is immutable, in every direction.
     let with_state = source(with(s.clone(), "/state", json!({"size": "1Gi"})));
     let old = source(s.clone());
