@@ -15,6 +15,7 @@ mod config;
 pub mod connection;
 pub mod errors;
 mod lifecycle;
+pub mod ownership;
 mod pgoutput;
 pub mod reasons;
 pub mod row_filter;
@@ -37,7 +38,8 @@ use tokio_postgres::Client;
 pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use row_filter::check_row_filter;
-pub use schema::{TableSchema, owner_comment};
+pub use ownership::owner_comment;
+pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
 pub use types::{Kind, to_json, write_string};
@@ -153,14 +155,20 @@ impl PostgresSource {
         result
     }
 
-    /// Drops the configured publication when larch created it for this slot and the slot is
+    /// Drops the configured publication when larch created it for this slot and owner and the slot is
     /// gone (or temporary, ending with its session): what a temporary slot's export, or an
     /// earlier one killed mid-run, left behind. A persistent slot keeps its publication.
     /// Returns whether it dropped one.
     pub async fn drop_publication_if_unused(&self) -> anyhow::Result<bool> {
         let client = self.inner.client().await?;
         let c = &self.inner.config;
-        lifecycle::drop_publication_of_gone_slot(&client, &c.publication_name, &c.slot_name).await
+        lifecycle::drop_publication_of_gone_slot(
+            &client,
+            &c.publication_name,
+            &c.slot_name,
+            &c.owner,
+        )
+        .await
     }
 
     /// The slot's WAL figures as last refreshed (every 5 s while streaming).
@@ -671,6 +679,20 @@ async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), S
         if let Some(pid) = info.active_pid {
             return Err(anyhow!(
                 "replication slot {slot} is in use by another process (pid {pid})"
+            )
+            .into());
+        }
+        // A new baseline replaces only a slot recorded as this export's.
+        let c = &inner.config;
+        let record = ownership::publication(&client, &c.publication_name).await?;
+        if let Err(why) =
+            ownership::check(record.as_ref(), &c.publication_name, slot, &c.owner, false)
+        {
+            return Err(anyhow!(
+                "replication slot {slot} already exists and larch will not drop it for a new \
+                 baseline: {why}; choose another slot name, or drop it yourself if it is unused: \
+                 SELECT pg_drop_replication_slot({})",
+                config::literal(slot)
             )
             .into());
         }

@@ -138,30 +138,70 @@ pub fn selector_labels(
     l
 }
 
-/// `larch_<namespace>_<name>[_<table hash>]`, lower-case, `[a-z0-9_]`, at most 63 bytes (a
-/// PostgreSQL identifier), hashed when longer.
+/// `larch_<namespace>_<name>_<hash>`: the readable part lower-case `[a-z0-9_]` (cut to fit),
+/// the hash (12 hex digits) of the raw `<namespace>/<name>` (and, per table, `/<schema.table>`),
+/// so exports whose readable parts map alike (`team-a`/`b-users`, `team-a-b`/`users`) never
+/// share a slot. At most 63 bytes (a PostgreSQL identifier).
 pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
-    slot_name_from(
-        export,
-        Some(table).filter(|_| export.spec.source.tables.is_some()),
+    let (ns, name) = identity(export);
+    let table = Some(table)
+        .filter(|_| export.spec.source.tables.is_some())
+        .map(TableRef::qualified);
+    export_slot_name(ns, name, table.as_deref())
+}
+
+/// The temporary slot of a set's export ([`exports_as_one_set`]).
+pub fn set_slot_name(export: &ArchiveExport) -> String {
+    let (ns, name) = identity(export);
+    export_slot_name(ns, name, None)
+}
+
+fn identity(export: &ArchiveExport) -> (&str, &str) {
+    (
+        export.metadata.namespace.as_deref().unwrap_or("default"),
+        export.metadata.name.as_deref().unwrap_or("export"),
     )
 }
 
-/// The temporary slot of a set's export ([`exports_as_one_set`]): `larch_<namespace>_<name>`.
-pub fn set_slot_name(export: &ArchiveExport) -> String {
-    slot_name_from(export, None)
+/// Who an export's slots and publications are recorded for (`larch export --owner`).
+pub fn export_owner(export: &ArchiveExport) -> String {
+    let (ns, name) = identity(export);
+    format!("archiveexport/{ns}/{name}")
 }
 
-fn slot_name_from(export: &ArchiveExport, table: Option<&TableRef>) -> String {
-    let ns = export.metadata.namespace.as_deref().unwrap_or("default");
-    let name = export.metadata.name.as_deref().unwrap_or("export");
+/// [`derived_slot_name`] from the raw identity: `table` is the qualified table of one table's
+/// export among several (`None`: a single table's, or a set's).
+pub fn export_slot_name(namespace: &str, name: &str, table: Option<&str>) -> String {
+    let mut raw = format!("{namespace}/{name}");
+    if let Some(t) = table {
+        raw.push('/');
+        raw.push_str(t);
+    }
+    let hash = super::short_hash(raw.as_bytes(), 12);
+    let mut readable = sanitize(&format!("larch_{namespace}_{name}"));
+    readable.truncate(63 - 1 - hash.len());
+    format!("{readable}_{hash}")
+}
+
+/// The name larch 0.1.0 derived (`larch_<ns>_<name>[_<table hash>]`, no identity hash),
+/// which an upgraded operator keeps using when the export's status records it.
+pub fn legacy_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
+    let (ns, name) = identity(export);
     let mut base = format!("larch_{ns}_{name}");
-    if let Some(table) = table {
+    if export.spec.source.tables.is_some() {
         base.push('_');
         base.push_str(&super::short_hash(table.qualified().as_bytes(), 8));
     }
-    let clean: String = base
-        .chars()
+    let clean = sanitize(&base);
+    if clean.len() <= 63 {
+        return clean;
+    }
+    let hash = super::short_hash(clean.as_bytes(), 8);
+    format!("{}_{hash}", &clean[..54])
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
                 c.to_ascii_lowercase()
@@ -169,12 +209,7 @@ fn slot_name_from(export: &ArchiveExport, table: Option<&TableRef>) -> String {
                 '_'
             }
         })
-        .collect();
-    if clean.len() <= 63 {
-        return clean;
-    }
-    let hash = super::short_hash(clean.as_bytes(), 8);
-    format!("{}_{hash}", &clean[..54])
+        .collect()
 }
 
 /// `larch export` arguments for one table.
@@ -229,7 +264,7 @@ fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
         Some(table) => super::cleanup::slot_and_publication(export, table).0,
         None => set_slot_name(export),
     };
-    a.extend(["--slot".into(), slot]);
+    a.extend(["--slot".into(), slot, "--owner".into(), export_owner(export)]);
     if let Some(p) = &src.publication_name {
         a.extend(["--publication".into(), p.clone()]);
     }
