@@ -353,7 +353,10 @@ impl ConnectionArgs {
 /// (one line, printable, at most 256 bytes).
 pub fn parse_owner(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
-        return Err("an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)".into());
+        return Err(
+            "an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)"
+                .into(),
+        );
     }
     Ok(s.to_string())
 }

@@ -602,7 +602,14 @@ fn s35_a_tenant_pod_with_the_sources_labels_is_never_probed() {
     // Reconciles of the source (and of another custom resource) while the impostor is there.
     for i in 0..3 {
         for kind in ["archivesource/guarded", "archiveexport/events"] {
-            e.kubectl(&["annotate", kind, "-n", NS, &format!("e2e.larch.dev/poke={i}"), "--overwrite"]);
+            e.kubectl(&[
+                "annotate",
+                kind,
+                "-n",
+                NS,
+                &format!("e2e.larch.dev/poke={i}"),
+                "--overwrite",
+            ]);
         }
         std::thread::sleep(std::time::Duration::from_secs(4));
     }
@@ -615,7 +622,12 @@ fn s35_a_tenant_pod_with_the_sources_labels_is_never_probed() {
         "the operator never read the impostor's /status"
     );
     let after = get_cr(e, "archivesource", NS, SOURCE);
-    assert_eq!(after["status"]["rows"].as_i64(), Some(rows), "{}", after["status"]);
+    assert_eq!(
+        after["status"]["rows"].as_i64(),
+        Some(rows),
+        "{}",
+        after["status"]
+    );
     assert_eq!(
         super::support::condition(&after, "Ready").unwrap()["status"],
         "True",

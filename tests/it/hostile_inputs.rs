@@ -471,7 +471,10 @@ async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
         )
         .await
         .unwrap();
-    let (owner_a, owner_b) = ("archiveexport/team-a/b-users", "archiveexport/team-a-b/users");
+    let (owner_a, owner_b) = (
+        "archiveexport/team-a/b-users",
+        "archiveexport/team-a-b/users",
+    );
     let slot_a = export_slot_name("team-a", "b-users", None);
     let slot_b = export_slot_name("team-a-b", "users", None);
     assert_ne!(slot_a, slot_b);
@@ -504,13 +507,20 @@ async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
         "{stderr}"
     );
     // So is streaming through it or replacing it for a new baseline.
-    let f = Follow::start(&db, &dir.path().join("a-on-b"), &slot_b, &["--owner", owner_a]);
+    let f = Follow::start(
+        &db,
+        &dir.path().join("a-on-b"),
+        &slot_b,
+        &["--owner", owner_a],
+    );
     let mut child = f.child;
     let status = child.wait().unwrap();
     assert!(!status.success());
     let stderr = f.stderr.lock().unwrap().join("\n");
     assert!(
-        stderr.contains(&format!("publication {slot_b} is recorded as owned by {owner_b}")),
+        stderr.contains(&format!(
+            "publication {slot_b} is recorded as owned by {owner_b}"
+        )),
         "{stderr}"
     );
     assert!(slot_exists(&db, &slot_b).await && publication_comment(&db, &slot_b).await.is_some());
@@ -529,7 +539,12 @@ async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
             && stderr.contains("kept publication theirs: no larch owner record"),
         "{stderr}"
     );
-    let f = Follow::start(&db, &dir.path().join("theirs"), "theirs", &["--owner", owner_a]);
+    let f = Follow::start(
+        &db,
+        &dir.path().join("theirs"),
+        "theirs",
+        &["--owner", owner_a],
+    );
     let mut child = f.child;
     assert!(!child.wait().unwrap().success());
     let stderr = f.stderr.lock().unwrap().join("\n");
@@ -549,12 +564,19 @@ async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
     }
     let (code, stderr) = cleanup_as(&db, "larch_team_a_b_users", owner_a, &[]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("did not record an owner") && stderr.contains("--adopt-legacy"), "{stderr}");
+    assert!(
+        stderr.contains("did not record an owner") && stderr.contains("--adopt-legacy"),
+        "{stderr}"
+    );
     assert!(slot_exists(&db, "larch_team_a_b_users").await);
     let (code, stderr) = cleanup_as(&db, "larch_team_a_b_users", owner_a, &["--adopt-legacy"]);
     assert_eq!(code, 0, "{stderr}");
     assert!(!slot_exists(&db, "larch_team_a_b_users").await);
-    assert!(publication_comment(&db, "larch_team_a_b_users").await.is_none());
+    assert!(
+        publication_comment(&db, "larch_team_a_b_users")
+            .await
+            .is_none()
+    );
     // B's survived all of it.
     assert!(slot_exists(&db, &slot_b).await && publication_comment(&db, &slot_b).await.is_some());
     let (code, stderr) = cleanup_as(&db, &slot_b, owner_b, &[]);

@@ -428,8 +428,14 @@ mod tests {
         let a_bc = PostgresConfig::default_name(&TableId::new("a", "b_c"));
         assert_eq!(a_bc, "larch_a_b_c");
         assert_ne!(ab_c, a_bc);
-        assert_eq!(ab_c, PostgresConfig::default_name(&TableId::new("a_b", "c")));
-        assert!(ab_c.starts_with("larch_a_b_c_") && ab_c.len() <= 63, "{ab_c}");
+        assert_eq!(
+            ab_c,
+            PostgresConfig::default_name(&TableId::new("a_b", "c"))
+        );
+        assert!(
+            ab_c.starts_with("larch_a_b_c_") && ab_c.len() <= 63,
+            "{ab_c}"
+        );
     }
 
     #[test]

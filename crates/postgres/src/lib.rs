@@ -37,8 +37,8 @@ use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
-pub use row_filter::check_row_filter;
 pub use ownership::owner_comment;
+pub use row_filter::check_row_filter;
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
@@ -682,20 +682,7 @@ async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), S
             )
             .into());
         }
-        // A new baseline replaces only a slot recorded as this export's.
-        let c = &inner.config;
-        let record = ownership::publication(&client, &c.publication_name).await?;
-        if let Err(why) =
-            ownership::check(record.as_ref(), &c.publication_name, slot, &c.owner, false)
-        {
-            return Err(anyhow!(
-                "replication slot {slot} already exists and larch will not drop it for a new \
-                 baseline: {why}; choose another slot name, or drop it yourself if it is unused: \
-                 SELECT pg_drop_replication_slot({})",
-                config::literal(slot)
-            )
-            .into());
-        }
+        ownership::check_replaceable(&client, &inner.config).await?;
         snapshot::drop_slot(&client, slot).await?;
     }
     let created = snapshot::create_slot(&inner.config).await?;

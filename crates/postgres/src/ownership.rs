@@ -15,6 +15,8 @@
 use anyhow::Context;
 use tokio_postgres::Client;
 
+use super::config::{PostgresConfig, literal};
+
 /// How a publication's comment starts when larch created it.
 pub const OWNER_COMMENT_PREFIX: &str = "larch: created for replication slot ";
 const OWNER_SEPARATOR: &str = " by ";
@@ -121,6 +123,21 @@ pub fn check(
     }
 }
 
+/// Fails unless the existing slot `config.slot_name` is recorded as `config.owner`'s: a new
+/// baseline replaces only its own slot.
+pub async fn check_replaceable(client: &Client, config: &PostgresConfig) -> anyhow::Result<()> {
+    let (slot, name) = (&config.slot_name, &config.publication_name);
+    let record = publication(client, name).await?;
+    check(record.as_ref(), name, slot, &config.owner, false).map_err(|why| {
+        anyhow::anyhow!(
+            "replication slot {slot} already exists and larch will not drop it for a new \
+             baseline: {why}; choose another slot name, or drop it yourself if it is unused: \
+             SELECT pg_drop_replication_slot({})",
+            literal(slot)
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,9 +176,15 @@ mod tests {
     #[test]
     fn only_the_recorded_owner_of_that_slot_may_drop() {
         let ours = rec(Some(&owner_comment("s", "archiveexport/a/x")));
-        assert_eq!(check(Some(&ours), "p", "s", "archiveexport/a/x", false), Ok(()));
+        assert_eq!(
+            check(Some(&ours), "p", "s", "archiveexport/a/x", false),
+            Ok(())
+        );
         let err = check(Some(&ours), "p", "s", "archiveexport/b/x", false).unwrap_err();
-        assert!(err.contains("owned by archiveexport/a/x, not archiveexport/b/x"), "{err}");
+        assert!(
+            err.contains("owned by archiveexport/a/x, not archiveexport/b/x"),
+            "{err}"
+        );
         let err = check(Some(&ours), "p", "other", "archiveexport/a/x", false).unwrap_err();
         assert!(err.contains("recorded for replication slot s"), "{err}");
         let err = check(None, "p", "s", "cli", false).unwrap_err();

@@ -38,9 +38,9 @@ pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String
     let slot = src.slot_name.clone().unwrap_or_else(|| {
         let legacy = legacy_slot_name(export, table);
         let recorded = export.status.as_ref().is_some_and(|s| {
-            s.writers.iter().any(|w| {
-                w.table == table.qualified() && w.slot.as_deref() == Some(legacy.as_str())
-            })
+            s.writers
+                .iter()
+                .any(|w| w.table == table.qualified() && w.slot.as_deref() == Some(legacy.as_str()))
         });
         if recorded {
             legacy

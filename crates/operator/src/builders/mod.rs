@@ -6,6 +6,7 @@ pub mod engine_config;
 pub mod export;
 pub mod pod;
 pub mod restore;
+pub mod slot_names;
 pub mod source;
 pub mod source_set;
 

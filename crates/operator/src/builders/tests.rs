@@ -1217,7 +1217,11 @@ fn derived_slot_names_are_distinct_across_namespaces_short_and_stable() {
     let t2 = export_slot_name("ns", "x", Some("public.b"));
     assert!(t1 != t2 && t1 != export_slot_name("ns", "x", None));
     let long = |last: char| {
-        export_slot_name(&"n".repeat(63), &format!("{}{last}", "x".repeat(252)), Some("s.t"))
+        export_slot_name(
+            &"n".repeat(63),
+            &format!("{}{last}", "x".repeat(252)),
+            Some("s.t"),
+        )
     };
     assert!(long('a') != long('b') && valid(&long('a')), "{}", long('a'));
 }

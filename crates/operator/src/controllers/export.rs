@@ -477,9 +477,8 @@ impl<'a> ExportRound<'a> {
         self.obs.writers = writer_counts(deployments, if suspended { 0 } else { tables });
         let listed = self.owned_pods().await?;
         if !suspended {
-            self.obs.pod_failure =
-                pod_failure::first_failure(&listed, build::CONTAINER, self.now)
-                    .map(|f| Problem::of_pod("writer", &f));
+            self.obs.pod_failure = pod_failure::first_failure(&listed, build::CONTAINER, self.now)
+                .map(|f| Problem::of_pod("writer", &f));
         }
         let (writers, monitor, reports) = probe_writers(self.ctx, &listed).await;
         let writers = super::slots::merge_writers(

@@ -93,7 +93,11 @@ async fn workload(
     ns: &str,
     r: &OwnerReference,
 ) -> Result<Option<ObjectMeta>, kube::Error> {
-    async fn get<K>(client: &Client, ns: &str, r: &OwnerReference) -> Result<Option<ObjectMeta>, kube::Error>
+    async fn get<K>(
+        client: &Client,
+        ns: &str,
+        r: &OwnerReference,
+    ) -> Result<Option<ObjectMeta>, kube::Error>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
             + Clone
@@ -141,14 +145,26 @@ mod tests {
     #[test]
     fn only_a_pod_whose_controller_chain_reaches_the_custom_resource_counts() {
         let cr = "cr-uid";
-        let deployment = meta("events-writer", "dep-uid", Some(("ArchiveExport", "events", cr)));
-        let rs = meta("events-writer-5d8f", "rs-uid", Some(("Deployment", "events-writer", "dep-uid")));
+        let deployment = meta(
+            "events-writer",
+            "dep-uid",
+            Some(("ArchiveExport", "events", cr)),
+        );
+        let rs = meta(
+            "events-writer-5d8f",
+            "rs-uid",
+            Some(("Deployment", "events-writer", "dep-uid")),
+        );
         let workloads: Workloads = [deployment, rs]
             .into_iter()
             .map(|m| (m.uid.clone().unwrap(), m))
             .collect();
         // pod → ReplicaSet → Deployment → ArchiveExport.
-        let ours = meta("events-writer-5d8f-x", "p1", Some(("ReplicaSet", "events-writer-5d8f", "rs-uid")));
+        let ours = meta(
+            "events-writer-5d8f-x",
+            "p1",
+            Some(("ReplicaSet", "events-writer-5d8f", "rs-uid")),
+        );
         assert!(is_owned(&ours, cr, &workloads));
         // A pod of a StatefulSet the custom resource controls directly.
         let engine = meta("src-0", "p2", Some(("StatefulSet", "src", "sts-uid")));

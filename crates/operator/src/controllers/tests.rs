@@ -2086,13 +2086,21 @@ mod lifecycle {
         assert_eq!(args[..2], [json!("export"), json!("cleanup")]);
         let slot = crate::builders::export::export_slot_name("data", "events", None);
         assert!(args.contains(&json!(slot)), "{args:?}");
-        assert!(args.contains(&json!("archiveexport/data/events")), "{args:?}");
+        assert!(
+            args.contains(&json!("archiveexport/data/events")),
+            "{args:?}"
+        );
         let st = &bodies[n - 1]["status"];
         assert_eq!(st["cleanup"]["attempts"], 1);
         assert_eq!(cond(st, "Ready")["reason"], "Deleting");
-        assert!(cond(st, "Ready")["message"].as_str().unwrap().contains(
-            &format!("dropping replication slot {slot} and publication {slot}")
-        ));
+        assert!(
+            cond(st, "Ready")["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!(
+                    "dropping replication slot {slot} and publication {slot}"
+                ))
+        );
     }
 
     #[tokio::test]
