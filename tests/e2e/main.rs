@@ -1662,6 +1662,8 @@ fn s15_suspend_keeps_the_slot_and_retain_keeps_it_after_delete() {
         &e.pg_dsn,
         "--slot",
         &slot,
+        "--owner",
+        &format!("archiveexport/{ns}/paused"),
     ]);
     assert!(out.contains(r#""outcome":"dropped""#), "{out}");
     assert_eq!((slot_count(e, &slot), publication_count(e, &slot)), (0, 0));

@@ -23,6 +23,7 @@ use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::builders::cleanup::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
 };
+use crate::builders::export::export_owner;
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT};
 use crate::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
 use crate::crd::archive_export::{
@@ -214,8 +215,9 @@ impl<'a> Deletion<'a> {
     async fn skip(&self, why: &str) -> Result<Action, Error> {
         self.delete_job().await?;
         let note = format!(
-            "{why}: left on the source database ({}); drop them with `larch export cleanup`",
-            objects(&self.export)
+            "{why}: left on the source database ({}); drop them with `larch export cleanup --owner {}`",
+            objects(&self.export),
+            export_owner(&self.export)
         );
         self.publish(EventType::Warning, "CleanupSkipped", note)
             .await?;
@@ -273,8 +275,9 @@ impl<'a> Deletion<'a> {
             Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("being terminated") => {
                 tracing::warn!(
                     export = %format!("{}/{}", self.ns, self.name),
-                    "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup`",
-                    objects(&self.export)
+                    "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup --owner {}`",
+                    objects(&self.export),
+                    export_owner(&self.export)
                 );
                 remove_finalizer(self.ctx, &self.export).await?;
                 return Ok(Action::await_change());
