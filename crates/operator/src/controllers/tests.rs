@@ -217,6 +217,10 @@ impl FakeProber {
 impl Prober for FakeProber {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
         assert_eq!(port, 8080);
+        assert_ne!(
+            ip, IMPOSTOR_IP,
+            "the operator probed a pod that only carries its labels"
+        );
         // Open whatever an engine's spec.access protects, and free of row data.
         assert!(
             path == "/status" || path.starts_with("/health/"),
@@ -537,11 +541,20 @@ fn export_get() -> Expect {
     )
 }
 
+/// A tenant's pod with the engines' labels but no owner chain to the source.
+const IMPOSTOR_IP: &str = "10.0.0.66";
+
+/// The engine and, listed with it by the label, an impostor the operator must never probe.
 fn pods_list() -> Expect {
+    let mut list = owned_pods(SOURCE_UID, vec![engine_pod()]).unwrap();
+    list["items"].as_array_mut().unwrap().push(json!({
+        "metadata": {"name": "impostor", "namespace": "data", "creationTimestamp": "2027-01-15T07:00:00Z",
+            "labels": {"larch.dev/archive-source": "users-cache"}},
+        "status": {"podIP": IMPOSTOR_IP}}));
     expect(
         Method::GET,
         "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
-        owned_pods(SOURCE_UID, vec![engine_pod()]),
+        Some(list),
     )
 }
 
