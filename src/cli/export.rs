@@ -36,8 +36,9 @@ const SLOTS_HELP: &str = "Replication slots and publications on the source datab
                            the slot keeps WAL on the server until it is dropped: remove them with
                            `larch export cleanup --slot S --publication P`. With --slot-mode
                            temporary the slot vanishes on exit and the publication is dropped.
-A publication larch creates is marked with the comment `larch: created for replication slot S`:
-that is the record cleanup goes by; it never drops anything that record does not name.";
+A publication larch creates is marked with the comment `larch: created for replication slot S
+by OWNER` (--owner): that is the record cleanup goes by; it never drops a slot or publication
+whose record does not name that slot and the same owner.";
 
 #[derive(Args, Debug)]
 #[command(
@@ -89,6 +90,12 @@ pub struct ExportArgs {
     /// drops one an earlier, killed export created for its slot).
     #[arg(long)]
     pub publication: Option<String>,
+    /// Who this export runs for, recorded with the publication it creates (`larch: created
+    /// for replication slot S by OWNER`): a new baseline, `larch export cleanup` and the end of
+    /// a temporary slot's export drop a slot or publication only when its record names this
+    /// owner. The operator passes `archiveexport/<namespace>/<name>`.
+    #[arg(long, default_value = crate::source::postgres::ownership::DEFAULT_OWNER, value_parser = super::parse_owner)]
+    pub owner: String,
     /// Slot mode with --follow: `persistent` (the default: survives restarts, kept on exit) or
     /// `temporary` (dropped with the connection). A one-shot export always uses a temporary
     /// slot.
@@ -408,6 +415,7 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     let store = args.store.spec().open().await?;
 
     let mut config = PostgresConfig::new(dsn, vec![table.clone()], slot, publication);
+    config.owner = args.owner.clone();
     config.limits = session_limits(&args);
     config.slot_mode = match args.slot_mode {
         Some(SlotMode::Persistent) if !args.follow => failure::bail!(
@@ -556,6 +564,7 @@ async fn export_set(args: ExportArgs, dsn: String, tables: Vec<TableId>) -> anyh
     let publication = args.publication.clone().unwrap_or_else(|| slot.clone());
     let store = args.store.spec().open().await?;
     let mut config = PostgresConfig::new(dsn, tables.clone(), slot, publication);
+    config.owner = args.owner.clone();
     config.limits = session_limits(&args);
     config.slot_mode = SlotMode::Temporary;
     config.snapshot_only = true;

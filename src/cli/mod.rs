@@ -376,6 +376,18 @@ impl ConnectionArgs {
     }
 }
 
+/// `--owner`: who the slots and publications are for, recorded in a publication's comment
+/// (one line, printable, at most 256 bytes).
+pub fn parse_owner(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
+        return Err(
+            "an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)"
+                .into(),
+        );
+    }
+    Ok(s.to_string())
+}
+
 /// A positive duration flag (`30s`, `5m`, `1h30m`).
 pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
     crate::duration::parse_positive(s)

@@ -25,9 +25,9 @@ use crate::units::format_bytes;
 #[derive(Subcommand, Debug)]
 pub enum ExportCommand {
     /// Drop the replication slot(s) and publication(s) `larch export --follow` left on the
-    /// source database. Only what larch recorded as its own is dropped: a publication whose
-    /// comment is `larch: created for replication slot S`, and that slot S; anything else is
-    /// reported as kept, with the reason. Prints a JSON report; exits 1 on an error (nothing
+    /// source database. Only what larch recorded as --owner's is dropped: a publication whose
+    /// comment is `larch: created for replication slot S by OWNER`, and that slot S; anything
+    /// else is reported as kept, with the reason (naming the recorded owner). Prints a JSON report; exits 1 on an error (nothing
     /// else is dropped then).
     Cleanup(CleanupArgs),
     /// Report how much WAL replication slots hold (JSON once, or served on --listen as
@@ -46,6 +46,14 @@ pub struct CleanupArgs {
     /// names it). Only with a single --slot.
     #[arg(long)]
     pub publication: Option<String>,
+    /// Whose slots and publications these are (as `larch export --owner` recorded it).
+    #[arg(long, default_value = crate::source::postgres::ownership::DEFAULT_OWNER, value_parser = super::parse_owner)]
+    pub owner: String,
+    /// Also drop a slot and publication whose record an older larch wrote without an owner
+    /// (`larch: created for replication slot S`), when it names this very slot: say so only
+    /// for objects you know are this export's.
+    #[arg(long)]
+    pub adopt_legacy: bool,
     /// How long a slot in use may take to be released (an exporter that is stopping) before
     /// cleanup fails.
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
@@ -98,9 +106,10 @@ async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
             )
         })
         .collect();
-    let config = config(&args.connection)?;
+    let mut config = config(&args.connection)?;
+    config.owner = args.owner.clone();
     // An error goes to --summary-file as the termination message (cli::main).
-    let report = cleanup(&config, &pairs, args.wait).await?;
+    let report = cleanup(&config, &pairs, args.wait, args.adopt_legacy).await?;
     for o in &report.objects {
         let kind = if o.kind == "slot" {
             "replication slot"

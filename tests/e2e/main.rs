@@ -1358,7 +1358,7 @@ spec:
 
 /// The replication slot and publication names the operator derives for `ns`/`name`.
 fn derived_slot(ns: &str, name: &str) -> String {
-    format!("larch_{ns}_{name}").replace('-', "_")
+    larch::operator::builders::export::export_slot_name(ns, name, None)
 }
 
 fn slot_count(e: &Env, slot: &str) -> i64 {
@@ -1402,7 +1402,7 @@ fn s13_delete_drops_the_slot_and_the_publication() {
         e.sql(&format!(
             "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = '{slot}'"
         )),
-        format!("larch: created for replication slot {slot}")
+        format!("larch: created for replication slot {slot} by archiveexport/{ns}/dropped")
     );
     let o = get_cr(e, "archiveexport", ns, "dropped");
     assert_eq!(
@@ -1667,6 +1667,8 @@ fn s15_suspend_keeps_the_slot_and_retain_keeps_it_after_delete() {
         &e.pg_dsn,
         "--slot",
         &slot,
+        "--owner",
+        &format!("archiveexport/{ns}/paused"),
     ]);
     assert!(out.contains(r#""outcome":"dropped""#), "{out}");
     assert_eq!((slot_count(e, &slot), publication_count(e, &slot)), (0, 0));

@@ -527,3 +527,112 @@ fn s26_no_secret_value_in_logs_events_status_or_engine_status() {
         gathered.len()
     );
 }
+
+/// The sum of `larch_operator_reconciles_total{controller=…}` on the operator's /metrics.
+fn reconciles(e: &Env, controller: &str) -> u64 {
+    let operator = &e.list(&["pods", "-n", OPERATOR_NS])[0];
+    let ip = operator["status"]["podIP"].as_str().unwrap();
+    let (code, metrics) = curl("GET", &format!("http://{ip}:8080/metrics"), None);
+    assert_eq!(code, 200, "the operator answers /metrics");
+    let prefix = format!("larch_operator_reconciles_total{{controller=\"{controller}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// A tenant's own pod serving an endless `/status` on port 8080, labelled as the source's
+/// engines are; `/count` says how many `/status` requests it got.
+const ENDLESS_STATUS: &str = r#"
+import http.server, os
+count = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        if self.path == "/count":
+            body = str(count).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        count += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        try:
+            self.wfile.write(b'{"sources":{"guarded":{"state":"STREAMING","rows":1,"pad":"')
+            while True:
+                self.wfile.write(b"A" * 65536)
+        except Exception:
+            pass
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer((os.environ["POD_IP"], 8080), H).serve_forever()
+"#;
+
+/// Issue 35, finding 6: a pod the tenant made itself, carrying the source's labels and serving
+/// an endless `/status`, is never probed (the operator reads only pods whose owner chain
+/// reaches the ArchiveSource's UID): the source's status stays the engines' and the operator
+/// keeps answering and reconciling.
+#[test]
+fn s35_a_tenant_pod_with_the_sources_labels_is_never_probed() {
+    let _g = serial();
+    let e = tenant();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "impostor", "namespace": NS, "labels": {
+            "larch.dev/archive-source": SOURCE, "app.kubernetes.io/name": "larch",
+            "app.kubernetes.io/component": "engine"}},
+        "spec": {"containers": [{
+            "name": "engine", "image": super::support::IMAGE,
+            "command": ["/usr/bin/python3", "-c", ENDLESS_STATUS],
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "ports": [{"containerPort": 8080}]}]}
+    });
+    e.apply(&pod.to_string());
+    let ip = e.wait_for(NS, "the impostor serving", 60, || {
+        let p = e.get(&["pod", "impostor", "-n", NS])?;
+        let ip = p["status"]["podIP"].as_str()?.to_string();
+        (curl("GET", &format!("http://{ip}:8080/count"), None) == (200, "0".into())).then_some(ip)
+    });
+    let before = get_cr(e, "archivesource", NS, SOURCE);
+    let rows = before["status"]["rows"].as_i64().unwrap();
+    let (sources, exports) = (reconciles(e, "source"), reconciles(e, "export"));
+    // Reconciles of the source (and of another custom resource) while the impostor is there.
+    for i in 0..3 {
+        for kind in ["archivesource/guarded", "archiveexport/events"] {
+            e.kubectl(&[
+                "annotate",
+                kind,
+                "-n",
+                NS,
+                &format!("e2e.larch.dev/poke={i}"),
+                "--overwrite",
+            ]);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(4));
+    }
+    wait_until("reconciles of the source and the export", 60, || {
+        reconciles(e, "source") >= sources + 3 && reconciles(e, "export") > exports
+    });
+    assert_eq!(
+        curl("GET", &format!("http://{ip}:8080/count"), None),
+        (200, "0".into()),
+        "the operator never read the impostor's /status"
+    );
+    let after = get_cr(e, "archivesource", NS, SOURCE);
+    assert_eq!(
+        after["status"]["rows"].as_i64(),
+        Some(rows),
+        "{}",
+        after["status"]
+    );
+    assert_eq!(
+        super::support::condition(&after, "Ready").unwrap()["status"],
+        "True",
+        "{}",
+        after["status"]
+    );
+    e.kubectl(&["delete", "pod", "impostor", "-n", NS, "--wait=false"]);
+}

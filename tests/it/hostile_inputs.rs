@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json};
 use crate::masking::{Files, RULES, hits, larch, raw_values, setup};
-use crate::postgres_continuous::{listening, unsafe_kill};
+use crate::postgres_continuous::{Follow, listening, unsafe_kill};
 use crate::support::postgres::{Database, new_database};
 
 /// A one-shot export of `table` into `dir` with `extra` arguments and a summary file; (exit
@@ -427,4 +427,163 @@ async fn debug_logs_of_a_masked_continuous_export_carry_no_raw_key() {
     let found = hits(log.as_bytes(), &raw);
     assert!(found.is_empty(), "the log holds raw values {found:?}");
     assert!(!log.contains("with parameters"), "no driver parameter line");
+}
+
+async fn publication_comment(db: &Database, name: &str) -> Option<Option<String>> {
+    db.client
+        .query_opt(
+            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// `larch export cleanup` of `slot` (its publication named like it) as `owner`: (exit code,
+/// stderr).
+fn cleanup_as(db: &Database, slot: &str, owner: &str, extra: &[&str]) -> (i32, String) {
+    let out = larch()
+        .args(["export", "cleanup", "--slot", slot, "--owner", owner])
+        .args(extra)
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("LARCH_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Finding 4: two ArchiveExports whose names used to map to one slot (`team-a`/`b-users` and
+/// `team-a-b`/`users` were both `larch_team_a_b_users`) now get distinct slots and publications,
+/// each recorded with its owner; a cleanup (or a new baseline) of one never drops the other's,
+/// nor anything without a larch owner record or with a legacy one not explicitly adopted.
+#[tokio::test]
+async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
+    use larch::operator::builders::export::export_slot_name;
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE items (id int8 PRIMARY KEY, v text);
+             INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 20) g;",
+        )
+        .await
+        .unwrap();
+    let (owner_a, owner_b) = (
+        "archiveexport/team-a/b-users",
+        "archiveexport/team-a-b/users",
+    );
+    let slot_a = export_slot_name("team-a", "b-users", None);
+    let slot_b = export_slot_name("team-a-b", "users", None);
+    assert_ne!(slot_a, slot_b);
+    let dir = tempfile::tempdir().unwrap();
+    for (slot, owner) in [(&slot_a, owner_a), (&slot_b, owner_b)] {
+        let f = Follow::start(&db, &dir.path().join(slot), slot, &["--owner", owner]);
+        f.ready().await;
+        assert_eq!(f.terminate(), 0);
+        assert!(slot_exists(&db, slot).await, "{slot}");
+        assert_eq!(
+            publication_comment(&db, slot).await,
+            Some(Some(format!(
+                "larch: created for replication slot {slot} by {owner}"
+            )))
+        );
+    }
+
+    // A's cleanup drops A's and only A's.
+    let (code, stderr) = cleanup_as(&db, &slot_a, owner_a, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!slot_exists(&db, &slot_a).await && publication_comment(&db, &slot_a).await.is_none());
+    assert!(slot_exists(&db, &slot_b).await && publication_comment(&db, &slot_b).await.is_some());
+    // A naming B's slot (a spec's slotName can) is refused, naming the recorded owner.
+    let (code, stderr) = cleanup_as(&db, &slot_b, owner_a, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let refusal = format!("are recorded as owned by {owner_b}, not {owner_a}");
+    assert!(
+        stderr.contains(&format!("kept replication slot {slot_b}: publication {slot_b} and replication slot {slot_b} {refusal}"))
+            && stderr.contains(&format!("kept publication {slot_b}: publication {slot_b} and replication slot {slot_b} {refusal}")),
+        "{stderr}"
+    );
+    // So is streaming through it or replacing it for a new baseline.
+    let f = Follow::start(
+        &db,
+        &dir.path().join("a-on-b"),
+        &slot_b,
+        &["--owner", owner_a],
+    );
+    let mut child = f.child;
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    let stderr = f.stderr.lock().unwrap().join("\n");
+    assert!(
+        stderr.contains(&format!(
+            "publication {slot_b} is recorded as owned by {owner_b}"
+        )),
+        "{stderr}"
+    );
+    assert!(slot_exists(&db, &slot_b).await && publication_comment(&db, &slot_b).await.is_some());
+
+    // Objects without a larch record: neither cleanup nor a new baseline drops them.
+    for sql in [
+        "CREATE PUBLICATION theirs FOR TABLE items",
+        "SELECT pg_create_logical_replication_slot('theirs', 'pgoutput')",
+    ] {
+        db.client.batch_execute(sql).await.unwrap();
+    }
+    let (code, stderr) = cleanup_as(&db, "theirs", owner_a, &["--adopt-legacy"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("kept replication slot theirs: no larch owner record: publication theirs has no larch comment")
+            && stderr.contains("kept publication theirs: no larch owner record"),
+        "{stderr}"
+    );
+    let f = Follow::start(
+        &db,
+        &dir.path().join("theirs"),
+        "theirs",
+        &["--owner", owner_a],
+    );
+    let mut child = f.child;
+    assert!(!child.wait().unwrap().success());
+    let stderr = f.stderr.lock().unwrap().join("\n");
+    assert!(
+        stderr.contains("replication slot theirs already exists and larch will not drop it for a new baseline: no larch owner record"),
+        "{stderr}"
+    );
+    assert!(slot_exists(&db, "theirs").await && publication_comment(&db, "theirs").await.is_some());
+
+    // A record an older larch wrote (no owner) is dropped only when adopted explicitly.
+    for sql in [
+        "CREATE PUBLICATION larch_team_a_b_users FOR TABLE items",
+        "COMMENT ON PUBLICATION larch_team_a_b_users IS 'larch: created for replication slot larch_team_a_b_users'",
+        "SELECT pg_create_logical_replication_slot('larch_team_a_b_users', 'pgoutput')",
+    ] {
+        db.client.batch_execute(sql).await.unwrap();
+    }
+    let (code, stderr) = cleanup_as(&db, "larch_team_a_b_users", owner_a, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("did not record an owner") && stderr.contains("--adopt-legacy"),
+        "{stderr}"
+    );
+    assert!(slot_exists(&db, "larch_team_a_b_users").await);
+    let (code, stderr) = cleanup_as(&db, "larch_team_a_b_users", owner_a, &["--adopt-legacy"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!slot_exists(&db, "larch_team_a_b_users").await);
+    assert!(
+        publication_comment(&db, "larch_team_a_b_users")
+            .await
+            .is_none()
+    );
+    // B's survived all of it.
+    assert!(slot_exists(&db, &slot_b).await && publication_comment(&db, &slot_b).await.is_some());
+    let (code, stderr) = cleanup_as(&db, &slot_b, owner_b, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!slot_exists(&db, &slot_b).await);
+    db.client
+        .batch_execute("SELECT pg_drop_replication_slot('theirs')")
+        .await
+        .unwrap();
 }

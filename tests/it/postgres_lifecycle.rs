@@ -166,8 +166,9 @@ async fn follow_says_what_it_leaves_and_cleanup_drops_only_what_larch_created() 
     ]));
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stderr.contains("kept replication slot theirs_slot: not recorded as created by larch")
-            && stderr.contains("kept publication theirs: not created by larch"),
+        stderr.contains(
+            "kept replication slot theirs_slot: no larch owner record: publication theirs has no larch comment"
+        ) && stderr.contains("kept publication theirs: no larch owner record"),
         "{stderr}"
     );
     assert_eq!(stdout.matches(r#""outcome":"kept""#).count(), 2, "{stdout}");
@@ -182,7 +183,7 @@ async fn follow_says_what_it_leaves_and_cleanup_drops_only_what_larch_created() 
     assert_eq!(code, 0);
     assert!(
         stderr.contains(
-            "kept publication other_pub: created by larch for replication slot someone_else"
+            "kept publication other_pub: publication other_pub is recorded for replication slot someone_else"
         ),
         "{stderr}"
     );
@@ -202,7 +203,7 @@ async fn cleanup_with_a_wrong_password_or_a_dropped_database_fails_clearly_and_d
     // What larch leaves after --follow: a recorded publication and its slot.
     for sql in [
         "CREATE PUBLICATION larch_bad FOR TABLE items",
-        "COMMENT ON PUBLICATION larch_bad IS 'larch: created for replication slot larch_bad'",
+        "COMMENT ON PUBLICATION larch_bad IS 'larch: created for replication slot larch_bad by cli'",
         "SELECT pg_create_logical_replication_slot('larch_bad', 'pgoutput')",
     ] {
         db.client.batch_execute(sql).await.unwrap();
@@ -286,7 +287,7 @@ async fn a_one_shot_export_leaves_nothing_and_removes_a_publication_a_killed_one
     db.client
         .batch_execute(
             "CREATE PUBLICATION larch_public_items FOR TABLE items;
-             COMMENT ON PUBLICATION larch_public_items IS 'larch: created for replication slot larch_public_items';",
+             COMMENT ON PUBLICATION larch_public_items IS 'larch: created for replication slot larch_public_items by cli';",
         )
         .await
         .unwrap();

@@ -139,6 +139,9 @@ pub struct PostgresConfig {
     pub key_fields: Vec<String>,
     pub slot_name: String,
     pub publication_name: String,
+    /// Who the slot and publication are created for, recorded in the publication's comment:
+    /// only the same owner drops them ([`crate::ownership`]).
+    pub owner: String,
     pub slot_mode: SlotMode,
     /// Create the publication (`FOR TABLE …`) when it is absent. An existing publication is
     /// never rewritten unless larch created it for this slot.
@@ -172,6 +175,7 @@ impl PostgresConfig {
             key_fields: Vec::new(),
             slot_name: slot_name.into(),
             publication_name: publication_name.into(),
+            owner: crate::ownership::DEFAULT_OWNER.to_string(),
             slot_mode: SlotMode::Persistent,
             create_publication: true,
             snapshot_only: false,
@@ -184,10 +188,12 @@ impl PostgresConfig {
     }
 
     /// The conventional slot/publication name for one table: `larch_<schema>_<table>`, lower
-    /// case, anything outside `[a-z0-9_]` replaced by `_`, at most 63 bytes (a hash suffix
-    /// keeps long names distinct).
+    /// case, anything outside `[a-z0-9_]` replaced by `_`, at most 63 bytes. A hash of the exact
+    /// `schema.table` is added whenever the plain name could stand for another table: a name
+    /// changed by the mapping, one cut to fit, or a schema with a `_` (`a_b.c` and `a.b_c`).
     pub fn default_name(table: &TableId) -> String {
-        let mut name: String = format!("larch_{}_{}", table.schema, table.table)
+        let plain = format!("larch_{}_{}", table.schema, table.table);
+        let mut name: String = plain
             .chars()
             .map(|c| {
                 let c = c.to_ascii_lowercase();
@@ -198,8 +204,7 @@ impl PostgresConfig {
                 }
             })
             .collect();
-        if name.len() > 63 || name != format!("larch_{}_{}", table.schema, table.table) {
-            // Distinct tables must never share a name: add a hash of the exact identity.
+        if name.len() > 63 || name != plain || table.schema.contains('_') {
             use sha2::Digest;
             let digest = sha2::Sha256::digest(format!("{}.{}", table.schema, table.table));
             let suffix = hex::encode(&digest[..4]);
@@ -317,6 +322,7 @@ impl fmt::Debug for PostgresConfig {
             .field("key_fields", &self.key_fields)
             .field("slot_name", &self.slot_name)
             .field("publication_name", &self.publication_name)
+            .field("owner", &self.owner)
             .field("slot_mode", &self.slot_mode)
             .field("create_publication", &self.create_publication)
             .field("snapshot_only", &self.snapshot_only)
@@ -417,6 +423,19 @@ mod tests {
         assert_ne!(a, b);
         let long = PostgresConfig::default_name(&TableId::new("s", "x".repeat(100)));
         assert!(long.len() <= 63);
+        // `larch_a_b_c` could be a_b.c or a.b_c: they get distinct, stable names.
+        let ab_c = PostgresConfig::default_name(&TableId::new("a_b", "c"));
+        let a_bc = PostgresConfig::default_name(&TableId::new("a", "b_c"));
+        assert_eq!(a_bc, "larch_a_b_c");
+        assert_ne!(ab_c, a_bc);
+        assert_eq!(
+            ab_c,
+            PostgresConfig::default_name(&TableId::new("a_b", "c"))
+        );
+        assert!(
+            ab_c.starts_with("larch_a_b_c_") && ab_c.len() <= 63,
+            "{ab_c}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod config;
 pub mod connection;
 pub mod errors;
 mod lifecycle;
+pub mod ownership;
 mod pgoutput;
 pub mod reasons;
 pub mod row_filter;
@@ -36,8 +37,9 @@ use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
+pub use ownership::owner_comment;
 pub use row_filter::check_row_filter;
-pub use schema::{TableSchema, owner_comment};
+pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
 pub use types::{Kind, to_json, write_string};
@@ -153,14 +155,20 @@ impl PostgresSource {
         result
     }
 
-    /// Drops the configured publication when larch created it for this slot and the slot is
+    /// Drops the configured publication when larch created it for this slot and owner and the slot is
     /// gone (or temporary, ending with its session): what a temporary slot's export, or an
     /// earlier one killed mid-run, left behind. A persistent slot keeps its publication.
     /// Returns whether it dropped one.
     pub async fn drop_publication_if_unused(&self) -> anyhow::Result<bool> {
         let client = self.inner.client().await?;
         let c = &self.inner.config;
-        lifecycle::drop_publication_of_gone_slot(&client, &c.publication_name, &c.slot_name).await
+        lifecycle::drop_publication_of_gone_slot(
+            &client,
+            &c.publication_name,
+            &c.slot_name,
+            &c.owner,
+        )
+        .await
     }
 
     /// The slot's WAL figures as last refreshed (every 5 s while streaming).
@@ -674,6 +682,7 @@ async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), S
             )
             .into());
         }
+        ownership::check_replaceable(&client, &inner.config).await?;
         snapshot::drop_slot(&client, slot).await?;
     }
     let created = snapshot::create_slot(&inner.config).await?;

@@ -1,12 +1,9 @@
 //! What larch leaves on the source database, and removing it: the replication slot's WAL
 //! figures, the ownership record, and `larch export cleanup`.
 //!
-//! Ownership is recorded, never guessed: a publication larch creates carries the comment
-//! `larch: created for replication slot <slot>` (written with `CREATE PUBLICATION`, before the
-//! slot exists). That comment is the record for both objects: the publication is larch's, and
-//! so is the slot it names. Cleanup drops a slot only when a publication's record names it and
-//! a publication only when its record names the slot being cleaned up; the slot goes first, so a
-//! failure half-way leaves the record for the next attempt.
+//! Ownership is recorded, never guessed ([`crate::ownership`]): cleanup drops a slot and its
+//! publication only when the publication's record names that slot and the caller's owner; the
+//! slot goes first, so a failure half-way leaves the record for the next attempt.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +12,8 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::config::{PostgresConfig, ident, literal};
-use super::schema::{self, OWNER_COMMENT_PREFIX, db_error};
+use super::ownership::{self, publication};
+use super::schema::{self, db_error};
 
 /// What `pg_replication_slots` says about a slot, with its WAL figures in bytes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -72,46 +70,19 @@ pub async fn slot_usage(client: &Client, slot: &str) -> anyhow::Result<Option<Sl
     }))
 }
 
-/// A publication and the slot its ownership record names (`None`: not created by larch).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PublicationRecord {
-    pub name: String,
-    pub recorded_slot: Option<String>,
-}
-
-/// The publication, `None` when it does not exist.
-pub async fn publication(client: &Client, name: &str) -> anyhow::Result<Option<PublicationRecord>> {
-    let row = client
-        .query_opt(
-            "SELECT obj_description(p.oid, 'pg_publication') FROM pg_publication p WHERE p.pubname = $1",
-            &[&name],
-        )
-        .await
-        .with_context(|| format!("looking up publication {name}"))?;
-    Ok(row.map(|r| {
-        let comment: Option<String> = r.get(0);
-        PublicationRecord {
-            name: name.to_string(),
-            recorded_slot: comment
-                .as_deref()
-                .and_then(|c| c.strip_prefix(OWNER_COMMENT_PREFIX))
-                .map(str::to_string),
-        }
-    }))
-}
-
-/// Drops `publication` when its record names `slot` and no persistent slot of that name is
-/// left to stream through it (the slot is gone, or a temporary one on its way out). Returns
-/// whether it dropped it.
+/// Drops `publication` when its record names `slot` and `owner` and no persistent slot of
+/// that name is left to stream through it (the slot is gone, or a temporary one on its way
+/// out). Returns whether it dropped it.
 pub async fn drop_publication_of_gone_slot(
     client: &Client,
     publication_name: &str,
     slot: &str,
+    owner: &str,
 ) -> anyhow::Result<bool> {
     let Some(p) = publication(client, publication_name).await? else {
         return Ok(false);
     };
-    if p.recorded_slot.as_deref() != Some(slot) {
+    if ownership::check(Some(&p), publication_name, slot, owner, false).is_err() {
         return Ok(false);
     }
     if slot_usage(client, slot)
@@ -157,14 +128,16 @@ impl CleanupReport {
     }
 }
 
-/// Drops the slot and publication of each `(slot, publication)` pair that larch created (see
-/// the module docs); anything else is reported as kept with the reason. A slot in use waits up
-/// to `wait` for its session to end (an exporter being stopped), then fails. Errors name the
-/// server, never the credentials.
+/// Drops the slot and publication of each `(slot, publication)` pair recorded as
+/// `config.owner`'s (see [`crate::ownership`]; `adopt_legacy`: also a record an older larch
+/// wrote without an owner); anything else is reported as kept with the reason. A slot in use
+/// waits up to `wait` for its session to end (an exporter being stopped), then fails. Errors
+/// name the server, never the credentials.
 pub async fn cleanup(
     config: &PostgresConfig,
     pairs: &[(String, String)],
     wait: Duration,
+    adopt_legacy: bool,
 ) -> anyhow::Result<CleanupReport> {
     let client = schema::connect(config).await?;
     let db: String = client
@@ -175,37 +148,21 @@ pub async fn cleanup(
     let mut objects = Vec::new();
     for (slot, publication_name) in pairs {
         let record = publication(&client, publication_name).await?;
-        let recorded = record
-            .as_ref()
-            .is_some_and(|p| p.recorded_slot.as_deref() == Some(slot.as_str()));
-        objects.push(
-            cleanup_slot(
-                &client,
-                &db,
-                slot,
-                publication_name,
-                record.is_some(),
-                recorded,
-                wait,
-            )
-            .await?,
+        let owned = ownership::check(
+            record.as_ref(),
+            publication_name,
+            slot,
+            &config.owner,
+            adopt_legacy,
         );
-        objects.push(match record {
-            None => absent("publication", publication_name),
-            Some(_) if recorded => {
+        objects.push(cleanup_slot(&client, &db, slot, &owned, wait).await?);
+        objects.push(match (&record, owned) {
+            (None, _) => absent("publication", publication_name),
+            (Some(_), Ok(())) => {
                 drop_publication(&client, publication_name).await?;
                 dropped("publication", publication_name)
             }
-            Some(p) => kept(
-                "publication",
-                publication_name,
-                match p.recorded_slot {
-                    Some(other) => {
-                        format!("created by larch for replication slot {other}, not {slot}")
-                    }
-                    None => "not created by larch (no larch ownership comment)".into(),
-                },
-            ),
+            (Some(_), Err(why)) => kept("publication", publication_name, why),
         });
     }
     Ok(CleanupReport {
@@ -218,9 +175,7 @@ async fn cleanup_slot(
     client: &Client,
     db: &str,
     slot: &str,
-    publication_name: &str,
-    publication_exists: bool,
-    recorded: bool,
+    owned: &Result<(), String>,
     wait: Duration,
 ) -> anyhow::Result<CleanedObject> {
     let Some(mut usage) = slot_usage(client, slot).await? else {
@@ -236,17 +191,12 @@ async fn cleanup_slot(
             ),
         ));
     }
-    if !recorded {
-        let why = if publication_exists {
-            format!("publication {publication_name} does not record it as created by larch")
-        } else {
-            format!("publication {publication_name}, larch's record of the slot, does not exist")
-        };
+    if let Err(why) = owned {
         return Ok(kept(
             "slot",
             slot,
             format!(
-                "not recorded as created by larch: {why}; drop it yourself if it is unused: SELECT pg_drop_replication_slot({})",
+                "{why}; drop it yourself if it is unused: SELECT pg_drop_replication_slot({})",
                 literal(slot)
             ),
         ));

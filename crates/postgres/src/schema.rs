@@ -6,17 +6,10 @@ use anyhow::{Context, anyhow, bail};
 use tokio_postgres::Client;
 
 use super::config::{PostgresConfig, Session, describe, ident, literal, qualified};
+use super::ownership::{OwnerRecord, owner_comment};
 use super::types::Kind;
 use larch_archive::model::{ColumnDefinition, TableId, effective_key_fields};
 use larch_core::failure::{self, Reason};
-
-/// How a publication's comment starts when larch created it.
-pub const OWNER_COMMENT_PREFIX: &str = "larch: created for replication slot ";
-
-/// The comment that records a publication (and the slot it names) as larch's.
-pub fn owner_comment(slot: &str) -> String {
-    format!("{OWNER_COMMENT_PREFIX}{slot}")
-}
 
 /// A discovered table.
 #[derive(Clone, Debug)]
@@ -328,7 +321,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         )
         .await
         .with_context(|| format!("looking up publication {name}"))?;
-    let owner_comment = owner_comment(&config.slot_name);
+    let owner_comment = owner_comment(&config.slot_name, &config.owner);
     let Some(existing) = existing else {
         if !config.create_publication {
             bail!("publication {name} does not exist (and creating it is disabled)");
@@ -347,6 +340,19 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
     };
     let all_tables: bool = existing.get(0);
     let comment: Option<String> = existing.get(1);
+    // Another export's publication is not ours to stream through or rewrite.
+    if let Some(OwnerRecord {
+        slot,
+        owner: Some(owner),
+    }) = comment.as_deref().and_then(OwnerRecord::parse)
+        && owner != config.owner
+    {
+        bail!(
+            "publication {name} is recorded as owned by {owner} (for replication slot {slot}), not \
+             {}: choose another slot or publication name",
+            config.owner
+        );
+    }
     let rows = client
         .query(
             "SELECT format('%s.%s', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1",
@@ -480,17 +486,4 @@ pub async fn slot_info(client: &Client, slot: &str) -> anyhow::Result<Option<Slo
             database: r.get(5),
         }
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_record_names_the_slot() {
-        assert_eq!(
-            owner_comment("larch_data_users"),
-            "larch: created for replication slot larch_data_users"
-        );
-    }
 }

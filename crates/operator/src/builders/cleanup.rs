@@ -11,13 +11,17 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::export::{DSN_FILE, TERMINATION_LOG, derived_slot_name, source_mounts};
+use super::export::{
+    DSN_FILE, TERMINATION_LOG, derived_slot_name, export_owner, legacy_slot_name, source_mounts,
+};
 use super::pod;
 use super::{
     BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY,
     child_meta, labels,
 };
-use crate::crd::archive_export::{ArchiveExport, DeletionPolicy, ExportMode, SlotMode};
+use crate::crd::archive_export::{
+    ADOPT_LEGACY_SLOT_ANNOTATION, ArchiveExport, DeletionPolicy, ExportMode, SlotMode,
+};
 use crate::crd::common::TableRef;
 
 pub const CLEANUP_CONTAINER: &str = "cleanup";
@@ -26,13 +30,24 @@ pub const MONITOR_CONTAINER: &str = "slot-monitor";
 const CLEANUP_WAIT: &str = "60s";
 
 /// The replication slot and publication `larch export` uses for `table`: the spec's names,
-/// else the slot derived from the export and the publication named like the slot.
+/// else the slot derived from the export and the publication named like the slot. An export
+/// whose status records a writer on the slot an older operator derived
+/// ([`legacy_slot_name`]) keeps that slot, so an upgrade neither orphans it nor re-baselines.
 pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String, String) {
     let src = &export.spec.source;
-    let slot = src
-        .slot_name
-        .clone()
-        .unwrap_or_else(|| derived_slot_name(export, table));
+    let slot = src.slot_name.clone().unwrap_or_else(|| {
+        let legacy = legacy_slot_name(export, table);
+        let recorded = export.status.as_ref().is_some_and(|s| {
+            s.writers
+                .iter()
+                .any(|w| w.table == table.qualified() && w.slot.as_deref() == Some(legacy.as_str()))
+        });
+        if recorded {
+            legacy
+        } else {
+            derived_slot_name(export, table)
+        }
+    });
     let publication = src.publication_name.clone().unwrap_or_else(|| slot.clone());
     (slot, publication)
 }
@@ -84,6 +99,14 @@ pub fn cleanup_args(export: &ArchiveExport) -> Vec<String> {
     // publication is named like its slot, the cleanup's default.
     if let (Some(p), 1) = (&export.spec.source.publication_name, tables.len()) {
         a.extend(["--publication".into(), p.clone()]);
+    }
+    a.extend(["--owner".into(), export_owner(export)]);
+    if export
+        .annotations()
+        .get(ADOPT_LEGACY_SLOT_ANNOTATION)
+        .is_some_and(|v| v == "true")
+    {
+        a.push("--adopt-legacy".into());
     }
     a.extend([
         "--wait".into(),

@@ -138,44 +138,9 @@ pub fn selector_labels(
     l
 }
 
-/// `larch_<namespace>_<name>[_<table hash>]`, lower-case, `[a-z0-9_]`, at most 63 bytes (a
-/// PostgreSQL identifier), hashed when longer.
-pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
-    slot_name_from(
-        export,
-        Some(table).filter(|_| export.spec.source.tables.is_some()),
-    )
-}
-
-/// The temporary slot of a set's export ([`exports_as_one_set`]): `larch_<namespace>_<name>`.
-pub fn set_slot_name(export: &ArchiveExport) -> String {
-    slot_name_from(export, None)
-}
-
-fn slot_name_from(export: &ArchiveExport, table: Option<&TableRef>) -> String {
-    let ns = export.metadata.namespace.as_deref().unwrap_or("default");
-    let name = export.metadata.name.as_deref().unwrap_or("export");
-    let mut base = format!("larch_{ns}_{name}");
-    if let Some(table) = table {
-        base.push('_');
-        base.push_str(&super::short_hash(table.qualified().as_bytes(), 8));
-    }
-    let clean: String = base
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if clean.len() <= 63 {
-        return clean;
-    }
-    let hash = super::short_hash(clean.as_bytes(), 8);
-    format!("{}_{hash}", &clean[..54])
-}
+pub use super::slot_names::{
+    derived_slot_name, export_owner, export_slot_name, legacy_slot_name, set_slot_name,
+};
 
 /// `larch export` arguments for one table.
 pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
@@ -229,7 +194,12 @@ fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
         Some(table) => super::cleanup::slot_and_publication(export, table).0,
         None => set_slot_name(export),
     };
-    a.extend(["--slot".into(), slot]);
+    a.extend([
+        "--slot".into(),
+        slot,
+        "--owner".into(),
+        export_owner(export),
+    ]);
     if let Some(p) = &src.publication_name {
         a.extend(["--publication".into(), p.clone()]);
     }

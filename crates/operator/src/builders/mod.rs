@@ -7,6 +7,7 @@ pub mod engine_token;
 pub mod export;
 pub mod pod;
 pub mod restore;
+pub mod slot_names;
 pub mod source;
 pub mod source_set;
 

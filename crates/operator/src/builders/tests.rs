@@ -726,7 +726,7 @@ fn cleanup_jobs_and_the_slot_monitor_match_golden() {
     assert_eq!(
         super::cleanup::cleanup_args(&export_fixture("export-oneshot-s3")).join(" "),
         "export cleanup --connection-file /etc/larch/source/dsn --slot larch_users --publication larch_users \
-         --wait 60s --summary-file /dev/termination-log"
+         --owner archiveexport/data/users --wait 60s --summary-file /dev/termination-log"
     );
 }
 
@@ -767,8 +767,8 @@ fn export_args_follow_the_cli_contract() {
         export::export_args(&e, &t).join(" "),
         "export --connection-file /etc/larch/source/dsn --schema public --table users \
          --key-fields id,tenant --store s3 --bucket seeds --prefix team-a --endpoint https://s3.internal:8333 \
-         --region eu-west-1 --path-style --format jsonl --slot larch_users --publication larch_users \
-         --summary-file /dev/termination-log --listen $(POD_IP):8080"
+         --region eu-west-1 --path-style --format jsonl --slot larch_users --owner archiveexport/data/users \
+         --publication larch_users --summary-file /dev/termination-log --listen $(POD_IP):8080"
     );
     let c = export_fixture("export-continuous-s3");
     let t = c.spec.source.all_tables()[0].clone();
@@ -1218,7 +1218,9 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     );
     // The prefix the exporter puts each table under, as per-table Jobs are given it.
     assert!(args.contains("--key-prefix ledger/ "), "{args}");
-    assert!(args.contains("--slot larch_data_ledger "), "{args}");
+    let slot = export::set_slot_name(&e);
+    assert!(slot.starts_with("larch_data_ledger_"), "{slot}");
+    assert!(args.contains(&format!("--slot {slot} ")), "{args}");
     assert!(!args.contains("--schema"), "{args}");
     // Without parallel: one Job per table, as before.
     let mut per_table = e.clone();
@@ -1232,4 +1234,64 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     assert_eq!(c.cron_jobs.len(), 1);
     assert_eq!(c.cron_jobs[0].metadata.name.as_deref(), Some("ledger"));
     assert!(c.jobs.is_empty());
+}
+
+/// Issue 35, finding 4: names that mapped alike (`team-a`/`b-users`, `team-a-b`/`users`) get
+/// distinct slots; every name is a valid identifier of at most 63 bytes and never changes.
+#[test]
+fn derived_slot_names_are_distinct_across_namespaces_short_and_stable() {
+    use super::export::export_slot_name;
+    let valid = |s: &str| {
+        s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let a = export_slot_name("team-a", "b-users", None);
+    let b = export_slot_name("team-a-b", "users", None);
+    assert_ne!(a, b);
+    assert!(a.starts_with("larch_team_a_b_users_") && valid(&a), "{a}");
+    assert!(b.starts_with("larch_team_a_b_users_") && valid(&b), "{b}");
+    // Pinned: a changed derivation would orphan every existing slot.
+    assert_eq!(a, "larch_team_a_b_users_0950b5f63001");
+    assert_eq!(a, export_slot_name("team-a", "b-users", None));
+    // Per table of a several-table export, and names that differ only past the cut.
+    let t1 = export_slot_name("ns", "x", Some("public.a"));
+    let t2 = export_slot_name("ns", "x", Some("public.b"));
+    assert!(t1 != t2 && t1 != export_slot_name("ns", "x", None));
+    let long = |last: char| {
+        export_slot_name(
+            &"n".repeat(63),
+            &format!("{}{last}", "x".repeat(252)),
+            Some("s.t"),
+        )
+    };
+    assert!(long('a') != long('b') && valid(&long('a')), "{}", long('a'));
+}
+
+/// An upgraded operator keeps the slot an older one derived while the status records a writer
+/// on it; anything else in status does not move the name.
+#[test]
+fn a_slot_recorded_in_status_under_the_old_name_is_kept() {
+    use super::cleanup::slot_and_publication;
+    use crate::crd::archive_export::{ArchiveExportStatus, WriterStatus};
+    let mut e = export_fixture("export-continuous-s3");
+    let table = e.spec.source.all_tables()[0].clone();
+    let new = export::derived_slot_name(&e, &table);
+    assert_eq!(slot_and_publication(&e, &table), (new.clone(), new.clone()));
+    let writer = |slot: &str| WriterStatus {
+        table: table.qualified(),
+        slot: Some(slot.into()),
+        ..Default::default()
+    };
+    e.status = Some(ArchiveExportStatus {
+        writers: vec![writer("larch_data_events")],
+        ..Default::default()
+    });
+    assert_eq!(export::legacy_slot_name(&e, &table), "larch_data_events");
+    assert_eq!(
+        slot_and_publication(&e, &table),
+        ("larch_data_events".into(), "larch_data_events".into())
+    );
+    e.status.as_mut().unwrap().writers = vec![writer("someone_elses_slot")];
+    assert_eq!(slot_and_publication(&e, &table).0, new);
 }

@@ -23,6 +23,7 @@ use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::builders::cleanup::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
 };
+use crate::builders::export::export_owner;
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT};
 use crate::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
 use crate::crd::archive_export::{
@@ -125,7 +126,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         Some(JobPhase::Active) | Some(JobPhase::Missing) => {
             Ok(Action::requeue(Duration::from_secs(3)))
         }
-        Some(JobPhase::Succeeded) => deletion.succeeded().await,
+        Some(JobPhase::Succeeded) => deletion.succeeded(job.as_ref()).await,
         Some(JobPhase::Failed) => deletion.failed(job.as_ref()).await,
     }
 }
@@ -214,8 +215,9 @@ impl<'a> Deletion<'a> {
     async fn skip(&self, why: &str) -> Result<Action, Error> {
         self.delete_job().await?;
         let note = format!(
-            "{why}: left on the source database ({}); drop them with `larch export cleanup`",
-            objects(&self.export)
+            "{why}: left on the source database ({}); drop them with `larch export cleanup --owner {}`",
+            objects(&self.export),
+            export_owner(&self.export)
         );
         self.publish(EventType::Warning, "CleanupSkipped", note)
             .await?;
@@ -273,8 +275,9 @@ impl<'a> Deletion<'a> {
             Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("being terminated") => {
                 tracing::warn!(
                     export = %format!("{}/{}", self.ns, self.name),
-                    "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup`",
-                    objects(&self.export)
+                    "the namespace is being deleted, so no cleanup pod can run: left on the source database: {}; drop them with `larch export cleanup --owner {}`",
+                    objects(&self.export),
+                    export_owner(&self.export)
                 );
                 remove_finalizer(self.ctx, &self.export).await?;
                 return Ok(Action::await_change());
@@ -294,8 +297,8 @@ impl<'a> Deletion<'a> {
     }
 
     /// Reports what was dropped and kept, then lets the object go.
-    async fn succeeded(&self) -> Result<Action, Error> {
-        let report = termination_message(self.ctx, &self.ns, &self.name).await?;
+    async fn succeeded(&self, job: Option<&Job>) -> Result<Action, Error> {
+        let report = termination_message(self.ctx, &self.ns, &self.name, job).await?;
         let kept = kept_objects(&report);
         let (type_, note) = if kept.is_empty() {
             (
@@ -306,7 +309,7 @@ impl<'a> Deletion<'a> {
             (
                 EventType::Warning,
                 format!(
-                    "dropped: {}; kept (not created by larch): {}",
+                    "dropped: {}; kept (not recorded as this export's): {}",
                     dropped_objects(&report),
                     kept.join("; ")
                 ),
@@ -327,7 +330,7 @@ impl<'a> Deletion<'a> {
     async fn failed(&self, job: Option<&Job>) -> Result<Action, Error> {
         let now = self.ctx.now();
         let mut cleanup = self.attempts();
-        let message = termination_message(self.ctx, &self.ns, &self.name).await?;
+        let message = termination_message(self.ctx, &self.ns, &self.name, job).await?;
         let error = failure_text(&message, job);
         let delay = backoff(cleanup.attempts);
         cleanup.last_error = Some(error.chars().take(2000).collect());
@@ -403,8 +406,14 @@ async fn export_pods_running(
     Ok(left > 0)
 }
 
-/// The termination message of the newest finished cleanup container.
-async fn termination_message(ctx: &Context, ns: &str, name: &str) -> Result<String, Error> {
+/// The termination message of the newest finished cleanup container of `job` (only its pods:
+/// one with the labels alone is not read).
+async fn termination_message(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    job: Option<&Job>,
+) -> Result<String, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let listed = pods
         .list(
@@ -413,7 +422,11 @@ async fn termination_message(ctx: &Context, ns: &str, name: &str) -> Result<Stri
         )
         .await
         .map_err(Error::Cleanup)?;
-    let newest = crate::pod_failure::newest_terminated(&listed.items, CLEANUP_CONTAINER);
+    let uid = job.and_then(|j| j.metadata.uid.clone()).unwrap_or_default();
+    let listed = super::owned::owned_pods(&ctx.client, ns, &uid, listed.items)
+        .await
+        .map_err(Error::Cleanup)?;
+    let newest = crate::pod_failure::newest_terminated(&listed, CLEANUP_CONTAINER);
     Ok(newest
         .map(|(_, t)| {
             t.message.clone().unwrap_or_else(|| {

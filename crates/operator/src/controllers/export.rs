@@ -245,6 +245,20 @@ impl<'a> ExportRound<'a> {
         format!("{LABEL_EXPORT}={}", self.export.name_any())
     }
 
+    /// The export's pods: those with its label whose owner chain reaches it (a tenant's pod
+    /// with the label is never read).
+    async fn owned_pods(&self) -> Result<Vec<Pod>, Error> {
+        let listed = self
+            .api::<Pod>()
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(Error::Observe)?;
+        let uid = self.export.uid().unwrap_or_default();
+        super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+            .await
+            .map_err(Error::Observe)
+    }
+
     /// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate.
     async fn dereference_and_validate(&mut self) -> Result<(), Error> {
         let references = dereference::export_references(self.export);
@@ -383,18 +397,14 @@ impl<'a> ExportRound<'a> {
 
     /// OneShot: summaries and outcomes from the export pods' termination messages.
     async fn observe_export_pods(&mut self) -> Result<(), Error> {
-        let listed = self
-            .api::<Pod>()
-            .list(&ListParams::default().labels(&self.selector()))
-            .await
-            .map_err(Error::Observe)?;
-        let found = read_pods(&listed.items);
+        let listed = self.owned_pods().await?;
+        let found = read_pods(&listed);
         self.obs.last_outcome = found.newest.map(|n| n.outcome);
         // Why the newest attempt failed: of the current run (a scheduled export's last run is
         // its newest pod).
         let run_id = self.status.run.as_ref().map(|r| r.id.clone());
         let scheduled = self.export.spec.schedule.is_some();
-        let attempts = listed.items.iter().filter(|p| {
+        let attempts = listed.iter().filter(|p| {
             scheduled || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
         });
         self.obs.pod_failure = newest_failure(attempts).map(|f| Problem::of_pod("export", &f));
@@ -406,7 +416,7 @@ impl<'a> ExportRound<'a> {
             .iter()
             .max_by(|a, b| a.time.cmp(&b.time))
             .cloned();
-        self.observe_run_progress(&listed.items).await;
+        self.observe_run_progress(&listed).await;
         Ok(())
     }
 
@@ -469,17 +479,12 @@ impl<'a> ExportRound<'a> {
         let suspended = self.obs.suspended;
         let tables = self.export.spec.source.all_tables().len() as i32;
         self.obs.writers = writer_counts(deployments, if suspended { 0 } else { tables });
-        let listed = self
-            .api::<Pod>()
-            .list(&ListParams::default().labels(&self.selector()))
-            .await
-            .map_err(Error::Observe)?;
+        let listed = self.owned_pods().await?;
         if !suspended {
-            self.obs.pod_failure =
-                pod_failure::first_failure(&listed.items, build::CONTAINER, self.now)
-                    .map(|f| Problem::of_pod("writer", &f));
+            self.obs.pod_failure = pod_failure::first_failure(&listed, build::CONTAINER, self.now)
+                .map(|f| Problem::of_pod("writer", &f));
         }
-        let (writers, monitor, reports) = probe_writers(self.ctx, &listed.items).await;
+        let (writers, monitor, reports) = probe_writers(self.ctx, &listed).await;
         let writers = super::slots::merge_writers(
             self.export,
             &self.old.writers,

@@ -10,6 +10,7 @@ pub mod context;
 pub mod error;
 pub mod export;
 pub mod lease_rights;
+pub mod owned;
 pub mod restore;
 pub mod slots;
 pub mod source;

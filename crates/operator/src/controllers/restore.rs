@@ -233,12 +233,16 @@ impl<'a> RestoreRound<'a> {
             self.restore.name_any(),
             run.id
         );
-        let pods = self
+        let listed = self
             .api::<Pod>()
             .list(&ListParams::default().labels(&selector))
             .await
             .map_err(Error::Observe)?;
-        self.obs.pod_failure = pod_failure::newest_terminated(pods.items.iter(), build::CONTAINER)
+        let uid = self.restore.uid().unwrap_or_default();
+        let pods = super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+            .await
+            .map_err(Error::Observe)?;
+        self.obs.pod_failure = pod_failure::newest_terminated(pods.iter(), build::CONTAINER)
             .and_then(|(pod, t)| pod_failure::of_terminated(&pod, t))
             .map(|f| Problem::of_pod("restore", &f))
             // A retry that has not failed yet: the database is unavailable as far as we know.
@@ -246,7 +250,7 @@ impl<'a> RestoreRound<'a> {
         let succeeded = match phase {
             JobPhase::Active => return Ok(()),
             JobPhase::Succeeded => {
-                let summary = pods.items.iter().find_map(summary_of);
+                let summary = pods.iter().find_map(summary_of);
                 match summary {
                     Some(s) => {
                         self.record(&s);

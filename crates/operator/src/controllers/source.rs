@@ -305,17 +305,21 @@ impl<'a> SourceRound<'a> {
     /// The engines' pods, `/status`: failures, positions, lag, re-baselines.
     async fn observe_engines(&mut self) -> Result<(), Error> {
         let name = self.source.name_any();
-        let pods = self
+        let listed = self
             .api::<Pod>()
             .list(&ListParams::default().labels(&format!("{LABEL_SOURCE}={name}")))
             .await
             .map_err(Error::Observe)?;
+        // Only the engines' own pods, never one that just carries the label.
+        let uid = self.source.uid().unwrap_or_default();
+        let pods = super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+            .await
+            .map_err(Error::Observe)?;
         if !self.obs.suspended {
-            self.obs.pod_failure =
-                pod_failure::first_failure(&pods.items, build::CONTAINER, self.now)
-                    .map(|f| Problem::of_pod("engine", &f));
+            self.obs.pod_failure = pod_failure::first_failure(&pods, build::CONTAINER, self.now)
+                .map(|f| Problem::of_pod("engine", &f));
         }
-        let scrape = scrape_engines(self.ctx, self.source, &self.tracker_key(), &pods.items).await;
+        let scrape = scrape_engines(self.ctx, self.source, &self.tracker_key(), &pods).await;
         self.track_rebaselines(&scrape.rebaselines);
         let engines = &scrape.engines;
         self.status.position = engines

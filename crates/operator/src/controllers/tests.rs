@@ -129,6 +129,22 @@ fn expect_read(patch_path: &str, answer: Option<Value>) -> Expect {
     expect(Method::GET, path, answer.or_else(not_found))
 }
 
+/// Pods as the workloads of the custom resource `uid` make them: controlled, through their
+/// owner chain, by it (here directly: `controllers::owned` has the chain's own tests).
+fn owned_pods(uid: &str, mut pods: Vec<Value>) -> Option<Value> {
+    for p in &mut pods {
+        p["metadata"]["ownerReferences"] = json!([{"apiVersion": "larch.dev/v1alpha1",
+            "kind": "Owner", "name": "owner", "uid": uid, "controller": true}]);
+    }
+    list("PodList", "v1", pods)
+}
+
+const ONESHOT_UID: &str = "6b1f0c7e-0000-4000-8000-000000000001";
+const CONTINUOUS_UID: &str = "6b1f0c7e-0000-4000-8000-000000000003";
+const SOURCE_UID: &str = "6b1f0c7e-0000-4000-8000-000000000004";
+const RESTORE_UID: &str = "6b1f0c7e-0000-4000-8000-000000000011";
+const CLEANUP_JOB_UID: &str = "cleanup-job-uid";
+
 fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Option<Value> {
     Some(
         json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}),
@@ -201,6 +217,10 @@ impl FakeProber {
 impl Prober for FakeProber {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
         assert_eq!(port, 8080);
+        assert_ne!(
+            ip, IMPOSTOR_IP,
+            "the operator probed a pod that only carries its labels"
+        );
         // Open whatever an engine's spec.access protects, and free of row data.
         assert!(
             path == "/status" || path.starts_with("/health/"),
@@ -396,7 +416,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
         expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-            list("PodList", "v1", vec![pod]),
+            owned_pods(ONESHOT_UID, vec![pod]),
         ),
         expect_status(&status_path, serde_json::to_value(&e2).unwrap()),
         expect(
@@ -521,11 +541,20 @@ fn export_get() -> Expect {
     )
 }
 
+/// A tenant's pod with the engines' labels but no owner chain to the source.
+const IMPOSTOR_IP: &str = "10.0.0.66";
+
+/// The engine and, listed with it by the label, an impostor the operator must never probe.
 fn pods_list() -> Expect {
+    let mut list = owned_pods(SOURCE_UID, vec![engine_pod()]).unwrap();
+    list["items"].as_array_mut().unwrap().push(json!({
+        "metadata": {"name": "impostor", "namespace": "data", "creationTimestamp": "2027-01-15T07:00:00Z",
+            "labels": {"larch.dev/archive-source": "users-cache"}},
+        "status": {"podIP": IMPOSTOR_IP}}));
     expect(
         Method::GET,
         "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
-        list("PodList", "v1", vec![engine_pod()]),
+        Some(list),
     )
 }
 
@@ -950,7 +979,7 @@ fn continuous_tail_with(pods: Vec<Value>) -> Vec<Expect> {
         expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{sel}"),
-            list("PodList", "v1", pods),
+            owned_pods(CONTINUOUS_UID, pods),
         ),
     ]
 }
@@ -1335,7 +1364,7 @@ async fn reconcile_with_a_refusing_engine(termination_message: &str) -> Vec<Valu
     script.push(expect(
         Method::GET,
         "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-source%3Dusers-cache",
-        list("PodList", "v1", vec![engine]),
+        owned_pods(SOURCE_UID, vec![engine]),
     ));
     script.push(expect_status(
         &format!(
@@ -2010,7 +2039,7 @@ mod lifecycle {
             &format!(
                 "/api/v1/namespaces/data/pods?&{SEL}%2Capp.kubernetes.io%2Fcomponent%3Dcleanup"
             ),
-            list("PodList", "v1", vec![pod]),
+            owned_pods(CLEANUP_JOB_UID, vec![pod]),
         )
     }
 
@@ -2069,13 +2098,23 @@ mod lifecycle {
         assert_eq!(pod["serviceAccountName"], "exporter");
         let args = pod["containers"][0]["args"].as_array().unwrap();
         assert_eq!(args[..2], [json!("export"), json!("cleanup")]);
-        assert!(args.contains(&json!("larch_data_events")), "{args:?}");
+        let slot = crate::builders::export::export_slot_name("data", "events", None);
+        assert!(args.contains(&json!(slot)), "{args:?}");
+        assert!(
+            args.contains(&json!("archiveexport/data/events")),
+            "{args:?}"
+        );
         let st = &bodies[n - 1]["status"];
         assert_eq!(st["cleanup"]["attempts"], 1);
         assert_eq!(cond(st, "Ready")["reason"], "Deleting");
-        assert!(cond(st, "Ready")["message"].as_str().unwrap().contains(
-            "dropping replication slot larch_data_events and publication larch_data_events"
-        ));
+        assert!(
+            cond(st, "Ready")["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!(
+                    "dropping replication slot {slot} and publication {slot}"
+                ))
+        );
     }
 
     #[tokio::test]
@@ -2088,7 +2127,7 @@ mod lifecycle {
             }),
             ..Default::default()
         });
-        let failed = json!({"metadata": {"name": "events-cleanup", "namespace": "data"},
+        let failed = json!({"metadata": {"name": "events-cleanup", "namespace": "data", "uid": CLEANUP_JOB_UID},
             "status": {"conditions": [{"type": "Failed", "status": "True"}]}});
         let error = r#"{"error":"cannot connect to PostgreSQL at 127.0.0.1:5432/app as user postgres: Connection refused (os error 111) (is the server running and reachable?)"}"#;
         let mut script = stop_workloads(vec![cleanup_pod(1, error)], vec![]);
@@ -2127,7 +2166,7 @@ mod lifecycle {
 
     #[tokio::test]
     async fn a_successful_cleanup_lets_the_export_go() {
-        let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data"},
+        let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data", "uid": CLEANUP_JOB_UID},
             "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
         let report = r#"{"server":"db","objects":[{"kind":"slot","name":"larch_data_events","outcome":"dropped"},{"kind":"publication","name":"larch_data_events","outcome":"dropped"}]}"#;
         let mut script = stop_workloads(vec![cleanup_pod(0, report)], vec![]);
@@ -2176,7 +2215,7 @@ mod lifecycle {
     /// publishes it again, instead of the object going without it (e2e s13 once saw no Event).
     #[tokio::test]
     async fn a_cleanup_event_the_server_refuses_holds_the_export_until_it_is_published() {
-        let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data"},
+        let done = json!({"metadata": {"name": "events-cleanup", "namespace": "data", "uid": CLEANUP_JOB_UID},
             "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
         let report = r#"{"server":"db","objects":[{"kind":"slot","name":"larch_data_events","outcome":"dropped"}]}"#;
         let busy = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -2310,7 +2349,7 @@ fn restore_observed(run: &str, job_condition: &str, pods: Vec<Value>) -> Vec<Exp
             &format!(
                 "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-restore%3Dinvoices-yesterday%2Clarch.dev%2Frun%3D{run}"
             ),
-            list("PodList", "v1", pods),
+            owned_pods(RESTORE_UID, pods),
         ),
     ]
 }
@@ -2510,7 +2549,7 @@ async fn a_running_export_reports_its_progress_and_requeues_until_it_completes()
         lists.push(expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
-            list("PodList", "v1", vec![pod]),
+            owned_pods(ONESHOT_UID, vec![pod]),
         ));
         let mut script = with_users_references(lists);
         if write {
@@ -2802,7 +2841,7 @@ async fn a_restore_waits_for_its_database_and_recovers_by_itself() {
             &format!(
                 "/api/v1/namespaces/data/pods?&labelSelector=larch.dev%2Farchive-restore%3Dinvoices-yesterday%2Clarch.dev%2Frun%3D{run}"
             ),
-            list("PodList", "v1", vec![restore_pod(&run, 0, summary)]),
+            owned_pods(RESTORE_UID, vec![restore_pod(&run, 0, summary)]),
         ),
         expect_status(RESTORE_STATUS, object),
         expect(Method::POST, EVENTS_POST, None),

@@ -22,6 +22,11 @@ pub const CLEANUP_FINALIZER: &str = "larch.dev/cleanup";
 /// removed and the slot(s) and publication(s) stay on the source database.
 pub const SKIP_CLEANUP_ANNOTATION: &str = "larch.dev/skip-cleanup";
 
+/// Set to `"true"` to let the cleanup drop a slot and publication an older larch created for
+/// this export without recording an owner (`larch export cleanup --adopt-legacy`): only when
+/// they are this export's.
+pub const ADOPT_LEGACY_SLOT_ANNOTATION: &str = "larch.dev/adopt-legacy-slot";
+
 /// Desired state of an ArchiveExport.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
