@@ -242,7 +242,7 @@ async fn serve(listen: &str, served: Arc<Served>) -> anyhow::Result<SocketAddr> 
         .with_context(|| format!("--listen {listen}"))?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = larch_core::serve::serve(listener, app, std::future::pending()).await;
     });
     Ok(addr)
 }

@@ -107,7 +107,7 @@ async fn control_needs_the_bearer_token() {
 }
 
 #[tokio::test]
-async fn protected_reads_need_the_token_and_probes_do_not() {
+async fn protected_reads_status_and_metrics_need_the_token_and_probes_do_not() {
     let dir = archive().await;
     let engine = start_engine_serving(&yaml(dir.path()), &serving(false, true)).await;
     let addr = engine.addr;
@@ -126,9 +126,18 @@ async fn protected_reads_need_the_token_and_probes_do_not() {
     }
     let (_, row) = request_with(addr, "GET", "/tables/public.t/row?id=1", &[BEARER]).await;
     assert!(row.contains(r#""v":"s-1""#), "{row}");
-    // What the operator, the kubelet and Prometheus use needs no token.
-    for path in ["/health/live", "/health/ready", "/status", "/metrics"] {
+    // The kubelet's probes need no token.
+    for path in ["/health/live", "/health/ready"] {
         assert_eq!(get(addr, path).await.0, 200, "{path}");
+    }
+    // Status and metrics name tables, positions and errors: behind the reads' token (issue 35).
+    for path in ["/status", "/metrics"] {
+        let (status, body) = get(addr, path).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(!body.contains("public.t"), "{path}: {body}");
+        let (status, body) = request_with(addr, "GET", path, &[BEARER]).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(body.contains("public.t") || body.contains("seed"), "{path}: {body}");
     }
     // Control was not enabled: the token does not open it.
     assert_eq!(
@@ -196,7 +205,8 @@ async fn the_tls_listener_serves_the_api_and_the_plain_one_only_probes() {
             .0,
         401
     );
-    assert_eq!(tls_request(tls, &ca, "/status", &[]).await.0, 200);
+    assert_eq!(tls_request(tls, &ca, "/status", &[]).await.0, 401);
+    assert_eq!(tls_request(tls, &ca, "/status", &[BEARER]).await.0, 200);
     // The plain listener has no row data and no control, token or not.
     assert_eq!(
         request_with(plain, "GET", "/tables/public.t/row?id=1", &[BEARER])
@@ -204,8 +214,14 @@ async fn the_tls_listener_serves_the_api_and_the_plain_one_only_probes() {
             .0,
         404
     );
-    for path in ["/health/ready", "/status", "/metrics"] {
-        assert_eq!(get(plain, path).await.0, 200, "{path}");
+    assert_eq!(get(plain, "/health/ready").await.0, 200);
+    for path in ["/status", "/metrics"] {
+        assert_eq!(get(plain, path).await.0, 401, "{path}");
+        assert_eq!(
+            request_with(plain, "GET", path, &[BEARER]).await.0,
+            200,
+            "{path}"
+        );
     }
     // A plain-text client on the TLS port gets no HTTP answer.
     {

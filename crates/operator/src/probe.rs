@@ -12,6 +12,19 @@ use hyper_util::rt::TokioExecutor;
 pub trait Prober: Send + Sync {
     /// GET `http://<ip>:<port><path>`; the body on HTTP 200, an error message otherwise.
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String>;
+
+    /// [`Prober::get`] with `Authorization: Bearer <token>` when a token is given (an engine
+    /// whose reads, and so `/status`, are protected).
+    async fn get_with_token(
+        &self,
+        ip: &str,
+        port: u16,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<String, String> {
+        let _ = token;
+        self.get(ip, port, path).await
+    }
 }
 
 /// Plain HTTP/1.1, bounded: a pod's answer is read for at most `timeout` in all (connecting
@@ -41,6 +54,16 @@ impl Default for HttpProber {
 #[async_trait::async_trait]
 impl Prober for HttpProber {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
+        self.get_with_token(ip, port, path, None).await
+    }
+
+    async fn get_with_token(
+        &self,
+        ip: &str,
+        port: u16,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<String, String> {
         let host = if ip.contains(':') {
             format!("[{ip}]")
         } else {
@@ -49,8 +72,15 @@ impl Prober for HttpProber {
         let uri: http::Uri = format!("http://{host}:{port}{path}")
             .parse()
             .map_err(|e| format!("{e}"))?;
+        let mut request = http::Request::get(uri);
+        if let Some(t) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let request = request
+            .body(Empty::new())
+            .map_err(|e| format!("{e}"))?;
         let fut = async {
-            let resp = self.client.get(uri).await.map_err(|e| e.to_string())?;
+            let resp = self.client.request(request).await.map_err(|e| e.to_string())?;
             let status = resp.status();
             if !status.is_success() {
                 return Err(format!("HTTP {status}"));

@@ -1,8 +1,8 @@
 //! Who may use the engine's HTTP API. Three groups of endpoints:
 //!
-//! - open: `/health/*`, `/status`, `/metrics` (probes and scrapes; no row data), always
-//!   unauthenticated;
-//! - reads: `/tables…` (row data), open unless `protect_reads`, then a bearer token;
+//! - open: `/health/*` (probes), always unauthenticated;
+//! - reads: `/tables…` (row data), `/status` and `/metrics` (scrapes; no row data, but table
+//!   names, positions and errors), open unless `protect_reads`, then a bearer token;
 //! - control: `POST /sources/{id}/pause|resume`, refused unless `control`, then a bearer token.
 //!
 //! The token comes from a file (a mounted Secret key) or the environment, is compared in
