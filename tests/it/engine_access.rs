@@ -137,7 +137,10 @@ async fn protected_reads_status_and_metrics_need_the_token_and_probes_do_not() {
         assert!(!body.contains("public.t"), "{path}: {body}");
         let (status, body) = request_with(addr, "GET", path, &[BEARER]).await;
         assert_eq!(status, 200, "{path}: {body}");
-        assert!(body.contains("public.t") || body.contains("seed"), "{path}: {body}");
+        assert!(
+            body.contains("public.t") || body.contains("seed"),
+            "{path}: {body}"
+        );
     }
     // Control was not enabled: the token does not open it.
     assert_eq!(

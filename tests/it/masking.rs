@@ -144,7 +144,7 @@ pub(crate) fn larch() -> Command {
 
 /// `larch export --follow` of `users` into `dir` through the rules of `files`, hashing with
 /// `key`, its status on an ephemeral port (read it with `listening`).
-fn follow_masked(
+pub(crate) fn follow_masked(
     dir: &Path,
     files: &Files,
     slot: &str,
@@ -218,7 +218,7 @@ fn export_once(
     )
 }
 
-async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
+pub(crate) async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
     let reader = ArchiveReader::new(store, prefix, vec![Format::Jsonl]).unwrap();
     let (manifest, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
     let rows = folded
@@ -229,7 +229,7 @@ async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
     (manifest.epoch, rows)
 }
 
-fn local(dir: &Path) -> Arc<dyn Store> {
+pub(crate) fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::new(dir).unwrap())
 }
 

@@ -144,20 +144,31 @@ mod tests {
         };
         let (addr, stop) = started(limits).await;
         let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
-        slow.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        slow.write_all(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
         let started = std::time::Instant::now();
         let mut buf = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
-        assert!(read.is_ok(), "the half-sent request was still open after 5 s");
+        assert!(
+            read.is_ok(),
+            "the half-sent request was still open after 5 s"
+        );
         assert!(started.elapsed() < Duration::from_secs(2));
 
         let mut big = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let head = format!("GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(20_000));
+        let head = format!(
+            "GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(20_000)
+        );
         let _ = big.write_all(head.as_bytes()).await;
         let mut answer = Vec::new();
         let _ = big.read_to_end(&mut answer).await;
         let answer = String::from_utf8_lossy(&answer);
-        assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{answer}"
+        );
 
         let mut body = tokio::net::TcpStream::connect(addr).await.unwrap();
         let req = format!(

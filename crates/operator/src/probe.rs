@@ -76,11 +76,13 @@ impl Prober for HttpProber {
         if let Some(t) = token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
-        let request = request
-            .body(Empty::new())
-            .map_err(|e| format!("{e}"))?;
+        let request = request.body(Empty::new()).map_err(|e| format!("{e}"))?;
         let fut = async {
-            let resp = self.client.request(request).await.map_err(|e| e.to_string())?;
+            let resp = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| e.to_string())?;
             let status = resp.status();
             if !status.is_success() {
                 return Err(format!("HTTP {status}"));

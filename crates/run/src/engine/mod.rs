@@ -214,7 +214,10 @@ pub async fn start_serving(
                 .with_context(|| format!("listening on {tls_listen} (TLS)"))?;
             let tls_listener = tls::TlsListener::new(tcp, tls_config)?;
             tls_addr = Some(axum::serve::Listener::local_addr(&tls_listener)?);
-            let (app, stop) = (http::router(shared.clone(), access.clone()), shutdown.clone());
+            let (app, stop) = (
+                http::router(shared.clone(), access.clone()),
+                shutdown.clone(),
+            );
             servers.push(tokio::spawn(async move {
                 larch_core::serve::serve(tls_listener, app, async move { stop.cancelled().await })
                     .await
@@ -225,8 +228,7 @@ pub async fn start_serving(
     };
     let stop = shutdown.clone();
     servers.push(tokio::spawn(async move {
-        larch_core::serve::serve(listener, plain_app, async move { stop.cancelled().await })
-            .await
+        larch_core::serve::serve(listener, plain_app, async move { stop.cancelled().await }).await
     }));
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));

@@ -1003,7 +1003,10 @@ tables:
         assert_eq!(m["name"].get(), r#""REDACTED""#);
         assert_eq!(m["born"].get(), "null", "undeclared is null by default");
         let kept = TransformRules::parse(
-            &RULES.replace("  public.users:\n", "  public.users:\n    undeclared: keep\n"),
+            &RULES.replace(
+                "  public.users:\n",
+                "  public.users:\n    undeclared: keep\n",
+            ),
             "test.yaml",
         )
         .unwrap()
@@ -1015,9 +1018,17 @@ tables:
         )
         .unwrap();
         let kept_row = kept.apply(row.clone()).unwrap();
-        assert_eq!(kept_row.to_map()["born"].get(), r#""1990-01-02""#, "undeclared: keep");
+        assert_eq!(
+            kept_row.to_map()["born"].get(),
+            r#""1990-01-02""#,
+            "undeclared: keep"
+        );
         assert_eq!(kept.record().undeclared, "keep");
-        assert!(kept.record().undeclared_columns.contains(&"born".to_string()));
+        assert!(
+            kept.record()
+                .undeclared_columns
+                .contains(&"born".to_string())
+        );
         let id: i64 = m["id"].get().parse().unwrap();
         assert_ne!(id, 42);
         assert!(id >= 0);
@@ -1043,9 +1054,19 @@ tables:
         let rec = t.record();
         assert_eq!(rec.columns["ssn"], "drop");
         assert_eq!(rec.columns["born"], "null");
-        assert_eq!(rec.undeclared_columns, ["born"], "the columns the rules did not name");
-        assert!(rec.uncovered(["id", "born", "later"]).is_empty(), "undeclared: null covers");
-        assert_eq!(kept.record().uncovered(["id", "born", "later"]), ["born", "later"]);
+        assert_eq!(
+            rec.undeclared_columns,
+            ["born"],
+            "the columns the rules did not name"
+        );
+        assert!(
+            rec.uncovered(["id", "born", "later"]).is_empty(),
+            "undeclared: null covers"
+        );
+        assert_eq!(
+            kept.record().uncovered(["id", "born", "later"]),
+            ["born", "later"]
+        );
         assert_eq!(rec.columns["name"], "redact");
         assert_eq!(rec.key_id.as_deref(), Some(key().id()));
         assert!(rec.masks_anything());

@@ -913,7 +913,10 @@ mod tests {
             .map(|r| Row::parse(r).unwrap())
             .collect();
         let e = t.baseline_rows(rows).await.unwrap_err().to_string();
-        assert!(e.contains("share a value of the key (tenant)") && !e.contains("\"a\""), "{e}");
+        assert!(
+            e.contains("share a value of the key (tenant)") && !e.contains("\"a\""),
+            "{e}"
+        );
         t.abort_baseline().await;
         assert_eq!(t.len(), 0);
     }

@@ -619,9 +619,8 @@ impl Target for PostgresTarget {
             Vec::with_capacity(rows.iter().map(|r| r.as_str().len()).sum::<usize>() + rows.len());
         for row in &rows {
             // The row's position, never its text: the error reaches /status.
-            encode_row(row, &copy.columns, &mut buf).with_context(|| {
-                format!("postgres target {}: a baseline row", self.table)
-            })?;
+            encode_row(row, &copy.columns, &mut buf)
+                .with_context(|| format!("postgres target {}: a baseline row", self.table))?;
         }
         copy.sink
             .send(bytes::Bytes::from(buf))

@@ -71,8 +71,9 @@ pub fn encode_row(row: &Row, columns: &[CopyColumn], out: &mut Vec<u8>) -> anyho
         match fields.get(c.name.as_str()) {
             None => out.extend_from_slice(b"\\N"),
             Some(v) if v.get() == "null" => out.extend_from_slice(b"\\N"),
-            Some(v) => encode_value(v, c.kind, out)
-                .with_context(|| format!("column {:?}", c.name))?,
+            Some(v) => {
+                encode_value(v, c.kind, out).with_context(|| format!("column {:?}", c.name))?
+            }
         }
     }
     out.push(b'\n');
