@@ -585,9 +585,15 @@ async fn bad_transforms_are_clear_errors_and_export_nothing() {
             "transform of table public.users: column \"emial\" does not exist",
         ),
         (
-            "tables: {public.orders: {columns: {total: hash}}}",
+            "tables: {public.orders: {columns: {id: keep, total: hash}}}",
             true,
             "column \"total\": hash cannot keep the type numeric(10,2)",
+        ),
+        (
+            "tables: {public.orders: {columns: {total: keep}}}",
+            true,
+            "column \"id\" (undeclared) is a key field; `null` would give every row the same \
+             identity: name it in `columns` with hash or keep",
         ),
         (
             "tables: {public.users: {columns: {email: hash}}}",
