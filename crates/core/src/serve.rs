@@ -156,6 +156,12 @@ mod tests {
         );
         assert!(started.elapsed() < Duration::from_secs(2));
 
+        // A client that connects and sends nothing is cut alike.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "a silent connection was still open after 5 s");
+
         let mut big = tokio::net::TcpStream::connect(addr).await.unwrap();
         let head = format!(
             "GET /echo HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
