@@ -116,12 +116,20 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
-            for status in ["200 OK", "503 Service Unavailable"] {
+            for (status, bearer) in [
+                ("200 OK", None),
+                ("503 Service Unavailable", None),
+                ("200 OK", Some("engine-token-0123456789")),
+            ] {
                 let (mut s, _) = listener.accept().await.unwrap();
                 let mut buf = [0u8; 1024];
                 let n = s.read(&mut buf).await.unwrap();
                 let req = String::from_utf8_lossy(&buf[..n]).to_string();
                 assert!(req.starts_with("GET /status HTTP/1.1"), "{req}");
+                let sent = req
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: Bearer "));
+                assert_eq!(sent, bearer, "{req}");
                 let body = r#"{"ok":true}"#;
                 let resp = format!(
                     "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -140,6 +148,13 @@ mod tests {
                 .await
                 .unwrap_err()
                 .contains("503")
+        );
+        let token = Some("engine-token-0123456789");
+        assert_eq!(
+            p.get_with_token("127.0.0.1", port, "/status", token)
+                .await
+                .unwrap(),
+            r#"{"ok":true}"#
         );
     }
 
