@@ -28,10 +28,13 @@ pub struct EngineArgs {
     /// Serve POST /sources/{id}/pause and /resume, behind the API token (refused otherwise).
     #[arg(long)]
     pub allow_control: bool,
-    /// Require the API token for the tables API (/tables…) too; /health/*, /status and
-    /// /metrics stay open (probes and scrapes; no row data).
+    /// Require the API token for the tables API (/tables…, row data).
     #[arg(long)]
     pub protect_reads: bool,
+    /// Require the API token for /status and /metrics too (no row data in them, but table
+    /// names, positions and errors); /health/* stays open.
+    #[arg(long)]
+    pub protect_status: bool,
     /// File holding the API bearer token (a mounted Secret key; at least 16 characters).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -77,6 +80,7 @@ fn serving(args: &EngineArgs) -> anyhow::Result<Serving> {
     let access = ApiAccess::from_flags(
         args.allow_control,
         args.protect_reads,
+        args.protect_status,
         args.token_file.as_ref(),
         std::env::var(access::TOKEN_ENV).ok(),
     )?;

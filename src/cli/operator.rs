@@ -91,7 +91,7 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         ready: ready.clone(),
     });
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        if let Err(e) = larch_core::serve::serve(listener, app, std::future::pending()).await {
             tracing::error!(error = %e, "health server stopped");
         }
     });

@@ -141,9 +141,11 @@ async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// What `slot-status` serves at `/status`.
+/// What `slot-status` prints, and serves at `/status` without `server`: an unauthenticated
+/// answer names no database host or user.
 #[derive(Clone, Debug, Default, Serialize)]
 struct SlotsStatus {
+    #[serde(skip_serializing_if = "String::is_empty")]
     server: String,
     observed_at: Option<String>,
     slots: Vec<SlotReport>,
@@ -193,7 +195,6 @@ async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
         metrics: SlotMetrics::register(&registry),
         registry,
         status: Mutex::new(SlotsStatus {
-            server: watcher.server(),
             slots: args
                 .slots
                 .iter()
@@ -202,6 +203,7 @@ async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
             ..Default::default()
         }),
     });
+    let server = watcher.server();
     let addr = serve(listen, served.clone()).await?;
     tracing::info!(%addr, slots = ?args.slots, "serving replication slot status");
     let mut tick = tokio::time::interval(args.interval);
@@ -227,7 +229,9 @@ async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
             }
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "reading the replication slots");
-                served.status.locked().last_error = Some(format!("{e:#}"));
+                // The server's address and user stay in the log, out of the open /status.
+                let text = format!("{e:#}").replace(&server, "the source database");
+                served.status.locked().last_error = Some(text);
             }
         }
     }
@@ -251,7 +255,7 @@ async fn serve(listen: &str, served: Arc<Served>) -> anyhow::Result<SocketAddr> 
         .with_context(|| format!("--listen {listen}"))?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = larch_core::serve::serve(listener, app, std::future::pending()).await;
     });
     Ok(addr)
 }

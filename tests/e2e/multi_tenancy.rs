@@ -121,7 +121,7 @@ fn engine_ips(e: &Env) -> Vec<String> {
 }
 
 /// Scenario 23: in a default-deny namespace the engines still become Ready (the operator reads
-/// only `/status`, unauthenticated, even with protected reads); the generated NetworkPolicy
+/// only `/status`, with the engines' token since reads are protected); the generated NetworkPolicy
 /// admits the operator's namespace on 8080 and the listed clients; two replicas get a
 /// PodDisruptionBudget; pause answers 401 without the token and 200 with it; rows need it too.
 #[test]
@@ -167,15 +167,21 @@ fn s23_token_protected_engine_in_a_default_deny_namespace() {
         curl("POST", &pause, Some("not-the-token-0123456789")).0,
         401
     );
-    let status = e
-        .http_json(&format!("http://{ip}:8080/status"))
-        .expect("/status");
+    // Protected reads protect /status too: without the token it says nothing.
+    let status_url = format!("http://{ip}:8080/status");
+    assert_eq!(curl("GET", &status_url, None).0, 401);
+    let status_of = || -> serde_json::Value {
+        let (code, body) = curl("GET", &status_url, Some(TOKEN));
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let status = status_of();
     assert_eq!(status["sources"][SOURCE]["state"], "STREAMING", "{status}");
     assert_eq!(
         curl("POST", &pause, Some(TOKEN)),
         (200, r#"{"paused":true}"#.into())
     );
-    let status = e.http_json(&format!("http://{ip}:8080/status")).unwrap();
+    let status = status_of();
     assert_eq!(status["sources"][SOURCE]["state"], "PAUSED", "{status}");
     let resume = format!("http://{ip}:8080/sources/{SOURCE}/resume");
     assert_eq!(curl("POST", &resume, Some(TOKEN)).0, 200);

@@ -195,7 +195,7 @@ async fn archive_commands_refuse_bad_flags_and_write_nothing() {
            &["--key-fields", "nope"]),
         on("reconstruct", d, "reconstruct-key-field-not-unique", 1,
            &["warning: --key-fields: key fields [tenant] differ from the archive's primary key [id]",
-             "two rows share the key (tenant) = a: the key fields do not identify rows"],
+             "two rows share a value of the key (tenant): the key fields do not identify rows"],
            &["--key-fields", "tenant"]),
         on("reconstruct", d, "reconstruct-key-fields-unique-but-not-the-pk", 0,
            &["warning: --key-fields: key fields [id, tenant] differ", "\"row_count\": 4"],
@@ -606,7 +606,7 @@ async fn engine_key_fields_that_do_not_identify_rows_are_never_served() {
     for (name, fields, says) in [(
         "engine-key-field-not-unique",
         "[tenant]",
-        "share the key (tenant) = a: the key fields do not identify rows",
+        "share a value of the key (tenant): the key fields do not identify rows",
     )] {
         let yaml = engine_yaml(
             &archive,

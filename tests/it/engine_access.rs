@@ -38,11 +38,16 @@ async fn archive() -> tempfile::TempDir {
 }
 
 fn serving(control: bool, protect_reads: bool) -> Serving {
+    serving_with(control, protect_reads, protect_reads)
+}
+
+fn serving_with(control: bool, protect_reads: bool, protect_status: bool) -> Serving {
     Serving {
         listen: "127.0.0.1:0".into(),
         access: ApiAccess {
             control,
             protect_reads,
+            protect_status,
             token: Some(Token::new(TOKEN, "test").unwrap()),
         },
         tls: None,
@@ -107,7 +112,7 @@ async fn control_needs_the_bearer_token() {
 }
 
 #[tokio::test]
-async fn protected_reads_need_the_token_and_probes_do_not() {
+async fn protected_reads_status_and_metrics_need_the_token_and_probes_do_not() {
     let dir = archive().await;
     let engine = start_engine_serving(&yaml(dir.path()), &serving(false, true)).await;
     let addr = engine.addr;
@@ -126,9 +131,22 @@ async fn protected_reads_need_the_token_and_probes_do_not() {
     }
     let (_, row) = request_with(addr, "GET", "/tables/public.t/row?id=1", &[BEARER]).await;
     assert!(row.contains(r#""v":"s-1""#), "{row}");
-    // What the operator, the kubelet and Prometheus use needs no token.
-    for path in ["/health/live", "/health/ready", "/status", "/metrics"] {
+    // The kubelet's probes need no token.
+    for path in ["/health/live", "/health/ready"] {
         assert_eq!(get(addr, path).await.0, 200, "{path}");
+    }
+    // Status and metrics name tables, positions and errors: behind the token with
+    // --protect-status (issue 35).
+    for path in ["/status", "/metrics"] {
+        let (status, body) = get(addr, path).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(!body.contains("public.t"), "{path}: {body}");
+        let (status, body) = request_with(addr, "GET", path, &[BEARER]).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(
+            body.contains("public.t") || body.contains("seed"),
+            "{path}: {body}"
+        );
     }
     // Control was not enabled: the token does not open it.
     assert_eq!(
@@ -137,6 +155,23 @@ async fn protected_reads_need_the_token_and_probes_do_not() {
             .0,
         403
     );
+    engine.stop().await.unwrap();
+}
+
+/// `--protect-reads` alone (a generated token's engines): rows behind the token, `/status` and
+/// `/metrics` open for the operator and Prometheus, without a row value in them.
+#[tokio::test]
+async fn protected_reads_alone_leave_status_and_metrics_open() {
+    let dir = archive().await;
+    let engine = start_engine_serving(&yaml(dir.path()), &serving_with(false, true, false)).await;
+    let addr = engine.addr;
+    wait_ready(addr).await;
+    assert_eq!(get(addr, "/tables/public.t/row?id=1").await.0, 401);
+    for path in ["/status", "/metrics"] {
+        let (status, body) = get(addr, path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(!body.contains("s-1"), "{path}: no row value: {body}");
+    }
     engine.stop().await.unwrap();
 }
 
@@ -196,7 +231,8 @@ async fn the_tls_listener_serves_the_api_and_the_plain_one_only_probes() {
             .0,
         401
     );
-    assert_eq!(tls_request(tls, &ca, "/status", &[]).await.0, 200);
+    assert_eq!(tls_request(tls, &ca, "/status", &[]).await.0, 401);
+    assert_eq!(tls_request(tls, &ca, "/status", &[BEARER]).await.0, 200);
     // The plain listener has no row data and no control, token or not.
     assert_eq!(
         request_with(plain, "GET", "/tables/public.t/row?id=1", &[BEARER])
@@ -204,8 +240,14 @@ async fn the_tls_listener_serves_the_api_and_the_plain_one_only_probes() {
             .0,
         404
     );
-    for path in ["/health/ready", "/status", "/metrics"] {
-        assert_eq!(get(plain, path).await.0, 200, "{path}");
+    assert_eq!(get(plain, "/health/ready").await.0, 200);
+    for path in ["/status", "/metrics"] {
+        assert_eq!(get(plain, path).await.0, 401, "{path}");
+        assert_eq!(
+            request_with(plain, "GET", path, &[BEARER]).await.0,
+            200,
+            "{path}"
+        );
     }
     // A plain-text client on the TLS port gets no HTTP answer.
     {

@@ -284,6 +284,7 @@ async fn pause_holds_changes_until_resume() {
         access: ApiAccess {
             control: true,
             protect_reads: false,
+            protect_status: false,
             token: Some(Token::new(token, "test").unwrap()),
         },
         tls: None,

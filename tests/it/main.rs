@@ -43,4 +43,5 @@ mod source_conformance;
 mod store_conformance;
 mod support;
 mod target_conformance;
+mod tenant_safety;
 mod writer;

@@ -144,7 +144,7 @@ pub(crate) fn larch() -> Command {
 
 /// `larch export --follow` of `users` into `dir` through the rules of `files`, hashing with
 /// `key`, its status on an ephemeral port (read it with `listening`).
-fn follow_masked(
+pub(crate) fn follow_masked(
     dir: &Path,
     files: &Files,
     slot: &str,
@@ -218,7 +218,7 @@ fn export_once(
     )
 }
 
-async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
+pub(crate) async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
     let reader = ArchiveReader::new(store, prefix, vec![Format::Jsonl]).unwrap();
     let (manifest, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
     let rows = folded
@@ -229,7 +229,7 @@ async fn rows(store: Arc<dyn Store>, prefix: &str) -> (i64, Vec<Value>) {
     (manifest.epoch, rows)
 }
 
-fn local(dir: &Path) -> Arc<dyn Store> {
+pub(crate) fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::new(dir).unwrap())
 }
 
@@ -585,9 +585,15 @@ async fn bad_transforms_are_clear_errors_and_export_nothing() {
             "transform of table public.users: column \"emial\" does not exist",
         ),
         (
-            "tables: {public.orders: {columns: {total: hash}}}",
+            "tables: {public.orders: {columns: {id: keep, total: hash}}}",
             true,
             "column \"total\": hash cannot keep the type numeric(10,2)",
+        ),
+        (
+            "tables: {public.orders: {columns: {total: keep}}}",
+            true,
+            "column \"id\" (undeclared) is a key field; `null` would give every row the same \
+             identity: name it in `columns` with hash or keep",
         ),
         (
             "tables: {public.users: {columns: {email: hash}}}",

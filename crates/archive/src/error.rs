@@ -46,6 +46,11 @@ pub enum ArchiveError {
     #[error("{0}")]
     Invalid(String),
     #[error(
+        "{key}: {size} bytes, over the {limit} bytes read whole for a manifest (a manifest is a few MiB; set {env} to raise the cap)",
+        env = crate::store::MAX_GET_BYTES_ENV
+    )]
+    TooLarge { key: String, size: u64, limit: u64 },
+    #[error(
         "spill directory {dir}: the buffered changes need {needed} bytes on disk, more than the spill limit of {limit} bytes: raise --spill-limit (spec.continuous.spillSize) and the space behind it"
     )]
     SpillLimit {

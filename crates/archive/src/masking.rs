@@ -23,12 +23,39 @@ pub struct TransformRecord {
     /// are listed here although they are gone from `columns`.
     #[serde(default)]
     pub columns: BTreeMap<String, String>,
+    /// The columns of `columns` the rules did not name: they went through `undeclared`.
+    /// Absent in archives written before larch recorded it (their columns count as declared).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub undeclared_columns: Vec<String>,
 }
 
 impl TransformRecord {
     /// Whether any column is changed (an archive with only `keep` is not masked).
     pub fn masks_anything(&self) -> bool {
         self.columns.values().any(|t| t != "keep") || self.undeclared != "keep"
+    }
+
+    /// Whether a column the rules did not name is masked (`null`, `drop`, `hash`, a redaction
+    /// or a fake: anything but `keep`).
+    fn undeclared_masked(&self) -> bool {
+        !matches!(self.undeclared.as_str(), "keep" | "")
+    }
+
+    /// The columns of `served` (a manifest's columns) this record does not cover: neither
+    /// named by the rules (any transform, `keep` included: a decision) nor masked by the
+    /// undeclared policy. A column added after the rules were written is covered only by a
+    /// masking undeclared policy.
+    pub fn uncovered<'a>(&self, served: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let masked = self.undeclared_masked();
+        served
+            .into_iter()
+            .filter(|c| {
+                let declared = self.columns.contains_key(*c)
+                    && !self.undeclared_columns.iter().any(|u| u == c);
+                !declared && !masked
+            })
+            .map(str::to_string)
+            .collect()
     }
 }
 

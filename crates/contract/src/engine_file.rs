@@ -47,7 +47,7 @@ pub struct SourceFile {
     pub state_path: Option<PathBuf>,
     #[serde(default)]
     pub group: bool,
-    /// Refuse an archive whose manifest records no masking transform.
+    /// Refuse an archive whose manifest records no masking transform covering every column.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub require_transformed: bool,
 }

@@ -52,7 +52,8 @@ pub enum Reason {
     /// from the container's state; a process never writes it).
     OutOfMemory,
     /// An engine source with `require_transformed` found an archive whose manifest records no
-    /// masking transform (raw rows): it loads nothing.
+    /// masking transform, or one that leaves a served column uncovered (raw rows): it loads
+    /// nothing.
     ArchiveNotTransformed,
     /// Anything else: the message says what.
     Failed,

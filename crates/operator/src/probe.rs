@@ -12,6 +12,19 @@ use hyper_util::rt::TokioExecutor;
 pub trait Prober: Send + Sync {
     /// GET `http://<ip>:<port><path>`; the body on HTTP 200, an error message otherwise.
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String>;
+
+    /// [`Prober::get`] with `Authorization: Bearer <token>` when a token is given (an engine
+    /// whose reads, and so `/status`, are protected).
+    async fn get_with_token(
+        &self,
+        ip: &str,
+        port: u16,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<String, String> {
+        let _ = token;
+        self.get(ip, port, path).await
+    }
 }
 
 /// Plain HTTP/1.1, bounded: a pod's answer is read for at most `timeout` in all (connecting
@@ -41,6 +54,16 @@ impl Default for HttpProber {
 #[async_trait::async_trait]
 impl Prober for HttpProber {
     async fn get(&self, ip: &str, port: u16, path: &str) -> Result<String, String> {
+        self.get_with_token(ip, port, path, None).await
+    }
+
+    async fn get_with_token(
+        &self,
+        ip: &str,
+        port: u16,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<String, String> {
         let host = if ip.contains(':') {
             format!("[{ip}]")
         } else {
@@ -49,8 +72,17 @@ impl Prober for HttpProber {
         let uri: http::Uri = format!("http://{host}:{port}{path}")
             .parse()
             .map_err(|e| format!("{e}"))?;
+        let mut request = http::Request::get(uri);
+        if let Some(t) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let request = request.body(Empty::new()).map_err(|e| format!("{e}"))?;
         let fut = async {
-            let resp = self.client.get(uri).await.map_err(|e| e.to_string())?;
+            let resp = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| e.to_string())?;
             let status = resp.status();
             if !status.is_success() {
                 return Err(format!("HTTP {status}"));
@@ -84,12 +116,20 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
-            for status in ["200 OK", "503 Service Unavailable"] {
+            for (status, bearer) in [
+                ("200 OK", None),
+                ("503 Service Unavailable", None),
+                ("200 OK", Some("engine-token-0123456789")),
+            ] {
                 let (mut s, _) = listener.accept().await.unwrap();
                 let mut buf = [0u8; 1024];
                 let n = s.read(&mut buf).await.unwrap();
                 let req = String::from_utf8_lossy(&buf[..n]).to_string();
                 assert!(req.starts_with("GET /status HTTP/1.1"), "{req}");
+                let sent = req
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: Bearer "));
+                assert_eq!(sent, bearer, "{req}");
                 let body = r#"{"ok":true}"#;
                 let resp = format!(
                     "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -108,6 +148,13 @@ mod tests {
                 .await
                 .unwrap_err()
                 .contains("503")
+        );
+        let token = Some("engine-token-0123456789");
+        assert_eq!(
+            p.get_with_token("127.0.0.1", port, "/status", token)
+                .await
+                .unwrap(),
+            r#"{"ok":true}"#
         );
     }
 

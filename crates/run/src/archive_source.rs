@@ -445,6 +445,37 @@ impl ArchiveReplaySource {
 }
 
 impl ArchiveReplaySource {
+    /// `require_transformed`: the manifest records a transform that masks something and covers
+    /// every column it serves (`TransformRecord::uncovered`); else an error tagged
+    /// `ArchiveNotTransformed` naming the table and the uncovered columns.
+    fn check_transformed(&self, m: &Manifest) -> anyhow::Result<()> {
+        if !self.opts.require_transformed {
+            return Ok(());
+        }
+        let (id, key, table) = (&self.opts.id, self.reader.manifest_key(), &self.opts.table);
+        let Some(t) = m.transform.as_ref().filter(|t| t.masks_anything()) else {
+            larch_core::failure::bail!(
+                larch_core::failure::Reason::ArchiveNotTransformed,
+                "source {id}: require_transformed: the archive {key} (table {table}) records no \
+                 masking transform (it was not exported with --transform / spec.transform): \
+                 refusing to load raw rows",
+            );
+        };
+        let uncovered = t.uncovered(m.columns.iter().map(|c| c.name.as_str()));
+        if !uncovered.is_empty() {
+            larch_core::failure::bail!(
+                larch_core::failure::Reason::ArchiveNotTransformed,
+                "source {id}: require_transformed: epoch {} of the archive {key} (table {table}) \
+                 serves columns its transform does not cover: {} (neither named in the rules \
+                 nor masked by `undeclared`, which is {:?}): refusing to load raw rows",
+                m.epoch,
+                uncovered.join(", "),
+                t.undeclared,
+            );
+        }
+        Ok(())
+    }
+
     /// Sends one diff's changes as events, streamed; `false` when the consumer went away.
     async fn send_diff(
         &self,
@@ -522,19 +553,7 @@ impl SyncSource for ArchiveReplaySource {
         // Following, an archive that does not exist yet is waited for (not an error).
         let columns = match self.manifest_or_wait().await? {
             Some(m) => {
-                if self.opts.require_transformed
-                    && !m.transform.as_ref().is_some_and(|t| t.masks_anything())
-                {
-                    larch_core::failure::bail!(
-                        larch_core::failure::Reason::ArchiveNotTransformed,
-                        "source {}: require_transformed: the archive {} (table {}) records no \
-                         masking transform (it was not exported with --transform / \
-                         spec.transform): refusing to load raw rows",
-                        self.opts.id,
-                        self.reader.manifest_key(),
-                        self.opts.table
-                    );
-                }
+                self.check_transformed(&m)?;
                 self.inner.locked().init_columns = Some(m.columns.clone());
                 self.columns(&m).await?
             }
@@ -576,7 +595,13 @@ impl SyncSource for ArchiveReplaySource {
             ));
         };
         // A new epoch with other columns landed since `init`: the targets must be initialised
-        // with the columns of the rows they are about to get.
+        // with the columns of the rows they are about to get. One whose transform does not
+        // cover its columns is refused there too.
+        if self.check_transformed(&m).is_err() {
+            return Err(SourceError::ReBaselineRequired(
+                "the archive's transform changed since the targets were initialised".into(),
+            ));
+        }
         let init_columns = self.inner.locked().init_columns.clone();
         if init_columns.is_some_and(|c| c != m.columns) {
             return Err(SourceError::ReBaselineRequired(
@@ -693,6 +718,12 @@ impl SyncSource for ArchiveReplaySource {
                     .context(format!("source {}", self.opts.id)),
                 ));
             };
+            // Each manifest read (a new epoch included) is held to require_transformed: one
+            // that fails is served no further; the baseline it asks for refuses it by name.
+            if let Err(e) = self.check_transformed(&m) {
+                tracing::error!(source = %self.opts.id, error = %e, "the archive stopped being masked");
+                return Err(SourceError::ReBaselineRequired(format!("{e}")));
+            }
             let epoch = self.inner.locked().epoch;
             match next_step(&m, &from, epoch) {
                 Step::Replaced(why) => {

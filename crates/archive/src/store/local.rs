@@ -167,18 +167,32 @@ impl Store for LocalStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<GetResult>> {
+        use tokio::io::AsyncReadExt;
         let path = self.path(key)?;
-        match tokio::fs::read(&path).await {
-            Ok(bytes) => {
-                let revision = sha256_hex(&bytes);
-                Ok(Some(GetResult {
-                    bytes: Bytes::from(bytes),
-                    revision,
-                }))
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ArchiveError::storage(key, e)),
-        }
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ArchiveError::storage(key, e)),
+        };
+        let limit = super::max_get_bytes();
+        let size = file
+            .metadata()
+            .await
+            .map_err(|e| ArchiveError::storage(key, e))?
+            .len();
+        super::check_get_size(key, size, limit)?;
+        // Read at most one byte past the cap: a file that grew since is refused too.
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.take(limit + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| ArchiveError::storage(key, e))?;
+        super::check_get_size(key, bytes.len() as u64, limit)?;
+        let revision = sha256_hex(&bytes);
+        Ok(Some(GetResult {
+            bytes: Bytes::from(bytes),
+            revision,
+        }))
     }
 
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {

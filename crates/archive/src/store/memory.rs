@@ -90,10 +90,14 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &str) -> Result<Option<GetResult>> {
         check_key(key)?;
-        Ok(self.objects.locked().get(key).map(|o| GetResult {
+        let got = self.objects.locked().get(key).map(|o| GetResult {
             revision: sha256_hex(&o.bytes),
             bytes: o.bytes.clone(),
-        }))
+        });
+        if let Some(g) = &got {
+            super::check_get_size(key, g.bytes.len() as u64, super::max_get_bytes())?;
+        }
+        Ok(got)
     }
 
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {

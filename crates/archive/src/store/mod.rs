@@ -26,6 +26,37 @@ pub struct PutResult {
     pub sha256: String,
 }
 
+/// The environment variable that raises the cap on objects read whole (manifests).
+pub const MAX_GET_BYTES_ENV: &str = "LARCH_MAX_MANIFEST_BYTES";
+/// The default cap on objects read whole: a manifest of a long history is a few MiB, so one
+/// this large is damaged or hostile, and reading it would cost that much memory.
+pub const DEFAULT_MAX_GET_BYTES: u64 = 64 << 20;
+
+/// The cap [`Store::get`] applies: `$LARCH_MAX_MANIFEST_BYTES` (bytes) when set and valid,
+/// else [`DEFAULT_MAX_GET_BYTES`].
+pub fn max_get_bytes() -> u64 {
+    static CAP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var(MAX_GET_BYTES_ENV) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(value = %v, "{MAX_GET_BYTES_ENV} is not a number of bytes; using the default");
+            DEFAULT_MAX_GET_BYTES
+        }),
+        Err(_) => DEFAULT_MAX_GET_BYTES,
+    })
+}
+
+/// Refuses an object of `size` bytes to be read whole under `key` when over `limit`.
+pub fn check_get_size(key: &str, size: u64, limit: u64) -> Result<()> {
+    if size > limit {
+        return Err(super::error::ArchiveError::TooLarge {
+            key: key.to_string(),
+            size,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// A small object read whole (manifests), with the revision used for compare-and-swap.
 #[derive(Clone, Debug)]
 pub struct GetResult {
@@ -57,7 +88,8 @@ pub trait Store: Send + Sync + Debug {
     fn name(&self) -> String;
     /// The URI recorded in the manifest for `key` (informational, R1).
     fn uri(&self, key: &str) -> String;
-    /// Reads a small object whole. `None` when absent.
+    /// Reads a small object whole, refusing one over [`max_get_bytes`] before reading it.
+    /// `None` when absent.
     async fn get(&self, key: &str) -> Result<Option<GetResult>>;
     /// Opens an object for streaming reads. `None` when absent.
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>>;

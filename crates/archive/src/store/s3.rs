@@ -422,13 +422,25 @@ impl Store for S3Store {
             Err(e) => return Err(self.storage_error(key, "GetObject", e)),
         };
         let revision = etag_of(self, key, "GetObject", out.e_tag)?;
-        let bytes = out
-            .body
-            .collect()
+        let limit = super::max_get_bytes();
+        if let Some(size) = out.content_length {
+            super::check_get_size(key, size.max(0) as u64, limit)?;
+        }
+        // Chunk by chunk, so a body longer than its announced length is cut at the cap too.
+        let mut body = out.body;
+        let mut bytes = bytes::BytesMut::new();
+        while let Some(chunk) = body
+            .try_next()
             .await
             .map_err(|e| ArchiveError::storage(self.uri(key), e))?
-            .into_bytes();
-        Ok(Some(GetResult { bytes, revision }))
+        {
+            bytes.extend_from_slice(&chunk);
+            super::check_get_size(key, bytes.len() as u64, limit)?;
+        }
+        Ok(Some(GetResult {
+            bytes: bytes.freeze(),
+            revision,
+        }))
     }
 
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>> {

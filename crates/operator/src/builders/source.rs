@@ -143,6 +143,11 @@ pub fn children(
     if api.protect_reads.unwrap_or(generated) {
         args.push("--protect-reads".into());
     }
+    // `/status` and `/metrics` behind the token only with the user's own token: a generated
+    // one is in a Secret neither the operator (its /status read) nor Prometheus can read.
+    if protects_status(&api) {
+        args.push("--protect-status".into());
+    }
     if let Some(tls) = &api.tls {
         volumes.push(pod::tls_secret_volume("api-tls", &tls.secret_name));
         mounts.push(pod::mount("api-tls", API_TLS_DIR, true));
@@ -368,4 +373,10 @@ pub fn pod_disruption_budget(source: &ArchiveSource, replicas: i32) -> Option<Po
         }),
         ..Default::default()
     })
+}
+
+/// Whether the engines' `/status` and `/metrics` need the token: with `tokenSecretRef` and
+/// `protectReads: true` (the operator then reads that Secret for its `/status` read).
+pub fn protects_status(access: &crate::crd::archive_source::EngineAccess) -> bool {
+    access.protect_reads == Some(true) && access.token_secret_ref.is_some()
 }

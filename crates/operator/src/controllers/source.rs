@@ -442,6 +442,28 @@ struct EngineScrape {
     progress: Vec<ProgressReport>,
 }
 
+/// The engines' API token when their `/status` is protected (`protectReads` with the user's own
+/// token, [`crate::builders::source::protects_status`]): read from the
+/// Secret `spec.access.tokenSecretRef` names, in the source's namespace, at each scrape (a
+/// rotated token is used as soon as the pods restart with it). Never logged.
+async fn engine_token(ctx: &Context, source: &ArchiveSource) -> Option<String> {
+    let access = source.spec.access.as_ref()?;
+    if !crate::builders::source::protects_status(access) {
+        return None;
+    }
+    let r = access.token_secret_ref.as_ref()?;
+    let ns = source.namespace().unwrap_or_default();
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+        .get(&r.name)
+        .await
+        .map_err(|e| {
+            tracing::warn!(source = %source.name_any(), secret = %r.name, error = %e, "reading the engines' API token");
+        })
+        .ok()?;
+    let bytes = secret.data.as_ref()?.get(&r.key)?;
+    Some(String::from_utf8_lossy(&bytes.0).trim().to_string())
+}
+
 /// Asks each engine pod with an IP for its `/status` (this source's entries).
 async fn scrape_engines(
     ctx: &Context,
@@ -461,12 +483,17 @@ async fn scrape_engines(
         .locked()
         .get(tracker_key)
         .and_then(|t| t.last_scrape);
+    let token = engine_token(ctx, source).await;
     for pod in pods {
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
         };
-        // `/status` only: open whatever spec.access protects, and free of row data.
-        let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
+        // `/status` only (free of row values); behind the token when reads are protected.
+        let Ok(body) = ctx
+            .prober
+            .get_with_token(&ip, 8080, "/status", token.as_deref())
+            .await
+        else {
             continue;
         };
         let Some(entries) = observe::parse_engine_status(&body, &id) else {

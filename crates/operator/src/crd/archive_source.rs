@@ -63,8 +63,9 @@ pub struct ArchiveSourceSpec {
     /// committed at or before a time) instead of following the archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<PointInTimeSpec>,
-    /// Refuse an archive whose manifest does not record a masking transform (a dev seed must
-    /// never load raw production rows; docs/masking.md).
+    /// Refuse an archive whose manifest does not record a masking transform covering every
+    /// column it serves (each named in the rules or masked by `undeclared`), checked again at
+    /// each new epoch (a dev seed must never load raw production rows; docs/masking.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub require_transformed: Option<bool>,
     /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
@@ -135,8 +136,9 @@ impl PointInTimeSpec {
     }
 }
 
-/// Access control of the engine's HTTP API. `/health/*`, `/status` and `/metrics` (probes,
-/// scrapes; no row data) are always open.
+/// Access control of the engine's HTTP API. `/health/*` (probes) is always open; `/status`
+/// and `/metrics` (no row data) need the token when reads are protected (the operator sends
+/// it).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.tokenSecretRef) || !has(self.generateToken) || self.generateToken || !((has(self.control) && self.control) || (has(self.protectReads) && self.protectReads))").message("control and protectReads need a token: tokenSecretRef, or generateToken not false"))]
@@ -154,8 +156,8 @@ pub struct EngineAccess {
     /// Serve `POST /sources/{id}/pause` and `/resume`, behind the token (default false: refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<bool>,
-    /// Require the token for the tables API (`/tables…`, row data) too (default: true with a
-    /// generated token, false with `tokenSecretRef`).
+    /// Require the token for the tables API (`/tables…`, row data), `/status` and `/metrics`
+    /// too (default: true with a generated token, false with `tokenSecretRef`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protect_reads: Option<bool>,
     /// Serve the API over TLS on port 8443 (`https`) with the certificate of this

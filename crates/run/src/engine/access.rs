@@ -1,8 +1,9 @@
 //! Who may use the engine's HTTP API. Three groups of endpoints:
 //!
-//! - open: `/health/*`, `/status`, `/metrics` (probes and scrapes; no row data), always
-//!   unauthenticated;
+//! - open: `/health/*` (probes), always unauthenticated;
 //! - reads: `/tables…` (row data), open unless `protect_reads`, then a bearer token;
+//! - status: `/status` and `/metrics` (scrapes; no row data, but table names, positions and
+//!   errors), open unless `protect_status`, then the same bearer token;
 //! - control: `POST /sources/{id}/pause|resume`, refused unless `control`, then a bearer token.
 //!
 //! The token comes from a file (a mounted Secret key) or the environment, is compared in
@@ -86,6 +87,8 @@ pub struct ApiAccess {
     pub control: bool,
     /// Require the token for the tables API.
     pub protect_reads: bool,
+    /// Require the token for `/status` and `/metrics`.
+    pub protect_status: bool,
     pub token: Option<Token>,
 }
 
@@ -95,6 +98,7 @@ impl ApiAccess {
     pub fn from_flags(
         control: bool,
         protect_reads: bool,
+        protect_status: bool,
         token_file: Option<&PathBuf>,
         env_token: Option<String>,
     ) -> anyhow::Result<ApiAccess> {
@@ -103,11 +107,13 @@ impl ApiAccess {
             (None, Some(text)) => Some(Token::new(&text, TOKEN_ENV)?),
             (None, None) => None,
         };
-        if token.is_none() && (control || protect_reads) {
+        if token.is_none() && (control || protect_reads || protect_status) {
             let flag = if control {
                 "--allow-control"
-            } else {
+            } else if protect_reads {
                 "--protect-reads"
+            } else {
+                "--protect-status"
             };
             return Err(tag(
                 Reason::InvalidConfig,
@@ -119,6 +125,7 @@ impl ApiAccess {
         Ok(ApiAccess {
             control,
             protect_reads,
+            protect_status,
             token,
         })
     }
@@ -167,6 +174,18 @@ pub async fn guard_reads(
     next.run(req).await
 }
 
+/// Middleware of `/status` and `/metrics`.
+pub async fn guard_status(
+    State(access): State<Arc<ApiAccess>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if access.protect_status && !access.authorized(&req) {
+        return unauthorized();
+    }
+    next.run(req).await
+}
+
 /// Middleware of the control endpoints.
 pub async fn guard_control(
     State(access): State<Arc<ApiAccess>>,
@@ -209,14 +228,16 @@ mod tests {
 
     #[test]
     fn protection_without_a_token_is_refused() {
-        let e = ApiAccess::from_flags(true, false, None, None).unwrap_err();
+        let e = ApiAccess::from_flags(true, false, false, None, None).unwrap_err();
         assert!(e.to_string().contains("--allow-control needs an API token"));
         assert_eq!(crate::reasons::classify(&e), Reason::InvalidConfig);
-        let e = ApiAccess::from_flags(false, true, None, None).unwrap_err();
+        let e = ApiAccess::from_flags(false, true, false, None, None).unwrap_err();
         assert!(e.to_string().contains("--protect-reads needs an API token"));
-        let open = ApiAccess::from_flags(false, false, None, None).unwrap();
+        let e = ApiAccess::from_flags(false, false, true, None, None).unwrap_err();
+        assert!(e.to_string().contains("--protect-status needs an API token"));
+        let open = ApiAccess::from_flags(false, false, false, None, None).unwrap();
         assert!(!open.control && !open.protect_reads && open.token.is_none());
-        let env = ApiAccess::from_flags(true, true, None, Some("x".repeat(20))).unwrap();
+        let env = ApiAccess::from_flags(true, true, true, None, Some("x".repeat(20))).unwrap();
         assert!(env.token.unwrap().matches("x".repeat(20).as_bytes()));
     }
 }

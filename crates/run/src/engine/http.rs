@@ -26,24 +26,41 @@ pub fn router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
         .route("/sources/{id}/pause", post(pause))
         .route("/sources/{id}/resume", post(resume))
         .route_layer(axum::middleware::from_fn_with_state(
-            access,
+            access.clone(),
             access::guard_control,
         ));
-    open_routes().merge(reads).merge(control).with_state(shared)
+    health_routes()
+        .merge(status_routes(access))
+        .merge(reads)
+        .merge(control)
+        .with_state(shared)
 }
 
 /// Health, status and metrics only (no row data, no control): the plain listener's routes
 /// when the API is served over TLS.
-pub fn open_router(shared: Arc<Shared>) -> Router {
-    open_routes().with_state(shared)
+pub fn open_router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
+    health_routes()
+        .merge(status_routes(access))
+        .with_state(shared)
 }
 
-fn open_routes() -> Router<Arc<Shared>> {
+/// Probes: always open.
+fn health_routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
+}
+
+/// `/status` and `/metrics`: behind the token when status is protected (they name tables,
+/// positions and errors, never a row value).
+fn status_routes(access: Arc<ApiAccess>) -> Router<Arc<Shared>> {
+    Router::new()
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            access,
+            access::guard_status,
+        ))
 }
 
 fn json(status: StatusCode, body: String) -> Response {

@@ -214,21 +214,21 @@ pub async fn start_serving(
                 .with_context(|| format!("listening on {tls_listen} (TLS)"))?;
             let tls_listener = tls::TlsListener::new(tcp, tls_config)?;
             tls_addr = Some(axum::serve::Listener::local_addr(&tls_listener)?);
-            let (app, stop) = (http::router(shared.clone(), access), shutdown.clone());
+            let (app, stop) = (
+                http::router(shared.clone(), access.clone()),
+                shutdown.clone(),
+            );
             servers.push(tokio::spawn(async move {
-                axum::serve(tls_listener, app)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                larch_core::serve::serve(tls_listener, app, async move { stop.cancelled().await })
                     .await
             }));
-            http::open_router(shared.clone())
+            http::open_router(shared.clone(), access)
         }
         _ => http::router(shared.clone(), access),
     };
     let stop = shutdown.clone();
     servers.push(tokio::spawn(async move {
-        axum::serve(listener, plain_app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
+        larch_core::serve::serve(listener, plain_app, async move { stop.cancelled().await }).await
     }));
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));
@@ -261,6 +261,7 @@ pub async fn start_serving(
         tls_addr = tls_addr.map(|a| a.to_string()),
         control = serving.access.control,
         protect_reads = serving.access.protect_reads,
+        protect_status = serving.access.protect_status,
         sources = shared.runners.len(),
         "engine started"
     );

@@ -176,11 +176,13 @@ impl SourceRunner {
         }
     }
 
+    /// Keeps `e` for `/status`, reduced like a termination message: a target's data error
+    /// (a duplicate key in a PostgreSQL target) names its table and constraint, never values.
     fn note_error(&self, e: Option<&anyhow::Error>) {
         *self.last_error.locked() = e.map(|e| {
             (
                 Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true),
-                format!("{e:#}"),
+                crate::reasons::render(e),
             )
         });
     }
@@ -372,14 +374,14 @@ impl SourceRunner {
                         continue;
                     }
                     Err(e) if stops_the_pipeline(&e) => {
-                        tracing::error!(source = %self.id, error = format!("{e:#}"), "the archive cannot be served as configured");
+                        tracing::error!(source = %self.id, error = crate::reasons::render(&e), "the archive cannot be served as configured");
                         self.set_state(PipelineState::Error);
                         self.source.close().await;
                         return Err(e);
                     }
                     Err(e) => {
                         self.note_error(Some(&e));
-                        tracing::error!(source = %self.id, error = format!("{e:#}"), "baseline failed; retrying in {backoff:?}");
+                        tracing::error!(source = %self.id, error = crate::reasons::render(&e), "baseline failed; retrying in {backoff:?}");
                         self.set_state(PipelineState::Error);
                         if sleep_or_shutdown(backoff, &shutdown).await {
                             break;
@@ -408,7 +410,7 @@ impl SourceRunner {
                 }
                 StreamEnd::Failed(e) => {
                     self.note_error(Some(&e));
-                    tracing::error!(source = %self.id, error = format!("{e:#}"), "stream failed; retrying in {backoff:?}");
+                    tracing::error!(source = %self.id, error = crate::reasons::render(&e), "stream failed; retrying in {backoff:?}");
                     self.set_state(PipelineState::Error);
                     for p in &self.pipelines {
                         p.target.discard_pending().await;
@@ -591,7 +593,7 @@ impl SourceRunner {
         self.set_position(&position);
         // The baseline position is confirmed for every pipeline.
         if let Err(e) = self.source.ack(&position).await {
-            tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
+            tracing::warn!(source = %self.id, error = crate::reasons::render(&e), "ack failed");
         }
         self.set_state(PipelineState::Streaming);
         self.ready.store(true, Ordering::SeqCst);
@@ -684,7 +686,7 @@ impl SourceRunner {
                             match p.target.checkpoint(&pos).await {
                                 Ok(()) => break,
                                 Err(e) => {
-                                    tracing::error!(pipeline = %p.id, error = format!("{e:#}"), "checkpoint failed; retrying in {delay:?}");
+                                    tracing::error!(pipeline = %p.id, error = crate::reasons::render(&e), "checkpoint failed; retrying in {delay:?}");
                                     self.metrics
                                         .change_errors_total
                                         .with_label_values(&[&p.id])
@@ -708,7 +710,7 @@ impl SourceRunner {
                         larch_archive::crashpoint::ENGINE_AFTER_CHECKPOINT,
                     );
                     if durable && let Err(e) = self.source.ack(&pos).await {
-                        tracing::warn!(source = %self.id, error = format!("{e:#}"), "ack failed");
+                        tracing::warn!(source = %self.id, error = crate::reasons::render(&e), "ack failed");
                     }
                 }
             }
@@ -736,7 +738,7 @@ impl SourceRunner {
             && let Some(pos) = self.pipelines.first().and_then(|p| p.position())
             && let Err(e) = self.source.ack(&pos).await
         {
-            tracing::warn!(source = %self.id, error = format!("{e:#}"), "final ack failed");
+            tracing::warn!(source = %self.id, error = crate::reasons::render(&e), "final ack failed");
         }
     }
 }

@@ -386,9 +386,8 @@ pub async fn serve(
         .with_context(|| format!("--listen {listen}"))?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, router(shared))
-            .with_graceful_shutdown(async move { stopped(&mut shutdown).await })
-            .await;
+        let stop = async move { stopped(&mut shutdown).await };
+        let _ = larch_core::serve::serve(listener, router(shared), stop).await;
     });
     Ok(addr)
 }

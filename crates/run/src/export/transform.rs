@@ -53,8 +53,8 @@ pub struct TransformRules {
 #[serde(deny_unknown_fields)]
 pub struct TableRules {
     /// What every column not named in `columns` goes through, one added to the table later
-    /// included (default `keep`). Set it to mask by default: `null`, `hash`, `drop` or
-    /// `{redact: …}`.
+    /// included (default `null`: a column nobody declared never goes out raw). `keep` passes
+    /// them through; `hash`, `drop` or `{redact: …}` mask them otherwise.
     #[serde(default)]
     pub undeclared: ColumnRule,
     /// Column name → its transform.
@@ -89,8 +89,9 @@ impl TableRules {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
 pub enum ColumnRule {
-    #[default]
     Keep,
+    /// The default: what a column nobody declared goes through.
+    #[default]
     Null,
     Drop,
     Hash,
@@ -281,9 +282,14 @@ impl TransformRules {
                         | ColumnRule::Fake(_)
                 )
             {
+                let fix = if declared {
+                    "use hash or keep"
+                } else {
+                    "name it in `columns` with hash or keep (`undeclared` defaults to null)"
+                };
                 return err(format!(
                     "transform of table {name}: column {:?}{what} is a key field; `{}` would give \
-                     every row the same identity: use hash or keep",
+                     every row the same identity: {fix}",
                     c.name,
                     rule.name()
                 ));
@@ -319,6 +325,11 @@ impl TransformRules {
                     let r = rules.columns.get(&c.name).unwrap_or(&rules.undeclared);
                     (c.name.clone(), r.record_name())
                 })
+                .collect(),
+            undeclared_columns: columns
+                .iter()
+                .filter(|c| !rules.columns.contains_key(&c.name))
+                .map(|c| c.name.clone())
                 .collect(),
         };
         let identity = ops.values().all(|o| matches!(o, Op::Keep)) && matches!(unknown, Op::Keep);
@@ -990,7 +1001,34 @@ tables:
         assert!(!m.contains_key("ssn"), "{out:?}");
         assert_eq!(m["note"].get(), "null");
         assert_eq!(m["name"].get(), r#""REDACTED""#);
-        assert_eq!(m["born"].get(), r#""1990-01-02""#, "undeclared keeps");
+        assert_eq!(m["born"].get(), "null", "undeclared is null by default");
+        let kept = TransformRules::parse(
+            &RULES.replace(
+                "  public.users:\n",
+                "  public.users:\n    undeclared: keep\n",
+            ),
+            "test.yaml",
+        )
+        .unwrap()
+        .compile(
+            &TableId::new("public", "users"),
+            &users(),
+            &["id".into()],
+            Some(key()),
+        )
+        .unwrap();
+        let kept_row = kept.apply(row.clone()).unwrap();
+        assert_eq!(
+            kept_row.to_map()["born"].get(),
+            r#""1990-01-02""#,
+            "undeclared: keep"
+        );
+        assert_eq!(kept.record().undeclared, "keep");
+        assert!(
+            kept.record()
+                .undeclared_columns
+                .contains(&"born".to_string())
+        );
         let id: i64 = m["id"].get().parse().unwrap();
         assert_ne!(id, 42);
         assert!(id >= 0);
@@ -1015,7 +1053,20 @@ tables:
         assert_eq!(cols.len(), users().len() - 1);
         let rec = t.record();
         assert_eq!(rec.columns["ssn"], "drop");
-        assert_eq!(rec.columns["born"], "keep");
+        assert_eq!(rec.columns["born"], "null");
+        assert_eq!(
+            rec.undeclared_columns,
+            ["born"],
+            "the columns the rules did not name"
+        );
+        assert!(
+            rec.uncovered(["id", "born", "later"]).is_empty(),
+            "undeclared: null covers"
+        );
+        assert_eq!(
+            kept.record().uncovered(["id", "born", "later"]),
+            ["born", "later"]
+        );
         assert_eq!(rec.columns["name"], "redact");
         assert_eq!(rec.key_id.as_deref(), Some(key().id()));
         assert!(rec.masks_anything());
@@ -1157,11 +1208,13 @@ tables:
 tables:
   public.users:
     columns:
+      id: keep
       email: {fake: email}
       name: {fake: full_name}
       note: {fake: city}
   public.contacts:
     columns:
+      id: keep
       mail: {fake: email}
       phone: {fake: phone}
 "#,

@@ -241,15 +241,12 @@ impl TableData {
     /// never a silent merge into fewer rows.
     fn insert_baseline(&mut self, row: Row) -> Result<(), String> {
         let p = self.prepare(row.as_str());
-        if p.keyed
-            && let Some(before) = self.rows.get(&p.id)
-        {
+        // Names only: this text reaches /status and logs, which must not carry row values.
+        if p.keyed && self.rows.contains_key(&p.id) {
             return Err(format!(
-                "two rows of the baseline share the key ({}) = {}: the key fields do not \
-                 identify rows (a wrong key_fields?); the first was {}",
+                "two rows of the baseline share a value of the key ({}): the key fields do not \
+                 identify rows (a wrong key_fields?)",
                 self.key_fields.join(", "),
-                p.id.text(),
-                self.text(before).chars().take(200).collect::<String>()
             ));
         }
         self.upsert_prepared(p.id, p.index_values, p.packed);
@@ -799,7 +796,7 @@ mod tests {
         let e = data
             .insert_baseline(Row::parse(r#"{"id":42,"tenant":"x"}"#).unwrap())
             .unwrap_err();
-        assert!(e.contains("share the key"), "{e}");
+        assert!(e.contains("share a value of the key"), "{e}");
         data.compact();
         data.apply(&ev(Action::Delete, Some(r#"{"id":42}"#), None));
         assert_eq!(data.len(), 599);
@@ -933,7 +930,10 @@ mod tests {
             .map(|r| Row::parse(r).unwrap())
             .collect();
         let e = t.baseline_rows(rows).await.unwrap_err().to_string();
-        assert!(e.contains("share the key (tenant) = a"), "{e}");
+        assert!(
+            e.contains("share a value of the key (tenant)") && !e.contains("\"a\""),
+            "{e}"
+        );
         t.abort_baseline().await;
         assert_eq!(t.len(), 0);
     }

@@ -71,19 +71,13 @@ pub fn encode_row(row: &Row, columns: &[CopyColumn], out: &mut Vec<u8>) -> anyho
         match fields.get(c.name.as_str()) {
             None => out.extend_from_slice(b"\\N"),
             Some(v) if v.get() == "null" => out.extend_from_slice(b"\\N"),
-            Some(v) => encode_value(v, c.kind, out)
-                .with_context(|| format!("column {:?} (value {})", c.name, clip(v.get())))?,
+            Some(v) => {
+                encode_value(v, c.kind, out).with_context(|| format!("column {:?}", c.name))?
+            }
         }
     }
     out.push(b'\n');
     Ok(())
-}
-
-fn clip(s: &str) -> &str {
-    match s.char_indices().nth(80) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
 }
 
 fn encode_value(v: &RawValue, kind: Kind, out: &mut Vec<u8>) -> anyhow::Result<()> {
