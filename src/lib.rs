@@ -11,6 +11,8 @@
 pub mod cli;
 
 pub use larch_archive as archive;
+/// What the operator hands its pods: the engine file, the export and restore requests.
+pub use larch_contract as contract;
 pub use larch_core::{duration, locks, progress, telemetry, tls, units};
 pub use larch_operator as operator;
 pub use larch_run::{engine, export, restore};

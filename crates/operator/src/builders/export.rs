@@ -25,7 +25,8 @@ use super::{
     ANNOTATION_TABLE, BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME,
     LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
 };
-use crate::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode};
+use crate::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode, SlotMode};
+use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 use crate::crd::common::{TableRef, VolumeAccessMode};
 
 pub const CONTAINER: &str = "larch";
@@ -177,78 +178,77 @@ fn slot_name_from(export: &ArchiveExport, table: Option<&TableRef>) -> String {
     format!("{}_{hash}", &clean[..54])
 }
 
-/// `larch export` arguments for one table.
-pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
-    args_for(export, Some(table))
+/// What the export pod of one table runs.
+pub fn export_request(export: &ArchiveExport, table: &TableRef) -> ExportRequest {
+    request_for(export, Some(table))
 }
 
-/// `larch export` arguments for every table at one position ([`exports_as_one_set`]).
-pub fn set_export_args(export: &ArchiveExport) -> Vec<String> {
-    args_for(export, None)
+/// What the export pod of every table at one position runs ([`exports_as_one_set`]).
+pub fn set_export_request(export: &ArchiveExport) -> ExportRequest {
+    request_for(export, None)
+}
+
+/// `larch export --request '<json>'`: the container's arguments for `request`.
+pub fn export_args(request: &ExportRequest) -> Vec<String> {
+    vec!["export".into(), "--request".into(), request.to_json()]
 }
 
 /// `table`: one table's export; None: the whole set's.
-fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
+fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportRequest {
     let spec = &export.spec;
     let src = &spec.source;
-    let mut a: Vec<String> = vec!["export".into(), "--connection-file".into(), DSN_FILE.into()];
-    match table {
-        Some(table) => a.extend([
-            "--schema".into(),
-            table.schema().into(),
-            "--table".into(),
-            table.name.clone(),
-        ]),
+    let (schema, tables, parallel) = match table {
+        Some(table) => (Some(table.schema().to_string()), vec![table.name.clone()], None),
         None => {
-            for t in src.all_tables() {
-                a.extend(["--table".into(), t.qualified()]);
-            }
-            let parallel = spec.parallel.unwrap_or(1);
-            a.extend(["--parallel".into(), parallel.to_string()]);
+            let tables = src.all_tables().iter().map(|t| t.qualified()).collect();
+            (None, tables, Some(spec.parallel.unwrap_or(1)))
         }
-    }
-    if let Some(k) = src.key_fields.as_ref().filter(|k| !k.is_empty()) {
-        a.extend(["--key-fields".into(), k.join(",")]);
-    }
-    a.extend(pod::store_args(&spec.destination));
+    };
     // A set's export puts each table under the prefix itself, by the same rule.
     let key_prefix = match (&spec.key_prefix, table.filter(|_| src.tables.is_some())) {
         (Some(kp), Some(table)) => Some(format!("{kp}{}/", table.qualified())),
         (Some(kp), None) => Some(kp.clone()),
         (None, _) => None,
     };
-    if let Some(kp) = key_prefix {
-        a.extend(["--key-prefix".into(), kp]);
-    }
-    if let Some(f) = spec.format {
-        a.extend(["--format".into(), f.id().into()]);
-    }
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.
     let slot = match table {
         Some(table) => super::cleanup::slot_and_publication(export, table).0,
         None => set_slot_name(export),
     };
-    a.extend(["--slot".into(), slot]);
-    if let Some(p) = &src.publication_name {
-        a.extend(["--publication".into(), p.clone()]);
+    let transform = spec.transform.as_ref();
+    let request = ExportRequest {
+        connection_file: Some(DSN_FILE.into()),
+        schema,
+        tables,
+        parallel,
+        store: pod::store_spec(&spec.destination),
+        key_prefix,
+        formats: spec.format.into_iter().collect(),
+        key_fields: src.key_fields.clone().unwrap_or_default(),
+        summary_file: Some(TERMINATION_LOG.into()),
+        slot: Some(slot),
+        publication: src.publication_name.clone(),
+        transform: transform.map(|t| t.rules()),
+        transform_key_file: transform
+            .and_then(|t| t.key_secret_ref.as_ref())
+            .map(|_| TRANSFORM_KEY_FILE.into()),
+        // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
+        listen: Some(pod::listen_arg()),
+        ..Default::default()
+    };
+    let request = with_retention(export, request);
+    if spec.mode == ExportMode::Continuous {
+        let table = table.expect("a continuous export is one table per process");
+        continuous_request(export, table, request)
+    } else {
+        request
     }
-    // A one-shot export always takes a temporary slot; the mode matters with --follow only.
-    if let Some(m) = src
-        .slot_mode
-        .filter(|_| spec.mode == ExportMode::Continuous)
-    {
-        a.extend(["--slot-mode".into(), m.as_arg().into()]);
-    }
-    a.extend(["--summary-file".into(), TERMINATION_LOG.into()]);
-    if let Some(t) = &spec.transform {
-        let rules = serde_json::to_string(&t.rules()).expect("rules serialize");
-        a.extend(["--transform-rules".into(), rules]);
-        if t.key_secret_ref.is_some() {
-            a.extend(["--transform-key-file".into(), TRANSFORM_KEY_FILE.into()]);
-        }
-    }
-    // Retention in every mode; continuous.keepEpochs is the deprecated spelling.
+}
+
+/// Retention in every mode; continuous.keepEpochs is the deprecated spelling.
+fn with_retention(export: &ArchiveExport, request: ExportRequest) -> ExportRequest {
+    let spec = &export.spec;
     let retention = spec.retention.clone().unwrap_or_default();
     let keep = retention.keep_epochs.or_else(|| {
         spec.continuous
@@ -256,50 +256,41 @@ fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
             .and_then(|c| c.keep_epochs)
             .filter(|_| spec.mode == ExportMode::Continuous)
     });
-    if let Some(k) = keep {
-        a.extend(["--keep-epochs".into(), k.to_string()]);
+    ExportRequest {
+        keep_epochs: keep.map_or(0, |k| u32::try_from(k).unwrap_or(0)),
+        max_age: retention.max_age,
+        ..request
     }
-    if let Some(age) = retention.max_age {
-        a.extend(["--max-age".into(), age]);
+}
+
+/// A continuous export's part of the request: `follow`, its policy, its spill and its Lease.
+fn continuous_request(
+    export: &ArchiveExport,
+    table: &TableRef,
+    request: ExportRequest,
+) -> ExportRequest {
+    let c = export.spec.continuous.clone().unwrap_or_default();
+    let spill = spill_settings(export);
+    let count = |v: Option<i64>| v.map(|v| u64::try_from(v).unwrap_or(0));
+    ExportRequest {
+        slot_mode: export.spec.source.slot_mode.map(|m| match m {
+            SlotMode::Persistent => RequestSlotMode::Persistent,
+            SlotMode::Temporary => RequestSlotMode::Temporary,
+        }),
+        follow: true,
+        diff_interval: Some(c.diff_interval.unwrap_or_else(|| "30s".into())),
+        min_interval: c.min_interval,
+        max_interval: c.max_interval,
+        max_diff_bytes: count(c.max_diff_bytes),
+        max_diff_fraction: c.max_diff_fraction,
+        max_churn_records: count(c.max_churn_records),
+        max_churn_fraction: c.max_churn_fraction,
+        buffer_memory: Some(spill.buffer_memory),
+        spill_dir: Some(SPILL_DIR.into()),
+        spill_limit: Some(spill.limit),
+        lease: Some(lease_name(export, table)),
+        ..request
     }
-    if spec.mode == ExportMode::Continuous {
-        let c = spec.continuous.clone().unwrap_or_default();
-        a.extend([
-            "--follow".into(),
-            "--diff-interval".into(),
-            c.diff_interval.clone().unwrap_or_else(|| "30s".into()),
-        ]);
-        let mut opt = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.extend([flag.into(), v]);
-            }
-        };
-        opt("--min-interval", c.min_interval);
-        opt("--max-interval", c.max_interval);
-        opt("--max-diff-bytes", c.max_diff_bytes.map(|v| v.to_string()));
-        opt("--max-diff-fraction", c.max_diff_fraction);
-        opt(
-            "--max-churn-records",
-            c.max_churn_records.map(|v| v.to_string()),
-        );
-        opt("--max-churn-fraction", c.max_churn_fraction);
-        let spill = spill_settings(export);
-        a.extend([
-            "--buffer-memory".into(),
-            spill.buffer_memory.to_string(),
-            "--spill-dir".into(),
-            SPILL_DIR.into(),
-            "--spill-limit".into(),
-            spill.limit.to_string(),
-        ]);
-        a.extend(["--listen".into(), pod::listen_arg()]);
-        let table = table.expect("a continuous export is one table per process");
-        a.extend(["--lease".into(), lease_name(export, table)]);
-    } else {
-        // The baseline's progress on /status and /metrics while the run copies.
-        a.extend(["--listen".into(), pod::listen_arg()]);
-    }
-    a
 }
 
 /// What every pod talking to the source database mounts: the connection Secret, `/tmp`, and the
@@ -419,9 +410,9 @@ fn template_for(
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
-        args: Some(args_for(export, table)),
+        args: Some(export_args(&request_for(export, table))),
         env: {
-            // POD_IP first: `--listen $(POD_IP):8080` refers to it. POD_NAME and
+            // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it. POD_NAME and
             // POD_NAMESPACE: the Lease's holder identity and namespace.
             let mut env = if continuous {
                 vec![

@@ -17,6 +17,7 @@ use k8s_openapi::api::batch::v1::{
 };
 
 use crate::crd::common::{CaBundleRef, Location, SecretKeyRef};
+use larch_archive::store::spec::{StoreKind, StoreSpec};
 use crate::crd::common_pod::{PodOverrides, Resources};
 
 /// UID/GID of generated pods by default (the image's non-root user).
@@ -370,37 +371,22 @@ fn ca_volume(name: &str, ca: &CaBundleRef) -> Volume {
     }
 }
 
-/// Store flags of `larch export` for a location.
-pub fn store_args(location: &Location) -> Vec<String> {
-    let mut args = vec![];
-    if let Some(s3) = &location.s3 {
-        args.extend([
-            "--store".into(),
-            "s3".into(),
-            "--bucket".into(),
-            s3.bucket.clone(),
-        ]);
-        if let Some(p) = &s3.prefix {
-            args.extend(["--prefix".into(), p.clone()]);
-        }
-        if let Some(e) = &s3.endpoint {
-            args.extend(["--endpoint".into(), e.clone()]);
-        }
-        if let Some(r) = &s3.region {
-            args.extend(["--region".into(), r.clone()]);
-        }
-        if s3.path_style == Some(true) {
-            args.push("--path-style".into());
-        }
-    } else {
-        args.extend([
-            "--store".into(),
-            "local".into(),
-            "--path".into(),
-            ARCHIVE_DIR.into(),
-        ]);
+/// Where a pod's archive lives, for its request: the S3 bucket of a location, else the archive
+/// volume's mount.
+pub fn store_spec(location: &Location) -> StoreSpec {
+    match &location.s3 {
+        Some(s3) => StoreSpec {
+            kind: StoreKind::S3,
+            bucket: Some(s3.bucket.clone()),
+            prefix: s3.prefix.clone(),
+            endpoint: s3.endpoint.clone(),
+            region: s3.region.clone(),
+            // As `--endpoint` implies `--path-style`: S3-compatible stores need it.
+            path_style: s3.path_style == Some(true) || s3.endpoint.is_some(),
+            ..Default::default()
+        },
+        None => StoreSpec::local(ARCHIVE_DIR),
     }
-    args
 }
 
 pub fn resources(r: Option<&Resources>) -> Option<ResourceRequirements> {

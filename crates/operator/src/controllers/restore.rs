@@ -32,7 +32,7 @@ use crate::crd::archive_restore::{
 };
 use crate::dereference::{self, Missing};
 use crate::{pod_failure, validate};
-use larch_run::restore::RestoreSummary;
+use larch_contract::restore_request::RestoreSummary;
 
 pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = restore.namespace().ok_or(Error::NoNamespace)?;
