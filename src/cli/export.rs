@@ -58,7 +58,11 @@ pub struct ExportArgs {
     /// The table to export, `[schema.]name`. Repeat it to export several tables at one
     /// position (one snapshot they all share; one-shot only), each into its own archive at
     /// `<key prefix><schema>.<table>/`.
-    #[arg(long, required_unless_present = "request", value_name = "[SCHEMA.]NAME")]
+    #[arg(
+        long,
+        required_unless_present = "request",
+        value_name = "[SCHEMA.]NAME"
+    )]
     pub table: Vec<String>,
     /// With several --table: how many tables are copied at once, each over its own connection
     /// importing the shared snapshot [default: the number of tables, at most 4].
@@ -218,7 +222,9 @@ fn age_text(s: &str) -> Result<String, String> {
 
 /// A fraction (`0.5`), kept as written.
 fn fraction_text(s: &str) -> Result<String, String> {
-    s.parse::<f64>().map(|_| s.to_string()).map_err(|e| e.to_string())
+    s.parse::<f64>()
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl ExportArgs {
@@ -228,8 +234,8 @@ impl ExportArgs {
     pub fn request(&self) -> anyhow::Result<ExportRequest> {
         let invalid = |e: anyhow::Error| failure::tag(Reason::InvalidConfig, e);
         if let Some(text) = &self.request {
-            let mut request = ExportRequest::from_json(text)
-                .map_err(|e| invalid(anyhow!("--request: {e}")))?;
+            let mut request =
+                ExportRequest::from_json(text).map_err(|e| invalid(anyhow!("--request: {e}")))?;
             request.lease = request.lease.or_else(|| self.lease.clone());
             request.lease_namespace = request
                 .lease_namespace
@@ -246,8 +252,7 @@ impl ExportArgs {
         }
         .transpose()
         .map_err(|e| invalid(e.into()))?;
-        let formats =
-            parse_formats(&self.format).map_err(|e| invalid(anyhow!("--format: {e}")))?;
+        let formats = parse_formats(&self.format).map_err(|e| invalid(anyhow!("--format: {e}")))?;
         Ok(ExportRequest {
             connection_file: self.connection.connection_file.clone(),
             schema: self.schema.clone(),
@@ -256,7 +261,11 @@ impl ExportArgs {
             store: self.store.spec(),
             key_prefix: self.key_prefix.clone(),
             formats,
-            key_fields: self.key_fields.as_deref().map(parse_list).unwrap_or_default(),
+            key_fields: self
+                .key_fields
+                .as_deref()
+                .map(parse_list)
+                .unwrap_or_default(),
             summary_file: self.summary_file.clone(),
             slot: self.slot.clone(),
             publication: self.publication.clone(),

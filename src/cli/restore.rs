@@ -62,8 +62,9 @@ impl RestoreArgs {
     /// with `--request`).
     pub fn request(&self) -> anyhow::Result<RestoreRequest> {
         if let Some(text) = &self.request {
-            return RestoreRequest::from_json(text)
-                .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow::anyhow!("--request: {e}")));
+            return RestoreRequest::from_json(text).map_err(|e| {
+                failure::tag(Reason::InvalidConfig, anyhow::anyhow!("--request: {e}"))
+            });
         }
         let formats = parse_formats(&self.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
         Ok(RestoreRequest {

@@ -119,11 +119,7 @@ pub struct ExportRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform_key_file: Option<PathBuf>,
     /// `--where`: the row filter of a one-shot export of one table.
-    #[serde(
-        default,
-        rename = "where",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     pub row_filter: Option<String>,
     /// `--sample`: the percentage of rows kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,5 +162,43 @@ impl ExportRequest {
     /// Parses `larch export --request`; an error names the field.
     pub fn from_json(text: &str) -> Result<ExportRequest, String> {
         crate::from_json("export request", text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_round_trips_through_its_json() {
+        let request = ExportRequest {
+            connection_file: Some("/etc/larch/source/dsn".into()),
+            tables: vec!["public.users".into()],
+            store: StoreSpec::local("/archive"),
+            formats: vec![Format::Protobuf],
+            slot_mode: Some(SlotMode::Persistent),
+            follow: true,
+            diff_interval: Some("15s".into()),
+            keep_epochs: 3,
+            row_filter: Some("id > 10".into()),
+            ..Default::default()
+        };
+        let text = request.to_json();
+        assert!(text.contains(r#""where":"id > 10""#), "{text}");
+        assert_eq!(ExportRequest::from_json(&text).unwrap(), request);
+    }
+
+    #[test]
+    fn a_bad_request_is_refused_naming_the_field() {
+        let e = ExportRequest::from_json(
+            r#"{"tables":["t"],"store":{"type":"local"},"keepEpochs":"three"}"#,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("export request: keepEpochs: "), "{e}");
+        let e = ExportRequest::from_json(r#"{"tables":["t"],"store":{"type":"local"},"dsn":"x"}"#)
+            .unwrap_err();
+        assert!(e.contains("unknown field `dsn`"), "{e}");
+        let e = ExportRequest::from_json(r#"{"tables":["t"]}"#).unwrap_err();
+        assert!(e.contains("missing field `store`"), "{e}");
     }
 }

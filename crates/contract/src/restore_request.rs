@@ -96,3 +96,28 @@ pub struct RestoreSummary {
     pub tables: Vec<TableRestored>,
     pub duration_seconds: f64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_round_trips_and_a_bad_one_names_its_field() {
+        let request = RestoreRequest {
+            store: StoreSpec::local("/archive"),
+            tables: vec!["sales.invoices".into()],
+            if_exists: IfExists::Replace,
+            at: Some("0/16B3748".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            RestoreRequest::from_json(&request.to_json()).unwrap(),
+            request
+        );
+        let e = RestoreRequest::from_json(
+            r#"{"store":{"type":"local"},"tables":["t"],"ifExists":"merge"}"#,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("restore request: ifExists: "), "{e}");
+    }
+}

@@ -42,7 +42,9 @@ use larch_archive::spill::{Spill, SpillConfig, tag};
 use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
 
-pub use larch_contract::restore_request::{IfExists, RestoreRequest, RestoreSummary, TableRestored};
+pub use larch_contract::restore_request::{
+    IfExists, RestoreRequest, RestoreSummary, TableRestored,
+};
 
 /// One restore, its archives opened: which archives, at which point, into which database.
 pub struct RestoreInputs {

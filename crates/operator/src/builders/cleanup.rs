@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::export::{DSN_FILE, TERMINATION_LOG, derived_slot_name, source_mounts};
+use super::export::{DSN_FILE, TERMINATION_LOG, slot_and_publication, source_mounts};
 use super::pod;
 use super::{
     BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY,
@@ -24,18 +24,6 @@ pub const CLEANUP_CONTAINER: &str = "cleanup";
 pub const MONITOR_CONTAINER: &str = "slot-monitor";
 /// How long the cleanup waits for a slot still in use (the writer finishing its last diff).
 const CLEANUP_WAIT: &str = "60s";
-
-/// The replication slot and publication `larch export` uses for `table`: the spec's names,
-/// else the slot derived from the export and the publication named like the slot.
-pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String, String) {
-    let src = &export.spec.source;
-    let slot = src
-        .slot_name
-        .clone()
-        .unwrap_or_else(|| derived_slot_name(export, table));
-    let publication = src.publication_name.clone().unwrap_or_else(|| slot.clone());
-    (slot, publication)
-}
 
 /// `Delete` unless the spec says `Retain`.
 pub fn deletion_policy(export: &ArchiveExport) -> DeletionPolicy {

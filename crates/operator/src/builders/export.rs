@@ -26,8 +26,8 @@ use super::{
     LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
 };
 use crate::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode, SlotMode};
-use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 use crate::crd::common::{TableRef, VolumeAccessMode};
+use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 
 pub const CONTAINER: &str = "larch";
 pub const DSN_DIR: &str = "/etc/larch/source";
@@ -41,20 +41,6 @@ pub const SPILL_DIR: &str = "/var/lib/larch/spill";
 const DEFAULT_SPILL_SIZE: &str = "8Gi";
 const DEFAULT_TTL: i32 = 86_400;
 const DEFAULT_BACKOFF: i32 = 2;
-
-/// Every child an ArchiveExport wants, for one reconcile.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct ExportChildren {
-    pub pvc: Option<PersistentVolumeClaim>,
-    pub jobs: Vec<Job>,
-    pub cron_jobs: Vec<CronJob>,
-    pub deployments: Vec<Deployment>,
-    /// A suspended Continuous export: the monitor reporting its kept slots' WAL.
-    pub slot_monitor: Option<Deployment>,
-    /// Continuous only: the single-writer Leases (one per table, W9) and the rights of the
-    /// exporter's service account on exactly those Leases.
-    pub lease_access: Option<LeaseAccess>,
-}
 
 /// What a continuous export needs to hold its Leases: the Leases themselves (created by the
 /// operator, so the exporter needs no `create`), a service account unless the spec names one,
@@ -148,6 +134,18 @@ pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
     )
 }
 
+/// The replication slot and publication `larch export` uses for `table`: the spec's names,
+/// else the slot derived from the export and the publication named like the slot.
+pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String, String) {
+    let src = &export.spec.source;
+    let slot = src
+        .slot_name
+        .clone()
+        .unwrap_or_else(|| derived_slot_name(export, table));
+    let publication = src.publication_name.clone().unwrap_or_else(|| slot.clone());
+    (slot, publication)
+}
+
 /// The temporary slot of a set's export ([`exports_as_one_set`]): `larch_<namespace>_<name>`.
 pub fn set_slot_name(export: &ArchiveExport) -> String {
     slot_name_from(export, None)
@@ -198,7 +196,11 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
     let spec = &export.spec;
     let src = &spec.source;
     let (schema, tables, parallel) = match table {
-        Some(table) => (Some(table.schema().to_string()), vec![table.name.clone()], None),
+        Some(table) => (
+            Some(table.schema().to_string()),
+            vec![table.name.clone()],
+            None,
+        ),
         None => {
             let tables = src.all_tables().iter().map(|t| t.qualified()).collect();
             (None, tables, Some(spec.parallel.unwrap_or(1)))
@@ -213,7 +215,7 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.
     let slot = match table {
-        Some(table) => super::cleanup::slot_and_publication(export, table).0,
+        Some(table) => slot_and_publication(export, table).0,
         None => set_slot_name(export),
     };
     let transform = spec.transform.as_ref();
@@ -705,40 +707,4 @@ pub fn archive_pvc(export: &ArchiveExport) -> Option<PersistentVolumeClaim> {
         }),
         ..Default::default()
     })
-}
-
-/// Every desired child. `run` is the OneShot run to (re)apply Jobs for, if one is due or in
-/// flight; the controller decides that from status (a finished run is never re-created).
-pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -> ExportChildren {
-    let tables = export.spec.source.all_tables();
-    let mut out = ExportChildren {
-        pvc: archive_pvc(export),
-        ..Default::default()
-    };
-    match export.spec.mode {
-        ExportMode::Continuous => {
-            out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
-            out.slot_monitor = super::cleanup::slot_monitor(export, ctx);
-            out.lease_access = Some(lease_access(export));
-        }
-        ExportMode::OneShot if exports_as_one_set(export) => {
-            out.cron_jobs = cron_job(export, None, ctx).into_iter().collect();
-            out.jobs = run
-                .map(|run| set_job(export, run, ctx))
-                .into_iter()
-                .collect();
-        }
-        ExportMode::OneShot => {
-            if export.spec.schedule.is_some() {
-                out.cron_jobs = tables
-                    .iter()
-                    .filter_map(|t| cron_job(export, Some(t), ctx))
-                    .collect();
-            }
-            if let Some(run) = run {
-                out.jobs = tables.iter().map(|t| job(export, t, run, ctx)).collect();
-            }
-        }
-    }
-    out
 }

@@ -4,6 +4,7 @@
 pub mod cleanup;
 pub mod engine_config;
 pub mod export;
+pub mod export_children;
 pub mod pod;
 pub mod restore;
 pub mod source;

@@ -17,8 +17,8 @@ use k8s_openapi::api::batch::v1::{
 };
 
 use crate::crd::common::{CaBundleRef, Location, SecretKeyRef};
-use larch_archive::store::spec::{StoreKind, StoreSpec};
 use crate::crd::common_pod::{PodOverrides, Resources};
+use larch_archive::store::spec::{StoreKind, StoreSpec};
 
 /// UID/GID of generated pods by default (the image's non-root user).
 pub const RUN_AS: i64 = 65532;
@@ -292,6 +292,9 @@ pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -
     access
 }
 
+/// Where a PostgreSQL target's DSN is mounted (its Secret key as `dsn`).
+pub const TARGET_DSN_DIR: &str = "/etc/larch/target";
+pub const TARGET_DSN_FILE: &str = "/etc/larch/target/dsn";
 /// Where a PostgreSQL source's and target's CA bundles are mounted (`ca.crt` inside).
 pub const SOURCE_CA_DIR: &str = "/etc/larch/source-ca";
 pub const TARGET_CA_DIR: &str = "/etc/larch/target-ca";
@@ -308,7 +311,7 @@ pub fn target_dsn(
         &secret.key,
         "dsn",
     )];
-    let mut mounts = vec![mount("target", super::engine_config::TARGET_DSN_DIR, true)];
+    let mut mounts = vec![mount("target", TARGET_DSN_DIR, true)];
     if let Some(ca) = ca {
         let (v, m) = ca_bundle("target-ca", TARGET_CA_DIR, ca);
         volumes.push(v);

@@ -77,7 +77,12 @@ pub fn restore_request(restore: &ArchiveRestore, archive: &ResolvedArchive) -> R
         key_prefix_root,
         key_prefix,
         formats: archive.formats.clone().unwrap_or_default(),
-        at: restore.spec.at.as_ref().and_then(|a| a.arg()).map(str::to_string),
+        at: restore
+            .spec
+            .at
+            .as_ref()
+            .and_then(|a| a.arg())
+            .map(str::to_string),
         if_exists: match restore.spec.if_exists.unwrap_or(IfExists::Fail) {
             IfExists::Fail => RequestIfExists::Fail,
             IfExists::Replace => RequestIfExists::Replace,

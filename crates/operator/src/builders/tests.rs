@@ -3,12 +3,13 @@
 
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Serialize;
 use larch_contract::export_request::ExportRequest;
+use serde::Serialize;
 use serde_json::Value;
 
 use super::engine_config::{ResolvedArchive, resolve};
-use super::export::{self, ExportChildren};
+use super::export;
+use super::export_children::{ExportChildren, children};
 use super::source::{self, SourceChildren};
 use super::*;
 use crate::crd::{ArchiveExport, ArchiveRestore, ArchiveSource};
@@ -89,7 +90,7 @@ fn export_children(name: &str) -> ExportChildren {
 fn export_children_in(name: &str, ctx: &BuildContext) -> ExportChildren {
     let e = export_fixture(name);
     let run = export::run_id(&e, None);
-    export::children(&e, Some(&run), ctx)
+    children(&e, Some(&run), ctx)
 }
 
 /// (fixture, referenced export fixture)
@@ -406,7 +407,11 @@ fn every_serving_container_passes_listen_explicitly() {
                 _ => continue,
             };
             serving += 1;
-            assert_eq!(listen.as_deref(), Some("$(POD_IP):8080"), "{what}: {args:?}");
+            assert_eq!(
+                listen.as_deref(),
+                Some("$(POD_IP):8080"),
+                "{what}: {args:?}"
+            );
         }
     }
     assert!(serving >= 3, "engines and continuous exports covered");
@@ -666,7 +671,7 @@ fn cleanup_jobs_and_the_slot_monitor_match_golden() {
         "running: no monitor"
     );
     suspended.spec.suspend = Some(true);
-    let children = export::children(&suspended, None, &ctx());
+    let children = children(&suspended, None, &ctx());
     let monitor = children.slot_monitor.expect("suspended: a monitor");
     assert_eq!(
         children.deployments[0].spec.replicas,
@@ -747,14 +752,28 @@ fn export_requests_follow_the_cli_contract() {
     assert!(r.follow);
     assert_eq!(r.keep_epochs, 3);
     assert_eq!(
-        (r.diff_interval.as_deref(), r.min_interval.as_deref(), r.max_interval.as_deref()),
+        (
+            r.diff_interval.as_deref(),
+            r.min_interval.as_deref(),
+            r.max_interval.as_deref()
+        ),
         (Some("15s"), Some("5s"), Some("5m"))
     );
-    assert_eq!((r.max_diff_bytes, r.max_diff_fraction.as_deref()), (Some(67108864), Some("0.25")));
-    assert_eq!((r.max_churn_records, r.max_churn_fraction.as_deref()), (Some(100000), Some("0.5")));
+    assert_eq!(
+        (r.max_diff_bytes, r.max_diff_fraction.as_deref()),
+        (Some(67108864), Some("0.25"))
+    );
+    assert_eq!(
+        (r.max_churn_records, r.max_churn_fraction.as_deref()),
+        (Some(100000), Some("0.5"))
+    );
     assert_eq!(
         (r.buffer_memory, r.spill_dir.as_deref(), r.spill_limit),
-        (Some(67108864), Some(std::path::Path::new("/var/lib/larch/spill")), Some(7730941131))
+        (
+            Some(67108864),
+            Some(std::path::Path::new("/var/lib/larch/spill")),
+            Some(7730941131)
+        )
     );
     assert_eq!(
         (r.listen.as_deref(), r.lease.as_deref()),
@@ -769,11 +788,26 @@ fn export_requests_follow_the_cli_contract() {
         .iter()
         .map(|t| export::export_request(&s, t))
         .collect();
-    assert_eq!((per_table[0].schema.as_deref(), &per_table[0].tables[..]), (Some("public"), &["orders".to_string()][..]));
-    assert_eq!(per_table[0].store, larch_archive::store::spec::StoreSpec::local("/var/lib/larch/archive"));
-    assert_eq!(per_table[0].key_prefix.as_deref(), Some("nightly/public.orders/"));
-    assert_eq!((per_table[1].schema.as_deref(), &per_table[1].tables[..]), (Some("sales"), &["invoices".to_string()][..]));
-    assert_eq!(per_table[1].key_prefix.as_deref(), Some("nightly/sales.invoices/"));
+    assert_eq!(
+        (per_table[0].schema.as_deref(), &per_table[0].tables[..]),
+        (Some("public"), &["orders".to_string()][..])
+    );
+    assert_eq!(
+        per_table[0].store,
+        larch_archive::store::spec::StoreSpec::local("/var/lib/larch/archive")
+    );
+    assert_eq!(
+        per_table[0].key_prefix.as_deref(),
+        Some("nightly/public.orders/")
+    );
+    assert_eq!(
+        (per_table[1].schema.as_deref(), &per_table[1].tables[..]),
+        (Some("sales"), &["invoices".to_string()][..])
+    );
+    assert_eq!(
+        per_table[1].key_prefix.as_deref(),
+        Some("nightly/sales.invoices/")
+    );
 }
 
 #[test]
@@ -825,7 +859,10 @@ fn spill_settings_derive_from_the_memory_limit_and_size_the_spill_volume() {
     let o = export_fixture("export-oneshot-s3");
     let t = o.spec.source.all_tables()[0].clone();
     let r = export::export_request(&o, &t);
-    assert_eq!((r.spill_dir, r.spill_limit, r.buffer_memory), (None, None, None));
+    assert_eq!(
+        (r.spill_dir, r.spill_limit, r.buffer_memory),
+        (None, None, None)
+    );
 }
 
 #[test]
@@ -909,7 +946,7 @@ fn modes_produce_the_right_kinds() {
         sched.cron_jobs[0].spec.time_zone.as_deref(),
         Some("Europe/Berlin")
     );
-    let no_run = export::children(&export_fixture("export-scheduled-tables"), None, &ctx());
+    let no_run = children(&export_fixture("export-scheduled-tables"), None, &ctx());
     assert!(no_run.jobs.is_empty(), "a schedule alone creates no Job");
     let cont = export_children("export-continuous-s3");
     assert_eq!(
@@ -1124,8 +1161,14 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     let args = export::export_args(&export::export_request(&e, &t));
     // What the pod gets parses back into the same rules, as the exporter reads them.
     let r = request_of(&args);
-    assert_eq!(r.transform, Some(e.spec.transform.as_ref().unwrap().rules()));
-    assert!(!args[2].contains("seed-key"), "the Secret is not in the args");
+    assert_eq!(
+        r.transform,
+        Some(e.spec.transform.as_ref().unwrap().rules())
+    );
+    assert!(
+        !args[2].contains("seed-key"),
+        "the Secret is not in the args"
+    );
     assert_eq!(
         r.transform_key_file.as_deref(),
         Some(std::path::Path::new("/etc/larch/transform-key/key"))
@@ -1162,7 +1205,7 @@ fn require_transformed_reaches_the_engine_config_the_engine_reads() {
 fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     let e = export_fixture("export-oneshot-set");
     let run = export::run_id(&e, None);
-    let c = export::children(&e, Some(&run), &ctx());
+    let c = children(&e, Some(&run), &ctx());
     assert_eq!(c.jobs.len(), 1, "one Job for the whole set");
     assert!(c.cron_jobs.is_empty() && c.deployments.is_empty());
     let job = &c.jobs[0];
@@ -1173,7 +1216,10 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     let r = export::set_export_request(&e);
     assert_eq!(
         (r.tables.join(" "), r.parallel),
-        ("public.accounts public.transfers audit.ledger".to_string(), Some(3))
+        (
+            "public.accounts public.transfers audit.ledger".to_string(),
+            Some(3)
+        )
     );
     // The prefix the exporter puts each table under, as per-table Jobs are given it.
     assert_eq!(r.key_prefix.as_deref(), Some("ledger/"));
@@ -1182,12 +1228,12 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     // Without parallel: one Job per table, as before.
     let mut per_table = e.clone();
     per_table.spec.parallel = None;
-    let c = export::children(&per_table, Some(&run), &ctx());
+    let c = children(&per_table, Some(&run), &ctx());
     assert_eq!(c.jobs.len(), 3);
     // Scheduled: one CronJob `<name>` for the set.
     let mut scheduled = e;
     scheduled.spec.schedule = export_fixture("export-scheduled-tables").spec.schedule;
-    let c = export::children(&scheduled, None, &ctx());
+    let c = children(&scheduled, None, &ctx());
     assert_eq!(c.cron_jobs.len(), 1);
     assert_eq!(c.cron_jobs[0].metadata.name.as_deref(), Some("ledger"));
     assert!(c.jobs.is_empty());

@@ -9,6 +9,7 @@ pub mod cleanup;
 pub mod context;
 pub mod error;
 pub mod export;
+pub mod job;
 pub mod restore;
 pub mod slots;
 pub mod source;

@@ -19,7 +19,7 @@ use kube::runtime::events::{Event, EventType};
 
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_RESTORE};
-use super::export::job_phase;
+use super::job::job_phase;
 use crate::builders::LABEL_RUN;
 use crate::builders::engine_config::ResolvedArchive;
 use crate::builders::restore::{self as build, LABEL_RESTORE};

@@ -67,9 +67,17 @@ pub async fn run(
     let store = request.store.open().await?;
     if request.follow {
         let writer = follow_writer(&request, &table, &key_prefix)?;
-        return follow(&request, &connection.hint, config, table, store, writer, masking)
-            .await
-            .map(|()| None);
+        return follow(
+            &request,
+            &connection.hint,
+            config,
+            table,
+            store,
+            writer,
+            masking,
+        )
+        .await
+        .map(|()| None);
     }
     let wc = writer_config(&request, &table, &key_prefix)?;
     let summary = one_shot(&request, config, table, store, wc, masking, subset).await?;
@@ -355,8 +363,7 @@ fn table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
     for table in &request.tables {
         let id = match &request.schema {
             Some(schema) if !table.is_empty() => TableId::new(schema.clone(), table),
-            _ => crate::restore::parse_table(table)
-                .map_err(|e| anyhow!("--table {table}: {e}"))?,
+            _ => crate::restore::parse_table(table).map_err(|e| anyhow!("--table {table}: {e}"))?,
         };
         if ids.contains(&id) {
             bail!("--table {id} is given twice");
@@ -453,4 +460,3 @@ fn lease_lost(termination_file: Option<&Path>) -> ! {
     );
     std::process::exit(code)
 }
-

@@ -7,7 +7,6 @@
 
 use std::borrow::Cow;
 
-
 use crate::export::transform::{TableRules, TransformKey};
 use larch_archive::masking::SubsetRecord;
 use larch_archive::value::Row;

@@ -25,12 +25,10 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 
 use crate::export::fake::{FakeKind, Generate};
-pub use larch_contract::transform_rules::{
-    ColumnRule, TableRules, TransformError, TransformRules,
-};
 use larch_archive::masking::TransformRecord;
 use larch_archive::model::{ColumnDefinition, TableId};
 use larch_archive::value::{Row, Value, raw};
+pub use larch_contract::transform_rules::{ColumnRule, TableRules, TransformError, TransformRules};
 use larch_core::locks::MutexExt;
 use larch_postgres::{ColumnMask, Treatment, write_string};
 

@@ -36,10 +36,7 @@ pub(super) fn follow_writer(
         max_interval: optional_duration(request.max_interval.as_deref(), "--max-interval")?
             .unwrap_or_default(),
         max_diff_bytes: request.max_diff_bytes.unwrap_or(0),
-        max_diff_fraction: fraction(
-            request.max_diff_fraction.as_deref(),
-            "--max-diff-fraction",
-        )?,
+        max_diff_fraction: fraction(request.max_diff_fraction.as_deref(), "--max-diff-fraction")?,
         max_churn_records: request.max_churn_records.unwrap_or(0),
         max_churn_fraction: fraction(
             request.max_churn_fraction.as_deref(),

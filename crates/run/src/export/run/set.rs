@@ -63,9 +63,15 @@ pub(super) async fn export_set(
     let source = Arc::new(PostgresSource::new(config));
     // /status shows the table that started last.
     let progress = |t: &TableId| shared.start_progress(BASELINE, t);
-    let result =
-        export_at_one_position(source.clone(), set, store, parallel, masking.as_deref(), &progress)
-            .await;
+    let result = export_at_one_position(
+        source.clone(),
+        set,
+        store,
+        parallel,
+        masking.as_deref(),
+        &progress,
+    )
+    .await;
     stop_tx.send_replace(true);
     source.close().await;
     if let Err(e) = source.drop_publication_if_unused().await
