@@ -5,8 +5,8 @@
 //! crates (docs/architecture.md). The modules re-exported below keep one path per concept for
 //! the binary and the tests:
 //! `larch_core` (shared vocabulary) ← `larch_archive` ← `larch_contract` (what the operator
-//! writes for its pods) and `larch_postgres` ← `larch_run`
-//! (export, engine, restore) ← `larch_operator`.
+//! writes for its pods) and `larch_postgres` ← `larch_run` (export, engine, restore) and
+//! `larch_operator` (which builds requests, never runs them).
 
 pub mod cli;
 
