@@ -86,6 +86,8 @@ impl RestoreArgs {
 pub async fn run(args: RestoreArgs) -> anyhow::Result<i32> {
     super::init_tracing();
     let request = args.request()?;
+    // Checked before the connection is read, as the flags always were.
+    crate::restore::tables_of(&request)?;
     let connection = ConnectionArgs {
         connection: args.connection.connection.clone(),
         connection_file: request.connection_file.clone(),

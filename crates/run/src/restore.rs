@@ -284,22 +284,7 @@ async fn load(
 /// Runs `request` into the database at `dsn` (from the request's connection file, or as the
 /// caller got it): opens its archives, checks its tables and key prefixes, then [`restore`].
 pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<RestoreSummary> {
-    let mut tables: Vec<TableId> = Vec::with_capacity(request.tables.len());
-    for t in &request.tables {
-        tables.push(parse_table(t).map_err(|e| invalid(anyhow::anyhow!("--table {t}: {e}")))?);
-    }
-    let tables: Vec<(TableId, String)> = match &request.key_prefix {
-        Some(prefix) if tables.len() == 1 => vec![(tables[0].clone(), prefix.clone())],
-        Some(_) => {
-            return Err(invalid(anyhow::anyhow!(
-                "--key-prefix names one table's archive: pass one --table (or --key-prefix-root for several)"
-            )));
-        }
-        None => tables
-            .iter()
-            .map(|t| (t.clone(), table_key_prefix(&request.key_prefix_root, t)))
-            .collect(),
-    };
+    let tables = tables_of(request)?;
     let formats = if request.formats.is_empty() {
         Format::ALL.to_vec()
     } else {
@@ -323,6 +308,27 @@ pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<Restor
         spill,
     })
     .await
+}
+
+/// Each table of `request` and the key prefix of its archive, checked.
+pub fn tables_of(request: &RestoreRequest) -> anyhow::Result<Vec<(TableId, String)>> {
+    let mut tables: Vec<TableId> = Vec::with_capacity(request.tables.len());
+    for t in &request.tables {
+        tables.push(parse_table(t).map_err(|e| invalid(anyhow::anyhow!("--table {t}: {e}")))?);
+    }
+    let tables: Vec<(TableId, String)> = match &request.key_prefix {
+        Some(prefix) if tables.len() == 1 => vec![(tables[0].clone(), prefix.clone())],
+        Some(_) => {
+            return Err(invalid(anyhow::anyhow!(
+                "--key-prefix names one table's archive: pass one --table (or --key-prefix-root for several)"
+            )));
+        }
+        None => tables
+            .iter()
+            .map(|t| (t.clone(), table_key_prefix(&request.key_prefix_root, t)))
+            .collect(),
+    };
+    Ok(tables)
 }
 
 /// `[schema.]name`: `public` when the schema is omitted (as every `--table`).

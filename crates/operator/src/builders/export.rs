@@ -12,8 +12,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy}
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ServiceAccount,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec,
+    ServiceAccount, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -408,26 +408,20 @@ fn template_for(
         volumes.push(spill);
         mounts.push(pod::mount("spill", SPILL_DIR, false));
     }
+    // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it. POD_NAME and
+    // POD_NAMESPACE: the Lease's holder identity and namespace.
+    let mut env = vec![pod::pod_ip_env()];
+    if continuous {
+        env.push(pod::field_env("POD_NAME", "metadata.name"));
+        env.push(pod::field_env("POD_NAMESPACE", "metadata.namespace"));
+    }
+    env.extend(access.env);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
         args: Some(export_args(&request_for(export, table))),
-        env: {
-            // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it. POD_NAME and
-            // POD_NAMESPACE: the Lease's holder identity and namespace.
-            let mut env = if continuous {
-                vec![
-                    pod::pod_ip_env(),
-                    pod::field_env("POD_NAME", "metadata.name"),
-                    pod::field_env("POD_NAMESPACE", "metadata.namespace"),
-                ]
-            } else {
-                vec![pod::pod_ip_env()]
-            };
-            env.extend(access.env);
-            (!env.is_empty()).then_some(env)
-        },
+        env: Some(env),
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),
@@ -436,36 +430,7 @@ fn template_for(
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let container = if continuous {
-        pod::serving_http(container)
-    } else {
-        // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
-        Container {
-            ports: Some(vec![pod::http_port()]),
-            ..container
-        }
-    };
-    let mut pod_spec = if continuous {
-        // The exporter renews its Lease through the API: it needs its token.
-        let mut p = pod::base_pod_spec(
-            container,
-            volumes,
-            Some(&exporter_service_account(export)),
-            ctx.pod_user,
-        );
-        p.automount_service_account_token = Some(true);
-        p
-    } else {
-        pod::base_pod_spec(
-            container,
-            volumes,
-            spec.service_account_name.as_ref(),
-            ctx.pod_user,
-        )
-    };
-    if !continuous {
-        pod_spec.restart_policy = Some("Never".into());
-    }
+    let mut pod_spec = exporter_pod_spec(export, container, volumes, ctx);
     let mut annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
     let named = match table {
@@ -485,6 +450,41 @@ fn template_for(
         }),
         spec: Some(pod_spec),
     }
+}
+
+/// The exporter's pod around its container: a Deployment's serves HTTP with probes and renews
+/// its Lease through the API; a Job's serves `/status` and never restarts.
+fn exporter_pod_spec(
+    export: &ArchiveExport,
+    container: Container,
+    volumes: Vec<Volume>,
+    ctx: &BuildContext,
+) -> PodSpec {
+    let spec = &export.spec;
+    if spec.mode == ExportMode::Continuous {
+        let mut p = pod::base_pod_spec(
+            pod::serving_http(container),
+            volumes,
+            Some(&exporter_service_account(export)),
+            ctx.pod_user,
+        );
+        // The exporter renews its Lease through the API: it needs its token.
+        p.automount_service_account_token = Some(true);
+        return p;
+    }
+    // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
+    let container = Container {
+        ports: Some(vec![pod::http_port()]),
+        ..container
+    };
+    let mut p = pod::base_pod_spec(
+        container,
+        volumes,
+        spec.service_account_name.as_ref(),
+        ctx.pod_user,
+    );
+    p.restart_policy = Some("Never".into());
+    p
 }
 
 /// The set's tables, `schema.name` comma-separated (the pod's table annotation).
