@@ -5,12 +5,14 @@
 //! crates (docs/architecture.md). The modules re-exported below keep one path per concept for
 //! the binary and the tests:
 //! `larch_core` (shared vocabulary) ← `larch_archive` ← `larch_contract` (what the operator
-//! writes for its pods) and `larch_postgres` ← `larch_run`
-//! (export, engine, restore) ← `larch_operator`.
+//! writes for its pods) and `larch_postgres` ← `larch_run` (export, engine, restore) and
+//! `larch_operator` (which builds requests, never runs them).
 
 pub mod cli;
 
 pub use larch_archive as archive;
+/// What the operator hands its pods: the engine file, the export and restore requests.
+pub use larch_contract as contract;
 pub use larch_core::{duration, locks, progress, telemetry, tls, units};
 pub use larch_operator as operator;
 pub use larch_run::{engine, export, restore};

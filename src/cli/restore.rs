@@ -8,18 +8,21 @@ use clap::Args;
 use super::ConnectionArgs;
 use super::{StoreArgs, parse_formats, parse_table_arg};
 use crate::archive::model::TableId;
-use crate::archive::spill::SpillConfig;
 use crate::failure::{self, Reason};
-use crate::restore::{IfExists, RestoreRequest, restore, table_key_prefix};
+use crate::restore::{IfExists, RestoreRequest};
 
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
+    /// The whole restore as one JSON request, no other flag (what the operator's Jobs pass;
+    /// docs/architecture.md). The connection: its `connectionFile`, else LARCH_PG_DSN.
+    #[arg(long, value_name = "JSON", exclusive = true)]
+    pub request: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
     /// The table(s) to restore, `[schema.]name` (schema `public` when omitted), comma-separated
     /// or repeated: each is read from `<key-prefix-root><schema>.<table>/`, where `larch export`
     /// writes it. Several tables restore at one point, in one transaction.
-    #[arg(long, required = true, value_name = "[SCHEMA.]NAME", value_delimiter = ',', value_parser = parse_table_arg)]
+    #[arg(long, required_unless_present = "request", value_name = "[SCHEMA.]NAME", value_delimiter = ',', value_parser = parse_table_arg)]
     pub table: Vec<TableId>,
     /// A prefix before each table's `<schema>.<table>/` (the `keyPrefix` of an ArchiveExport
     /// of several tables).
@@ -54,46 +57,45 @@ pub struct RestoreArgs {
     pub summary_file: Option<PathBuf>,
 }
 
+impl RestoreArgs {
+    /// The flags as the request `larch_run::restore::run` takes (the operator's Jobs pass one
+    /// with `--request`).
+    pub fn request(&self) -> anyhow::Result<RestoreRequest> {
+        if let Some(text) = &self.request {
+            return RestoreRequest::from_json(text).map_err(|e| {
+                failure::tag(Reason::InvalidConfig, anyhow::anyhow!("--request: {e}"))
+            });
+        }
+        let formats = parse_formats(&self.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
+        Ok(RestoreRequest {
+            store: self.store.spec(),
+            tables: self.table.iter().map(|t| t.to_string()).collect(),
+            key_prefix_root: self.key_prefix_root.clone(),
+            key_prefix: self.key_prefix.clone(),
+            formats,
+            at: self.at.clone(),
+            if_exists: self.if_exists,
+            connection_file: self.connection.connection_file.clone(),
+            buffer_memory: Some(self.buffer_memory),
+            spill_dir: self.spill_dir.clone(),
+            summary_file: self.summary_file.clone(),
+        })
+    }
+}
+
 pub async fn run(args: RestoreArgs) -> anyhow::Result<i32> {
     super::init_tracing();
-    let formats = parse_formats(&args.format).map_err(|e| anyhow::anyhow!("--format: {e}"))?;
-    let tables: Vec<(TableId, String)> = match &args.key_prefix {
-        Some(prefix) if args.table.len() == 1 => vec![(args.table[0].clone(), prefix.clone())],
-        Some(_) => {
-            return Err(failure::tag(
-                Reason::InvalidConfig,
-                anyhow::anyhow!(
-                    "--key-prefix names one table's archive: pass one --table (or --key-prefix-root for several)"
-                ),
-            ));
-        }
-        None => args
-            .table
-            .iter()
-            .map(|t| (t.clone(), table_key_prefix(&args.key_prefix_root, t)))
-            .collect(),
+    let request = args.request()?;
+    // Checked before the connection is read, as the flags always were.
+    crate::restore::tables_of(&request)?;
+    let connection = ConnectionArgs {
+        connection: args.connection.connection.clone(),
+        connection_file: request.connection_file.clone(),
     };
-    let dsn = args.connection.dsn()?;
-    let store = args.store.spec().open_for_reading().await?;
-    let mut spill = SpillConfig {
-        memory_limit: args.buffer_memory,
-        ..SpillConfig::default()
-    };
-    if let Some(dir) = &args.spill_dir {
-        spill.dir = dir.clone();
-    }
-    let summary = restore(RestoreRequest {
-        store,
-        tables,
-        formats,
-        at: args.at.clone(),
-        if_exists: args.if_exists,
-        dsn,
-        spill,
-    })
-    .await?;
+    let dsn = connection.dsn()?;
+    let summary = crate::restore::run(&request, dsn).await?;
     let text = serde_json::to_string_pretty(&summary)?;
-    if let Some(path) = &args.summary_file {
+    if let Some(path) = &request.summary_file {
         // Compact: a Kubernetes termination message holds 4096 bytes.
         std::fs::write(path, format!("{}\n", serde_json::to_string(&summary)?))
             .with_context(|| format!("writing --summary-file {}", path.display()))?;

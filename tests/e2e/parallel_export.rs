@@ -99,9 +99,13 @@ fn s31_parallel_export_puts_every_table_at_one_position() {
     let jobs = e.list(&["jobs", "-n", NS]);
     assert_eq!(jobs.len(), 1, "one Job for every table: {jobs:?}");
     let job = &jobs[0];
-    let args = job["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    let args = &job["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[1], "--request", "{args}");
+    let request =
+        larch::contract::export_request::ExportRequest::from_json(args[2].as_str().unwrap())
+            .unwrap();
     assert!(
-        args.contains("--parallel") && args.matches("--table").count() == 3,
+        request.parallel.is_some() && request.tables.len() == 3,
         "{args}"
     );
 

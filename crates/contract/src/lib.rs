@@ -3,5 +3,26 @@
 //!
 //! - [`engine_file`]: the engine's configuration file (`larch engine --config engine.yaml`),
 //!   which the operator writes into an ArchiveSource's ConfigMap.
+//! - [`export_request`]: what an export pod runs (`larch export --request '<json>'`).
+//! - [`restore_request`]: what a restore pod runs (`larch restore --request '<json>'`) and the
+//!   summary it answers with.
+//! - [`transform_rules`]: the masking rules, for the CLI's rules file and the CRD alike.
 
 pub mod engine_file;
+pub mod export_request;
+pub mod restore_request;
+pub mod transform_rules;
+
+/// Parses a request from JSON; an error names `what` and the field's path.
+fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let e = e.into_inner();
+        if path == "." || path.is_empty() {
+            format!("{what}: {e}")
+        } else {
+            format!("{what}: {path}: {e}")
+        }
+    })
+}

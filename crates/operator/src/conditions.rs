@@ -7,6 +7,7 @@ use jiff::Timestamp;
 use crate::crd::archive_export::{ExportMode, RunStatus};
 use crate::crd::common::Condition;
 use crate::observe::EngineSource;
+pub use crate::time::time_string;
 
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
@@ -121,11 +122,6 @@ fn failing(p: &Problem) -> [Cond; 4] {
 
 fn not_degraded() -> Cond {
     c(DEGRADED, Status::False, "AsExpected", "")
-}
-
-/// RFC 3339 at second precision, as Kubernetes writes times.
-pub fn time_string(t: Timestamp) -> String {
-    t.round(jiff::Unit::Second).unwrap_or(t).to_string()
 }
 
 /// Merges `desired` into `previous`: for each of `types`, the desired condition if given, else

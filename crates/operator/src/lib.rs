@@ -17,4 +17,5 @@ pub mod progress;
 pub mod rebaseline;
 pub mod seed_head;
 pub mod server;
+pub mod time;
 pub mod validate;

@@ -174,7 +174,7 @@ pub fn newest_terminated<'a>(
             let at = t
                 .finished_at
                 .as_ref()
-                .map(|f| crate::conditions::time_string(f.0))
+                .map(|f| crate::time::time_string(f.0))
                 .unwrap_or_default();
             if newest.as_ref().is_none_or(|(a, _, _)| at > *a) {
                 newest = Some((at, pod.name_any(), t));

@@ -181,7 +181,7 @@ pub fn stamp(
     {
         return Some(o.clone());
     }
-    new.updated_time = Some(crate::conditions::time_string(now));
+    new.updated_time = Some(crate::time::time_string(now));
     Some(new)
 }
 

@@ -208,7 +208,7 @@ mod tests {
         e.spec.transform = Some(crate::crd::archive_export::ExportTransform {
             tables: [(
                 "public.users".to_string(),
-                larch_run::export::transform::TableRules {
+                larch_contract::transform_rules::TableRules {
                     row_filter: Some("pg_drop_replication_slot('other') IS NULL".into()),
                     ..Default::default()
                 },

@@ -26,7 +26,6 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use futures::SinkExt;
-use serde::{Deserialize, Serialize};
 
 use crate::engine::targets::postgres::{create_table_sql, quote_ident};
 use crate::engine::targets::postgres_copy::{CopyColumn, copy_columns, encode_row};
@@ -43,18 +42,12 @@ use larch_archive::spill::{Spill, SpillConfig, tag};
 use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
 
-/// What to do when a destination table exists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum IfExists {
-    /// Stop with an error naming the table; nothing is restored.
-    Fail,
-    /// Empty it and load the archived rows (its definition is kept).
-    Replace,
-}
+pub use larch_contract::restore_request::{
+    IfExists, RestoreRequest, RestoreSummary, TableRestored,
+};
 
-/// One restore: which archives, at which point, into which database.
-pub struct RestoreRequest {
+/// One restore, its archives opened: which archives, at which point, into which database.
+pub struct RestoreInputs {
     pub store: Arc<dyn Store>,
     /// Each table and the key prefix of its archive ([`table_key_prefix`] for an export's).
     pub tables: Vec<(TableId, String)>,
@@ -65,31 +58,6 @@ pub struct RestoreRequest {
     /// The destination's connection string (never logged).
     pub dsn: String,
     pub spill: SpillConfig,
-}
-
-/// One table restored.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableRestored {
-    pub table: String,
-    pub rows: u64,
-    /// The position the table's rows are at (its last diff at or before the point).
-    pub position: String,
-    /// When the last artifact restored was written to the archive (RFC 3339): the changes it
-    /// holds were committed before.
-    pub archived_at: String,
-    /// `created` or `replaced`.
-    pub action: String,
-}
-
-/// What `larch restore` prints (and writes to `--summary-file`) when it is done.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RestoreSummary {
-    /// The point every table was restored at (`--at`, else the greatest every table reaches).
-    pub position: String,
-    /// `--at` as given, when given.
-    pub at: Option<String>,
-    pub tables: Vec<TableRestored>,
-    pub duration_seconds: f64,
 }
 
 /// Where an export of several tables (or one, by default) writes `table`: `<root><schema>.<table>/`.
@@ -111,7 +79,7 @@ fn invalid(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// Reads each table's manifest and plans it at one point; touches no database.
-async fn plan_tables(request: &RestoreRequest) -> anyhow::Result<(String, Vec<Planned>)> {
+async fn plan_tables(request: &RestoreInputs) -> anyhow::Result<(String, Vec<Planned>)> {
     if request.tables.is_empty() {
         return Err(invalid(anyhow::anyhow!("no table to restore (--table)")));
     }
@@ -313,8 +281,69 @@ async fn load(
     Ok(rows)
 }
 
+/// Runs `request` into the database at `dsn` (from the request's connection file, or as the
+/// caller got it): opens its archives, checks its tables and key prefixes, then [`restore`].
+pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<RestoreSummary> {
+    let tables = tables_of(request)?;
+    let formats = if request.formats.is_empty() {
+        Format::ALL.to_vec()
+    } else {
+        request.formats.clone()
+    };
+    let store = request.store.open_for_reading().await?;
+    let mut spill = SpillConfig::default();
+    if let Some(bytes) = request.buffer_memory {
+        spill.memory_limit = bytes;
+    }
+    if let Some(dir) = &request.spill_dir {
+        spill.dir = dir.clone();
+    }
+    restore(RestoreInputs {
+        store,
+        tables,
+        formats,
+        at: request.at.clone(),
+        if_exists: request.if_exists,
+        dsn,
+        spill,
+    })
+    .await
+}
+
+/// Each table of `request` and the key prefix of its archive, checked.
+pub fn tables_of(request: &RestoreRequest) -> anyhow::Result<Vec<(TableId, String)>> {
+    let mut tables: Vec<TableId> = Vec::with_capacity(request.tables.len());
+    for t in &request.tables {
+        tables.push(parse_table(t).map_err(|e| invalid(anyhow::anyhow!("--table {t}: {e}")))?);
+    }
+    let tables: Vec<(TableId, String)> = match &request.key_prefix {
+        Some(prefix) if tables.len() == 1 => vec![(tables[0].clone(), prefix.clone())],
+        Some(_) => {
+            return Err(invalid(anyhow::anyhow!(
+                "--key-prefix names one table's archive: pass one --table (or --key-prefix-root for several)"
+            )));
+        }
+        None => tables
+            .iter()
+            .map(|t| (t.clone(), table_key_prefix(&request.key_prefix_root, t)))
+            .collect(),
+    };
+    Ok(tables)
+}
+
+/// `[schema.]name`: `public` when the schema is omitted (as every `--table`).
+pub fn parse_table(s: &str) -> Result<TableId, String> {
+    match s.split_once('.') {
+        None if !s.is_empty() => Ok(TableId::new("public", s)),
+        Some((schema, table)) if !schema.is_empty() && !table.is_empty() => {
+            Ok(TableId::new(schema, table))
+        }
+        _ => Err(format!("{s:?} is not a table name: expected [schema.]name")),
+    }
+}
+
 /// Runs a restore to its commit, or rolls everything back and returns why.
-pub async fn restore(request: RestoreRequest) -> anyhow::Result<RestoreSummary> {
+pub async fn restore(request: RestoreInputs) -> anyhow::Result<RestoreSummary> {
     let started = Instant::now();
     let (point, planned) = plan_tables(&request).await?;
     let dsn = larch_postgres::connection::PgDsn::parse(&request.dsn)

@@ -11,10 +11,9 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::export::{
-    DSN_FILE, TERMINATION_LOG, derived_slot_name, export_owner, legacy_slot_name, source_mounts,
-};
+use super::export::{DSN_FILE, TERMINATION_LOG, source_mounts};
 use super::pod;
+use super::slot_names::{export_owner, slot_and_publication};
 use super::{
     BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY,
     child_meta, labels,
@@ -28,29 +27,6 @@ pub const CLEANUP_CONTAINER: &str = "cleanup";
 pub const MONITOR_CONTAINER: &str = "slot-monitor";
 /// How long the cleanup waits for a slot still in use (the writer finishing its last diff).
 const CLEANUP_WAIT: &str = "60s";
-
-/// The replication slot and publication `larch export` uses for `table`: the spec's names,
-/// else the slot derived from the export and the publication named like the slot. An export
-/// whose status records a writer on the slot an older operator derived
-/// ([`legacy_slot_name`]) keeps that slot, so an upgrade neither orphans it nor re-baselines.
-pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String, String) {
-    let src = &export.spec.source;
-    let slot = src.slot_name.clone().unwrap_or_else(|| {
-        let legacy = legacy_slot_name(export, table);
-        let recorded = export.status.as_ref().is_some_and(|s| {
-            s.writers
-                .iter()
-                .any(|w| w.table == table.qualified() && w.slot.as_deref() == Some(legacy.as_str()))
-        });
-        if recorded {
-            legacy
-        } else {
-            derived_slot_name(export, table)
-        }
-    });
-    let publication = src.publication_name.clone().unwrap_or_else(|| slot.clone());
-    (slot, publication)
-}
 
 /// `Delete` unless the spec says `Retain`.
 pub fn deletion_policy(export: &ArchiveExport) -> DeletionPolicy {

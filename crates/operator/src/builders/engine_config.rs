@@ -12,8 +12,7 @@ use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_source::{ArchiveRef, ArchiveSource};
 use crate::crd::common::{Format, Location, TableRef};
 
-pub const TARGET_DSN_DIR: &str = "/etc/larch/target";
-pub const TARGET_DSN_FILE: &str = "/etc/larch/target/dsn";
+pub use super::pod::{TARGET_DSN_DIR, TARGET_DSN_FILE};
 
 /// What an ArchiveSource reads, with `exportRef` resolved.
 #[derive(Clone, Debug, PartialEq)]

@@ -12,8 +12,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy}
 use k8s_openapi::api::batch::v1::{CronJob, CronJobSpec, Job, JobSpec, JobTemplateSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodTemplateSpec, ServiceAccount,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    Container, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec,
+    ServiceAccount, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -25,8 +25,9 @@ use super::{
     ANNOTATION_TABLE, BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME,
     LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
 };
-use crate::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode};
+use crate::crd::archive_export::{ArchiveExport, ConcurrencyPolicy, ExportMode, SlotMode};
 use crate::crd::common::{TableRef, VolumeAccessMode};
+use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 
 pub const CONTAINER: &str = "larch";
 pub const DSN_DIR: &str = "/etc/larch/source";
@@ -40,20 +41,6 @@ pub const SPILL_DIR: &str = "/var/lib/larch/spill";
 const DEFAULT_SPILL_SIZE: &str = "8Gi";
 const DEFAULT_TTL: i32 = 86_400;
 const DEFAULT_BACKOFF: i32 = 2;
-
-/// Every child an ArchiveExport wants, for one reconcile.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct ExportChildren {
-    pub pvc: Option<PersistentVolumeClaim>,
-    pub jobs: Vec<Job>,
-    pub cron_jobs: Vec<CronJob>,
-    pub deployments: Vec<Deployment>,
-    /// A suspended Continuous export: the monitor reporting its kept slots' WAL.
-    pub slot_monitor: Option<Deployment>,
-    /// Continuous only: the single-writer Leases (one per table, W9) and the rights of the
-    /// exporter's service account on exactly those Leases.
-    pub lease_access: Option<LeaseAccess>,
-}
 
 /// What a continuous export needs to hold its Leases: the Leases themselves (created by the
 /// operator, so the exporter needs no `create`), a service account unless the spec names one,
@@ -140,85 +127,85 @@ pub fn selector_labels(
 
 pub use super::slot_names::{
     derived_slot_name, export_owner, export_slot_name, legacy_slot_name, set_slot_name,
+    slot_and_publication,
 };
 
-/// `larch export` arguments for one table.
-pub fn export_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
-    args_for(export, Some(table))
+/// What the export pod of one table runs.
+pub fn export_request(export: &ArchiveExport, table: &TableRef) -> ExportRequest {
+    request_for(export, Some(table))
 }
 
-/// `larch export` arguments for every table at one position ([`exports_as_one_set`]).
-pub fn set_export_args(export: &ArchiveExport) -> Vec<String> {
-    args_for(export, None)
+/// What the export pod of every table at one position runs ([`exports_as_one_set`]).
+pub fn set_export_request(export: &ArchiveExport) -> ExportRequest {
+    request_for(export, None)
+}
+
+/// `larch export --request '<json>'`: the container's arguments for `request`.
+pub fn export_args(request: &ExportRequest) -> Vec<String> {
+    vec!["export".into(), "--request".into(), request.to_json()]
 }
 
 /// `table`: one table's export; None: the whole set's.
-fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
+fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportRequest {
     let spec = &export.spec;
     let src = &spec.source;
-    let mut a: Vec<String> = vec!["export".into(), "--connection-file".into(), DSN_FILE.into()];
-    match table {
-        Some(table) => a.extend([
-            "--schema".into(),
-            table.schema().into(),
-            "--table".into(),
-            table.name.clone(),
-        ]),
+    let (schema, tables, parallel) = match table {
+        Some(table) => (
+            Some(table.schema().to_string()),
+            vec![table.name.clone()],
+            None,
+        ),
         None => {
-            for t in src.all_tables() {
-                a.extend(["--table".into(), t.qualified()]);
-            }
-            let parallel = spec.parallel.unwrap_or(1);
-            a.extend(["--parallel".into(), parallel.to_string()]);
+            let tables = src.all_tables().iter().map(|t| t.qualified()).collect();
+            (None, tables, Some(spec.parallel.unwrap_or(1)))
         }
-    }
-    if let Some(k) = src.key_fields.as_ref().filter(|k| !k.is_empty()) {
-        a.extend(["--key-fields".into(), k.join(",")]);
-    }
-    a.extend(pod::store_args(&spec.destination));
+    };
     // A set's export puts each table under the prefix itself, by the same rule.
     let key_prefix = match (&spec.key_prefix, table.filter(|_| src.tables.is_some())) {
         (Some(kp), Some(table)) => Some(format!("{kp}{}/", table.qualified())),
         (Some(kp), None) => Some(kp.clone()),
         (None, _) => None,
     };
-    if let Some(kp) = key_prefix {
-        a.extend(["--key-prefix".into(), kp]);
-    }
-    if let Some(f) = spec.format {
-        a.extend(["--format".into(), f.id().into()]);
-    }
     // Slot (and, by default, publication) names belong to this export, never to the table:
     // two exports of one table must not share a slot or rewrite each other's publication.
     let slot = match table {
-        Some(table) => super::cleanup::slot_and_publication(export, table).0,
+        Some(table) => slot_and_publication(export, table).0,
         None => set_slot_name(export),
     };
-    a.extend([
-        "--slot".into(),
-        slot,
-        "--owner".into(),
-        export_owner(export),
-    ]);
-    if let Some(p) = &src.publication_name {
-        a.extend(["--publication".into(), p.clone()]);
+    let transform = spec.transform.as_ref();
+    let request = ExportRequest {
+        connection_file: Some(DSN_FILE.into()),
+        schema,
+        tables,
+        parallel,
+        store: pod::store_spec(&spec.destination),
+        key_prefix,
+        formats: spec.format.into_iter().collect(),
+        key_fields: src.key_fields.clone().unwrap_or_default(),
+        summary_file: Some(TERMINATION_LOG.into()),
+        slot: Some(slot),
+        publication: src.publication_name.clone(),
+        owner: Some(export_owner(export)),
+        transform: transform.map(|t| t.rules()),
+        transform_key_file: transform
+            .and_then(|t| t.key_secret_ref.as_ref())
+            .map(|_| TRANSFORM_KEY_FILE.into()),
+        // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
+        listen: Some(pod::listen_arg()),
+        ..Default::default()
+    };
+    let request = with_retention(export, request);
+    if spec.mode == ExportMode::Continuous {
+        let table = table.expect("a continuous export is one table per process");
+        continuous_request(export, table, request)
+    } else {
+        request
     }
-    // A one-shot export always takes a temporary slot; the mode matters with --follow only.
-    if let Some(m) = src
-        .slot_mode
-        .filter(|_| spec.mode == ExportMode::Continuous)
-    {
-        a.extend(["--slot-mode".into(), m.as_arg().into()]);
-    }
-    a.extend(["--summary-file".into(), TERMINATION_LOG.into()]);
-    if let Some(t) = &spec.transform {
-        let rules = serde_json::to_string(&t.rules()).expect("rules serialize");
-        a.extend(["--transform-rules".into(), rules]);
-        if t.key_secret_ref.is_some() {
-            a.extend(["--transform-key-file".into(), TRANSFORM_KEY_FILE.into()]);
-        }
-    }
-    // Retention in every mode; continuous.keepEpochs is the deprecated spelling.
+}
+
+/// Retention in every mode; continuous.keepEpochs is the deprecated spelling.
+fn with_retention(export: &ArchiveExport, request: ExportRequest) -> ExportRequest {
+    let spec = &export.spec;
     let retention = spec.retention.clone().unwrap_or_default();
     let keep = retention.keep_epochs.or_else(|| {
         spec.continuous
@@ -226,50 +213,41 @@ fn args_for(export: &ArchiveExport, table: Option<&TableRef>) -> Vec<String> {
             .and_then(|c| c.keep_epochs)
             .filter(|_| spec.mode == ExportMode::Continuous)
     });
-    if let Some(k) = keep {
-        a.extend(["--keep-epochs".into(), k.to_string()]);
+    ExportRequest {
+        keep_epochs: keep.map_or(0, |k| u32::try_from(k).unwrap_or(0)),
+        max_age: retention.max_age,
+        ..request
     }
-    if let Some(age) = retention.max_age {
-        a.extend(["--max-age".into(), age]);
+}
+
+/// A continuous export's part of the request: `follow`, its policy, its spill and its Lease.
+fn continuous_request(
+    export: &ArchiveExport,
+    table: &TableRef,
+    request: ExportRequest,
+) -> ExportRequest {
+    let c = export.spec.continuous.clone().unwrap_or_default();
+    let spill = spill_settings(export);
+    let count = |v: Option<i64>| v.map(|v| u64::try_from(v).unwrap_or(0));
+    ExportRequest {
+        slot_mode: export.spec.source.slot_mode.map(|m| match m {
+            SlotMode::Persistent => RequestSlotMode::Persistent,
+            SlotMode::Temporary => RequestSlotMode::Temporary,
+        }),
+        follow: true,
+        diff_interval: Some(c.diff_interval.unwrap_or_else(|| "30s".into())),
+        min_interval: c.min_interval,
+        max_interval: c.max_interval,
+        max_diff_bytes: count(c.max_diff_bytes),
+        max_diff_fraction: c.max_diff_fraction,
+        max_churn_records: count(c.max_churn_records),
+        max_churn_fraction: c.max_churn_fraction,
+        buffer_memory: Some(spill.buffer_memory),
+        spill_dir: Some(SPILL_DIR.into()),
+        spill_limit: Some(spill.limit),
+        lease: Some(lease_name(export, table)),
+        ..request
     }
-    if spec.mode == ExportMode::Continuous {
-        let c = spec.continuous.clone().unwrap_or_default();
-        a.extend([
-            "--follow".into(),
-            "--diff-interval".into(),
-            c.diff_interval.clone().unwrap_or_else(|| "30s".into()),
-        ]);
-        let mut opt = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.extend([flag.into(), v]);
-            }
-        };
-        opt("--min-interval", c.min_interval);
-        opt("--max-interval", c.max_interval);
-        opt("--max-diff-bytes", c.max_diff_bytes.map(|v| v.to_string()));
-        opt("--max-diff-fraction", c.max_diff_fraction);
-        opt(
-            "--max-churn-records",
-            c.max_churn_records.map(|v| v.to_string()),
-        );
-        opt("--max-churn-fraction", c.max_churn_fraction);
-        let spill = spill_settings(export);
-        a.extend([
-            "--buffer-memory".into(),
-            spill.buffer_memory.to_string(),
-            "--spill-dir".into(),
-            SPILL_DIR.into(),
-            "--spill-limit".into(),
-            spill.limit.to_string(),
-        ]);
-        a.extend(["--listen".into(), pod::listen_arg()]);
-        let table = table.expect("a continuous export is one table per process");
-        a.extend(["--lease".into(), lease_name(export, table)]);
-    } else {
-        // The baseline's progress on /status and /metrics while the run copies.
-        a.extend(["--listen".into(), pod::listen_arg()]);
-    }
-    a
 }
 
 /// What every pod talking to the source database mounts: the connection Secret, `/tmp`, and the
@@ -385,26 +363,20 @@ fn template_for(
         volumes.push(spill);
         mounts.push(pod::mount("spill", SPILL_DIR, false));
     }
+    // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it. POD_NAME and
+    // POD_NAMESPACE: the Lease's holder identity and namespace.
+    let mut env = vec![pod::pod_ip_env()];
+    if continuous {
+        env.push(pod::field_env("POD_NAME", "metadata.name"));
+        env.push(pod::field_env("POD_NAMESPACE", "metadata.namespace"));
+    }
+    env.extend(access.env);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
-        args: Some(args_for(export, table)),
-        env: {
-            // POD_IP first: `--listen $(POD_IP):8080` refers to it. POD_NAME and
-            // POD_NAMESPACE: the Lease's holder identity and namespace.
-            let mut env = if continuous {
-                vec![
-                    pod::pod_ip_env(),
-                    pod::field_env("POD_NAME", "metadata.name"),
-                    pod::field_env("POD_NAMESPACE", "metadata.namespace"),
-                ]
-            } else {
-                vec![pod::pod_ip_env()]
-            };
-            env.extend(access.env);
-            (!env.is_empty()).then_some(env)
-        },
+        args: Some(export_args(&request_for(export, table))),
+        env: Some(env),
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),
@@ -413,36 +385,7 @@ fn template_for(
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
     };
-    let container = if continuous {
-        pod::serving_http(container)
-    } else {
-        // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
-        Container {
-            ports: Some(vec![pod::http_port()]),
-            ..container
-        }
-    };
-    let mut pod_spec = if continuous {
-        // The exporter renews its Lease through the API: it needs its token.
-        let mut p = pod::base_pod_spec(
-            container,
-            volumes,
-            Some(&exporter_service_account(export)),
-            ctx.pod_user,
-        );
-        p.automount_service_account_token = Some(true);
-        p
-    } else {
-        pod::base_pod_spec(
-            container,
-            volumes,
-            spec.service_account_name.as_ref(),
-            ctx.pod_user,
-        )
-    };
-    if !continuous {
-        pod_spec.restart_policy = Some("Never".into());
-    }
+    let mut pod_spec = exporter_pod_spec(export, container, volumes, ctx);
     let mut annotations =
         pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
     let named = match table {
@@ -462,6 +405,41 @@ fn template_for(
         }),
         spec: Some(pod_spec),
     }
+}
+
+/// The exporter's pod around its container: a Deployment's serves HTTP with probes and renews
+/// its Lease through the API; a Job's serves `/status` and never restarts.
+fn exporter_pod_spec(
+    export: &ArchiveExport,
+    container: Container,
+    volumes: Vec<Volume>,
+    ctx: &BuildContext,
+) -> PodSpec {
+    let spec = &export.spec;
+    if spec.mode == ExportMode::Continuous {
+        let mut p = pod::base_pod_spec(
+            pod::serving_http(container),
+            volumes,
+            Some(&exporter_service_account(export)),
+            ctx.pod_user,
+        );
+        // The exporter renews its Lease through the API: it needs its token.
+        p.automount_service_account_token = Some(true);
+        return p;
+    }
+    // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
+    let container = Container {
+        ports: Some(vec![pod::http_port()]),
+        ..container
+    };
+    let mut p = pod::base_pod_spec(
+        container,
+        volumes,
+        spec.service_account_name.as_ref(),
+        ctx.pod_user,
+    );
+    p.restart_policy = Some("Never".into());
+    p
 }
 
 /// The set's tables, `schema.name` comma-separated (the pod's table annotation).
@@ -684,40 +662,4 @@ pub fn archive_pvc(export: &ArchiveExport) -> Option<PersistentVolumeClaim> {
         }),
         ..Default::default()
     })
-}
-
-/// Every desired child. `run` is the OneShot run to (re)apply Jobs for, if one is due or in
-/// flight; the controller decides that from status (a finished run is never re-created).
-pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -> ExportChildren {
-    let tables = export.spec.source.all_tables();
-    let mut out = ExportChildren {
-        pvc: archive_pvc(export),
-        ..Default::default()
-    };
-    match export.spec.mode {
-        ExportMode::Continuous => {
-            out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
-            out.slot_monitor = super::cleanup::slot_monitor(export, ctx);
-            out.lease_access = Some(lease_access(export));
-        }
-        ExportMode::OneShot if exports_as_one_set(export) => {
-            out.cron_jobs = cron_job(export, None, ctx).into_iter().collect();
-            out.jobs = run
-                .map(|run| set_job(export, run, ctx))
-                .into_iter()
-                .collect();
-        }
-        ExportMode::OneShot => {
-            if export.spec.schedule.is_some() {
-                out.cron_jobs = tables
-                    .iter()
-                    .filter_map(|t| cron_job(export, Some(t), ctx))
-                    .collect();
-            }
-            if let Some(run) = run {
-                out.jobs = tables.iter().map(|t| job(export, t, run, ctx)).collect();
-            }
-        }
-    }
-    out
 }

@@ -5,6 +5,7 @@ pub mod cleanup;
 pub mod engine_config;
 pub mod engine_token;
 pub mod export;
+pub mod export_children;
 pub mod pod;
 pub mod restore;
 pub mod slot_names;

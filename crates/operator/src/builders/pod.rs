@@ -18,6 +18,7 @@ use k8s_openapi::api::batch::v1::{
 
 use crate::crd::common::{CaBundleRef, Location, SecretKeyRef};
 use crate::crd::common_pod::{PodOverrides, Resources};
+use larch_archive::store::spec::{StoreKind, StoreSpec};
 
 /// UID/GID of generated pods by default (the image's non-root user).
 pub const RUN_AS: i64 = 65532;
@@ -291,6 +292,9 @@ pub fn store_access(location: &Location, created_claim: &str, read_only: bool) -
     access
 }
 
+/// Where a PostgreSQL target's DSN is mounted (its Secret key as `dsn`).
+pub const TARGET_DSN_DIR: &str = "/etc/larch/target";
+pub const TARGET_DSN_FILE: &str = "/etc/larch/target/dsn";
 /// Where a PostgreSQL source's and target's CA bundles are mounted (`ca.crt` inside).
 pub const SOURCE_CA_DIR: &str = "/etc/larch/source-ca";
 pub const TARGET_CA_DIR: &str = "/etc/larch/target-ca";
@@ -307,7 +311,7 @@ pub fn target_dsn(
         &secret.key,
         "dsn",
     )];
-    let mut mounts = vec![mount("target", super::engine_config::TARGET_DSN_DIR, true)];
+    let mut mounts = vec![mount("target", TARGET_DSN_DIR, true)];
     if let Some(ca) = ca {
         let (v, m) = ca_bundle("target-ca", TARGET_CA_DIR, ca);
         volumes.push(v);
@@ -370,37 +374,22 @@ fn ca_volume(name: &str, ca: &CaBundleRef) -> Volume {
     }
 }
 
-/// Store flags of `larch export` for a location.
-pub fn store_args(location: &Location) -> Vec<String> {
-    let mut args = vec![];
-    if let Some(s3) = &location.s3 {
-        args.extend([
-            "--store".into(),
-            "s3".into(),
-            "--bucket".into(),
-            s3.bucket.clone(),
-        ]);
-        if let Some(p) = &s3.prefix {
-            args.extend(["--prefix".into(), p.clone()]);
-        }
-        if let Some(e) = &s3.endpoint {
-            args.extend(["--endpoint".into(), e.clone()]);
-        }
-        if let Some(r) = &s3.region {
-            args.extend(["--region".into(), r.clone()]);
-        }
-        if s3.path_style == Some(true) {
-            args.push("--path-style".into());
-        }
-    } else {
-        args.extend([
-            "--store".into(),
-            "local".into(),
-            "--path".into(),
-            ARCHIVE_DIR.into(),
-        ]);
+/// Where a pod's archive lives, for its request: the S3 bucket of a location, else the archive
+/// volume's mount.
+pub fn store_spec(location: &Location) -> StoreSpec {
+    match &location.s3 {
+        Some(s3) => StoreSpec {
+            kind: StoreKind::S3,
+            bucket: Some(s3.bucket.clone()),
+            prefix: s3.prefix.clone(),
+            endpoint: s3.endpoint.clone(),
+            region: s3.region.clone(),
+            // As `--endpoint` implies `--path-style`: S3-compatible stores need it.
+            path_style: s3.path_style == Some(true) || s3.endpoint.is_some(),
+            ..Default::default()
+        },
+        None => StoreSpec::local(ARCHIVE_DIR),
     }
-    args
 }
 
 pub fn resources(r: Option<&Resources>) -> Option<ResourceRequirements> {

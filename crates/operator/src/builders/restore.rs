@@ -15,6 +15,7 @@ use super::{
 };
 use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_restore::{ArchiveRestore, IfExists};
+use larch_contract::restore_request::{IfExists as RequestIfExists, RestoreRequest};
 
 pub const LABEL_RESTORE: &str = "larch.dev/archive-restore";
 pub const CONTAINER: &str = "restore";
@@ -63,36 +64,39 @@ pub fn selector_labels(restore: &ArchiveRestore) -> std::collections::BTreeMap<S
     ])
 }
 
-/// `larch restore …` for the resolved archive.
-pub fn restore_args(restore: &ArchiveRestore, archive: &ResolvedArchive) -> Vec<String> {
-    let mut args = vec!["restore".to_string()];
-    args.extend(pod::store_args(&archive.location));
-    let tables: Vec<String> = archive.tables.iter().map(|t| t.qualified()).collect();
-    args.extend(["--table".into(), tables.join(",")]);
-    if archive.group {
-        args.extend(["--key-prefix-root".into(), archive.key_prefix.clone()]);
+/// What the restore pod runs, for the resolved archive.
+pub fn restore_request(restore: &ArchiveRestore, archive: &ResolvedArchive) -> RestoreRequest {
+    let (key_prefix_root, key_prefix) = if archive.group {
+        (archive.key_prefix.clone(), None)
     } else {
-        args.extend(["--key-prefix".into(), archive.key_prefix.clone()]);
+        (String::new(), Some(archive.key_prefix.clone()))
+    };
+    RestoreRequest {
+        store: pod::store_spec(&archive.location),
+        tables: archive.tables.iter().map(|t| t.qualified()).collect(),
+        key_prefix_root,
+        key_prefix,
+        formats: archive.formats.clone().unwrap_or_default(),
+        at: restore
+            .spec
+            .at
+            .as_ref()
+            .and_then(|a| a.arg())
+            .map(str::to_string),
+        if_exists: match restore.spec.if_exists.unwrap_or(IfExists::Fail) {
+            IfExists::Fail => RequestIfExists::Fail,
+            IfExists::Replace => RequestIfExists::Replace,
+        },
+        connection_file: Some(TARGET_DSN_FILE.into()),
+        buffer_memory: None,
+        spill_dir: Some(SPILL_DIR.into()),
+        summary_file: Some(TERMINATION_LOG.into()),
     }
-    if let Some(formats) = &archive.formats {
-        let names: Vec<&str> = formats.iter().map(|f| f.id()).collect();
-        args.extend(["--format".into(), names.join(",")]);
-    }
-    if let Some(at) = restore.spec.at.as_ref().and_then(|a| a.arg()) {
-        args.extend(["--at".into(), at.to_string()]);
-    }
-    let if_exists = restore.spec.if_exists.unwrap_or(IfExists::Fail);
-    args.extend([
-        "--if-exists".into(),
-        if_exists.arg().into(),
-        "--connection-file".into(),
-        TARGET_DSN_FILE.into(),
-        "--spill-dir".into(),
-        SPILL_DIR.into(),
-        "--summary-file".into(),
-        TERMINATION_LOG.into(),
-    ]);
-    args
+}
+
+/// `larch restore --request '<json>'`: the container's arguments for `request`.
+pub fn restore_args(request: &RestoreRequest) -> Vec<String> {
+    vec!["restore".into(), "--request".into(), request.to_json()]
 }
 
 fn pod_template(
@@ -118,7 +122,7 @@ fn pod_template(
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
-        args: Some(restore_args(restore, archive)),
+        args: Some(restore_args(&restore_request(restore, archive))),
         env: (!access.env.is_empty()).then_some(access.env),
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),

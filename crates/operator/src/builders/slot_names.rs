@@ -78,3 +78,26 @@ fn sanitize(s: &str) -> String {
         })
         .collect()
 }
+
+/// The replication slot and publication `larch export` uses for `table`: the spec's names,
+/// else the slot derived from the export and the publication named like the slot. An export
+/// whose status records a writer on the slot an older operator derived
+/// ([`legacy_slot_name`]) keeps that slot, so an upgrade neither orphans it nor re-baselines.
+pub fn slot_and_publication(export: &ArchiveExport, table: &TableRef) -> (String, String) {
+    let src = &export.spec.source;
+    let slot = src.slot_name.clone().unwrap_or_else(|| {
+        let legacy = legacy_slot_name(export, table);
+        let recorded = export.status.as_ref().is_some_and(|s| {
+            s.writers
+                .iter()
+                .any(|w| w.table == table.qualified() && w.slot.as_deref() == Some(legacy.as_str()))
+        });
+        if recorded {
+            legacy
+        } else {
+            derived_slot_name(export, table)
+        }
+    });
+    let publication = src.publication_name.clone().unwrap_or_else(|| slot.clone());
+    (slot, publication)
+}

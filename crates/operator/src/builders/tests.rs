@@ -3,11 +3,13 @@
 
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use larch_contract::export_request::ExportRequest;
 use serde::Serialize;
 use serde_json::Value;
 
 use super::engine_config::{ResolvedArchive, resolve};
-use super::export::{self, ExportChildren};
+use super::export;
+use super::export_children::{ExportChildren, children};
 use super::source::{self, SourceChildren};
 use super::*;
 use crate::crd::archive_source::EngineAccess;
@@ -90,7 +92,7 @@ fn export_children(name: &str) -> ExportChildren {
 fn export_children_in(name: &str, ctx: &BuildContext) -> ExportChildren {
     let e = export_fixture(name);
     let run = export::run_id(&e, None);
-    export::children(&e, Some(&run), ctx)
+    children(&e, Some(&run), ctx)
 }
 
 /// (fixture, referenced export fixture)
@@ -380,6 +382,12 @@ fn the_uid_of_generated_pods_is_fixed_or_left_to_the_platform() {
     assert_eq!(pod::PodUser::default().to_string(), "65532");
 }
 
+/// The export request a container's `larch export --request '<json>'` carries.
+fn request_of(args: &[String]) -> ExportRequest {
+    assert_eq!(args[..2], ["export", "--request"], "{args:?}");
+    ExportRequest::from_json(&args[2]).unwrap()
+}
+
 /// `larch engine` and `larch export --follow` listen on loopback unless told otherwise: every
 /// pod that serves HTTP passes its pod IP explicitly, so probes and scrapes reach it.
 #[test]
@@ -388,18 +396,21 @@ fn every_serving_container_passes_listen_explicitly() {
     for (what, spec) in all_pod_specs() {
         for c in &spec.containers {
             let args = c.args.clone().unwrap_or_default();
-            let serves = args.first().map(String::as_str) == Some("engine")
-                || args.iter().any(|a| a == "--follow");
-            if !serves {
-                continue;
-            }
+            let listen = match args.first().map(String::as_str) {
+                Some("engine") => args
+                    .iter()
+                    .position(|a| a == "--listen")
+                    .and_then(|i| args.get(i + 1))
+                    .cloned(),
+                Some("export") => match request_of(&args) {
+                    r if r.follow => r.listen,
+                    _ => continue,
+                },
+                _ => continue,
+            };
             serving += 1;
-            let listen = args
-                .iter()
-                .position(|a| a == "--listen")
-                .and_then(|i| args.get(i + 1));
             assert_eq!(
-                listen.map(String::as_str),
+                listen.as_deref(),
                 Some("$(POD_IP):8080"),
                 "{what}: {args:?}"
             );
@@ -702,7 +713,7 @@ fn cleanup_jobs_and_the_slot_monitor_match_golden() {
         "running: no monitor"
     );
     suspended.spec.suspend = Some(true);
-    let children = export::children(&suspended, None, &ctx());
+    let children = children(&suspended, None, &ctx());
     let monitor = children.slot_monitor.expect("suspended: a monitor");
     assert_eq!(
         children.deployments[0].spec.replicas,
@@ -738,65 +749,108 @@ fn retention_applies_to_every_mode() {
         max_age: Some("7d".into()),
     });
     let t = e.spec.source.all_tables()[0].clone();
-    let args = export::export_args(&e, &t).join(" ");
-    assert!(args.contains("--keep-epochs 2 --max-age 7d"), "{args}");
+    let r = export::export_request(&e, &t);
+    assert_eq!((r.keep_epochs, r.max_age.as_deref()), (2, Some("7d")));
     // The deprecated continuous.keepEpochs still works, and retention wins over it.
     let mut c = export_fixture("export-continuous-s3");
     let t = c.spec.source.all_tables()[0].clone();
-    assert!(
-        export::export_args(&c, &t)
-            .join(" ")
-            .contains("--keep-epochs 3")
-    );
+    assert_eq!(export::export_request(&c, &t).keep_epochs, 3);
     c.spec.retention = Some(crate::crd::archive_export::Retention {
         keep_epochs: Some(5),
         max_age: None,
     });
-    let args = export::export_args(&c, &t).join(" ");
-    assert!(
-        args.contains("--keep-epochs 5") && !args.contains("--keep-epochs 3"),
-        "{args}"
-    );
+    assert_eq!(export::export_request(&c, &t).keep_epochs, 5);
 }
 
 #[test]
-fn export_args_follow_the_cli_contract() {
+fn export_requests_follow_the_cli_contract() {
     let e = export_fixture("export-oneshot-s3");
     let t = e.spec.source.all_tables()[0].clone();
+    let r = export::export_request(&e, &t);
     assert_eq!(
-        export::export_args(&e, &t).join(" "),
-        "export --connection-file /etc/larch/source/dsn --schema public --table users \
-         --key-fields id,tenant --store s3 --bucket seeds --prefix team-a --endpoint https://s3.internal:8333 \
-         --region eu-west-1 --path-style --format jsonl --slot larch_users --owner archiveexport/data/users \
-         --publication larch_users --summary-file /dev/termination-log --listen $(POD_IP):8080"
+        export::export_args(&r),
+        ["export", "--request", r.to_json().as_str()],
+        "one argument: the request"
+    );
+    assert_eq!(
+        serde_json::to_value(&r).unwrap(),
+        serde_json::json!({
+            "connectionFile": "/etc/larch/source/dsn",
+            "schema": "public",
+            "tables": ["users"],
+            "store": {"type": "s3", "bucket": "seeds", "prefix": "team-a",
+                      "endpoint": "https://s3.internal:8333", "region": "eu-west-1", "path_style": true},
+            "formats": ["jsonl"],
+            "keyFields": ["id", "tenant"],
+            "summaryFile": "/dev/termination-log",
+            "slot": "larch_users",
+            "owner": "archiveexport/data/users",
+            "publication": "larch_users",
+            "listen": "$(POD_IP):8080",
+        })
     );
     let c = export_fixture("export-continuous-s3");
     let t = c.spec.source.all_tables()[0].clone();
-    let args = export::export_args(&c, &t).join(" ");
-    assert!(
-        args.ends_with(
-            "--summary-file /dev/termination-log --keep-epochs 3 --follow --diff-interval 15s \
-             --min-interval 5s --max-interval 5m --max-diff-bytes 67108864 --max-diff-fraction 0.25 \
-             --max-churn-records 100000 --max-churn-fraction 0.5 --buffer-memory 67108864 \
-             --spill-dir /var/lib/larch/spill --spill-limit 7730941131 --listen $(POD_IP):8080 --lease events"
+    let r = export::export_request(&c, &t);
+    assert!(r.follow);
+    assert_eq!(r.keep_epochs, 3);
+    assert_eq!(
+        (
+            r.diff_interval.as_deref(),
+            r.min_interval.as_deref(),
+            r.max_interval.as_deref()
         ),
-        "{args}"
+        (Some("15s"), Some("5s"), Some("5m"))
+    );
+    assert_eq!(
+        (r.max_diff_bytes, r.max_diff_fraction.as_deref()),
+        (Some(67108864), Some("0.25"))
+    );
+    assert_eq!(
+        (r.max_churn_records, r.max_churn_fraction.as_deref()),
+        (Some(100000), Some("0.5"))
+    );
+    assert_eq!(
+        (r.buffer_memory, r.spill_dir.as_deref(), r.spill_limit),
+        (
+            Some(67108864),
+            Some(std::path::Path::new("/var/lib/larch/spill")),
+            Some(7730941131)
+        )
+    );
+    assert_eq!(
+        (r.listen.as_deref(), r.lease.as_deref()),
+        (Some("$(POD_IP):8080"), Some("events"))
     );
     // tables: one export per table, each under <keyPrefix><schema>.<table>/
     let s = export_fixture("export-scheduled-tables");
-    let per_table: Vec<String> = s
+    let per_table: Vec<ExportRequest> = s
         .spec
         .source
         .all_tables()
         .iter()
-        .map(|t| export::export_args(&s, t).join(" "))
+        .map(|t| export::export_request(&s, t))
         .collect();
-    assert!(per_table[0].contains("--schema public --table orders"));
-    assert!(per_table[0].contains(
-        "--store local --path /var/lib/larch/archive --key-prefix nightly/public.orders/"
-    ));
-    assert!(per_table[1].contains("--schema sales --table invoices"));
-    assert!(per_table[1].contains("--key-prefix nightly/sales.invoices/"));
+    assert_eq!(
+        (per_table[0].schema.as_deref(), &per_table[0].tables[..]),
+        (Some("public"), &["orders".to_string()][..])
+    );
+    assert_eq!(
+        per_table[0].store,
+        larch_archive::store::spec::StoreSpec::local("/var/lib/larch/archive")
+    );
+    assert_eq!(
+        per_table[0].key_prefix.as_deref(),
+        Some("nightly/public.orders/")
+    );
+    assert_eq!(
+        (per_table[1].schema.as_deref(), &per_table[1].tables[..]),
+        (Some("sales"), &["invoices".to_string()][..])
+    );
+    assert_eq!(
+        per_table[1].key_prefix.as_deref(),
+        Some("nightly/sales.invoices/")
+    );
 }
 
 #[test]
@@ -844,13 +898,13 @@ fn spill_settings_derive_from_the_memory_limit_and_size_the_spill_volume() {
     assert!(mounts.iter().any(|m| m.name == "spill"
         && m.mount_path == export::SPILL_DIR
         && m.read_only != Some(true)));
-    // OneShot exports never spill: no volume, no flags.
+    // OneShot exports never spill: no volume, no settings.
     let o = export_fixture("export-oneshot-s3");
     let t = o.spec.source.all_tables()[0].clone();
-    assert!(
-        !export::export_args(&o, &t)
-            .iter()
-            .any(|a| a.starts_with("--spill"))
+    let r = export::export_request(&o, &t);
+    assert_eq!(
+        (r.spill_dir, r.spill_limit, r.buffer_memory),
+        (None, None, None)
     );
 }
 
@@ -935,7 +989,7 @@ fn modes_produce_the_right_kinds() {
         sched.cron_jobs[0].spec.time_zone.as_deref(),
         Some("Europe/Berlin")
     );
-    let no_run = export::children(&export_fixture("export-scheduled-tables"), None, &ctx());
+    let no_run = children(&export_fixture("export-scheduled-tables"), None, &ctx());
     assert!(no_run.jobs.is_empty(), "a schedule alone creates no Job");
     let cont = export_children("export-continuous-s3");
     assert_eq!(
@@ -1147,21 +1201,20 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     )
     .unwrap();
     let t = e.spec.source.all_tables()[0].clone();
-    let args = export::export_args(&e, &t);
-    let at = args.iter().position(|a| a == "--transform-rules").unwrap();
+    let args = export::export_args(&export::export_request(&e, &t));
     // What the pod gets parses back into the same rules, as the exporter reads them.
-    let rules =
-        larch_run::export::transform::TransformRules::parse(&args[at + 1], "--transform-rules")
-            .unwrap();
-    assert_eq!(rules, e.spec.transform.as_ref().unwrap().rules());
-    assert!(
-        !args[at + 1].contains("seed-key"),
-        "the Secret is not in the args"
+    let r = request_of(&args);
+    assert_eq!(
+        r.transform,
+        Some(e.spec.transform.as_ref().unwrap().rules())
     );
     assert!(
-        args.join(" ")
-            .contains("--transform-key-file /etc/larch/transform-key/key"),
-        "{args:?}"
+        !args[2].contains("seed-key"),
+        "the Secret is not in the args"
+    );
+    assert_eq!(
+        r.transform_key_file.as_deref(),
+        Some(std::path::Path::new("/etc/larch/transform-key/key"))
     );
     let (mounts, volumes) = export::source_mounts(&e);
     let m = mounts.iter().find(|m| m.name == "transform-key").unwrap();
@@ -1173,11 +1226,8 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     assert_eq!(secret.items.as_ref().unwrap()[0].key, "hmac");
     // Without a transform, nothing of it.
     let plain = export_fixture("export-oneshot-s3");
-    assert!(
-        !export::export_args(&plain, &t)
-            .join(" ")
-            .contains("transform")
-    );
+    let r = export::export_request(&plain, &t);
+    assert_eq!((r.transform, r.transform_key_file), (None, None));
 }
 
 #[test]
@@ -1189,19 +1239,16 @@ fn require_transformed_reaches_the_engine_config_the_engine_reads() {
     let text = yaml(&s);
     let v: Value = serde_yaml_ng::from_str(&text).unwrap();
     assert_eq!(v["sources"]["warehouse"]["require_transformed"], true);
-    // The engine's own parser takes it.
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("engine.yaml");
-    std::fs::write(&file, &text).unwrap();
-    let config = larch_run::engine::config::EngineConfig::load(&file).unwrap();
-    assert!(config.sources.iter().all(|s| s.require_transformed));
+    // The type the engine parses takes it (its validation: tests/it/operator_contract.rs).
+    let file: larch_contract::engine_file::EngineFile = serde_yaml_ng::from_str(&text).unwrap();
+    assert!(file.sources.values().all(|s| s.require_transformed));
 }
 
 #[test]
 fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     let e = export_fixture("export-oneshot-set");
     let run = export::run_id(&e, None);
-    let c = export::children(&e, Some(&run), &ctx());
+    let c = children(&e, Some(&run), &ctx());
     assert_eq!(c.jobs.len(), 1, "one Job for the whole set");
     assert!(c.cron_jobs.is_empty() && c.deployments.is_empty());
     let job = &c.jobs[0];
@@ -1209,28 +1256,29 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
         job.metadata.name.as_deref(),
         Some(format!("ledger-{run}").as_str())
     );
-    let args = export::set_export_args(&e).join(" ");
-    assert!(
-        args.contains(
-            "--table public.accounts --table public.transfers --table audit.ledger --parallel 3"
-        ),
-        "{args}"
+    let r = export::set_export_request(&e);
+    assert_eq!(
+        (r.tables.join(" "), r.parallel),
+        (
+            "public.accounts public.transfers audit.ledger".to_string(),
+            Some(3)
+        )
     );
     // The prefix the exporter puts each table under, as per-table Jobs are given it.
-    assert!(args.contains("--key-prefix ledger/ "), "{args}");
+    assert_eq!(r.key_prefix.as_deref(), Some("ledger/"));
     let slot = export::set_slot_name(&e);
     assert!(slot.starts_with("larch_data_ledger_"), "{slot}");
-    assert!(args.contains(&format!("--slot {slot} ")), "{args}");
-    assert!(!args.contains("--schema"), "{args}");
+    assert_eq!(r.slot.as_deref(), Some(slot.as_str()));
+    assert_eq!(r.schema, None);
     // Without parallel: one Job per table, as before.
     let mut per_table = e.clone();
     per_table.spec.parallel = None;
-    let c = export::children(&per_table, Some(&run), &ctx());
+    let c = children(&per_table, Some(&run), &ctx());
     assert_eq!(c.jobs.len(), 3);
     // Scheduled: one CronJob `<name>` for the set.
     let mut scheduled = e;
     scheduled.spec.schedule = export_fixture("export-scheduled-tables").spec.schedule;
-    let c = export::children(&scheduled, None, &ctx());
+    let c = children(&scheduled, None, &ctx());
     assert_eq!(c.cron_jobs.len(), 1);
     assert_eq!(c.cron_jobs[0].metadata.name.as_deref(), Some("ledger"));
     assert!(c.jobs.is_empty());
@@ -1272,7 +1320,7 @@ fn derived_slot_names_are_distinct_across_namespaces_short_and_stable() {
 /// on it; anything else in status does not move the name.
 #[test]
 fn a_slot_recorded_in_status_under_the_old_name_is_kept() {
-    use super::cleanup::slot_and_publication;
+    use super::slot_names::slot_and_publication;
     use crate::crd::archive_export::{ArchiveExportStatus, WriterStatus};
     let mut e = export_fixture("export-continuous-s3");
     let table = e.spec.source.all_tables()[0].clone();

@@ -20,10 +20,8 @@ use serde_json::json;
 
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
-use crate::builders::cleanup::{
-    CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy, slot_and_publication,
-};
-use crate::builders::export::export_owner;
+use crate::builders::cleanup::{CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy};
+use crate::builders::export::{export_owner, slot_and_publication};
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT};
 use crate::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
 use crate::crd::archive_export::{
@@ -121,7 +119,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     let job = deletion.cleanup_job().await?;
-    match job.as_ref().map(super::export::job_phase) {
+    match job.as_ref().map(super::job::job_phase) {
         None => deletion.start_attempt().await,
         Some(JobPhase::Active) | Some(JobPhase::Missing) => {
             Ok(Action::requeue(Duration::from_secs(3)))

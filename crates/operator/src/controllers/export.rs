@@ -25,7 +25,8 @@ use kube::runtime::events::{Event, EventType};
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_EXPORT};
 use super::lease_rights;
-use crate::builders::export::{self as build, ExportChildren};
+use crate::builders::export as build;
+use crate::builders::export_children::{self, ExportChildren};
 use crate::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::conditions::{
     self, EXPORT_TYPES, ExportObservation, JobPhase, PodOutcome, Problem, Status, WriterCounts,
@@ -53,19 +54,6 @@ pub fn wanted_run(export: &ArchiveExport) -> Option<(String, Option<String>)> {
         return None;
     }
     Some((build::run_id(export, token.as_deref()), token))
-}
-
-pub(super) fn job_phase(job: &Job) -> JobPhase {
-    let conds = job.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let has =
-        |t: &str| conds.is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"));
-    if has("Complete") || has("SuccessCriteriaMet") {
-        JobPhase::Succeeded
-    } else if has("Failed") || has("FailureTarget") {
-        JobPhase::Failed
-    } else {
-        JobPhase::Active
-    }
 }
 
 /// Finished export pods: successes (parsed summaries) and the outcome of the newest one.
@@ -277,7 +265,7 @@ impl<'a> ExportRound<'a> {
     /// Build, apply and prune the children, then observe what they report.
     async fn build_apply_observe(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
         let new_run = self.start_run();
-        let children = build::children(self.export, new_run.as_deref(), &self.ctx.build);
+        let children = export_children::children(self.export, new_run.as_deref(), &self.ctx.build);
         let mut set = ChildSet::new(applier, self.selector());
         if children.lease_access.is_some() {
             lease_rights::ensure(self.ctx, &self.ns, self.export).await?;
@@ -358,7 +346,7 @@ impl<'a> ExportRound<'a> {
                             .items
                             .iter()
                             .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                            .map(job_phase)
+                            .map(super::job::job_phase)
                             .unwrap_or(JobPhase::Missing)
                     })
                     .collect();

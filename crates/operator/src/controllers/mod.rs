@@ -9,6 +9,7 @@ pub mod cleanup;
 pub mod context;
 pub mod error;
 pub mod export;
+pub mod job;
 pub mod lease_rights;
 pub mod owned;
 pub mod restore;

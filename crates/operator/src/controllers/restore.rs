@@ -19,7 +19,7 @@ use kube::runtime::events::{Event, EventType};
 
 use super::apply::{Applier, ChildSet};
 use super::context::{Context, Error, MANAGER_RESTORE};
-use super::export::job_phase;
+use super::job::job_phase;
 use crate::builders::LABEL_RUN;
 use crate::builders::engine_config::ResolvedArchive;
 use crate::builders::restore::{self as build, LABEL_RESTORE};
@@ -32,7 +32,7 @@ use crate::crd::archive_restore::{
 };
 use crate::dereference::{self, Missing};
 use crate::{pod_failure, validate};
-use larch_run::restore::RestoreSummary;
+use larch_contract::restore_request::RestoreSummary;
 
 pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = restore.namespace().ok_or(Error::NoNamespace)?;
@@ -249,22 +249,7 @@ impl<'a> RestoreRound<'a> {
             .or_else(|| self.old.database_wait.as_ref().map(DatabaseWait::problem));
         let succeeded = match phase {
             JobPhase::Active => return Ok(()),
-            JobPhase::Succeeded => {
-                let summary = pods.iter().find_map(summary_of);
-                match summary {
-                    Some(s) => {
-                        self.record(&s);
-                        true
-                    }
-                    None => {
-                        self.obs.pod_failure = Some(Problem::new(
-                            "SummaryMissing",
-                            format!("Job {name} completed, but no pod of it reported a summary"),
-                        ));
-                        false
-                    }
-                }
-            }
+            JobPhase::Succeeded => self.record_summary(&pods, &name),
             JobPhase::Failed if self.obs.database_unavailable().is_some() => {
                 return self.wait_for_database(applier, &name, attempt).await;
             }
@@ -277,11 +262,35 @@ impl<'a> RestoreRound<'a> {
                 false
             }
         };
+        self.finish_run(&run.id, succeeded);
+        Ok(())
+    }
+
+    /// A completed Job's summary (from its pods' termination message) into status: whether
+    /// one was found.
+    fn record_summary(&mut self, pods: &[Pod], job: &str) -> bool {
+        match pods.iter().find_map(summary_of) {
+            Some(s) => {
+                self.record(&s);
+                true
+            }
+            None => {
+                self.obs.pod_failure = Some(Problem::new(
+                    "SummaryMissing",
+                    format!("Job {job} completed, but no pod of it reported a summary"),
+                ));
+                false
+            }
+        }
+    }
+
+    /// The run ended: its outcome into status, and an Event saying so.
+    fn finish_run(&mut self, run_id: &str, succeeded: bool) {
         self.status.database_wait = None;
         let r = self.status.run.as_mut().expect("run exists");
         r.succeeded = Some(succeeded);
         r.completion_time = Some(time_string(self.now));
-        self.obs.run = Some((run.id.clone(), Some(succeeded)));
+        self.obs.run = Some((run_id.to_string(), Some(succeeded)));
         self.obs.restored = self.restored_line();
         self.requeue = Duration::from_secs(300);
         self.events.push(if succeeded {
@@ -289,8 +298,7 @@ impl<'a> RestoreRound<'a> {
                 EventType::Normal,
                 "RestoreSucceeded",
                 format!(
-                    "run {}: {}",
-                    run.id,
+                    "run {run_id}: {}",
                     self.obs.restored.clone().unwrap_or_default()
                 ),
             )
@@ -304,10 +312,9 @@ impl<'a> RestoreRound<'a> {
             event(
                 EventType::Warning,
                 "RestoreFailed",
-                format!("run {}: {why}", run.id),
+                format!("run {run_id}: {why}"),
             )
         });
-        Ok(())
     }
 
     /// The attempt's Job failed because the database is not ready: it is deleted (with its

@@ -1058,8 +1058,11 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     assert_eq!(pod["serviceAccountName"], "exporter");
     assert_eq!(pod["automountServiceAccountToken"], true);
     let args = pod["containers"][0]["args"].as_array().unwrap();
-    let lease_arg = args.iter().position(|a| a == "--lease").expect("--lease");
-    assert_eq!(args[lease_arg + 1], "events");
+    assert_eq!(args[..2], [json!("export"), json!("--request")]);
+    let request =
+        larch_contract::export_request::ExportRequest::from_json(args[2].as_str().unwrap())
+            .unwrap();
+    assert_eq!(request.lease.as_deref(), Some("events"));
     assert_eq!(bodies[7]["spec"]["strategy"]["type"], "Recreate");
     assert_eq!(bodies[7]["spec"]["replicas"], 1);
     let st = &bodies[16]["status"];
@@ -2384,11 +2387,9 @@ async fn an_archive_restore_runs_its_job_to_completion_and_reruns_by_annotation(
         .as_array()
         .unwrap();
     let args: Vec<&str> = args.iter().map(|a| a.as_str().unwrap()).collect();
-    assert_eq!(args[0], "restore");
-    assert!(
-        args.windows(2).any(|w| w == ["--at", "0/16B3748"]),
-        "{args:?}"
-    );
+    assert_eq!(args[..2], ["restore", "--request"]);
+    let request = larch_contract::restore_request::RestoreRequest::from_json(args[2]).unwrap();
+    assert_eq!(request.at.as_deref(), Some("0/16B3748"), "{args:?}");
     let st = &bodies[2]["status"];
     assert_eq!(st["run"]["id"], run.as_str());
     assert_eq!(cond(st, "Reconciling")["status"], "True");

@@ -127,7 +127,7 @@ pub struct ExportTransform {
     /// `schema.table` → `{undeclared: TRANSFORM, columns: {COLUMN: TRANSFORM}}`; a transform
     /// is keep, null, drop, hash or {redact: VALUE}.
     #[schemars(extend("maxProperties" = 256))]
-    pub tables: std::collections::BTreeMap<String, larch_run::export::transform::TableRules>,
+    pub tables: std::collections::BTreeMap<String, larch_contract::transform_rules::TableRules>,
     /// The hash key (at least 16 bytes), needed when a rule hashes; mounted as a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_secret_ref: Option<SecretKeyRef>,
@@ -135,8 +135,8 @@ pub struct ExportTransform {
 
 impl ExportTransform {
     /// The rules as the exporter reads them (`--transform-rules`).
-    pub fn rules(&self) -> larch_run::export::transform::TransformRules {
-        larch_run::export::transform::TransformRules {
+    pub fn rules(&self) -> larch_contract::transform_rules::TransformRules {
+        larch_contract::transform_rules::TransformRules {
             tables: self.tables.clone(),
         }
     }

@@ -234,7 +234,10 @@ mod tests {
         let e = ApiAccess::from_flags(false, true, false, None, None).unwrap_err();
         assert!(e.to_string().contains("--protect-reads needs an API token"));
         let e = ApiAccess::from_flags(false, false, true, None, None).unwrap_err();
-        assert!(e.to_string().contains("--protect-status needs an API token"));
+        assert!(
+            e.to_string()
+                .contains("--protect-status needs an API token")
+        );
         let open = ApiAccess::from_flags(false, false, false, None, None).unwrap();
         assert!(!open.control && !open.protect_reads && open.token.is_none());
         let env = ApiAccess::from_flags(true, true, true, None, Some("x".repeat(20))).unwrap();

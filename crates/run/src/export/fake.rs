@@ -4,70 +4,20 @@
 //! Emails use the domains reserved for examples (RFC 2606) and phone numbers the fictional
 //! 555-01XX range of the North American plan, so a fake never reaches a real person.
 
-use std::fmt;
+pub use larch_contract::transform_rules::FakeKind;
 
-/// What a `fake` produces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FakeKind {
-    FirstName,
-    LastName,
-    FullName,
-    Email,
-    Phone,
-    StreetAddress,
-    City,
+/// Making a fake of a kind: the exporter's side of [`FakeKind`].
+pub trait Generate {
+    /// The fake for the keyed bytes `h` (at least 16), at most `max_chars` characters when
+    /// that is positive.
+    fn generate(self, h: &[u8; 32], max_chars: i64) -> String;
 }
 
-impl FakeKind {
-    pub const ALL: [FakeKind; 7] = [
-        FakeKind::FirstName,
-        FakeKind::LastName,
-        FakeKind::FullName,
-        FakeKind::Email,
-        FakeKind::Phone,
-        FakeKind::StreetAddress,
-        FakeKind::City,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FakeKind::FirstName => "first_name",
-            FakeKind::LastName => "last_name",
-            FakeKind::FullName => "full_name",
-            FakeKind::Email => "email",
-            FakeKind::Phone => "phone",
-            FakeKind::StreetAddress => "street_address",
-            FakeKind::City => "city",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<FakeKind> {
-        Self::ALL.into_iter().find(|k| k.name() == s)
-    }
-
-    /// The names of every kind, for error messages.
-    pub fn names() -> String {
-        Self::ALL.map(FakeKind::name).join(", ")
-    }
-
-    /// The shortest length (in characters) a fake of this kind can be cut to and stay of its
-    /// kind; a `varchar(n)` below it is refused at validation.
-    pub fn min_length(self) -> i64 {
-        match self {
-            FakeKind::FirstName | FakeKind::LastName | FakeKind::City => 3,
-            FakeKind::FullName => 5,
-            // "a.b@example.com"
-            FakeKind::Email => 15,
-            // "+1 AAA-555-01NN"
-            FakeKind::Phone => 15,
-            FakeKind::StreetAddress => 8,
-        }
-    }
-
+impl Generate for FakeKind {
     /// The fake for the keyed bytes `h` (at least 16), at most `max_chars` characters when
     /// that is positive: names and addresses are cut at the limit, an email's local part is
     /// shortened so it stays `local@domain`. Deterministic in `h` and `max_chars`.
-    pub fn generate(self, h: &[u8; 32], max_chars: i64) -> String {
+    fn generate(self, h: &[u8; 32], max_chars: i64) -> String {
         let pick = |i: usize, list: &'static [&'static str]| -> &'static str {
             let n = u16::from_be_bytes([h[2 * i], h[2 * i + 1]]) as usize;
             list[n % list.len()]
@@ -116,12 +66,6 @@ impl FakeKind {
         } else {
             out
         }
-    }
-}
-
-impl fmt::Display for FakeKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

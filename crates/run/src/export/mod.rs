@@ -4,6 +4,7 @@
 pub mod continuous;
 pub mod fake;
 pub mod lease;
+pub mod run;
 pub mod set;
 pub mod slot;
 pub mod subset;

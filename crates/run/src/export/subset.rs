@@ -7,26 +7,12 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
-
-use crate::export::transform::TransformKey;
+use crate::export::transform::{TableRules, TransformKey};
 use larch_archive::masking::SubsetRecord;
 use larch_archive::value::Row;
 use larch_postgres::TableSchema;
 
-/// `sample:` of a table's rules.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SampleRule {
-    /// Percentage of the rows kept, in (0, 100].
-    #[schemars(range(min = 0.0, max = 100.0))]
-    pub percent: f64,
-    /// The column whose value decides (default: the key fields). Tables sampled by columns
-    /// holding the same values (a key and its foreign keys) keep matching rows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
-    pub by: Option<String>,
-}
+pub use larch_contract::transform_rules::SampleRule;
 
 /// The subset of one table: where it came from is checked, the sample compiled for its columns.
 #[derive(Clone, Debug, Default)]
@@ -52,6 +38,16 @@ impl std::fmt::Debug for Sampler {
             .field("by", &self.by)
             .field("threshold_ppm", &self.threshold)
             .finish()
+    }
+}
+
+impl From<&TableRules> for Subset {
+    /// The subset a table's rules ask for (`where:`, `sample:`).
+    fn from(rules: &TableRules) -> Subset {
+        Subset {
+            row_filter: rules.row_filter.clone(),
+            sample: rules.sample.clone(),
+        }
     }
 }
 

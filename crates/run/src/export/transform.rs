@@ -21,14 +21,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::Sha256;
 
-use crate::export::fake::FakeKind;
+use crate::export::fake::{FakeKind, Generate};
 use larch_archive::masking::TransformRecord;
 use larch_archive::model::{ColumnDefinition, TableId};
 use larch_archive::value::{Row, Value, raw};
+pub use larch_contract::transform_rules::{ColumnRule, TableRules, TransformError, TransformRules};
 use larch_core::locks::MutexExt;
 use larch_postgres::{ColumnMask, Treatment, write_string};
 
@@ -38,204 +38,23 @@ pub const MIN_KEY_BYTES: usize = 16;
 /// The environment variable holding the hash key when no key file is given.
 pub const KEY_ENV: &str = "LARCH_TRANSFORM_KEY";
 
-/// The rules of a transform file / `spec.transform`: tables by `schema.table`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TransformRules {
-    /// `schema.table` → its rules.
-    #[serde(default)]
-    #[schemars(extend("maxProperties" = 256))]
-    pub tables: BTreeMap<String, TableRules>,
+/// Compiling rules for one table: the exporter's side of [`TransformRules`].
+pub trait CompileRules {
+    /// Checks `table`'s rules against its columns and key fields and compiles them.
+    fn compile(
+        &self,
+        table: &TableId,
+        columns: &[ColumnDefinition],
+        key_fields: &[String],
+        key: Option<Arc<TransformKey>>,
+    ) -> Result<TableTransform, TransformError>;
 }
 
-/// One table's rules.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TableRules {
-    /// What every column not named in `columns` goes through, one added to the table later
-    /// included (default `null`: a column nobody declared never goes out raw). `keep` passes
-    /// them through; `hash`, `drop` or `{redact: …}` mask them otherwise.
-    #[serde(default)]
-    pub undeclared: ColumnRule,
-    /// Column name → its transform.
-    #[serde(default)]
-    #[schemars(extend("maxProperties" = 1600))]
-    pub columns: BTreeMap<String, ColumnRule>,
-    /// Subsetting (one-shot exports only): an SQL predicate on the table's columns; only the
-    /// rows it keeps are exported. Parsed by PostgreSQL's parser: columns of the table,
-    /// constants, operators, casts to built-in types and immutable functions only (no
-    /// subqueries; docs/security.md).
-    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 4096))]
-    pub row_filter: Option<String>,
-    /// Subsetting (one-shot exports only): keep this percentage of the rows, chosen by a keyed
-    /// hash of a column (deterministic, and alike across tables for the same values).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sample: Option<super::subset::SampleRule>,
-}
-
-impl TableRules {
-    /// The subset these rules ask for.
-    pub fn subset(&self) -> super::subset::Subset {
-        super::subset::Subset {
-            row_filter: self.row_filter.clone(),
-            sample: self.sample.clone(),
-        }
-    }
-}
-
-/// One column's transform: `keep`, `null`, `drop`, `hash`, or `{redact: <constant>}`. Read
-/// through a JSON value so a bare YAML `null` means the transform `null`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
-pub enum ColumnRule {
-    Keep,
-    /// The default: what a column nobody declared goes through.
-    #[default]
-    Null,
-    Drop,
-    Hash,
-    /// Every non-NULL value becomes this constant.
-    Redact(serde_json::Value),
-    /// A realistic value of this kind picked by the keyed hash of the value.
-    Fake(FakeKind),
-}
-
-impl TryFrom<serde_json::Value> for ColumnRule {
-    type Error = String;
-    fn try_from(v: serde_json::Value) -> Result<ColumnRule, String> {
-        use serde_json::Value as J;
-        match v {
-            J::Null => Ok(ColumnRule::Null),
-            J::String(s) => match s.as_str() {
-                "keep" => Ok(ColumnRule::Keep),
-                "null" => Ok(ColumnRule::Null),
-                "drop" => Ok(ColumnRule::Drop),
-                "hash" => Ok(ColumnRule::Hash),
-                other => Err(format!(
-                    "unknown transform {other:?}: expected keep, null, drop, hash, {{redact: \
-                     VALUE}} or {{fake: KIND}}"
-                )),
-            },
-            J::Object(m) if m.len() == 1 && m.contains_key("redact") => Ok(ColumnRule::Redact(
-                m.into_iter().next().expect("one entry").1,
-            )),
-            J::Object(m) if m.len() == 1 && m.contains_key("fake") => match &m["fake"] {
-                J::String(k) => FakeKind::parse(k).map(ColumnRule::Fake).ok_or_else(|| {
-                    format!("unknown fake {k:?}: expected one of {}", FakeKind::names())
-                }),
-                other => Err(format!(
-                    "fake takes a kind ({}), not {other}",
-                    FakeKind::names()
-                )),
-            },
-            other => Err(format!(
-                "a transform is keep, null, drop, hash, {{redact: VALUE}} or {{fake: KIND}}, not \
-                 {other}"
-            )),
-        }
-    }
-}
-
-impl From<ColumnRule> for serde_json::Value {
-    fn from(r: ColumnRule) -> serde_json::Value {
-        match r {
-            ColumnRule::Redact(v) => serde_json::json!({ "redact": v }),
-            ColumnRule::Fake(k) => serde_json::json!({ "fake": k.name() }),
-            other => serde_json::Value::String(other.name().into()),
-        }
-    }
-}
-
-impl schemars::JsonSchema for ColumnRule {
-    fn schema_name() -> Cow<'static, str> {
-        "ColumnRule".into()
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        // A string or a one-key object: not structural, so the API server keeps it as given.
-        schemars::json_schema!({
-            "description": "keep, null, drop, hash, {redact: VALUE} or {fake: KIND}",
-            "x-kubernetes-preserve-unknown-fields": true
-        })
-    }
-}
-
-impl ColumnRule {
-    pub fn name(&self) -> &'static str {
-        match self {
-            ColumnRule::Keep => "keep",
-            ColumnRule::Null => "null",
-            ColumnRule::Drop => "drop",
-            ColumnRule::Hash => "hash",
-            ColumnRule::Redact(_) => "redact",
-            ColumnRule::Fake(_) => "fake",
-        }
-    }
-
-    /// The name the manifest records: a fake says its kind (`fake:email`).
-    pub fn record_name(&self) -> String {
-        match self {
-            ColumnRule::Fake(k) => format!("fake:{k}"),
-            other => other.name().to_string(),
-        }
-    }
-
-    /// Whether the rule needs the key.
-    fn keyed(&self) -> bool {
-        matches!(self, ColumnRule::Hash | ColumnRule::Fake(_))
-    }
-}
-
-/// A rule that cannot be applied; names the file, table and column.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TransformError(pub String);
-
-impl fmt::Display for TransformError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for TransformError {}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, TransformError> {
-    Err(TransformError(msg.into()))
-}
-
-impl TransformRules {
-    /// Parses a rules file (YAML; JSON is YAML too); errors name the file and the key.
-    pub fn from_file(path: &Path) -> Result<TransformRules, TransformError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| TransformError(format!("reading --transform {}: {e}", path.display())))?;
-        Self::parse(&text, &path.display().to_string())
-    }
-
-    /// Parses rules from `text`; `origin` names where they came from in errors.
-    pub fn parse(text: &str, origin: &str) -> Result<TransformRules, TransformError> {
-        let rules: TransformRules = serde_yaml_ng::from_str(text)
-            .map_err(|e| TransformError(format!("transform rules {origin}: {e}")))?;
-        for name in rules.tables.keys() {
-            if name.parse::<TableId>().is_err() {
-                return err(format!(
-                    "transform rules {origin}: table {name:?} must be schema.table"
-                ));
-            }
-        }
-        Ok(rules)
-    }
-
-    /// Whether any rule of any table hashes or fakes (a key is then needed).
-    pub fn hashes(&self) -> bool {
-        self.tables
-            .values()
-            .any(|t| t.undeclared.keyed() || t.columns.values().any(ColumnRule::keyed))
-    }
-
+impl CompileRules for TransformRules {
     /// Checks `table`'s rules against its columns and key fields and compiles them. A table
     /// the rules do not name is an error (a transform that does not apply would export raw
     /// rows under the belief that they are masked).
-    pub fn compile(
+    fn compile(
         &self,
         table: &TableId,
         columns: &[ColumnDefinition],
@@ -341,6 +160,10 @@ impl TransformRules {
             record,
         })
     }
+}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, TransformError> {
+    Err(TransformError(msg.into()))
 }
 
 /// The hash key: HMAC-SHA-256 keyed once (clones reuse the keyed state), and its fingerprint.

@@ -7,6 +7,7 @@ mod packed_rows;
 pub mod postgres;
 pub mod postgres_alter;
 pub mod postgres_copy;
+pub mod postgres_sql;
 
 use async_trait::async_trait;
 

@@ -31,6 +31,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, CopyInSink};
 
 use super::postgres_copy::{CopyColumn, copy_columns, encode_row};
+pub use super::postgres_sql::{quote_ident, sql_type};
 use super::{Resume, Target, postgres_alter};
 use crate::engine::config::Connection;
 use larch_archive::identity::{Identity, change_identity, row_identity};
@@ -44,65 +45,6 @@ pub const CHECKPOINT_TABLE: &str = "larch_checkpoint";
 const BATCH_ROWS: usize = 1000;
 /// Collapsed operations held before they are written into the open transaction.
 pub const PENDING_LIMIT: usize = 10 * BATCH_ROWS;
-
-/// SQL type for a laredo `Type` (PostgreSQL udt name): arrays are `_name`.
-pub fn sql_type(udt: &str) -> String {
-    let udt = udt.trim();
-    if udt.is_empty() {
-        return "jsonb".into();
-    }
-    if let Some(elem) = udt.strip_prefix('_') {
-        let inner = sql_type(elem);
-        return if inner == "jsonb" && elem.is_empty() {
-            "jsonb".into()
-        } else {
-            format!("{inner}[]")
-        };
-    }
-    const KNOWN: &[&str] = &[
-        "bool",
-        "int2",
-        "int4",
-        "int8",
-        "float4",
-        "float8",
-        "numeric",
-        "text",
-        "varchar",
-        "bpchar",
-        "name",
-        "char",
-        "json",
-        "jsonb",
-        "uuid",
-        "bytea",
-        "date",
-        "time",
-        "timetz",
-        "timestamp",
-        "timestamptz",
-        "interval",
-        "inet",
-        "cidr",
-        "macaddr",
-        "money",
-        "oid",
-        "xml",
-        "bit",
-        "varbit",
-        "tsvector",
-        "point",
-    ];
-    if KNOWN.contains(&udt) {
-        udt.to_string()
-    } else {
-        "text".into()
-    }
-}
-
-pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
 
 fn qualified(t: &TableId) -> String {
     format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.table))

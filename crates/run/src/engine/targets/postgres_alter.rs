@@ -7,7 +7,7 @@
 use anyhow::Context;
 use tokio_postgres::Client;
 
-use super::postgres::{quote_ident, sql_type};
+use super::postgres_sql::{quote_ident, sql_type};
 use larch_archive::model::{ColumnDefinition, TableId};
 
 /// The destination table as it is.
