@@ -781,6 +781,7 @@ fn session_limits_reach_the_request() {
     ] {
         let mut e = export_fixture(fixture);
         // Unset: the request leaves them to `larch export`'s defaults.
+        e.spec.source.session_limits = None;
         let r = request(&e);
         assert_eq!((r.statement_timeout, r.snapshot_max_age), (None, None));
         e.spec.source.session_limits = Some(limits.clone());
