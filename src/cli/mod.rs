@@ -235,12 +235,22 @@ impl Command {
         let export = |a: &export::ExportArgs| match &a.command {
             Some(slot::ExportCommand::Cleanup(c)) => c.summary_file.clone(),
             Some(slot::ExportCommand::SlotStatus(_)) => None,
-            None => a.summary_file.clone(),
+            // the operator's pods name it in their request (`--request`)
+            None => a.summary_file.clone().or_else(|| {
+                let request =
+                    larch_contract::export_request::ExportRequest::from_json(a.request.as_deref()?);
+                request.ok()?.summary_file
+            }),
         };
         match self {
             Command::Export(a) | Command::Archive(archive::ArchiveCommand::Export(a)) => export(a),
             Command::Engine(a) => a.termination_log.clone(),
-            Command::Restore(a) => a.summary_file.clone(),
+            Command::Restore(a) => a.summary_file.clone().or_else(|| {
+                let request = larch_contract::restore_request::RestoreRequest::from_json(
+                    a.request.as_deref()?,
+                );
+                request.ok()?.summary_file
+            }),
             _ => None,
         }
     }

@@ -101,7 +101,7 @@ fn s20_invalid_crs_are_refused_with_the_field_named() {
 
     // 1. Durations: the API server and larch's parser agree on every case in every field.
     use larch::duration::{AGREEMENT_CASES, parse_age, parse_positive};
-    let fields: [(&str, &str, Parser); 5] = [
+    let fields: [(&str, &str, Parser); 9] = [
         (
             "spec.continuous.diffInterval",
             "diffInterval",
@@ -111,6 +111,26 @@ fn s20_invalid_crs_are_refused_with_the_field_named() {
         ("spec.continuous.maxInterval", "maxInterval", parse_positive),
         ("spec.retention.maxAge", "maxAge", parse_age),
         ("spec.pollInterval", "pollInterval", parse_positive),
+        (
+            "spec.source.sessionLimits.statementTimeout",
+            "statementTimeout",
+            parse_positive,
+        ),
+        (
+            "spec.source.sessionLimits.lockTimeout",
+            "lockTimeout",
+            parse_positive,
+        ),
+        (
+            "spec.source.sessionLimits.idleInTransactionTimeout",
+            "idleInTransactionTimeout",
+            parse_positive,
+        ),
+        (
+            "spec.source.sessionLimits.snapshotMaxAge",
+            "snapshotMaxAge",
+            parse_age,
+        ),
     ];
     let mut docs = BTreeMap::new();
     let mut want = BTreeMap::new();
@@ -121,6 +141,12 @@ fn s20_invalid_crs_are_refused_with_the_field_named() {
             let doc = match *key {
                 "maxAge" => export_doc(&name, &format!("  retention: {{maxAge: {value}}}\n")),
                 "pollInterval" => source_doc(&name, &format!("  pollInterval: {value}\n")),
+                k if path.starts_with("spec.source.") => export_doc(&name, "").replace(
+                    "    table: {schema: public, name: events}\n",
+                    &format!(
+                        "    table: {{schema: public, name: events}}\n    sessionLimits: {{{k}: {value}}}\n"
+                    ),
+                ),
                 k => export_doc(&name, &format!("  continuous: {{{k}: {value}}}\n")),
             };
             docs.insert(name.clone(), doc);

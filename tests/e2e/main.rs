@@ -16,6 +16,7 @@ mod parallel_export;
 mod progress;
 mod restore;
 mod seed_restores;
+mod slot_collisions;
 mod status_command;
 mod support;
 

@@ -498,7 +498,8 @@ fn s26_no_secret_value_in_logs_events_status_or_engine_status() {
         "Events of the tenant namespace gathered"
     );
     for ip in engine_ips(e) {
-        let (code, body) = curl("GET", &format!("http://{ip}:8080/status"), None);
+        // protectReads with the source's own token: /status needs it too (issue 35)
+        let (code, body) = curl("GET", &format!("http://{ip}:8080/status"), Some(TOKEN));
         assert_eq!(code, 200);
         assert!(body.contains(SOURCE), "{body}");
         gathered.push((format!("engine {ip} /status"), body));

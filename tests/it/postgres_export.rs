@@ -366,6 +366,28 @@ async fn export_failures_write_their_reason_to_the_summary_file() {
         );
         assert!(stderr.contains(error.lines().next().unwrap()), "{stderr}");
     }
+    // The operator's pods pass one request: its summaryFile gets the failure as well.
+    let _ = std::fs::remove_file(&summary);
+    let request = serde_json::json!({
+        "tables": ["missing"],
+        "store": {"type": "local", "path": dir.path().join("archive")},
+        "summaryFile": summary,
+    });
+    let (code, _, stderr) =
+        run(larch()
+            .env("LARCH_PG_DSN", &base)
+            .args(["export", "--request", &request.to_string()]));
+    let doc: Value = serde_json::from_str(
+        std::fs::read_to_string(&summary)
+            .unwrap_or_else(|e| panic!("--request: no termination message ({e}); {stderr}"))
+            .trim(),
+    )
+    .unwrap();
+    assert_eq!(
+        (code, doc["reason"].as_str()),
+        (2, Some("TableNotFound")),
+        "{doc}"
+    );
     // Nothing was dropped by the quoted name.
     let n: i64 = db
         .client

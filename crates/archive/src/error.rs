@@ -3,6 +3,10 @@
 use larch_core::failure::{self, Classify, Reason};
 use thiserror::Error;
 
+/// The environment variable that raises the cap on objects read whole (manifests), which
+/// [`ArchiveError::TooLarge`] names.
+pub const MAX_GET_BYTES_ENV: &str = "LARCH_MAX_MANIFEST_BYTES";
+
 #[derive(Debug, Error)]
 pub enum ArchiveError {
     #[error("{key}: unsupported manifest version {version} (this larch reads version 1 and older)")]
@@ -47,7 +51,7 @@ pub enum ArchiveError {
     Invalid(String),
     #[error(
         "{key}: {size} bytes, over the {limit} bytes read whole for a manifest (a manifest is a few MiB; set {env} to raise the cap)",
-        env = crate::store::MAX_GET_BYTES_ENV
+        env = MAX_GET_BYTES_ENV
     )]
     TooLarge { key: String, size: u64, limit: u64 },
     #[error(

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use larch_core::failure::{self, Reason};
 
+use crate::engine::column_mismatch::ColumnMismatch;
 use crate::engine::config::ConfigError;
-use crate::engine::pipeline::ColumnMismatch;
 
 /// The runs' [`failure::Classifier`]: their own error types, then the layers below.
 pub fn reason_of(cause: &(dyn std::error::Error + 'static)) -> Option<Reason> {

@@ -26,8 +26,7 @@ pub struct PutResult {
     pub sha256: String,
 }
 
-/// The environment variable that raises the cap on objects read whole (manifests).
-pub const MAX_GET_BYTES_ENV: &str = "LARCH_MAX_MANIFEST_BYTES";
+pub use crate::error::MAX_GET_BYTES_ENV;
 /// The default cap on objects read whole: a manifest of a long history is a few MiB, so one
 /// this large is damaged or hostile, and reading it would cost that much memory.
 pub const DEFAULT_MAX_GET_BYTES: u64 = 64 << 20;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use rand::RngCore;
 
-use super::source::selector_labels;
+use super::source_labels::selector_labels;
 use super::{BuildContext, child_meta};
 use crate::crd::archive_source::ArchiveSource;
 use crate::crd::common::SecretKeyRef;

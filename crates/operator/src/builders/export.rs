@@ -194,7 +194,7 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
         listen: Some(pod::listen_arg()),
         ..Default::default()
     };
-    let request = with_retention(export, request);
+    let request = with_session_limits(export, with_retention(export, request));
     if spec.mode == ExportMode::Continuous {
         let table = table.expect("a continuous export is one table per process");
         continuous_request(export, table, request)
@@ -216,6 +216,23 @@ fn with_retention(export: &ArchiveExport, request: ExportRequest) -> ExportReque
     ExportRequest {
         keep_epochs: keep.map_or(0, |k| u32::try_from(k).unwrap_or(0)),
         max_age: retention.max_age,
+        ..request
+    }
+}
+
+/// `spec.source.sessionLimits`; what is unset keeps `larch export`'s default.
+fn with_session_limits(export: &ArchiveExport, request: ExportRequest) -> ExportRequest {
+    let limits = export
+        .spec
+        .source
+        .session_limits
+        .clone()
+        .unwrap_or_default();
+    ExportRequest {
+        statement_timeout: limits.statement_timeout,
+        lock_timeout: limits.lock_timeout,
+        idle_in_transaction_timeout: limits.idle_in_transaction_timeout,
+        snapshot_max_age: limits.snapshot_max_age,
         ..request
     }
 }

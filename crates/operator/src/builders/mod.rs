@@ -10,6 +10,7 @@ pub mod pod;
 pub mod restore;
 pub mod slot_names;
 pub mod source;
+pub mod source_labels;
 pub mod source_set;
 
 use std::collections::BTreeMap;

@@ -23,10 +23,7 @@ use super::engine_config::{ResolvedArchive, engine_config, engine_yaml};
 use super::engine_token;
 use super::export::TERMINATION_LOG;
 use super::pod::{self, HTTP_PORT, HTTPS_PORT, STATE_DIR};
-use super::{
-    ANNOTATION_CONFIG_HASH, BuildContext, LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_NAME,
-    LABEL_SOURCE, MANAGED_BY, child_meta, labels, short_hash,
-};
+use super::{ANNOTATION_CONFIG_HASH, BuildContext, child_meta, labels, short_hash};
 use crate::crd::archive_source::ArchiveSource;
 
 pub const CONTAINER: &str = "engine";
@@ -54,14 +51,7 @@ pub fn config_map_name(source: &ArchiveSource) -> String {
     format!("{}-engine", source.name_any())
 }
 
-pub fn selector_labels(source: &ArchiveSource) -> BTreeMap<String, String> {
-    labels(&[
-        (LABEL_NAME, "larch"),
-        (LABEL_COMPONENT, "engine"),
-        (LABEL_MANAGED_BY, MANAGED_BY),
-        (LABEL_SOURCE, &source.name_any()),
-    ])
-}
+pub use super::source_labels::selector_labels;
 
 pub fn children(
     source: &ArchiveSource,

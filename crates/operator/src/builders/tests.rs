@@ -763,6 +763,43 @@ fn retention_applies_to_every_mode() {
 }
 
 #[test]
+fn session_limits_reach_the_request() {
+    let limits = crate::crd::archive_export::SessionLimits {
+        statement_timeout: Some("2m".into()),
+        lock_timeout: Some("3s".into()),
+        idle_in_transaction_timeout: Some("45s".into()),
+        snapshot_max_age: Some("2d".into()),
+    };
+    let request = |e: &ArchiveExport| match export::exports_as_one_set(e) {
+        true => export::set_export_request(e),
+        false => export::export_request(e, &e.spec.source.all_tables()[0]),
+    };
+    for fixture in [
+        "export-oneshot-s3",
+        "export-continuous-s3",
+        "export-oneshot-set",
+    ] {
+        let mut e = export_fixture(fixture);
+        // Unset: the request leaves them to `larch export`'s defaults.
+        e.spec.source.session_limits = None;
+        let r = request(&e);
+        assert_eq!((r.statement_timeout, r.snapshot_max_age), (None, None));
+        e.spec.source.session_limits = Some(limits.clone());
+        let r = request(&e);
+        assert_eq!(
+            [
+                r.statement_timeout.as_deref(),
+                r.lock_timeout.as_deref(),
+                r.idle_in_transaction_timeout.as_deref(),
+                r.snapshot_max_age.as_deref(),
+            ],
+            [Some("2m"), Some("3s"), Some("45s"), Some("2d")],
+            "{fixture}"
+        );
+    }
+}
+
+#[test]
 fn export_requests_follow_the_cli_contract() {
     let e = export_fixture("export-oneshot-s3");
     let t = e.spec.source.all_tables()[0].clone();

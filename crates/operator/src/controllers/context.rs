@@ -114,7 +114,7 @@ pub struct Context {
     pub rejected: Mutex<HashMap<String, (String, Rejected)>>,
     /// The ClusterRole the operator binds to itself where it manages Leases
     /// (`--export-lease-role`); `None`: its own role grants them.
-    pub lease_rights: Option<super::lease_rights::LeaseRights>,
+    pub lease_rights: Option<LeaseRights>,
 }
 
 impl Context {
@@ -153,3 +153,13 @@ impl Context {
 }
 
 pub use super::error::{Error, Rejected};
+
+/// Where the operator's Lease rights come from (`--export-lease-role`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRights {
+    /// The ClusterRole the operator may bind (the chart's `<release>-export-leases`).
+    pub cluster_role: String,
+    /// The operator's ServiceAccount and its namespace.
+    pub service_account: String,
+    pub namespace: String,
+}

@@ -20,15 +20,7 @@ use crate::crd::archive_export::ArchiveExport;
 /// The RoleBinding's name in each namespace.
 pub const BINDING: &str = "larch-operator-leases";
 
-/// Where the operator's Lease rights come from (`--export-lease-role`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseRights {
-    /// The ClusterRole the operator may bind (the chart's `<release>-export-leases`).
-    pub cluster_role: String,
-    /// The operator's ServiceAccount and its namespace.
-    pub service_account: String,
-    pub namespace: String,
-}
+pub use super::context::LeaseRights;
 
 /// The binding of `rights` in `ns`, owned by `export`.
 pub fn binding(rights: &LeaseRights, ns: &str, export: &ArchiveExport) -> RoleBinding {

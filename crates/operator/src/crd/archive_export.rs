@@ -210,6 +210,40 @@ pub struct ExportSource {
     /// object goes) or `Retain` (they stay on the source database).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_policy: Option<DeletionPolicy>,
+    /// Timeouts of every session the export opens on the source database (default: 1m, 10s,
+    /// 1m and 24h), so a stuck export cannot hold locks or a snapshot on a shared database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_limits: Option<SessionLimits>,
+}
+
+/// Session timeouts on the source (passed to `larch export --statement-timeout`,
+/// `--lock-timeout`, `--idle-in-transaction-timeout`, `--snapshot-max-age`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionLimits {
+    /// `statement_timeout` of the catalog sessions (schema reads, slot and publication
+    /// management; default `1m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(larch_core::duration::CRD_POSITIVE_RULE).message("statementTimeout must be a positive duration such as 30s, 1m30s or 1.5h"))]
+    pub statement_timeout: Option<String>,
+    /// `lock_timeout` of every session: a lock waited for longer fails the export instead of
+    /// queueing the tenant's writes behind it (default `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(larch_core::duration::CRD_POSITIVE_RULE).message("lockTimeout must be a positive duration such as 5s, 500ms or 1m"))]
+    pub lock_timeout: Option<String>,
+    /// `idle_in_transaction_session_timeout` of the catalog sessions (default `1m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), pattern(DURATION))]
+    #[x_kube(validation = Rule::new(larch_core::duration::CRD_POSITIVE_RULE).message("idleInTransactionTimeout must be a positive duration such as 30s, 1m30s or 1.5h"))]
+    pub idle_in_transaction_timeout: Option<String>,
+    /// The longest a baseline's snapshot may stay open, from its export to the last COPY's end
+    /// (`24h`, `2d`; default `24h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), pattern(larch_core::duration::CRD_AGE_PATTERN))]
+    #[x_kube(validation = Rule::new(larch_core::duration::CRD_AGE_RULE).message("snapshotMaxAge must be whole days (2d, at most 106751d) or a positive duration such as 36h or 90m"))]
+    pub snapshot_max_age: Option<String>,
 }
 
 /// The fate of the source-side objects on delete.

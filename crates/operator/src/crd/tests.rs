@@ -411,6 +411,26 @@ fn cel_export_mode_rules_and_sane_values() {
 }
 
 #[test]
+fn cel_session_limits_name_the_bad_field() {
+    let crd = ArchiveExport::crd();
+    let limits = |v: Value| export(with(export_spec(), "/source/sessionLimits", v));
+    let good = json!({"statementTimeout": "2m", "lockTimeout": "500ms",
+                      "idleInTransactionTimeout": "1m30s", "snapshotMaxAge": "2d"});
+    assert_eq!(cel(&crd, &limits(good), None), Vec::<String>::new());
+    for field in [
+        "statementTimeout",
+        "lockTimeout",
+        "idleInTransactionTimeout",
+        "snapshotMaxAge",
+    ] {
+        assert_rejects(
+            cel(&crd, &limits(json!({ field: "0s" })), None),
+            &format!("{field} must be"),
+        );
+    }
+}
+
+#[test]
 fn cel_export_immutable_fields() {
     let crd = ArchiveExport::crd();
     let old = export(export_spec());
@@ -819,7 +839,36 @@ fn duration_fields_refuse_what_the_parser_refuses() {
     let source_crd = ArchiveSource::crd();
     let cont = with(export_spec(), "/mode", json!("Continuous"));
     type Parser = fn(&str) -> Result<std::time::Duration, String>;
-    let fields: [(&CustomResourceDefinition, Value, &str, &str, Parser); 5] = [
+    let limits = with(export_spec(), "/source/sessionLimits", json!({}));
+    let fields: [(&CustomResourceDefinition, Value, &str, &str, Parser); 9] = [
+        (
+            &export_crd,
+            export(limits.clone()),
+            "/spec/source/sessionLimits",
+            "statementTimeout",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(limits.clone()),
+            "/spec/source/sessionLimits",
+            "lockTimeout",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(limits.clone()),
+            "/spec/source/sessionLimits",
+            "idleInTransactionTimeout",
+            parse_positive,
+        ),
+        (
+            &export_crd,
+            export(limits.clone()),
+            "/spec/source/sessionLimits",
+            "snapshotMaxAge",
+            parse_age,
+        ),
         (
             &export_crd,
             export(cont.clone()),

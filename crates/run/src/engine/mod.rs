@@ -2,6 +2,7 @@
 //! tables), with health, status and Prometheus metrics on one listener (laredo §9).
 
 pub mod access;
+pub mod column_mismatch;
 pub mod config;
 pub mod http;
 pub mod laredo_config;

@@ -27,23 +27,13 @@ use larch_archive::manifest::format_time;
 use larch_archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use larch_archive::source::{SourceError, SourceEvent, SourceState, SyncSource};
 use larch_archive::value::Row;
-use larch_core::failure::{self, Classify, Reason};
+use larch_core::failure::{self, Reason};
 use larch_core::locks::MutexExt;
 use larch_core::progress::{Progress, Reporter};
 
 const BATCH: usize = 1024;
 
-/// An index or key field that is not a column of the archive's manifest: the table cannot be
-/// served as configured, whatever the retries.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ColumnMismatch(pub String);
-
-impl Classify for ColumnMismatch {
-    fn reason(&self) -> Option<Reason> {
-        Some(Reason::ColumnNotFound)
-    }
-}
+pub use super::column_mismatch::ColumnMismatch;
 
 /// Whether the pipeline gives up on `err` instead of retrying: fields the archive lacks, or an
 /// unmasked archive under `require_transformed` (retrying would only log the refusal; the
