@@ -83,9 +83,13 @@ fn all_env() -> String {
   LARCH_TRANSFORM_KEY export: the masking hash key when no --transform-key-file is given
   LARCH_ENGINE_TOKEN  engine: the API token when no --token-file is given
   LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS,
-  LARCH_NETWORK_POLICIES, LARCH_POD_RUN_AS_USER
+  LARCH_NETWORK_POLICIES, LARCH_POD_RUN_AS_USER, LARCH_EXPORT_LEASE_ROLE,
+  LARCH_NO_GENERATED_ENGINE_TOKENS, POD_SERVICE_ACCOUNT
                       operator: --image, --namespace, --leader-election,
-                      --disable-source-sets, --network-policies, --pod-run-as-user",
+                      --disable-source-sets, --network-policies, --pod-run-as-user,
+                      --export-lease-role, --no-generated-engine-tokens, --service-account
+  LARCH_MAX_MANIFEST_BYTES
+                      the cap on a manifest read whole (default 64 MiB)",
         LOG,
         CRASH,
     ])

@@ -94,7 +94,7 @@ async fn replay_serves_the_folded_archive_over_http() {
     assert_eq!(t["position"], "0/20");
     assert_eq!(t["primary_key"], serde_json::json!(["id"]));
     assert_eq!(t["columns"].as_array().unwrap().len(), 4);
-    assert_eq!(t["columns"][1]["Type"], "int8");
+    assert_eq!(t["columns"][1]["type"], "int8");
     assert!(t["last_rebaseline"].is_null());
 
     // Stable pagination in key order, every row once.
