@@ -318,7 +318,8 @@ async fn reconstruct_refuses_a_chain_short_of_the_head() {
 }
 
 /// The long flags `larch ARGS --help` lists.
-fn flags_of(args: &[&str]) -> Vec<String> {
+/// The long flags a command's `--help` lists (`--long`, or `-s, --long`), sorted.
+pub(crate) fn flags_of(args: &[&str]) -> Vec<String> {
     let out = larch().args(args).arg("--help").output().unwrap();
     assert!(out.status.success(), "{args:?} --help: {out:?}");
     let text = String::from_utf8(out.stdout).unwrap();

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
 /// The command tree: a command path and its subcommands.
 const SUBCOMMANDS: &[(&str, &[&str])] = &[
@@ -113,28 +112,11 @@ fn commands_in(line: &str) -> Vec<(Vec<String>, Vec<String>)> {
     found
 }
 
+/// The flags of `larch <path>`, as `cli_archive` reads them from its `--help`.
 fn flags_of(path: &[String]) -> BTreeSet<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_larch"))
-        .args(path)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{path:?} --help: {out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
-    let mut flags: BTreeSet<String> = ["--help".to_string(), "--version".to_string()].into();
-    for line in text.lines().map(str::trim_start) {
-        let line = match line.as_bytes() {
-            [b'-', s, b',', b' ', ..] if s.is_ascii_alphabetic() => &line[4..],
-            _ => line,
-        };
-        if let Some(rest) = line.strip_prefix("--") {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                .collect();
-            flags.insert(format!("--{name}"));
-        }
-    }
+    let args: Vec<&str> = path.iter().map(String::as_str).collect();
+    let mut flags: BTreeSet<String> = crate::cli_archive::flags_of(&args).into_iter().collect();
+    flags.insert("--version".to_string());
     flags
 }
 
