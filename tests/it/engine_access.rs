@@ -193,6 +193,15 @@ async fn tls_request(
     path: &str,
     headers: &[&str],
 ) -> (u16, String) {
+    let mut tls = tls_connect(addr, ca).await;
+    exchange(&mut tls, "localhost", "GET", path, headers).await
+}
+
+/// A TLS connection to `addr` as `localhost`, trusting only `ca`.
+pub(crate) async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
@@ -208,8 +217,7 @@ async fn tls_request(
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
-    exchange(&mut tls, "localhost", "GET", path, headers).await
+    connector.connect(name, tcp).await.unwrap()
 }
 
 #[tokio::test]

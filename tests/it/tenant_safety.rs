@@ -51,22 +51,7 @@ async fn slowloris(addr: SocketAddr, what: &str) -> Duration {
 
 /// The same over TLS, trusting only `ca`.
 async fn slowloris_tls(addr: SocketAddr, ca: &Path) -> Duration {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    let tls = crate::engine_access::tls_connect(addr, ca).await;
     half_sent_request_is_cut(tls, "engine (TLS)").await
 }
 
