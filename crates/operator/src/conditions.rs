@@ -75,7 +75,7 @@ impl Problem {
     }
 
     /// A failing pod: `what` names its role (`writer`, `engine`, `export`).
-    pub fn of_pod(what: &str, f: &crate::pod_failure::PodFailure) -> Problem {
+    pub fn of_pod(what: &str, f: &crate::reconcile::pod_failure::PodFailure) -> Problem {
         Problem {
             reason: f.reason.clone(),
             message: f.describe(what),

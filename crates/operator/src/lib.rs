@@ -2,20 +2,27 @@
 //! the controllers. It never links the export or engine internals: the pods it creates run the
 //! `larch` binary (`larch export`, `larch engine`) with the CLI contract in `docs/operator.md`;
 //! what it knows of their failures is the termination-message contract of [`larch_core::failure`].
+//!
+//! One folder per kind ([`export`], [`source`], [`source_set`], [`restore`]) holds that kind's
+//! reconcile, builders, conditions and tests; [`reconcile`] holds the machinery they share
+//! (applying children, context, status writing, the controller runner) and [`builders`] the
+//! builder helpers they share (labels, owner references, pod templates, the engine config).
 
 pub mod builders;
 pub mod conditions;
-pub mod controllers;
 pub mod crd;
 pub mod cron;
 pub mod dereference;
+pub mod export;
 pub mod metrics;
 pub mod observe;
-pub mod pod_failure;
-pub mod probe;
-pub mod progress;
-pub mod rebaseline;
-pub mod seed_head;
+pub mod reconcile;
+pub mod restore;
 pub mod server;
+pub mod source;
+pub mod source_set;
 pub mod time;
 pub mod validate;
+
+/// Old paths the workspace names (`larch::operator::progress::export_progress`).
+pub use reconcile::progress;

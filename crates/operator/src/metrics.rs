@@ -131,7 +131,7 @@ impl Default for Metrics {
         // reconcile or error (the error labels of `controllers::error::Error::label`).
         for controller in ["export", "source", "source-set", "restore"] {
             reconciles.with_label_values(&[controller]);
-            for error in crate::controllers::error::Error::LABELS {
+            for error in crate::reconcile::error::Error::LABELS {
                 errors.with_label_values(&[controller, error]);
             }
         }

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::crd::archive_export::{ExportSummary, RestorableWindow, WriterStatus};
-use crate::progress::{Behind, combine};
+use crate::reconcile::progress::{Behind, combine};
 use larch_core::progress::ProgressReport;
 
 /// The JSON summary `larch export` writes to `/dev/termination-log`.

@@ -48,7 +48,7 @@ pub fn router(state: ServerState) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::{HttpProber, Prober};
+    use crate::reconcile::probe::{HttpProber, Prober};
 
     #[tokio::test]
     async fn health_and_metrics_endpoints() {

@@ -1,17 +1,11 @@
 //! Pure builders: custom resource (+ observed facts) → every child object. No I/O here; the
 //! controllers apply what these return, and golden tests pin their output.
 
-pub mod cleanup;
 pub mod engine_config;
-pub mod engine_token;
-pub mod export;
-pub mod export_children;
 pub mod pod;
-pub mod restore;
-pub mod slot_names;
-pub mod source;
-pub mod source_labels;
-pub mod source_set;
+
+/// Old paths the workspace's tests name (`larch::operator::builders::export::export_slot_name`).
+pub use crate::export::build as export;
 
 use std::collections::BTreeMap;
 
@@ -87,7 +81,7 @@ where
     r
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -8,12 +8,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::engine_config::{ResolvedArchive, resolve};
-use super::export;
-use super::export_children::{ExportChildren, children};
-use super::source::{self, SourceChildren};
 use super::*;
 use crate::crd::archive_source::EngineAccess;
 use crate::crd::{ArchiveExport, ArchiveRestore, ArchiveSource};
+use crate::export::build as export;
+use crate::export::children::{ExportChildren, children};
+use crate::restore::build as restore;
+use crate::source::build::{self as source, SourceChildren};
 
 pub(crate) fn ctx() -> BuildContext {
     BuildContext {
@@ -355,7 +356,8 @@ fn the_uid_of_generated_pods_is_fixed_or_left_to_the_platform() {
             "{what}"
         );
     }
-    let cleanup = cleanup::cleanup_job(&export_fixture("export-continuous-s3"), &platform);
+    let cleanup =
+        crate::export::cleanup_job::cleanup_job(&export_fixture("export-continuous-s3"), &platform);
     let psc = cleanup
         .spec
         .unwrap()
@@ -690,7 +692,7 @@ fn every_child_is_owned_and_carries_no_labels_or_annotations_of_the_custom_resou
 /// continuous one: pinned, restricted, and the cleanup Job deliberately without an owner.
 #[test]
 fn cleanup_jobs_and_the_slot_monitor_match_golden() {
-    use super::cleanup::{cleanup_job, slot_monitor};
+    use crate::export::cleanup_job::{cleanup_job, slot_monitor};
     let mut out = String::new();
     let mut pods = vec![];
     for name in EXPORTS {
@@ -735,7 +737,7 @@ fn cleanup_jobs_and_the_slot_monitor_match_golden() {
     temporary.spec.source.slot_mode = Some(crate::crd::archive_export::SlotMode::Temporary);
     assert!(slot_monitor(&temporary, &ctx()).is_none());
     assert_eq!(
-        super::cleanup::cleanup_args(&export_fixture("export-oneshot-s3")).join(" "),
+        crate::export::cleanup_job::cleanup_args(&export_fixture("export-oneshot-s3")).join(" "),
         "export cleanup --connection-file /etc/larch/source/dsn --slot larch_users --publication larch_users \
          --owner archiveexport/data/users --wait 60s --summary-file /dev/termination-log"
     );
@@ -1357,8 +1359,8 @@ fn derived_slot_names_are_distinct_across_namespaces_short_and_stable() {
 /// on it; anything else in status does not move the name.
 #[test]
 fn a_slot_recorded_in_status_under_the_old_name_is_kept() {
-    use super::slot_names::slot_and_publication;
     use crate::crd::archive_export::{ArchiveExportStatus, WriterStatus};
+    use crate::export::slot_names::slot_and_publication;
     let mut e = export_fixture("export-continuous-s3");
     let table = e.spec.source.all_tables()[0].clone();
     let new = export::derived_slot_name(&e, &table);

@@ -1,7 +1,7 @@
 use jiff::Timestamp;
 
 use super::*;
-use crate::rebaseline::{RebaselineSample, RebaselineTracker};
+use crate::source::rebaseline::{RebaselineSample, RebaselineTracker};
 
 fn t(mins: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + mins * 60).unwrap()

@@ -11,10 +11,8 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::export::{DSN_FILE, TERMINATION_LOG, source_mounts};
-use super::pod;
-use super::slot_names::{export_owner, slot_and_publication};
-use super::{
+use crate::builders::pod;
+use crate::builders::{
     BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME, MANAGED_BY,
     child_meta, labels,
 };
@@ -22,6 +20,8 @@ use crate::crd::archive_export::{
     ADOPT_LEGACY_SLOT_ANNOTATION, ArchiveExport, DeletionPolicy, ExportMode, SlotMode,
 };
 use crate::crd::common::TableRef;
+use crate::export::build::{DSN_FILE, TERMINATION_LOG, source_mounts};
+use crate::export::slot_names::{export_owner, slot_and_publication};
 
 pub const CLEANUP_CONTAINER: &str = "cleanup";
 pub const MONITOR_CONTAINER: &str = "slot-monitor";
@@ -63,9 +63,9 @@ pub fn cleanup_args(export: &ArchiveExport) -> Vec<String> {
         DSN_FILE.into(),
     ];
     let tables = export.spec.source.all_tables();
-    if super::export::exports_as_one_set(export) {
+    if crate::export::build::exports_as_one_set(export) {
         // One slot for the whole set (temporary: this waits for a run still holding it).
-        a.extend(["--slot".into(), super::export::set_slot_name(export)]);
+        a.extend(["--slot".into(), crate::export::build::set_slot_name(export)]);
     } else {
         for t in &tables {
             a.extend(["--slot".into(), slot_and_publication(export, t).0]);

@@ -13,14 +13,14 @@ use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 
-use super::context::{Context, Error, MANAGER_EXPORT};
 use crate::builders::{LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::archive_export::ArchiveExport;
+use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
 
 /// The RoleBinding's name in each namespace.
 pub const BINDING: &str = "larch-operator-leases";
 
-pub use super::context::LeaseRights;
+pub use crate::reconcile::context::LeaseRights;
 
 /// The binding of `rights` in `ns`, owned by `export`.
 pub fn binding(rights: &LeaseRights, ns: &str, export: &ArchiveExport) -> RoleBinding {

@@ -4,8 +4,8 @@
 
 use kube::runtime::events::{Event, EventType};
 
-use crate::builders::cleanup::{kept_slots, table_of_slot};
 use crate::crd::archive_export::{ArchiveExport, WriterStatus};
+use crate::export::cleanup_job::{kept_slots, table_of_slot};
 use crate::observe::{SlotReport, set_slot};
 use larch_core::units::format_bytes;
 
@@ -145,7 +145,7 @@ mod tests {
     fn suspended_status_keeps_the_last_report_and_the_wal_at_suspension() {
         let mut e = export_fixture("export-continuous-s3");
         e.spec.suspend = Some(true);
-        let slot_name = crate::builders::cleanup::kept_slots(&e)[0].1.clone();
+        let slot_name = crate::export::cleanup_job::kept_slots(&e)[0].1.clone();
         let last = vec![WriterStatus {
             table: "public.events".into(),
             epoch: Some(3),

@@ -7,14 +7,14 @@ use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use super::engine_config::{ResolvedArchive, TARGET_DSN_FILE, resolve_archive};
-use super::export::{SPILL_DIR, TERMINATION_LOG};
-use super::{
+use crate::builders::engine_config::{ResolvedArchive, TARGET_DSN_FILE, resolve_archive};
+use crate::builders::{
     BuildContext, LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_NAME, LABEL_RUN, MANAGED_BY, child_meta,
     labels, pod, short_hash,
 };
 use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_restore::{ArchiveRestore, IfExists};
+use crate::export::build::{SPILL_DIR, TERMINATION_LOG};
 use larch_contract::restore_request::{IfExists as RequestIfExists, RestoreRequest};
 
 pub const LABEL_RESTORE: &str = "larch.dev/archive-restore";

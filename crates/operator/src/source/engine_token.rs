@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use rand::RngCore;
 
-use super::source_labels::selector_labels;
-use super::{BuildContext, child_meta};
+use crate::builders::{BuildContext, child_meta};
 use crate::crd::archive_source::ArchiveSource;
 use crate::crd::common::SecretKeyRef;
+use crate::source::labels::selector_labels;
 
 /// The key of the generated Secret holding the token.
 pub const TOKEN_KEY: &str = "token";

@@ -1,21 +1,19 @@
-//! The kube-runtime controllers. Each owns its children (owner references, so child changes and
-//! deletions re-trigger the owner) and applies them with its own field manager, only where they
-//! differ from what is there (`apply`). The one finalizer, `larch.dev/cleanup` on
-//! ArchiveExports, drops the source database's replication slots and publications larch created
-//! (see [`cleanup`]); archives and state volumes are kept (see docs/operator.md).
+//! What the controllers share: applying children ([`apply`]), the reconcile context and its
+//! errors, status and Event writing, owned pods and Jobs, probes, pod failures and progress, and
+//! the controller runner ([`run`]). Each kind's own reconcile lives in its folder
+//! (`crate::export::reconcile`, `crate::source::reconcile`, ...). Each owns its children (owner
+//! references, so child changes and deletions re-trigger the owner) and applies them with its
+//! own field manager, only where they differ from what is there. The one finalizer,
+//! `larch.dev/cleanup` on ArchiveExports, is in `crate::export::finalizer`.
 
 pub mod apply;
-pub mod cleanup;
 pub mod context;
 pub mod error;
-pub mod export;
 pub mod job;
-pub mod lease_rights;
 pub mod owned;
-pub mod restore;
-pub mod slots;
-pub mod source;
-pub mod source_set;
+pub mod pod_failure;
+pub mod probe;
+pub mod progress;
 pub mod status;
 
 use larch_core::locks::MutexExt;
@@ -37,9 +35,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use self::context::{Context, Error};
-use crate::builders::source_set::LABEL_SOURCE_SET;
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, MANAGED_BY};
 use crate::crd::{ArchiveExport, ArchiveRestore, ArchiveSource, ArchiveSourceSet};
+use crate::export::reconcile as export;
+use crate::restore::reconcile as restore;
+use crate::source::reconcile as source;
+use crate::source_set::build::LABEL_SOURCE_SET;
+use crate::source_set::reconcile as source_set;
 
 /// What the controllers apply: any Kubernetes object they can serialise and read back.
 pub trait Child:

@@ -18,8 +18,8 @@ use crate::crd::ArchiveSource;
 
 use crate::builders::BuildContext;
 use crate::metrics::Metrics;
-use crate::probe::Prober;
-use crate::rebaseline::RebaselineTracker;
+use crate::reconcile::probe::Prober;
+use crate::source::rebaseline::RebaselineTracker;
 
 pub const MANAGER_EXPORT: &str = "larch-operator/export";
 pub const MANAGER_SOURCE: &str = "larch-operator/source";

@@ -18,15 +18,17 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::apply::{Applier, ChildSet};
-use super::context::{Context, Error, MANAGER_EXPORT};
-use crate::builders::cleanup::{CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy};
-use crate::builders::export::{export_owner, slot_and_publication};
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT};
 use crate::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
 use crate::crd::archive_export::{
     ArchiveExport, CLEANUP_FINALIZER, CleanupStatus, DeletionPolicy, SKIP_CLEANUP_ANNOTATION,
 };
+use crate::export::build::{export_owner, slot_and_publication};
+use crate::export::cleanup_job::{
+    CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy,
+};
+use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
 
 /// The export controller's writes (counted in `larch_operator_api_writes_total`).
 fn writes(ctx: &Context) -> Applier<'_> {
@@ -119,7 +121,7 @@ pub async fn finalize(cached: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     let job = deletion.cleanup_job().await?;
-    match job.as_ref().map(super::job::job_phase) {
+    match job.as_ref().map(crate::reconcile::job::job_phase) {
         None => deletion.start_attempt().await,
         Some(JobPhase::Active) | Some(JobPhase::Missing) => {
             Ok(Action::requeue(Duration::from_secs(3)))
@@ -421,10 +423,10 @@ async fn termination_message(
         .await
         .map_err(Error::Cleanup)?;
     let uid = job.and_then(|j| j.metadata.uid.clone()).unwrap_or_default();
-    let listed = super::owned::owned_pods(&ctx.client, ns, &uid, listed.items)
+    let listed = crate::reconcile::owned::owned_pods(&ctx.client, ns, &uid, listed.items)
         .await
         .map_err(Error::Cleanup)?;
-    let newest = crate::pod_failure::newest_terminated(&listed, CLEANUP_CONTAINER);
+    let newest = crate::reconcile::pod_failure::newest_terminated(&listed, CLEANUP_CONTAINER);
     Ok(newest
         .map(|(_, t)| {
             t.message.clone().unwrap_or_else(|| {

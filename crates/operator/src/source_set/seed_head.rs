@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 
-use super::builders::engine_config::ResolvedArchive;
-use super::crd::common::S3Location;
+use crate::builders::engine_config::ResolvedArchive;
+use crate::crd::common::S3Location;
 use larch_archive::manifest::{Manifest, manifest_key};
 use larch_archive::store::Store;
 use larch_archive::store::s3::{S3Config, S3Credentials, SecretText};

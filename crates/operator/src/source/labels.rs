@@ -1,11 +1,13 @@
-//! The labels of an ArchiveSource's children, apart from [`super::source`] so that the
+//! The labels of an ArchiveSource's children, apart from [`crate::source::build`] so that the
 //! children it builds from other modules (the token Secret) can carry them too.
 
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use super::{LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_NAME, LABEL_SOURCE, MANAGED_BY, labels};
+use crate::builders::{
+    LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_NAME, LABEL_SOURCE, MANAGED_BY, labels,
+};
 use crate::crd::archive_source::ArchiveSource;
 
 /// The labels every engine child carries and selects by.

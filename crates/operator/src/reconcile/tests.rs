@@ -21,11 +21,13 @@ use prometheus::core::Collector;
 use serde_json::{Value, json};
 
 use super::context::{CacheWriters, Context};
-use super::{export, source, source_set};
 use crate::builders::tests::{export_fixture, source_fixture};
 use crate::crd::{ArchiveExport, ArchiveSource};
+use crate::export::reconcile as export;
 use crate::metrics::Metrics;
-use crate::probe::Prober;
+use crate::reconcile::probe::Prober;
+use crate::source::reconcile as source;
+use crate::source_set::reconcile as source_set;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -279,7 +281,7 @@ fn cond<'a>(status: &'a Value, t: &str) -> &'a Value {
 async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     let (ctx, handle, now) = context(Arc::default());
     let e = users_export();
-    let run = crate::builders::export::run_id(&e, None);
+    let run = crate::export::build::run_id(&e, None);
     let job_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run}?{MANAGER_EXPORT_Q}");
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
@@ -470,7 +472,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
     let mut e4 = e3.clone();
     e4.metadata.annotations =
         Some([("larch.dev/run-requested".to_string(), "again".to_string())].into());
-    let run2 = crate::builders::export::run_id(&e4, Some("again"));
+    let run2 = crate::export::build::run_id(&e4, Some("again"));
     assert_ne!(run2, run);
     let (ctx4, handle4, _) = context(Arc::default());
     let job2_path = format!("/apis/batch/v1/namespaces/data/jobs/users-{run2}?{MANAGER_EXPORT_Q}");
@@ -511,7 +513,7 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
 
 fn sts_answer(ready: i32) -> Value {
     let mut sts = serde_json::to_value(
-        crate::builders::source::children(
+        crate::source::build::children(
             &source_fixture("source-exportref-memory"),
             &crate::builders::engine_config::resolve(
                 &source_fixture("source-exportref-memory"),
@@ -994,7 +996,7 @@ async fn continuous_export_applies_its_deployment_and_reads_the_writer_status() 
     );
     let (ctx, handle, _) = context(prober.clone());
     let e = export_fixture("export-continuous-s3");
-    let mut dep = serde_json::to_value(crate::builders::export::deployment(
+    let mut dep = serde_json::to_value(crate::export::build::deployment(
         &e,
         &e.spec.source.all_tables()[0],
         &crate::builders::tests::ctx(),
@@ -1278,7 +1280,7 @@ async fn a_crash_looping_writer_reports_its_reason_on_the_export() {
     };
     let run = |pod: Value| async move {
         let (ctx, handle, _) = context(Arc::default());
-        let mut dep = serde_json::to_value(crate::builders::export::deployment(
+        let mut dep = serde_json::to_value(crate::export::build::deployment(
             e,
             &e.spec.source.all_tables()[0],
             &crate::builders::tests::ctx(),
@@ -1468,7 +1470,7 @@ const SET_STATUS: &str = "/apis/larch.dev/v1alpha1/archivesourcesets/dev-seed/st
 #[tokio::test]
 async fn source_set_copies_applies_prunes_and_never_takes_over() {
     let (ctx, handle, _) = context(Arc::default());
-    let set = crate::builders::source_set::tests::set_fixture(true);
+    let set = crate::source_set::build::tests::set_fixture(true);
     let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
     let mut caches = writers(&ctx);
     fill(
@@ -1587,7 +1589,7 @@ fn shared_ca() -> Value {
 #[tokio::test]
 async fn source_set_copies_its_ca_bundle_and_never_takes_one_over() {
     let (ctx, handle, _) = context(Arc::default());
-    let set = crate::builders::source_set::tests::set_with_ca();
+    let set = crate::source_set::build::tests::set_with_ca();
     let ok = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200});
     let mut caches = writers(&ctx);
     fill(
@@ -1682,7 +1684,7 @@ async fn source_set_copies_its_ca_bundle_and_never_takes_one_over() {
 async fn source_set_sharing_a_ca_it_does_not_use_or_cannot_find_stalls() {
     // The template names no ConfigMap of the shared name: invalid before anything is read.
     let (ctx, handle, _) = context(Arc::default());
-    let mut set = crate::builders::source_set::tests::set_with_ca();
+    let mut set = crate::source_set::build::tests::set_with_ca();
     set.spec.ca_bundle.as_mut().unwrap().config_map_ref.name = "other-ca".into();
     let mut caches = writers(&ctx);
     fill(&mut caches.namespaces, [namespace("dev-a", true)]);
@@ -1713,7 +1715,7 @@ async fn source_set_sharing_a_ca_it_does_not_use_or_cannot_find_stalls() {
 
     // The ConfigMap does not exist: invalid, named.
     let (ctx, handle, _) = context(Arc::default());
-    let set = crate::builders::source_set::tests::set_with_ca();
+    let set = crate::source_set::build::tests::set_with_ca();
     let mut caches = writers(&ctx);
     fill(&mut caches.namespaces, [namespace("dev-a", true)]);
     fill(&mut caches.set_sources, []);
@@ -1747,7 +1749,7 @@ async fn source_set_sharing_a_ca_it_does_not_use_or_cannot_find_stalls() {
 #[tokio::test]
 async fn source_set_without_its_secret_stalls_and_touches_nothing() {
     let (ctx, handle, _) = context(Arc::default());
-    let mut set = crate::builders::source_set::tests::set_fixture(true);
+    let mut set = crate::source_set::build::tests::set_fixture(true);
     set.metadata.generation = Some(1);
     let mut caches = writers(&ctx);
     fill(&mut caches.namespaces, [namespace("dev-a", true)]);
@@ -1807,7 +1809,7 @@ fn observed_child(applied: &Value, ready: bool) -> ArchiveSource {
 #[tokio::test]
 async fn source_set_of_50_namespaces_writes_only_what_changed() {
     let (ctx, handle, _) = context(Arc::default());
-    let mut set = crate::builders::source_set::tests::set_fixture(true);
+    let mut set = crate::source_set::build::tests::set_fixture(true);
     set.metadata.generation = Some(1);
     let names: Vec<String> = (0..50).map(|i| format!("dev-{i:02}")).collect();
     let mut caches = writers(&ctx);
@@ -2101,7 +2103,7 @@ mod lifecycle {
         assert_eq!(pod["serviceAccountName"], "exporter");
         let args = pod["containers"][0]["args"].as_array().unwrap();
         assert_eq!(args[..2], [json!("export"), json!("cleanup")]);
-        let slot = crate::builders::export::export_slot_name("data", "events", None);
+        let slot = crate::export::build::export_slot_name("data", "events", None);
         assert!(args.contains(&json!(slot)), "{args:?}");
         assert!(
             args.contains(&json!("archiveexport/data/events")),
@@ -2316,7 +2318,7 @@ async fn restore_reconcile(
     let mut full = restore_references();
     full.extend(script);
     let server = tokio::spawn(serve(handle, full));
-    let action = super::restore::reconcile(Arc::new(r.clone()), ctx)
+    let action = crate::restore::reconcile::reconcile(Arc::new(r.clone()), ctx)
         .await
         .unwrap();
     (server.await.unwrap(), action)
@@ -2363,7 +2365,7 @@ fn restore_observed(run: &str, job_condition: &str, pods: Vec<Value>) -> Vec<Exp
 #[tokio::test]
 async fn an_archive_restore_runs_its_job_to_completion_and_reruns_by_annotation() {
     let r = invoices_restore();
-    let run = crate::builders::restore::run_id(&r, None);
+    let run = crate::restore::build::run_id(&r, None);
     let job_path =
         format!("/apis/batch/v1/namespaces/data/jobs/invoices-yesterday-{run}?{MANAGER_RESTORE_Q}");
     let object = serde_json::to_value(&r).unwrap();
@@ -2439,7 +2441,7 @@ async fn an_archive_restore_runs_its_job_to_completion_and_reruns_by_annotation(
         )]
         .into(),
     );
-    let rerun = crate::builders::restore::run_id(&again, Some("2027-01-16"));
+    let rerun = crate::restore::build::run_id(&again, Some("2027-01-16"));
     assert_ne!(rerun, run);
     let job_path = format!(
         "/apis/batch/v1/namespaces/data/jobs/invoices-yesterday-{rerun}?{MANAGER_RESTORE_Q}"
@@ -2467,7 +2469,7 @@ async fn an_archive_restore_runs_its_job_to_completion_and_reruns_by_annotation(
 #[tokio::test]
 async fn a_failed_restore_stalls_with_the_pods_reason() {
     let r = invoices_restore();
-    let run = crate::builders::restore::run_id(&r, None);
+    let run = crate::restore::build::run_id(&r, None);
     let running = restore_with_status(
         &r,
         &json!({"run": {"id": run, "startTime": "2027-01-15T08:00:00Z"}}),
@@ -2529,7 +2531,7 @@ fn copying(rows: u64, total: u64, secs: f64) -> String {
 async fn a_running_export_reports_its_progress_and_requeues_until_it_completes() {
     use kube::runtime::controller::Action;
     let e = users_export();
-    let run = crate::builders::export::run_id(&e, None);
+    let run = crate::export::build::run_id(&e, None);
     let status_path = format!(
         "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
     );
@@ -2751,7 +2753,7 @@ async fn an_engine_loading_behind_the_head_reports_lag_and_progress() {
 #[tokio::test]
 async fn a_restore_waits_for_its_database_and_recovers_by_itself() {
     let r = invoices_restore();
-    let run = crate::builders::restore::run_id(&r, None);
+    let run = crate::restore::build::run_id(&r, None);
     let object = serde_json::to_value(&r).unwrap();
     let running = restore_with_status(
         &r,
@@ -2876,7 +2878,7 @@ fn stamped_restore(ns: &str, annotations: Value, status: Value) -> Value {
 #[tokio::test]
 async fn a_restore_set_stamps_refreshes_on_request_and_reports_per_namespace() {
     let (ctx, handle, _) = context(Arc::default());
-    let mut v = serde_json::to_value(crate::builders::source_set::tests::restore_set_fixture(
+    let mut v = serde_json::to_value(crate::source_set::build::tests::restore_set_fixture(
         "Manual",
     ))
     .unwrap();

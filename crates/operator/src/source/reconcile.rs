@@ -16,11 +16,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
 
-use super::apply::{Applier, ChildSet};
-use super::context::{Context, Error, MANAGER_SOURCE, cache_ready};
-use super::status::source_events;
+use crate::builders::LABEL_SOURCE;
 use crate::builders::engine_config::{ResolvedArchive, resolve, source_id};
-use crate::builders::{LABEL_SOURCE, engine_token, source as build};
 use crate::conditions::{
     self, DEFAULT_MAX_REBASELINES_PER_HOUR, Problem, SOURCE_TYPES, SourceObservation,
     source_conditions, time_string,
@@ -29,9 +26,14 @@ use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
 use crate::dereference::{self, Missing};
 use crate::observe::{self, EngineSource};
-use crate::progress;
-use crate::rebaseline::{RebaselineSample, RebaselineTracker};
-use crate::{pod_failure, validate};
+use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::context::{Context, Error, MANAGER_SOURCE, cache_ready};
+use crate::reconcile::pod_failure;
+use crate::reconcile::progress;
+use crate::reconcile::status::source_events;
+use crate::source::rebaseline::{RebaselineSample, RebaselineTracker};
+use crate::source::{build, engine_token};
+use crate::validate;
 use larch_archive::position::Lsn;
 use larch_core::progress::ProgressReport;
 
@@ -312,9 +314,10 @@ impl<'a> SourceRound<'a> {
             .map_err(Error::Observe)?;
         // Only the engines' own pods, never one that just carries the label.
         let uid = self.source.uid().unwrap_or_default();
-        let pods = super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
-            .await
-            .map_err(Error::Observe)?;
+        let pods =
+            crate::reconcile::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+                .await
+                .map_err(Error::Observe)?;
         if !self.obs.suspended {
             self.obs.pod_failure = pod_failure::first_failure(&pods, build::CONTAINER, self.now)
                 .map(|f| Problem::of_pod("engine", &f));
@@ -443,12 +446,12 @@ struct EngineScrape {
 }
 
 /// The engines' API token when their `/status` is protected (`protectReads` with the user's own
-/// token, [`crate::builders::source::protects_status`]): read from the
+/// token, [`crate::source::build::protects_status`]): read from the
 /// Secret `spec.access.tokenSecretRef` names, in the source's namespace, at each scrape (a
 /// rotated token is used as soon as the pods restart with it). Never logged.
 async fn engine_token(ctx: &Context, source: &ArchiveSource) -> Option<String> {
     let access = source.spec.access.as_ref()?;
-    if !crate::builders::source::protects_status(access) {
+    if !crate::source::build::protects_status(access) {
         return None;
     }
     let r = access.token_secret_ref.as_ref()?;

@@ -5,11 +5,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
-use super::BuildContext;
-use super::export::{
+use crate::builders::BuildContext;
+use crate::crd::archive_export::{ArchiveExport, ExportMode};
+use crate::export::build::{
     LeaseAccess, archive_pvc, cron_job, deployment, exports_as_one_set, job, lease_access, set_job,
 };
-use crate::crd::archive_export::{ArchiveExport, ExportMode};
 
 /// Every child an ArchiveExport wants, for one reconcile.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -36,7 +36,7 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
     match export.spec.mode {
         ExportMode::Continuous => {
             out.deployments = tables.iter().map(|t| deployment(export, t, ctx)).collect();
-            out.slot_monitor = super::cleanup::slot_monitor(export, ctx);
+            out.slot_monitor = crate::export::cleanup_job::slot_monitor(export, ctx);
             out.lease_access = Some(lease_access(export));
         }
         ExportMode::OneShot if exports_as_one_set(export) => {

@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 
-use super::pod;
-use super::{
+use crate::builders::pod;
+use crate::builders::{
     ANNOTATION_TABLE, BuildContext, LABEL_COMPONENT, LABEL_EXPORT, LABEL_MANAGED_BY, LABEL_NAME,
     LABEL_RUN, LABEL_TABLE, MANAGED_BY, child_meta, labels, short_hash, table_id,
 };
@@ -125,7 +125,7 @@ pub fn selector_labels(
     l
 }
 
-pub use super::slot_names::{
+pub use crate::export::slot_names::{
     derived_slot_name, export_owner, export_slot_name, legacy_slot_name, set_slot_name,
     slot_and_publication,
 };

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use super::{LABEL_MANAGED_BY, MANAGED_BY, labels, owner_ref, short_hash};
+use crate::builders::{LABEL_MANAGED_BY, MANAGED_BY, labels, owner_ref, short_hash};
 use crate::crd::archive_restore::{
     ArchiveRestore, IfExists, REFRESH_REQUESTED_ANNOTATION, RUN_REQUESTED_ANNOTATION,
 };
@@ -483,7 +483,7 @@ spec:
     fn ns(name: &str, labels: &[(&str, &str)], terminating: bool) -> Namespace {
         let mut n = Namespace::default();
         n.metadata.name = Some(name.into());
-        n.metadata.labels = Some(super::labels(labels));
+        n.metadata.labels = Some(crate::builders::labels(labels));
         if terminating {
             n.metadata.deletion_timestamp = Some(
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
@@ -507,7 +507,7 @@ spec:
 
     #[test]
     fn selector_expressions_follow_metav1() {
-        let l = super::labels(&[("env", "dev"), ("team", "a")]);
+        let l = crate::builders::labels(&[("env", "dev"), ("team", "a")]);
         let req = |key: &str, operator, values: &[&str]| SelectorRequirement {
             key: key.into(),
             operator,
@@ -543,7 +543,7 @@ spec:
         ));
         // Both parts must hold.
         let both = NamespaceSelector {
-            match_labels: Some(super::labels(&[("env", "prod")])),
+            match_labels: Some(crate::builders::labels(&[("env", "prod")])),
             match_expressions: Some(vec![req("team", Exists, &[])]),
         };
         assert!(!selector_matches(&both, &l));
@@ -667,7 +667,7 @@ spec:
         let mut src = ConfigMap::default();
         src.metadata.name = Some("pg-ca".into());
         src.metadata.namespace = Some("platform".into());
-        src.metadata.labels = Some(super::labels(&[("team", "platform")]));
+        src.metadata.labels = Some(crate::builders::labels(&[("team", "platform")]));
         src.data = Some(BTreeMap::from([(
             "ca.crt".into(),
             "-----BEGIN CERT-----".into(),
@@ -708,8 +708,11 @@ spec:
         let mut src = Secret::default();
         src.metadata.name = Some("seed-reader".into());
         src.metadata.namespace = Some("platform".into());
-        src.metadata.labels = Some(super::labels(&[("argocd.argoproj.io/instance", "x")]));
-        src.metadata.annotations = Some(super::labels(&[("note", "y")]));
+        src.metadata.labels = Some(crate::builders::labels(&[(
+            "argocd.argoproj.io/instance",
+            "x",
+        )]));
+        src.metadata.annotations = Some(crate::builders::labels(&[("note", "y")]));
         src.data = Some(BTreeMap::from([(
             "id".to_string(),
             ByteString(b"AKIA".to_vec()),
@@ -842,7 +845,7 @@ spec:
 
     fn restore_child(set: &ArchiveSourceSet, annotations: &[(&str, &str)]) -> ArchiveRestore {
         let mut r = child_restore(set, "dev-a", &SharedDigests::default(), "initial");
-        r.metadata.annotations = Some(super::labels(annotations));
+        r.metadata.annotations = Some(crate::builders::labels(annotations));
         r
     }
 

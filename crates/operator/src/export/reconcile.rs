@@ -22,11 +22,6 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
-use super::apply::{Applier, ChildSet};
-use super::context::{Context, Error, MANAGER_EXPORT};
-use super::lease_rights;
-use crate::builders::export as build;
-use crate::builders::export_children::{self, ExportChildren};
 use crate::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::conditions::{
     self, EXPORT_TYPES, ExportObservation, JobPhase, PodOutcome, Problem, Status, WriterCounts,
@@ -37,9 +32,14 @@ use crate::crd::archive_export::{
     RunStatus, WriterStatus,
 };
 use crate::crd::progress::OperationProgress;
+use crate::export::build;
+use crate::export::children::{self, ExportChildren};
+use crate::export::lease_rights;
 use crate::observe::SlotReport;
-use crate::pod_failure::{self, PodFailure};
-use crate::progress;
+use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
+use crate::reconcile::pod_failure::{self, PodFailure};
+use crate::reconcile::progress;
 use crate::{dereference, observe, validate};
 use larch_core::progress::ProgressReport;
 
@@ -155,9 +155,9 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
 pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = export.namespace().ok_or(Error::NoNamespace)?;
     if export.metadata.deletion_timestamp.is_some() {
-        return super::cleanup::finalize(export, ctx).await;
+        return crate::export::finalizer::finalize(export, ctx).await;
     }
-    if super::cleanup::ensure_finalizer(&export, &ctx).await? {
+    if crate::export::finalizer::ensure_finalizer(&export, &ctx).await? {
         // The watch brings the object with its finalizer.
         return Ok(Action::await_change());
     }
@@ -242,7 +242,7 @@ impl<'a> ExportRound<'a> {
             .await
             .map_err(Error::Observe)?;
         let uid = self.export.uid().unwrap_or_default();
-        super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+        crate::reconcile::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
             .await
             .map_err(Error::Observe)
     }
@@ -265,7 +265,7 @@ impl<'a> ExportRound<'a> {
     /// Build, apply and prune the children, then observe what they report.
     async fn build_apply_observe(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
         let new_run = self.start_run();
-        let children = export_children::children(self.export, new_run.as_deref(), &self.ctx.build);
+        let children = children::children(self.export, new_run.as_deref(), &self.ctx.build);
         let mut set = ChildSet::new(applier, self.selector());
         if children.lease_access.is_some() {
             lease_rights::ensure(self.ctx, &self.ns, self.export).await?;
@@ -346,7 +346,7 @@ impl<'a> ExportRound<'a> {
                             .items
                             .iter()
                             .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                            .map(super::job::job_phase)
+                            .map(crate::reconcile::job::job_phase)
                             .unwrap_or(JobPhase::Missing)
                     })
                     .collect();
@@ -473,17 +473,19 @@ impl<'a> ExportRound<'a> {
                 .map(|f| Problem::of_pod("writer", &f));
         }
         let (writers, monitor, reports) = probe_writers(self.ctx, &listed).await;
-        let writers = super::slots::merge_writers(
+        let writers = crate::export::slots::merge_writers(
             self.export,
             &self.old.writers,
             writers,
             monitor,
             suspended,
         );
-        self.events
-            .extend(super::slots::slot_events(&self.old.writers, &writers));
+        self.events.extend(crate::export::slots::slot_events(
+            &self.old.writers,
+            &writers,
+        ));
         if suspended {
-            self.obs.suspended_slots = super::slots::suspended_slots(self.export, &writers);
+            self.obs.suspended_slots = crate::export::slots::suspended_slots(self.export, &writers);
         }
         self.ctx.metrics.set_retained_wal(
             &self.ns,
@@ -549,7 +551,7 @@ impl<'a> ExportRound<'a> {
 
     /// Status (only when changed), with the Events of this round and of failure transitions.
     async fn write_status(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
-        self.events.extend(super::status::export_events(
+        self.events.extend(crate::reconcile::status::export_events(
             &self.old.conditions,
             &self.status.conditions,
         ));

@@ -17,12 +17,8 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
-use super::apply::{Applier, ChildSet};
-use super::context::{Context, Error, MANAGER_RESTORE};
-use super::job::job_phase;
 use crate::builders::LABEL_RUN;
 use crate::builders::engine_config::ResolvedArchive;
-use crate::builders::restore::{self as build, LABEL_RESTORE};
 use crate::conditions::{
     self, JobPhase, Problem, RESTORE_TYPES, RestoreObservation, restore_conditions, time_string,
 };
@@ -31,7 +27,12 @@ use crate::crd::archive_restore::{
     ArchiveRestore, ArchiveRestoreStatus, DatabaseWait, RUN_REQUESTED_ANNOTATION, RestoredTable,
 };
 use crate::dereference::{self, Missing};
-use crate::{pod_failure, validate};
+use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::context::{Context, Error, MANAGER_RESTORE};
+use crate::reconcile::job::job_phase;
+use crate::reconcile::pod_failure;
+use crate::restore::build::{self as build, LABEL_RESTORE};
+use crate::validate;
 use larch_contract::restore_request::RestoreSummary;
 
 pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -63,7 +64,7 @@ struct RestoreRound<'a> {
 }
 
 fn event(type_: EventType, reason: &str, note: String) -> Event {
-    super::status::event(type_, reason, &note, "Restore")
+    crate::reconcile::status::event(type_, reason, &note, "Restore")
 }
 
 impl<'a> RestoreRound<'a> {
@@ -239,9 +240,10 @@ impl<'a> RestoreRound<'a> {
             .await
             .map_err(Error::Observe)?;
         let uid = self.restore.uid().unwrap_or_default();
-        let pods = super::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
-            .await
-            .map_err(Error::Observe)?;
+        let pods =
+            crate::reconcile::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
+                .await
+                .map_err(Error::Observe)?;
         self.obs.pod_failure = pod_failure::newest_terminated(pods.iter(), build::CONTAINER)
             .and_then(|(pod, t)| pod_failure::of_terminated(&pod, t))
             .map(|f| Problem::of_pod("restore", &f))
@@ -453,7 +455,7 @@ impl<'a> RestoreRound<'a> {
     async fn write_status(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
         // A run's own Event says how it ended; the others report a block and its end.
         if self.events.is_empty() {
-            self.events.extend(super::status::export_events(
+            self.events.extend(crate::reconcile::status::export_events(
                 &self.old.conditions,
                 &self.status.conditions,
             ));

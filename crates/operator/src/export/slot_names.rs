@@ -17,7 +17,7 @@ pub fn derived_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
     export_slot_name(ns, name, table.as_deref())
 }
 
-/// The temporary slot of a set's export ([`super::export::exports_as_one_set`]).
+/// The temporary slot of a set's export ([`crate::export::build::exports_as_one_set`]).
 pub fn set_slot_name(export: &ArchiveExport) -> String {
     let (ns, name) = identity(export);
     export_slot_name(ns, name, None)
@@ -44,7 +44,7 @@ pub fn export_slot_name(namespace: &str, name: &str, table: Option<&str>) -> Str
         raw.push('/');
         raw.push_str(t);
     }
-    let hash = super::short_hash(raw.as_bytes(), 12);
+    let hash = crate::builders::short_hash(raw.as_bytes(), 12);
     let mut readable = sanitize(&format!("larch_{namespace}_{name}"));
     readable.truncate(63 - 1 - hash.len());
     format!("{readable}_{hash}")
@@ -57,13 +57,16 @@ pub fn legacy_slot_name(export: &ArchiveExport, table: &TableRef) -> String {
     let mut base = format!("larch_{ns}_{name}");
     if export.spec.source.tables.is_some() {
         base.push('_');
-        base.push_str(&super::short_hash(table.qualified().as_bytes(), 8));
+        base.push_str(&crate::builders::short_hash(
+            table.qualified().as_bytes(),
+            8,
+        ));
     }
     let clean = sanitize(&base);
     if clean.len() <= 63 {
         return clean;
     }
-    let hash = super::short_hash(clean.as_bytes(), 8);
+    let hash = crate::builders::short_hash(clean.as_bytes(), 8);
     format!("{}_{hash}", &clean[..54])
 }
 

@@ -16,15 +16,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::apply::{Applier, ChildSet, NamespacedChild};
-use super::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
-use super::status::set_events;
-use crate::builders::source_set::{
-    LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_restore, child_source,
-    config_map_digest, copy_name, credentials_digest, owned_by, owns, per_namespace_secret,
-    refresh_token, secret_copy, selected_namespaces, shared_ca_name, shares_credentials,
-    stamps_restores, template_uses_shared_ca, token_epoch,
-};
 use crate::conditions::{
     self, NamespaceState, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state,
     restore_namespace_state, source_set_conditions,
@@ -34,7 +25,16 @@ use crate::crd::archive_source::ArchiveSource;
 use crate::crd::archive_source_set::{
     ArchiveSourceSet, ArchiveSourceSetStatus, FailingNamespace, NamespaceRestore, RefreshPolicy,
 };
-use crate::seed_head;
+use crate::reconcile::apply::{Applier, ChildSet, NamespacedChild};
+use crate::reconcile::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
+use crate::reconcile::status::set_events;
+use crate::source_set::build::{
+    LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_restore, child_source,
+    config_map_digest, copy_name, credentials_digest, owned_by, owns, per_namespace_secret,
+    refresh_token, secret_copy, selected_namespaces, shared_ca_name, shares_credentials,
+    stamps_restores, template_uses_shared_ca, token_epoch,
+};
+use crate::source_set::seed_head;
 
 const MAX_FAILING: usize = 64;
 const MAX_MESSAGE: usize = 4096;
@@ -231,7 +231,7 @@ impl<'a> SetRound<'a> {
         let secret = shared.secret.as_ref().and_then(|s| s.data.clone());
         let probe = ArchiveRestore::new(&self.set.name_any(), t.spec.clone());
         let read = async {
-            let archive = crate::builders::restore::resolve(&probe, None)?;
+            let archive = crate::restore::build::resolve(&probe, None)?;
             let keys = seed_head::manifest_keys(&archive);
             let config = seed_head::s3_config(s3, secret.as_ref())?;
             let store = larch_archive::store::s3::S3Store::new(config)

@@ -19,12 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
-use super::engine_config::{ResolvedArchive, engine_config, engine_yaml};
-use super::engine_token;
-use super::export::TERMINATION_LOG;
-use super::pod::{self, HTTP_PORT, HTTPS_PORT, STATE_DIR};
-use super::{ANNOTATION_CONFIG_HASH, BuildContext, child_meta, labels, short_hash};
+use crate::builders::engine_config::{ResolvedArchive, engine_config, engine_yaml};
+use crate::builders::pod::{self, HTTP_PORT, HTTPS_PORT, STATE_DIR};
+use crate::builders::{ANNOTATION_CONFIG_HASH, BuildContext, child_meta, labels, short_hash};
 use crate::crd::archive_source::ArchiveSource;
+use crate::export::build::TERMINATION_LOG;
+use crate::source::engine_token;
 
 pub const CONTAINER: &str = "engine";
 pub const CONFIG_FILE: &str = "/etc/larch/engine.yaml";
@@ -51,7 +51,7 @@ pub fn config_map_name(source: &ArchiveSource) -> String {
     format!("{}-engine", source.name_any())
 }
 
-pub use super::source_labels::selector_labels;
+pub use crate::source::labels::selector_labels;
 
 pub fn children(
     source: &ArchiveSource,

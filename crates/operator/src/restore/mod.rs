@@ -1,0 +1,4 @@
+//! ArchiveRestore: its reconcile and the restore Job it builds.
+
+pub mod build;
+pub mod reconcile;

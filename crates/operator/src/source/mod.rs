@@ -1,0 +1,8 @@
+//! ArchiveSource: its reconcile, the engine it builds (StatefulSet, Services, ConfigMap, token,
+//! NetworkPolicy) and the re-baseline feed read from the engine pods.
+
+pub mod build;
+pub mod engine_token;
+pub mod labels;
+pub mod rebaseline;
+pub mod reconcile;

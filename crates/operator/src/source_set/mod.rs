@@ -1,0 +1,6 @@
+//! ArchiveSourceSet: its reconcile, the per-namespace ArchiveSources, ArchiveRestores and
+//! Secret copies it builds, and the seed head it reads from the archive.
+
+pub mod build;
+pub mod reconcile;
+pub mod seed_head;
