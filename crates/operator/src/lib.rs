@@ -9,7 +9,6 @@
 //! builder helpers they share (labels, owner references, pod templates, the engine config).
 
 pub mod builders;
-pub mod conditions;
 pub mod crd;
 pub mod cron;
 pub mod dereference;

@@ -19,7 +19,6 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::builders::{LABEL_COMPONENT, LABEL_EXPORT};
-use crate::conditions::{self, Cond, EXPORT_TYPES, JobPhase, Status, time_string};
 use crate::crd::archive_export::{
     ArchiveExport, CLEANUP_FINALIZER, CleanupStatus, DeletionPolicy, SKIP_CLEANUP_ANNOTATION,
 };
@@ -27,8 +26,11 @@ use crate::export::build::{export_owner, slot_and_publication};
 use crate::export::cleanup_job::{
     CLEANUP_CONTAINER, cleanup_job, cleanup_job_name, deletion_policy,
 };
+use crate::export::conditions::EXPORT_TYPES;
 use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::conditions::{self, Cond, Status, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
+use crate::reconcile::job::JobPhase;
 
 /// The export controller's writes (counted in `larch_operator_api_writes_total`).
 fn writes(ctx: &Context) -> Applier<'_> {

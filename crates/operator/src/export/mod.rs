@@ -4,8 +4,12 @@
 pub mod build;
 pub mod children;
 pub mod cleanup_job;
+pub mod conditions;
 pub mod finalizer;
 pub mod lease_rights;
 pub mod reconcile;
 pub mod slot_names;
 pub mod slots;
+
+#[cfg(test)]
+mod tests;

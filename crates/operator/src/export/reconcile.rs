@@ -23,10 +23,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
 use crate::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
-use crate::conditions::{
-    self, EXPORT_TYPES, ExportObservation, JobPhase, PodOutcome, Problem, Status, WriterCounts,
-    export_conditions, run_outcome, time_string,
-};
 use crate::crd::archive_export::{
     ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
     RunStatus, WriterStatus,
@@ -34,10 +30,15 @@ use crate::crd::archive_export::{
 use crate::crd::progress::OperationProgress;
 use crate::export::build;
 use crate::export::children::{self, ExportChildren};
+use crate::export::conditions::{
+    EXPORT_TYPES, ExportObservation, PodOutcome, WriterCounts, export_conditions, run_outcome,
+};
 use crate::export::lease_rights;
 use crate::observe::SlotReport;
 use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::conditions::{self, Problem, Status, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
+use crate::reconcile::job::JobPhase;
 use crate::reconcile::pod_failure::{self, PodFailure};
 use crate::reconcile::progress;
 use crate::{dereference, observe, validate};

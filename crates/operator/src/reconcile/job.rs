@@ -2,7 +2,15 @@
 
 use k8s_openapi::api::batch::v1::Job;
 
-use crate::conditions::JobPhase;
+/// State of one Job of a run (a OneShot export's or a restore's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    Active,
+    Succeeded,
+    Failed,
+    /// Not found (removed by its TTL or by hand) before the run was recorded as finished.
+    Missing,
+}
 
 /// A Job's phase from its conditions: succeeded, failed, or still active.
 pub fn job_phase(job: &Job) -> JobPhase {

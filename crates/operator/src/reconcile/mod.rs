@@ -7,6 +7,7 @@
 //! `larch.dev/cleanup` on ArchiveExports, is in `crate::export::finalizer`.
 
 pub mod apply;
+pub mod conditions;
 pub mod context;
 pub mod error;
 pub mod job;
@@ -398,4 +399,4 @@ async fn janitor(ctx: Arc<Context>, exports: Store<ArchiveExport>, sources: Stor
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,10 +4,10 @@
 
 use kube::runtime::events::{Event, EventType};
 
-use crate::conditions::{
+use crate::crd::common::Condition;
+use crate::reconcile::conditions::{
     self, DEGRADED, READY, REBASELINING, STALLED, Status, is_true, transitions,
 };
-use crate::crd::common::Condition;
 
 /// A condition whose status changed this round (or that is new).
 pub struct Transition<'a> {

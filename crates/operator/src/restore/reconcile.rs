@@ -19,19 +19,22 @@ use kube::runtime::events::{Event, EventType};
 
 use crate::builders::LABEL_RUN;
 use crate::builders::engine_config::ResolvedArchive;
-use crate::conditions::{
-    self, JobPhase, Problem, RESTORE_TYPES, RestoreObservation, restore_conditions, time_string,
-};
 use crate::crd::archive_export::{ArchiveExport, RunStatus};
 use crate::crd::archive_restore::{
     ArchiveRestore, ArchiveRestoreStatus, DatabaseWait, RUN_REQUESTED_ANNOTATION, RestoredTable,
 };
 use crate::dereference::{self, Missing};
 use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::conditions::{self, Problem, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_RESTORE};
+use crate::reconcile::job::JobPhase;
 use crate::reconcile::job::job_phase;
 use crate::reconcile::pod_failure;
 use crate::restore::build::{self as build, LABEL_RESTORE};
+use crate::restore::conditions::{
+    DATABASE_UNAVAILABLE, RESTORE_TYPES, RestoreObservation, restore_conditions,
+    without_credentials,
+};
 use crate::validate;
 use larch_contract::restore_request::RestoreSummary;
 
@@ -337,12 +340,7 @@ impl<'a> RestoreRound<'a> {
         let (reason, error) = self
             .obs
             .database_unavailable()
-            .map(|p| {
-                (
-                    p.reason.clone(),
-                    conditions::without_credentials(&p.message),
-                )
-            })
+            .map(|p| (p.reason.clone(), without_credentials(&p.message)))
             .unwrap_or_default();
         self.status.database_wait = Some(DatabaseWait {
             reason,
@@ -354,7 +352,7 @@ impl<'a> RestoreRound<'a> {
         if attempt == 0 {
             self.events.push(event(
                 EventType::Warning,
-                conditions::DATABASE_UNAVAILABLE,
+                DATABASE_UNAVAILABLE,
                 format!("the target database is not ready, retrying with backoff: {error}"),
             ));
         }

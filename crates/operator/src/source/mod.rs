@@ -2,7 +2,11 @@
 //! NetworkPolicy) and the re-baseline feed read from the engine pods.
 
 pub mod build;
+pub mod conditions;
 pub mod engine_token;
 pub mod labels;
 pub mod rebaseline;
 pub mod reconcile;
+
+#[cfg(test)]
+mod tests;

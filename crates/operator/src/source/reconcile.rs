@@ -18,19 +18,19 @@ use kube::runtime::controller::Action;
 
 use crate::builders::LABEL_SOURCE;
 use crate::builders::engine_config::{ResolvedArchive, resolve, source_id};
-use crate::conditions::{
-    self, DEFAULT_MAX_REBASELINES_PER_HOUR, Problem, SOURCE_TYPES, SourceObservation,
-    source_conditions, time_string,
-};
 use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
 use crate::dereference::{self, Missing};
 use crate::observe::{self, EngineSource};
 use crate::reconcile::apply::{Applier, ChildSet};
+use crate::reconcile::conditions::{self, Problem, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_SOURCE, cache_ready};
 use crate::reconcile::pod_failure;
 use crate::reconcile::progress;
 use crate::reconcile::status::source_events;
+use crate::source::conditions::{
+    DEFAULT_MAX_REBASELINES_PER_HOUR, SOURCE_TYPES, SourceObservation, source_conditions,
+};
 use crate::source::rebaseline::{RebaselineSample, RebaselineTracker};
 use crate::source::{build, engine_token};
 use crate::validate;

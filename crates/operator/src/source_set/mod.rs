@@ -2,5 +2,9 @@
 //! Secret copies it builds, and the seed head it reads from the archive.
 
 pub mod build;
+pub mod conditions;
 pub mod reconcile;
 pub mod seed_head;
+
+#[cfg(test)]
+mod tests;

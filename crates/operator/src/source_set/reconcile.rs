@@ -16,16 +16,13 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::conditions::{
-    self, NamespaceState, Problem, SOURCE_SET_TYPES, SetObservation, namespace_state,
-    restore_namespace_state, source_set_conditions,
-};
 use crate::crd::archive_restore::ArchiveRestore;
 use crate::crd::archive_source::ArchiveSource;
 use crate::crd::archive_source_set::{
     ArchiveSourceSet, ArchiveSourceSetStatus, FailingNamespace, NamespaceRestore, RefreshPolicy,
 };
 use crate::reconcile::apply::{Applier, ChildSet, NamespacedChild};
+use crate::reconcile::conditions::{self, Problem};
 use crate::reconcile::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
 use crate::reconcile::status::set_events;
 use crate::source_set::build::{
@@ -33,6 +30,10 @@ use crate::source_set::build::{
     config_map_digest, copy_name, credentials_digest, owned_by, owns, per_namespace_secret,
     refresh_token, secret_copy, selected_namespaces, shared_ca_name, shares_credentials,
     stamps_restores, template_uses_shared_ca, token_epoch,
+};
+use crate::source_set::conditions::{
+    NamespaceState, SOURCE_SET_TYPES, SetObservation, namespace_state, restore_namespace_state,
+    source_set_conditions,
 };
 use crate::source_set::seed_head;
 

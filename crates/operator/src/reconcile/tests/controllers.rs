@@ -20,11 +20,11 @@ use kube::runtime::watcher;
 use prometheus::core::Collector;
 use serde_json::{Value, json};
 
-use super::context::{CacheWriters, Context};
 use crate::builders::tests::{export_fixture, source_fixture};
 use crate::crd::{ArchiveExport, ArchiveSource};
 use crate::export::reconcile as export;
 use crate::metrics::Metrics;
+use crate::reconcile::context::{CacheWriters, Context};
 use crate::reconcile::probe::Prober;
 use crate::source::reconcile as source;
 use crate::source_set::reconcile as source_set;

@@ -1,0 +1,266 @@
+//! ArchiveExport conditions.
+
+use crate::crd::archive_export::{ExportMode, RunStatus};
+use crate::export::conditions::*;
+use crate::reconcile::conditions::*;
+use crate::reconcile::job::JobPhase;
+use crate::reconcile::tests::conditions::{get_cond, status_of};
+
+fn export_obs() -> ExportObservation {
+    ExportObservation {
+        blocked: None,
+        pod_failure: None,
+        mode: ExportMode::OneShot,
+        scheduled: false,
+        suspended: false,
+        run: Some(RunStatus {
+            id: "abcd1234".into(),
+            ..Default::default()
+        }),
+        run_jobs: vec![JobPhase::Active],
+        last_outcome: None,
+        writers: WriterCounts::default(),
+        writers_with_snapshot: 0,
+        suspended_slots: vec![],
+    }
+}
+
+#[test]
+fn oneshot_lifecycle() {
+    let mut o = export_obs();
+    let running = export_conditions(&o);
+    assert_eq!(
+        status_of(&running, RECONCILING),
+        (Status::True, "ExportRunning")
+    );
+    assert_eq!(status_of(&running, READY), (Status::False, "ExportRunning"));
+
+    o.run_jobs = vec![JobPhase::Succeeded];
+    o.run.as_mut().unwrap().succeeded = Some(true);
+    let done = export_conditions(&o);
+    assert_eq!(status_of(&done, READY), (Status::True, "ExportSucceeded"));
+    assert_eq!(
+        status_of(&done, LAST_EXPORT_SUCCEEDED),
+        (Status::True, "ExportSucceeded")
+    );
+    assert_eq!(status_of(&done, STALLED).0, Status::False);
+
+    // Later the Job is removed by its TTL: the recorded success stands.
+    o.run_jobs = vec![];
+    assert_eq!(
+        status_of(&export_conditions(&o), READY),
+        (Status::True, "ExportSucceeded")
+    );
+
+    o.run.as_mut().unwrap().succeeded = Some(false);
+    o.run_jobs = vec![JobPhase::Succeeded, JobPhase::Failed];
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "connection refused".into(),
+    });
+    let failed = export_conditions(&o);
+    assert_eq!(status_of(&failed, STALLED), (Status::True, "ExportFailed"));
+    assert_eq!(
+        status_of(&failed, LAST_EXPORT_SUCCEEDED),
+        (Status::False, "ExportFailed")
+    );
+    let msg = &failed
+        .iter()
+        .find(|c| c.type_ == LAST_EXPORT_SUCCEEDED)
+        .unwrap()
+        .message;
+    assert_eq!(msg, "connection refused");
+
+    o.run.as_mut().unwrap().succeeded = None;
+    o.run_jobs = vec![JobPhase::Missing];
+    let lost = export_conditions(&o);
+    assert_eq!(status_of(&lost, STALLED), (Status::True, "JobMissing"));
+    assert_eq!(
+        status_of(&lost, LAST_EXPORT_SUCCEEDED),
+        (Status::Unknown, "JobMissing")
+    );
+}
+
+#[test]
+fn run_outcome_folds_job_phases() {
+    use JobPhase::*;
+    assert_eq!(run_outcome(&[Succeeded, Active]), None);
+    assert_eq!(run_outcome(&[Succeeded, Succeeded]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Failed]), Some(false));
+    assert_eq!(run_outcome(&[Missing]), Some(false));
+    assert_eq!(run_outcome(&[]), Some(false));
+}
+
+#[test]
+fn invalid_spec_stalls() {
+    let mut o = export_obs();
+    o.blocked = Some(Problem::new(
+        "InvalidSpec",
+        "affinity is not a valid Affinity",
+    ));
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "InvalidSpec"));
+    assert_eq!(status_of(&cs, READY).0, Status::False);
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+}
+
+fn pod_problem(reason: &str, transient: bool) -> Problem {
+    Problem {
+        reason: reason.into(),
+        message: format!("writer pod w-0: exited with status 2: {reason}"),
+        transient,
+    }
+}
+
+/// A failing writer: permanent → Stalled (kstatus Failed), transient → Reconciling (kstatus
+/// InProgress); Degraded either way, with the pod's reason and message.
+#[test]
+fn a_failing_writer_is_stalled_or_degraded_by_its_reason() {
+    let mut c = export_obs();
+    c.mode = ExportMode::Continuous;
+    c.run = None;
+    c.run_jobs = vec![];
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 1,
+        stalled: false,
+    };
+    c.pod_failure = Some(pod_problem("TableNotFound", false));
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
+    assert_eq!(status_of(&cs, RECONCILING).0, Status::False);
+    assert_eq!(status_of(&cs, READY), (Status::False, "TableNotFound"));
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "TableNotFound"));
+    assert!(get_cond(&cs, STALLED).message.contains("writer pod w-0"));
+    c.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, "ConnectionFailed")
+    );
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
+    // Recovered: Degraded goes back to False.
+    c.pod_failure = None;
+    c.writers = WriterCounts {
+        ready: 1,
+        desired: 1,
+        stalled: false,
+    };
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, DEGRADED), (Status::False, "AsExpected"));
+    assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
+}
+
+#[test]
+fn a_failed_run_stalls_with_the_pods_reason() {
+    let mut o = export_obs();
+    // Still running, a pod failed: the Job retries, the export is Degraded meanwhile.
+    o.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, RECONCILING), (Status::True, "ExportRunning"));
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
+    // The run failed.
+    o.run_jobs = vec![JobPhase::Failed];
+    o.run.as_mut().unwrap().succeeded = Some(false);
+    o.pod_failure = Some(pod_problem("TableNotFound", false));
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "pod x exited 2".into(),
+    });
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "TableNotFound"));
+    let msg = &get_cond(&cs, STALLED).message;
+    assert!(
+        msg.starts_with("run abcd1234 failed: writer pod w-0: exited with status 2")
+            && msg.contains("larch.dev/run-requested"),
+        "{msg}"
+    );
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::False, "ExportFailed")
+    );
+    // Scheduled: a permanent failure stalls, a transient one only degrades.
+    let mut s = export_obs();
+    s.scheduled = true;
+    s.run = None;
+    s.run_jobs = vec![];
+    s.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "pod x exited 2".into(),
+    });
+    s.pod_failure = Some(pod_problem("PermissionDenied", false));
+    let cs = export_conditions(&s);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "PermissionDenied"));
+    assert_eq!(status_of(&cs, READY), (Status::False, "PermissionDenied"));
+    s.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    let cs = export_conditions(&s);
+    assert_eq!(status_of(&cs, STALLED).0, Status::False);
+    assert_eq!(status_of(&cs, DEGRADED), (Status::True, "ConnectionFailed"));
+}
+
+#[test]
+fn scheduled_and_continuous() {
+    let mut o = export_obs();
+    o.scheduled = true;
+    o.run = None;
+    o.run_jobs = vec![];
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::True, "Scheduled"));
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::Unknown, "NoExportYet")
+    );
+    o.last_outcome = Some(PodOutcome {
+        succeeded: false,
+        detail: "exit code 1".into(),
+    });
+    let cs = export_conditions(&o);
+    assert_eq!(status_of(&cs, READY), (Status::False, "LastExportFailed"));
+    assert_eq!(
+        status_of(&cs, STALLED).0,
+        Status::False,
+        "the next scheduled run retries"
+    );
+    o.suspended = true;
+    assert_eq!(
+        status_of(&export_conditions(&o), READY),
+        (Status::True, "Suspended")
+    );
+
+    let mut c = export_obs();
+    c.mode = ExportMode::Continuous;
+    c.run = None;
+    c.run_jobs = vec![];
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 2,
+        stalled: false,
+    };
+    let cs = export_conditions(&c);
+    assert_eq!(
+        status_of(&cs, RECONCILING),
+        (Status::True, "WaitingForWriter")
+    );
+    c.writers = WriterCounts {
+        ready: 2,
+        desired: 2,
+        stalled: false,
+    };
+    c.writers_with_snapshot = 2;
+    let cs = export_conditions(&c);
+    assert_eq!(status_of(&cs, READY), (Status::True, "Running"));
+    assert_eq!(
+        status_of(&cs, LAST_EXPORT_SUCCEEDED),
+        (Status::True, "SnapshotWritten")
+    );
+    c.writers = WriterCounts {
+        ready: 0,
+        desired: 2,
+        stalled: true,
+    };
+    assert_eq!(
+        status_of(&export_conditions(&c), STALLED),
+        (Status::True, "WriterNotProgressing")
+    );
+}

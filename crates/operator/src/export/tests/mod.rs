@@ -1,0 +1,3 @@
+//! export tests, by topic.
+
+mod conditions;

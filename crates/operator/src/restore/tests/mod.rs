@@ -1,0 +1,3 @@
+//! restore tests, by topic.
+
+mod conditions;

@@ -1,0 +1,3 @@
+//! source tests, by topic.
+
+mod conditions;

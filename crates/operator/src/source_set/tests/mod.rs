@@ -1,0 +1,3 @@
+//! source_set tests, by topic.
+
+mod conditions;
