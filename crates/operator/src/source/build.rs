@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
-    TopologySpreadConstraint, Volume, VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -58,16 +58,41 @@ pub fn children(
     archive: &ResolvedArchive,
     ctx: &BuildContext,
 ) -> SourceChildren {
-    let spec = &source.spec;
-    let name = source.name_any();
-    let sel = selector_labels(source);
     let yaml = engine_yaml(&engine_config(source, archive));
     let config_map = ConfigMap {
-        metadata: child_meta(source, config_map_name(source), sel.clone()),
+        metadata: child_meta(source, config_map_name(source), selector_labels(source)),
         data: Some(BTreeMap::from([(CONFIG_KEY.into(), yaml.clone())])),
         ..Default::default()
     };
+    let parts = with_api_access(engine_parts(source, archive), source, ctx);
+    let ports = parts.ports.clone();
+    let replicas = if source.spec.suspend == Some(true) {
+        0
+    } else {
+        source.spec.replicas.unwrap_or(1)
+    };
+    SourceChildren {
+        config_map,
+        stateful_set: stateful_set(source, engine_pod(source, parts, ctx), &yaml, replicas),
+        service: service(source, &ports),
+        network_policy: network_policy(source, &ports, ctx),
+        pod_disruption_budget: pod_disruption_budget(source, replicas),
+    }
+}
 
+/// What the engine container is made of, gathered before it is built.
+struct EngineParts {
+    args: Vec<String>,
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+    ports: Vec<ContainerPort>,
+    env: Vec<EnvVar>,
+}
+
+/// The engine's config, state, scratch, target and archive store: its volumes, mounts and
+/// environment, its base arguments and its HTTP port.
+fn engine_parts(source: &ArchiveSource, archive: &ResolvedArchive) -> EngineParts {
+    let spec = &source.spec;
     let claim = archive.claim_name.clone().unwrap_or_default();
     let access = pod::store_access(&archive.location, &claim, true);
     let mut mounts = vec![
@@ -100,7 +125,7 @@ pub fn children(
     }
     mounts.extend(access.mounts);
     volumes.extend(access.volumes);
-    let mut args = vec![
+    let args = vec![
         "engine".into(),
         "--config".into(),
         CONFIG_FILE.into(),
@@ -109,13 +134,38 @@ pub fn children(
         "--termination-log".into(),
         TERMINATION_LOG.into(),
     ];
-    let mut ports = vec![ContainerPort {
+    let ports = vec![ContainerPort {
         name: Some("http".into()),
         container_port: HTTP_PORT,
         protocol: Some("TCP".into()),
         ..Default::default()
     }];
-    let api = spec.access.clone().unwrap_or_default();
+    // POD_IP first: `--listen $(POD_IP):8080` refers to it.
+    let mut env = vec![pod::pod_ip_env()];
+    env.extend(access.env);
+    EngineParts {
+        args,
+        volumes,
+        mounts,
+        ports,
+        env,
+    }
+}
+
+/// `parts` with the engine API's token, control, read protection and TLS (`spec.access`).
+fn with_api_access(
+    mut parts: EngineParts,
+    source: &ArchiveSource,
+    ctx: &BuildContext,
+) -> EngineParts {
+    let EngineParts {
+        args,
+        volumes,
+        mounts,
+        ports,
+        ..
+    } = &mut parts;
+    let api = source.spec.access.clone().unwrap_or_default();
     let generated = engine_token::generates_token(source, ctx);
     if let Some(token) = &engine_token::token_ref(source, ctx) {
         volumes.push(pod::secret_file_volume(
@@ -156,22 +206,26 @@ pub fn children(
             ..Default::default()
         });
     }
+    parts
+}
 
+/// The engine's pod spec: its one container from `parts`, with the pod overrides and spreading.
+fn engine_pod(
+    source: &ArchiveSource,
+    parts: EngineParts,
+    ctx: &BuildContext,
+) -> (PodSpec, BTreeMap<String, String>) {
+    let spec = &source.spec;
     let container = Container {
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
-        args: Some(args),
-        env: {
-            // POD_IP first: `--listen $(POD_IP):8080` refers to it.
-            let mut env = vec![pod::pod_ip_env()];
-            env.extend(access.env);
-            Some(env)
-        },
-        ports: Some(ports.clone()),
+        args: Some(parts.args),
+        env: Some(parts.env),
+        ports: Some(parts.ports),
         readiness_probe: Some(pod::http_probe("/health/ready", 10, 3)),
         liveness_probe: Some(pod::http_probe("/health/live", 20, 6)),
-        volume_mounts: Some(mounts),
+        volume_mounts: Some(parts.mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),
         // The engine writes why it stopped there; a crash leaves the log's end.
@@ -181,21 +235,34 @@ pub fn children(
     };
     let mut pod_spec = pod::base_pod_spec(
         container,
-        volumes,
+        parts.volumes,
         spec.service_account_name.as_ref(),
         ctx.pod_user,
     );
-    let mut annotations =
-        pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
+    let annotations = pod::apply_overrides(&mut pod_spec, spec.pod.as_ref()).unwrap_or_default();
     if spec.replicas.unwrap_or(1) >= 2 && pod_spec.topology_spread_constraints.is_none() {
-        pod_spec.topology_spread_constraints = Some(vec![spread_over_nodes(&sel)]);
+        pod_spec.topology_spread_constraints =
+            Some(vec![spread_over_nodes(&selector_labels(source))]);
     }
+    (pod_spec, annotations)
+}
+
+/// The engines' StatefulSet: `replicas` pods from `pod` (its annotations plus the config hash,
+/// so a config change rolls them), state volumes from `spec.state`.
+fn stateful_set(
+    source: &ArchiveSource,
+    pod: (PodSpec, BTreeMap<String, String>),
+    yaml: &str,
+    replicas: i32,
+) -> StatefulSet {
+    let (pod_spec, mut annotations) = pod;
+    let name = source.name_any();
+    let sel = selector_labels(source);
     annotations.insert(
         ANNOTATION_CONFIG_HASH.into(),
         short_hash(yaml.as_bytes(), 16),
     );
-
-    let claim_templates = spec.state.as_ref().map(|st| {
+    let claim_templates = source.spec.state.as_ref().map(|st| {
         vec![PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some("state".into()),
@@ -217,16 +284,11 @@ pub fn children(
             ..Default::default()
         }]
     });
-    let replicas = if spec.suspend == Some(true) {
-        0
-    } else {
-        spec.replicas.unwrap_or(1)
-    };
-    let stateful_set = StatefulSet {
+    StatefulSet {
         metadata: child_meta(source, name.clone(), sel.clone()),
         spec: StatefulSetSpec {
             replicas: Some(replicas),
-            service_name: Some(name.clone()),
+            service_name: Some(name),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {
                 match_labels: Some(sel.clone()),
@@ -234,7 +296,7 @@ pub fn children(
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(sel.clone()),
+                    labels: Some(sel),
                     annotations: Some(annotations),
                     ..Default::default()
                 }),
@@ -244,9 +306,14 @@ pub fn children(
             ..Default::default()
         },
         ..Default::default()
-    };
-    let service = Service {
-        metadata: child_meta(source, name, sel.clone()),
+    }
+}
+
+/// The engines' Service: every port of the engine container, by name.
+fn service(source: &ArchiveSource, ports: &[ContainerPort]) -> Service {
+    let sel = selector_labels(source);
+    Service {
+        metadata: child_meta(source, source.name_any(), sel.clone()),
         spec: Some(ServiceSpec {
             selector: Some(sel),
             ports: Some(
@@ -264,13 +331,6 @@ pub fn children(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    SourceChildren {
-        config_map,
-        stateful_set,
-        service,
-        network_policy: network_policy(source, &ports, ctx),
-        pod_disruption_budget: pod_disruption_budget(source, replicas),
     }
 }
 
