@@ -41,116 +41,58 @@ impl Default for Metrics {
     fn default() -> Self {
         let registry = Registry::new();
         larch_core::telemetry::register_process_and_build_info(&registry, "operator");
-        let reconciles = IntCounterVec::new(
-            Opts::new("larch_operator_reconciles_total", "Reconciles started."),
+        let reconciles = counter(
+            "larch_operator_reconciles_total",
+            "Reconciles started.",
             &["controller"],
-        )
-        .unwrap();
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "larch_operator_reconcile_errors_total",
-                "Reconciles that failed.",
-            ),
+        );
+        let errors = counter(
+            "larch_operator_reconcile_errors_total",
+            "Reconciles that failed.",
             &["controller", "error"],
-        )
-        .unwrap();
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "larch_operator_reconcile_duration_seconds",
-                "Duration of reconciles.",
-            )
-            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
-            &["controller"],
-        )
-        .unwrap();
-        let api_writes = IntCounterVec::new(
-            Opts::new(
-                "larch_operator_api_writes_total",
-                "Write requests the operator sent to the API server (apply, apply-status, delete, Event create).",
-            ),
+        );
+        let duration = reconcile_duration();
+        let api_writes = counter(
+            "larch_operator_api_writes_total",
+            "Write requests the operator sent to the API server (apply, apply-status, delete, Event create).",
             &["controller", "kind", "verb"],
-        )
-        .unwrap();
-        let applies_unchanged = IntCounterVec::new(
-            Opts::new(
-                "larch_operator_applies_unchanged_total",
-                "Applies not sent: the child already carried the hash of the desired object.",
-            ),
+        );
+        let applies_unchanged = counter(
+            "larch_operator_applies_unchanged_total",
+            "Applies not sent: the child already carried the hash of the desired object.",
             &["controller", "kind"],
-        )
-        .unwrap();
-        let export_last_success = GaugeVec::new(
-            Opts::new(
-                "larch_archive_export_last_success_timestamp_seconds",
-                "Unix time of the last successful export of a table.",
-            ),
+        );
+        let export_last_success = gauge(
+            "larch_archive_export_last_success_timestamp_seconds",
+            "Unix time of the last successful export of a table.",
             &["namespace", "name", "table"],
-        )
-        .unwrap();
-        let export_failing = GaugeVec::new(
-            Opts::new(
-                "larch_archive_export_failing",
-                "1 while the last export run failed.",
-            ),
+        );
+        let export_failing = gauge(
+            "larch_archive_export_failing",
+            "1 while the last export run failed.",
             &["namespace", "name"],
-        )
-        .unwrap();
-        let source_lag = GaugeVec::new(
-            Opts::new(
-                "larch_archive_source_lag_seconds",
-                "Replay lag of an ArchiveSource.",
-            ),
+        );
+        let source_lag = gauge(
+            "larch_archive_source_lag_seconds",
+            "Replay lag of an ArchiveSource.",
             &["namespace", "name"],
-        )
-        .unwrap();
-        let source_rebaselines_last_hour = GaugeVec::new(
-            Opts::new(
-                "larch_archive_source_rebaselines_last_hour",
-                "Re-baselines observed in the last hour.",
-            ),
+        );
+        let source_rebaselines_last_hour = gauge(
+            "larch_archive_source_rebaselines_last_hour",
+            "Re-baselines observed in the last hour.",
             &["namespace", "name"],
-        )
-        .unwrap();
-        let source_degraded = GaugeVec::new(
-            Opts::new(
-                "larch_archive_source_degraded",
-                "1 while an ArchiveSource is Degraded.",
-            ),
+        );
+        let source_degraded = gauge(
+            "larch_archive_source_degraded",
+            "1 while an ArchiveSource is Degraded.",
             &["namespace", "name"],
-        )
-        .unwrap();
-        let export_retained_wal = GaugeVec::new(
-            Opts::new(
-                "larch_archive_export_retained_wal_bytes",
-                "WAL bytes the source keeps for an export's replication slot (pg_current_wal_lsn - restart_lsn), also while suspended.",
-            ),
+        );
+        let export_retained_wal = gauge(
+            "larch_archive_export_retained_wal_bytes",
+            "WAL bytes the source keeps for an export's replication slot (pg_current_wal_lsn - restart_lsn), also while suspended.",
             &["namespace", "name", "slot"],
-        )
-        .unwrap();
-        // Zero from the start, so dashboards and rate() see every controller before its first
-        // reconcile or error (the error labels of `controllers::error::Error::label`).
-        for controller in ["export", "source", "source-set", "restore"] {
-            reconciles.with_label_values(&[controller]);
-            for error in crate::reconcile::error::Error::LABELS {
-                errors.with_label_values(&[controller, error]);
-            }
-        }
-        for c in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(export_retained_wal.clone()),
-            Box::new(errors.clone()),
-            Box::new(duration.clone()),
-            Box::new(api_writes.clone()),
-            Box::new(applies_unchanged.clone()),
-            Box::new(export_last_success.clone()),
-            Box::new(export_failing.clone()),
-            Box::new(source_lag.clone()),
-            Box::new(source_rebaselines_last_hour.clone()),
-            Box::new(source_degraded.clone()),
-        ] {
-            registry.register(c).unwrap();
-        }
-        Self {
+        );
+        let metrics = Self {
             registry,
             reconciles,
             errors,
@@ -165,8 +107,56 @@ impl Default for Metrics {
             export_retained_wal,
             export_tables: Mutex::default(),
             export_slots: Mutex::default(),
+        };
+        metrics.zero_and_register();
+        metrics
+    }
+}
+
+impl Metrics {
+    /// Every series starts at zero and every metric is in the registry.
+    fn zero_and_register(&self) {
+        // Zero from the start, so dashboards and rate() see every controller before its first
+        // reconcile or error (the error labels of `reconcile::error::Error::label`).
+        for controller in ["export", "source", "source-set", "restore"] {
+            self.reconciles.with_label_values(&[controller]);
+            for error in crate::reconcile::error::Error::LABELS {
+                self.errors.with_label_values(&[controller, error]);
+            }
+        }
+        for c in [
+            Box::new(self.reconciles.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(self.export_retained_wal.clone()),
+            Box::new(self.errors.clone()),
+            Box::new(self.duration.clone()),
+            Box::new(self.api_writes.clone()),
+            Box::new(self.applies_unchanged.clone()),
+            Box::new(self.export_last_success.clone()),
+            Box::new(self.export_failing.clone()),
+            Box::new(self.source_lag.clone()),
+            Box::new(self.source_rebaselines_last_hour.clone()),
+            Box::new(self.source_degraded.clone()),
+        ] {
+            self.registry.register(c).unwrap();
         }
     }
+}
+
+fn reconcile_duration() -> HistogramVec {
+    let opts = HistogramOpts::new(
+        "larch_operator_reconcile_duration_seconds",
+        "Duration of reconciles.",
+    )
+    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+    HistogramVec::new(opts, &["controller"]).unwrap()
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).unwrap()
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    GaugeVec::new(Opts::new(name, help), labels).unwrap()
 }
 
 impl Metrics {

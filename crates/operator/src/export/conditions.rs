@@ -185,7 +185,26 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
     } else {
         c(RECONCILING, False, "Scheduled", "")
     });
-    let (ready, last) = match &o.last_outcome {
+    let (ready, last) = scheduled_outcome(o, stuck);
+    let ready = if running && ready.status == True {
+        c(
+            READY,
+            False,
+            "ExportRunning",
+            "a requested run is in progress",
+        )
+    } else {
+        ready
+    };
+    out.push(ready);
+    out.extend(last);
+    out
+}
+
+/// `Ready` and `LastExportSucceeded` of a schedule from its last finished run.
+fn scheduled_outcome(o: &ExportObservation, stuck: Option<&Problem>) -> (Cond, Option<Cond>) {
+    use Status::*;
+    match &o.last_outcome {
         _ if o.suspended => (
             c(READY, True, "Suspended", "the schedule is suspended"),
             None,
@@ -228,20 +247,7 @@ fn scheduled_conditions(o: &ExportObservation) -> Vec<Cond> {
                 "no export has finished yet",
             )),
         ),
-    };
-    let ready = if running && ready.status == True {
-        c(
-            READY,
-            False,
-            "ExportRunning",
-            "a requested run is in progress",
-        )
-    } else {
-        ready
-    };
-    out.push(ready);
-    out.extend(last);
-    out
+    }
 }
 
 fn continuous_conditions(o: &ExportObservation) -> Vec<Cond> {

@@ -227,10 +227,61 @@ struct SetCacheWriters {
 /// `source_sets`: run the ArchiveSourceSet controller (it needs every namespace, and Secret
 /// rights that a deployment without sets should not grant).
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool) {
-    let client = ctx.client.clone();
     let ns = namespace.as_deref();
+    let (exports, export_store) = export_controller(&ctx, ns);
+    let restores = restore_controller(&ctx, ns);
+    // The source controller's children fill the caches its reconciles compare against.
+    let writers = ctx
+        .cache_writers
+        .locked()
+        .take()
+        .expect("controllers::run runs once per Context");
+    let set_writers = SetCacheWriters {
+        namespaces: writers.namespaces,
+        set_sources: writers.set_sources,
+        secrets: writers.secrets,
+    };
+    let source_caches = (writers.stateful_sets, writers.config_maps, writers.services);
+    let (sources, source_store) = source_controller(&ctx, ns, source_caches);
+
+    // Sets are cluster-scoped and reach into every namespace: not in single-namespace mode.
+    let set_ctx = ctx.clone();
+    let sets = async move {
+        match namespace {
+            None if source_sets => self::source_sets(set_ctx, set_writers).await,
+            None => {
+                tracing::info!("ArchiveSourceSet controller off (--disable-source-sets)");
+                futures::future::pending::<()>().await
+            }
+            Some(ns) => {
+                tracing::info!(namespace = %ns, "ArchiveSourceSet controller off: it needs the operator to watch all namespaces");
+                futures::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { futures::join!(exports, sources, restores) } => {}
+        _ = sets => {}
+        _ = janitor(ctx, export_store, source_store) => {}
+    }
+}
+
+/// Drops per-object gauges and re-baseline trackers of deleted objects (reconcile does not see
+/// the end of a deletion), so no stale-archive alert fires for an ArchiveExport that is gone.
+
+/// Children the operator manages carry its `managed-by` label.
+fn owned_config() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"))
+}
+
+/// The ArchiveExport controller, and its store of exports (the janitor reads it).
+fn export_controller(
+    ctx: &Arc<Context>,
+    ns: Option<&str>,
+) -> (impl Future<Output = ()> + use<>, Store<ArchiveExport>) {
+    let client = ctx.client.clone();
     let cfg = watcher::Config::default().any_semantic();
-    let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+    let owned = owned_config();
     let export_pods = watcher::Config::default().labels(&format!(
         "{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}=export"
     ));
@@ -264,7 +315,14 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
             ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
+    (exports, export_store)
+}
 
+/// The ArchiveRestore controller.
+fn restore_controller(ctx: &Arc<Context>, ns: Option<&str>) -> impl Future<Output = ()> + use<> {
+    let client = ctx.client.clone();
+    let cfg = watcher::Config::default().any_semantic();
+    let owned = owned_config();
     // Restores own their Jobs; their pods' termination messages are read once a Job ends.
     let restores = Controller::new(api::<ArchiveRestore>(&client, ns), cfg.clone())
         .owns(api::<Job>(&client, ns), owned.clone())
@@ -275,17 +333,28 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
             ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
+    restores
+}
 
-    // The source controller's children fill the caches its reconciles compare against.
-    let writers = ctx
-        .cache_writers
-        .locked()
-        .take()
-        .expect("controllers::run runs once per Context");
+/// The ArchiveSource controller, its children's watches filling `caches` (StatefulSets,
+/// ConfigMaps, Services), and its store of sources (the janitor reads it).
+fn source_controller(
+    ctx: &Arc<Context>,
+    ns: Option<&str>,
+    caches: (
+        Writer<StatefulSet>,
+        Writer<PartialObjectMeta<ConfigMap>>,
+        Writer<PartialObjectMeta<Service>>,
+    ),
+) -> (impl Future<Output = ()> + use<>, Store<ArchiveSource>) {
+    let client = ctx.client.clone();
+    let cfg = watcher::Config::default().any_semantic();
+    let owned = owned_config();
+    let (sts_writer, config_map_writer, service_writer) = caches;
     let stateful_sets = watcher(api::<StatefulSet>(&client, ns), owned.clone())
         .default_backoff()
         .modify(slim)
-        .reflect(writers.stateful_sets)
+        .reflect(sts_writer)
         .touched_objects();
     let config_maps = watcher(
         api::<PartialObjectMeta<ConfigMap>>(&client, ns),
@@ -293,18 +362,13 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
     )
     .default_backoff()
     .modify(slim)
-    .reflect(writers.config_maps)
+    .reflect(config_map_writer)
     .touched_objects();
     let services = watcher(api::<PartialObjectMeta<Service>>(&client, ns), owned)
         .default_backoff()
         .modify(slim)
-        .reflect(writers.services)
+        .reflect(service_writer)
         .touched_objects();
-    let set_writers = SetCacheWriters {
-        namespaces: writers.namespaces,
-        set_sources: writers.set_sources,
-        secrets: writers.secrets,
-    };
 
     let sources = Controller::new(api::<ArchiveSource>(&client, ns), cfg.clone());
     let store = sources.store();
@@ -341,31 +405,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, source_sets: bool
             ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
-
-    // Sets are cluster-scoped and reach into every namespace: not in single-namespace mode.
-    let set_ctx = ctx.clone();
-    let sets = async move {
-        match namespace {
-            None if source_sets => self::source_sets(set_ctx, set_writers).await,
-            None => {
-                tracing::info!("ArchiveSourceSet controller off (--disable-source-sets)");
-                futures::future::pending::<()>().await
-            }
-            Some(ns) => {
-                tracing::info!(namespace = %ns, "ArchiveSourceSet controller off: it needs the operator to watch all namespaces");
-                futures::future::pending::<()>().await
-            }
-        }
-    };
-    tokio::select! {
-        _ = async { futures::join!(exports, sources, restores) } => {}
-        _ = sets => {}
-        _ = janitor(ctx, export_store, source_store) => {}
-    }
+    (sources, source_store)
 }
 
-/// Drops per-object gauges and re-baseline trackers of deleted objects (reconcile does not see
-/// the end of a deletion), so no stale-archive alert fires for an ArchiveExport that is gone.
 async fn janitor(ctx: Arc<Context>, exports: Store<ArchiveExport>, sources: Store<ArchiveSource>) {
     if exports.wait_until_ready().await.is_err() || sources.wait_until_ready().await.is_err() {
         return;

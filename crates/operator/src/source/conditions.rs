@@ -40,12 +40,22 @@ pub struct SourceObservation {
 }
 
 pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
-    use Status::*;
-    let mut out = vec![];
     if let Some(p) = &o.blocked {
         return blocked(p);
     }
     let pod_failure = o.pod_failure.as_ref().filter(|_| !o.suspended);
+    let mut out = readiness(o, pod_failure);
+    out.push(caught_up(&o.engines));
+    out.push(rebaselining(o));
+    out.push(degraded(o, pod_failure));
+    out
+}
+
+/// `Ready`, `Reconciling` and `Stalled`: suspended, pods that cannot be created, a failing
+/// engine, every engine ready, or waiting for them.
+fn readiness(o: &SourceObservation, pod_failure: Option<&Problem>) -> Vec<Cond> {
+    use Status::*;
+    let mut out = vec![];
     if o.suspended {
         out.extend([
             c(READY, True, "Suspended", "scaled to zero"),
@@ -86,8 +96,12 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             c(STALLED, False, "WaitingForEngines", ""),
         ]);
     }
-    out.push(caught_up(&o.engines));
-    out.push(if o.rebaselining {
+    out
+}
+
+fn rebaselining(o: &SourceObservation) -> Cond {
+    use Status::*;
+    if o.rebaselining {
         c(
             REBASELINING,
             True,
@@ -96,7 +110,12 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
         )
     } else {
         c(REBASELINING, False, "Stable", "no recent re-baseline")
-    });
+    }
+}
+
+/// `Degraded`: a failing engine, engines short of the head, or frequent re-baselines.
+fn degraded(o: &SourceObservation, pod_failure: Option<&Problem>) -> Cond {
+    use Status::*;
     let short: Vec<String> = o
         .engines
         .iter()
@@ -108,7 +127,7 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             )
         })
         .collect();
-    out.push(if let Some(p) = pod_failure {
+    if let Some(p) = pod_failure {
         // Worse than anything the running engines report: an engine does not run.
         c(DEGRADED, True, &p.reason, p.message.clone())
     } else if let Some(first) = short.first() {
@@ -134,9 +153,13 @@ pub fn source_conditions(o: &SourceObservation) -> Vec<Cond> {
             ),
         )
     } else {
-        c(DEGRADED, False, "AsExpected", format!("{} re-baselines in the last hour", o.rebaselines_last_hour))
-    });
-    out
+        c(
+            DEGRADED,
+            False,
+            "AsExpected",
+            format!("{} re-baselines in the last hour", o.rebaselines_last_hour),
+        )
+    }
 }
 
 fn caught_up(engines: &[EngineSource]) -> Cond {
