@@ -1,3 +1,5 @@
 //! export tests, by topic.
 
 mod conditions;
+mod controller;
+mod finalizer;

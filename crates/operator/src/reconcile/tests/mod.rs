@@ -1,4 +1,4 @@
-//! Tests of the shared machinery and of the controllers against a scripted API server.
+//! Tests of the shared machinery and the harness the controller tests run against.
 
 pub(crate) mod conditions;
-mod controllers;
+pub(crate) mod harness;

@@ -1,3 +1,4 @@
 //! restore tests, by topic.
 
 mod conditions;
+mod controller;

@@ -1,3 +1,4 @@
 //! source tests, by topic.
 
 mod conditions;
+mod controller;

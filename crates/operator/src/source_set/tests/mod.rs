@@ -1,3 +1,4 @@
 //! source_set tests, by topic.
 
 mod conditions;
+mod controller;
