@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
 use crate::builders::tests::export_fixture;
@@ -14,9 +16,6 @@ use crate::reconcile::tests::harness::*;
 const CLEANUP_JOB_UID: &str = "cleanup-job-uid";
 /// The export's finalizer merge patch: named, not forced (a compare-and-swap on resourceVersion).
 const FINALIZER_Q: &str = "&fieldManager=larch-operator%2Fexport";
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::controller::Action;
 
 const SEL: &str = "labelSelector=larch.dev%2Farchive-export%3Devents";
 const EXPORT: &str = "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/events";

@@ -1,5 +1,6 @@
 //! export tests, by topic.
 
+mod build;
 mod conditions;
 mod controller;
 mod finalizer;

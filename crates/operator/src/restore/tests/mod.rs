@@ -1,4 +1,5 @@
 //! restore tests, by topic.
 
+mod build;
 mod conditions;
 mod controller;

@@ -1,4 +1,5 @@
 //! source tests, by topic.
 
+mod build;
 mod conditions;
 mod controller;
