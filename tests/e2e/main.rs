@@ -1359,7 +1359,7 @@ spec:
 
 /// The replication slot and publication names the operator derives for `ns`/`name`.
 fn derived_slot(ns: &str, name: &str) -> String {
-    larch::operator::builders::export::export_slot_name(ns, name, None)
+    larch::operator::export::build::export_slot_name(ns, name, None)
 }
 
 fn slot_count(e: &Env, slot: &str) -> i64 {

@@ -462,7 +462,7 @@ fn cleanup_as(db: &Database, slot: &str, owner: &str, extra: &[&str]) -> (i32, S
 /// nor anything without a larch owner record or with a legacy one not explicitly adopted.
 #[tokio::test]
 async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
-    use larch::operator::builders::export::export_slot_name;
+    use larch::operator::export::build::export_slot_name;
     let db = new_database().await;
     db.client
         .batch_execute(

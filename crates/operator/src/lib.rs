@@ -23,5 +23,11 @@ pub mod source_set;
 pub mod time;
 pub mod validate;
 
-/// Old paths the workspace names (`larch::operator::progress::export_progress`).
-pub use reconcile::progress;
+/// Paths the `larch` binary and the workspace's tests name, from before the operator was
+/// sorted by kind (`controllers::run`, `probe::HttpProber`, `progress::export_progress`).
+pub mod controllers {
+    pub use crate::export::lease_rights;
+    pub use crate::reconcile::context;
+    pub use crate::reconcile::runner::run;
+}
+pub use reconcile::{probe, progress};

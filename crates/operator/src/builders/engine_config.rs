@@ -88,7 +88,7 @@ pub fn resolve_archive(
         let claim_name = e.destination.volume.as_ref().map(|v| {
             v.claim_name
                 .clone()
-                .unwrap_or_else(|| super::export::archive_claim_name(export))
+                .unwrap_or_else(|| crate::export::build::archive_claim_name(export))
         });
         return Ok(ResolvedArchive {
             location: e.destination.clone(),

@@ -4,9 +4,6 @@
 pub mod engine_config;
 pub mod pod;
 
-/// Old paths the workspace's tests name (`larch::operator::builders::export::export_slot_name`).
-pub use crate::export::build as export;
-
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
