@@ -11,17 +11,14 @@
 pub mod builders;
 pub mod crd;
 pub mod cron;
-pub mod dereference;
 pub mod export;
 pub mod metrics;
-pub mod observe;
 pub mod reconcile;
 pub mod restore;
 pub mod server;
 pub mod source;
 pub mod source_set;
 pub mod time;
-pub mod validate;
 
 /// Paths the `larch` binary and the workspace's tests name, from before the operator was
 /// sorted by kind (`controllers::run`, `probe::HttpProber`, `progress::export_progress`).

@@ -5,11 +5,14 @@ pub mod build;
 pub mod children;
 pub mod cleanup_job;
 pub mod conditions;
+pub mod dereference;
 pub mod finalizer;
 pub mod lease_rights;
+pub mod observe;
 pub mod reconcile;
 pub mod slot_names;
 pub mod slots;
+pub mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -33,15 +33,17 @@ use crate::export::children::{self, ExportChildren};
 use crate::export::conditions::{
     EXPORT_TYPES, ExportObservation, PodOutcome, WriterCounts, export_conditions, run_outcome,
 };
+use crate::export::dereference::export_references;
 use crate::export::lease_rights;
-use crate::observe::SlotReport;
+use crate::export::observe::SlotReport;
+use crate::export::{observe, validate};
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, Status, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
+use crate::reconcile::dereference;
 use crate::reconcile::job::JobPhase;
 use crate::reconcile::pod_failure::{self, PodFailure};
 use crate::reconcile::progress;
-use crate::{dereference, observe, validate};
 use larch_core::progress::ProgressReport;
 
 /// The run the spec and token ask for: always one without a schedule; with a schedule only
@@ -250,7 +252,7 @@ impl<'a> ExportRound<'a> {
 
     /// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate.
     async fn dereference_and_validate(&mut self) -> Result<(), Error> {
-        let references = dereference::export_references(self.export);
+        let references = export_references(self.export);
         if let Some(missing) = dereference::check(&self.ctx.client, &self.ns, &references)
             .await
             .map_err(Error::Dereference)?

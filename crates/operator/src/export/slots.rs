@@ -6,7 +6,7 @@ use kube::runtime::events::{Event, EventType};
 
 use crate::crd::archive_export::{ArchiveExport, WriterStatus};
 use crate::export::cleanup_job::{kept_slots, table_of_slot};
-use crate::observe::{SlotReport, set_slot};
+use crate::export::observe::{SlotReport, set_slot};
 use larch_core::units::format_bytes;
 
 /// Writers' status for this reconcile. Running: what the writers reported. Suspended: the last
@@ -129,7 +129,7 @@ pub fn slot_events(old: &[WriterStatus], new: &[WriterStatus]) -> Vec<Event> {
 mod tests {
     use super::*;
     use crate::builders::tests::export_fixture;
-    use crate::observe::SlotJson;
+    use crate::export::observe::SlotJson;
 
     fn slot(name: &str, bytes: i64) -> SlotJson {
         SlotJson {

@@ -9,6 +9,7 @@
 pub mod apply;
 pub mod conditions;
 pub mod context;
+pub mod dereference;
 pub mod error;
 pub mod job;
 pub mod owned;
@@ -17,6 +18,7 @@ pub mod probe;
 pub mod progress;
 pub mod runner;
 pub mod status;
+pub mod validate;
 
 /// What the controllers apply: any Kubernetes object they can serialise and read back.
 pub trait Child:

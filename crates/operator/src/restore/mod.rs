@@ -2,7 +2,9 @@
 
 pub mod build;
 pub mod conditions;
+pub mod dereference;
 pub mod reconcile;
+pub mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -23,10 +23,10 @@ use crate::crd::archive_export::{ArchiveExport, RunStatus};
 use crate::crd::archive_restore::{
     ArchiveRestore, ArchiveRestoreStatus, DatabaseWait, RUN_REQUESTED_ANNOTATION, RestoredTable,
 };
-use crate::dereference::{self, Missing};
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_RESTORE};
+use crate::reconcile::dereference::{self, Missing};
 use crate::reconcile::job::JobPhase;
 use crate::reconcile::job::job_phase;
 use crate::reconcile::pod_failure;
@@ -35,7 +35,8 @@ use crate::restore::conditions::{
     DATABASE_UNAVAILABLE, RESTORE_TYPES, RestoreObservation, restore_conditions,
     without_credentials,
 };
-use crate::validate;
+use crate::restore::dereference::restore_references;
+use crate::restore::validate;
 use larch_contract::restore_request::RestoreSummary;
 
 pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -117,7 +118,7 @@ impl<'a> RestoreRound<'a> {
                 name: r.name.clone(),
             }),
             _ => {
-                let references = dereference::restore_references(self.restore, export.as_ref());
+                let references = restore_references(self.restore, export.as_ref());
                 dereference::check(&self.ctx.client, &self.ns, &references)
                     .await
                     .map_err(Error::Dereference)?

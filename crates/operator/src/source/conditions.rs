@@ -1,7 +1,7 @@
 //! ArchiveSource conditions from what its reconcile observed (pure).
 
-use crate::observe::EngineSource;
 use crate::reconcile::conditions::*;
+use crate::source::observe::EngineSource;
 
 pub const SOURCE_TYPES: [&str; 6] = [
     READY,

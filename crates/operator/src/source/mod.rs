@@ -3,10 +3,13 @@
 
 pub mod build;
 pub mod conditions;
+pub mod dereference;
 pub mod engine_token;
 pub mod labels;
+pub mod observe;
 pub mod rebaseline;
 pub mod reconcile;
+pub mod validate;
 
 #[cfg(test)]
 mod tests;

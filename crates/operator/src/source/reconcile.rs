@@ -20,20 +20,21 @@ use crate::builders::LABEL_SOURCE;
 use crate::builders::engine_config::{ResolvedArchive, resolve, source_id};
 use crate::crd::archive_export::ArchiveExport;
 use crate::crd::archive_source::{ArchiveSource, ArchiveSourceStatus, RebaselineStatus};
-use crate::dereference::{self, Missing};
-use crate::observe::{self, EngineSource};
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_SOURCE, cache_ready};
+use crate::reconcile::dereference::{self, Missing};
 use crate::reconcile::pod_failure;
 use crate::reconcile::progress;
 use crate::reconcile::status::source_events;
 use crate::source::conditions::{
     DEFAULT_MAX_REBASELINES_PER_HOUR, SOURCE_TYPES, SourceObservation, source_conditions,
 };
+use crate::source::dereference::source_references;
+use crate::source::observe::{self, EngineSource};
 use crate::source::rebaseline::{RebaselineSample, RebaselineTracker};
+use crate::source::validate;
 use crate::source::{build, engine_token};
-use crate::validate;
 use larch_archive::position::Lsn;
 use larch_core::progress::ProgressReport;
 
@@ -164,7 +165,7 @@ impl<'a> SourceRound<'a> {
                 name: r.name.clone(),
             }),
             _ => {
-                let references = dereference::source_references(self.source, export.as_ref());
+                let references = source_references(self.source, export.as_ref());
                 let missing = dereference::check(&self.ctx.client, &self.ns, &references)
                     .await
                     .map_err(Error::Dereference)?;

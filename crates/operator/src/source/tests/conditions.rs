@@ -1,10 +1,10 @@
 //! ArchiveSource conditions.
 
 use crate::crd::common::Condition;
-use crate::observe::EngineSource;
 use crate::reconcile::conditions::*;
 use crate::reconcile::tests::conditions::{get, status_of, t};
 use crate::source::conditions::*;
+use crate::source::observe::EngineSource;
 use crate::source::rebaseline::{RebaselineSample, RebaselineTracker};
 
 fn source_obs() -> SourceObservation {
@@ -115,7 +115,7 @@ fn a_short_chain_degrades_the_source() {
         position: Some("0/20".into()),
         head: Some("0/40".into()),
         lag_seconds: Some(1.0),
-        short_chain: Some(crate::observe::EngineShortChain {
+        short_chain: Some(crate::source::observe::EngineShortChain {
             reached: "0/20".into(),
             head: "0/40".into(),
             reason: "no diff starts at 0/20".into(),

@@ -2,7 +2,7 @@
 //! cluster still running older CRDs did not check). Each check names the field; a failure
 //! sets `Stalled=True`, reason `InvalidSpec`, and nothing is built.
 //!
-//! - `spec.schedule.cron`: parsed as Kubernetes parses CronJob schedules ([`super::cron`]);
+//! - `spec.schedule.cron`: parsed as Kubernetes parses CronJob schedules ([`crate::cron`]);
 //! - key prefixes: the rule the CLI and the readers apply
 //!   ([`larch_archive::store::check_key_prefix`]: no `..` or `.` segment, no leading `/`);
 //! - table and schema names: no `/` or `..` (they become the archive's key prefix, as the
@@ -14,15 +14,12 @@
 //!   predicate on the row ([`larch_postgres::row_filter`]), as the exporter refuses it, so the
 //!   export stalls naming the node before a pod runs anything on the primary.
 
-use crate::crd::archive_export::ArchiveExport;
-use crate::crd::archive_restore::ArchiveRestore;
-use crate::crd::archive_source::ArchiveSource;
 use crate::crd::common::TableRef;
 use crate::crd::common_pod::PodOverrides;
 use larch_archive::model::TableId;
 
 /// `spec.pod.affinity` is free-form in the schema: it must still parse as an Affinity.
-fn affinity(pod: Option<&PodOverrides>) -> Result<(), String> {
+pub(crate) fn affinity(pod: Option<&PodOverrides>) -> Result<(), String> {
     let Some(a) = pod.and_then(|p| p.affinity.as_ref()) else {
         return Ok(());
     };
@@ -31,7 +28,7 @@ fn affinity(pod: Option<&PodOverrides>) -> Result<(), String> {
         .map_err(|e| format!("spec.pod.affinity is not a valid Affinity: {e}"))
 }
 
-fn key_prefix(field: &str, prefix: Option<&str>) -> Result<(), String> {
+pub(crate) fn key_prefix(field: &str, prefix: Option<&str>) -> Result<(), String> {
     match prefix {
         Some(p) => larch_archive::store::check_key_prefix(p).map_err(|_| {
             format!("{field} {p:?} is not a valid key prefix: no '..' or '.' segment, no leading '/', no backslash (the archive would leave the store's root)")
@@ -40,7 +37,7 @@ fn key_prefix(field: &str, prefix: Option<&str>) -> Result<(), String> {
     }
 }
 
-fn tables(field: &str, tables: &[TableRef]) -> Result<(), String> {
+pub(crate) fn tables(field: &str, tables: &[TableRef]) -> Result<(), String> {
     for (i, t) in tables.iter().enumerate() {
         let at = if field.ends_with("tables") {
             format!("{field}[{i}]")
@@ -58,7 +55,7 @@ fn tables(field: &str, tables: &[TableRef]) -> Result<(), String> {
     Ok(())
 }
 
-fn key_fields(field: &str, fields: Option<&Vec<String>>) -> Result<(), String> {
+pub(crate) fn key_fields(field: &str, fields: Option<&Vec<String>>) -> Result<(), String> {
     for k in fields.into_iter().flatten() {
         if k.contains(',') || k.trim() != k || k.is_empty() {
             return Err(format!(
@@ -69,86 +66,15 @@ fn key_fields(field: &str, fields: Option<&Vec<String>>) -> Result<(), String> {
     Ok(())
 }
 
-/// What an ArchiveExport's spec says that cannot work; the message names the field.
-pub fn export(export: &ArchiveExport) -> Result<(), String> {
-    let spec = &export.spec;
-    affinity(spec.pod.as_ref())?;
-    let all = spec.source.all_tables();
-    if all.is_empty() {
-        return Err("set spec.source.table or spec.source.tables".into());
-    }
-    let field = if spec.source.tables.is_some() {
-        "spec.source.tables"
-    } else {
-        "spec.source.table"
-    };
-    tables(field, &all)?;
-    key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
-    key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
-    if let Some(t) = &spec.transform {
-        for (name, rules) in &t.tables {
-            let Some(predicate) = &rules.row_filter else {
-                continue;
-            };
-            let field = format!("spec.transform.tables[{name:?}].where");
-            let table: TableId = name
-                .parse()
-                .map_err(|_| format!("spec.transform.tables[{name:?}]: not schema.table"))?;
-            larch_postgres::check_row_filter(&table, predicate)
-                .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
-        }
-    }
-    if let Some(s) = &spec.schedule {
-        super::cron::check_schedule(&s.cron).map_err(|e| {
-            format!(
-                "spec.schedule.cron {:?} is not a valid schedule: {e}",
-                s.cron
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// What an ArchiveSource's spec says that cannot work; the message names the field.
-pub fn source(source: &ArchiveSource) -> Result<(), String> {
-    let spec = &source.spec;
-    affinity(spec.pod.as_ref())?;
-    if let Some(t) = &spec.table {
-        tables("spec.table", std::slice::from_ref(t))?;
-    }
-    if let Some(ts) = &spec.tables {
-        tables("spec.tables", ts)?;
-    }
-    key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
-    if let Some(np) = &spec.network_policy {
-        np.peers()?;
-    }
-    Ok(())
-}
-
-/// What the ArchiveRestore schema cannot check.
-pub fn restore(restore: &ArchiveRestore) -> Result<(), String> {
-    let spec = &restore.spec;
-    affinity(spec.pod.as_ref())?;
-    if let Some(ts) = &spec.tables {
-        tables("spec.tables", ts)?;
-    }
-    key_prefix("spec.archive.keyPrefix", spec.archive.key_prefix.as_deref())?;
-    if let Some(time) = spec.at.as_ref().and_then(|a| a.time.as_deref())
-        && time.parse::<jiff::Timestamp>().is_err()
-    {
-        return Err(format!(
-            "spec.at.time {time:?} is not an RFC 3339 time such as 2026-11-30T14:00:00Z"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::builders::tests::{export_fixture, source_fixture};
+    use crate::crd::archive_export::ArchiveExport;
     use crate::crd::archive_export::Schedule;
+    use crate::export::validate::export;
+
+    use crate::source::validate::source;
 
     #[test]
     fn the_fixtures_are_valid() {

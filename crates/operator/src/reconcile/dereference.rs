@@ -17,8 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
 use kube::api::Api;
 
 use crate::crd::archive_export::ArchiveExport;
-use crate::crd::archive_restore::ArchiveRestore;
-use crate::crd::archive_source::{ArchiveRef, ArchiveSource};
+use crate::crd::archive_source::ArchiveRef;
 use crate::crd::common::{CaBundleRef, Location, SecretKeyRef};
 
 /// How soon a custom resource that names something missing is looked at again.
@@ -42,7 +41,7 @@ pub struct Reference {
 }
 
 impl Reference {
-    fn secret(name: &str, key: &str, field: impl Into<String>) -> Reference {
+    pub(crate) fn secret(name: &str, key: &str, field: impl Into<String>) -> Reference {
         Reference {
             kind: ObjectKind::Secret,
             name: name.into(),
@@ -108,7 +107,7 @@ impl Missing {
     }
 }
 
-fn ca_reference(ca: &CaBundleRef, field: &str) -> Option<Reference> {
+pub(crate) fn ca_reference(ca: &CaBundleRef, field: &str) -> Option<Reference> {
     match (&ca.config_map, &ca.secret) {
         (Some(cm), _) => Some(Reference {
             kind: ObjectKind::ConfigMap,
@@ -127,7 +126,7 @@ fn ca_reference(ca: &CaBundleRef, field: &str) -> Option<Reference> {
 
 /// What a location needs: the S3 credentials and CA bundle, an existing claim. `field` is
 /// where the location is in the spec (`spec.destination`).
-fn location_references(location: &Location, field: &str) -> Vec<Reference> {
+pub(crate) fn location_references(location: &Location, field: &str) -> Vec<Reference> {
     let mut out = vec![];
     if let Some(s3) = &location.s3 {
         if let Some(c) = &s3.credentials {
@@ -151,54 +150,12 @@ fn location_references(location: &Location, field: &str) -> Vec<Reference> {
     out
 }
 
-/// Everything an ArchiveExport's pods mount or read.
-pub fn export_references(export: &ArchiveExport) -> Vec<Reference> {
-    let src = &export.spec.source;
-    let mut out = vec![Reference::secret(
-        &src.connection_secret_ref.name,
-        &src.connection_secret_ref.key,
-        "spec.source.connectionSecretRef",
-    )];
-    if let Some(ca) = &src.ca_bundle {
-        out.extend(ca_reference(ca, "spec.source.caBundle"));
-    }
-    out.extend(location_references(
-        &export.spec.destination,
-        "spec.destination",
-    ));
-    // The hash key of the masking rules: without it the exporter cannot start.
-    if let Some(k) = export
-        .spec
-        .transform
-        .as_ref()
-        .and_then(|t| t.key_secret_ref.as_ref())
-    {
-        out.push(Reference::secret(
-            &k.name,
-            &k.key,
-            "spec.transform.keySecretRef",
-        ));
-    }
-    out
-}
-
-/// Everything an ArchiveSource's engines mount or read; with `exportRef` the location is the
-/// export's (`export`), named as its field.
-pub fn source_references(source: &ArchiveSource, export: Option<&ArchiveExport>) -> Vec<Reference> {
-    let spec = &source.spec;
-    let mut out = archive_references(&spec.archive, export);
-    if let Some(pg) = &spec.target.postgres {
-        out.extend(target_references(
-            &pg.connection_secret_ref,
-            pg.ca_bundle.as_ref(),
-        ));
-    }
-    out
-}
-
 /// What reading an archive needs: with `exportRef` the export's location (`export`), named as
 /// its field.
-fn archive_references(archive: &ArchiveRef, export: Option<&ArchiveExport>) -> Vec<Reference> {
+pub(crate) fn archive_references(
+    archive: &ArchiveRef,
+    export: Option<&ArchiveExport>,
+) -> Vec<Reference> {
     match (&archive.export_ref, export) {
         (Some(r), Some(e)) => location_references(
             &e.spec.destination,
@@ -211,23 +168,8 @@ fn archive_references(archive: &ArchiveRef, export: Option<&ArchiveExport>) -> V
     }
 }
 
-/// Everything an ArchiveRestore's pod mounts or reads.
-pub fn restore_references(
-    restore: &ArchiveRestore,
-    export: Option<&ArchiveExport>,
-) -> Vec<Reference> {
-    let spec = &restore.spec;
-    let mut out = archive_references(&spec.archive, export);
-    let pg = &spec.target.postgres;
-    out.extend(target_references(
-        &pg.connection_secret_ref,
-        pg.ca_bundle.as_ref(),
-    ));
-    out
-}
-
 /// A PostgreSQL target's DSN Secret key and CA bundle (`spec.target.postgres`).
-fn target_references(secret: &SecretKeyRef, ca: Option<&CaBundleRef>) -> Vec<Reference> {
+pub(crate) fn target_references(secret: &SecretKeyRef, ca: Option<&CaBundleRef>) -> Vec<Reference> {
     let mut out = vec![Reference::secret(
         &secret.name,
         &secret.key,
@@ -312,6 +254,8 @@ pub async fn check(
 mod tests {
     use super::*;
     use crate::builders::tests::{export_fixture, source_fixture};
+    use crate::export::dereference::export_references;
+    use crate::source::dereference::source_references;
 
     #[test]
     fn an_export_names_its_dsn_credentials_and_cas() {

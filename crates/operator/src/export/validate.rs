@@ -1,0 +1,45 @@
+//! What the ArchiveExport schema and its CEL rules cannot say (see [`crate::reconcile::validate`]).
+
+use crate::crd::archive_export::ArchiveExport;
+use crate::reconcile::validate::{affinity, key_fields, key_prefix, tables};
+use larch_archive::model::TableId;
+
+/// What an ArchiveExport's spec says that cannot work; the message names the field.
+pub fn export(export: &ArchiveExport) -> Result<(), String> {
+    let spec = &export.spec;
+    affinity(spec.pod.as_ref())?;
+    let all = spec.source.all_tables();
+    if all.is_empty() {
+        return Err("set spec.source.table or spec.source.tables".into());
+    }
+    let field = if spec.source.tables.is_some() {
+        "spec.source.tables"
+    } else {
+        "spec.source.table"
+    };
+    tables(field, &all)?;
+    key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
+    key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
+    if let Some(t) = &spec.transform {
+        for (name, rules) in &t.tables {
+            let Some(predicate) = &rules.row_filter else {
+                continue;
+            };
+            let field = format!("spec.transform.tables[{name:?}].where");
+            let table: TableId = name
+                .parse()
+                .map_err(|_| format!("spec.transform.tables[{name:?}]: not schema.table"))?;
+            larch_postgres::check_row_filter(&table, predicate)
+                .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
+        }
+    }
+    if let Some(s) = &spec.schedule {
+        crate::cron::check_schedule(&s.cron).map_err(|e| {
+            format!(
+                "spec.schedule.cron {:?} is not a valid schedule: {e}",
+                s.cron
+            )
+        })?;
+    }
+    Ok(())
+}
