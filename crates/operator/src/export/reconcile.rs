@@ -166,9 +166,13 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
     }
     // Exports are few (not one per namespace): children are read back, not cached.
     let applier = Applier::new(&ctx, "export", MANAGER_EXPORT);
-    let mut round = ExportRound::new(&export, &ctx, ns);
     // Nothing is built while what the spec names is missing or the spec cannot work.
-    round.dereference_and_validate().await?;
+    let blocked = dereference_and_validate(&export, &ctx, &ns).await?;
+    let mut round = ExportRound::new(&export, &ctx, ns);
+    if let Some((problem, recheck)) = blocked {
+        round.obs.blocked = Some(problem);
+        round.requeue = recheck.unwrap_or(round.requeue);
+    }
     if round.obs.blocked.is_none() {
         let applied = round.build_apply_observe(&applier).await;
         round.settle(applied)?;
@@ -177,6 +181,27 @@ pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<
     round.record_metrics();
     round.write_status(&applier).await?;
     Ok(Action::requeue(round.requeue))
+}
+
+/// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate: what
+/// keeps the export from being built, and when to look again (a missing object is rechecked
+/// soon).
+async fn dereference_and_validate(
+    export: &ArchiveExport,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Option<(Problem, Option<Duration>)>, Error> {
+    let references = export_references(export);
+    if let Some(missing) = dereference::check(&ctx.client, ns, &references)
+        .await
+        .map_err(Error::Dereference)?
+    {
+        let problem = Problem::new(missing.reason(), missing.message(ns));
+        return Ok(Some((problem, Some(dereference::RECHECK))));
+    }
+    Ok(validate::export(export)
+        .err()
+        .map(|message| (Problem::new("InvalidSpec", message), None)))
 }
 
 /// One reconcile of an export: what it observed, the status and Events it will write.
@@ -248,21 +273,6 @@ impl<'a> ExportRound<'a> {
         crate::reconcile::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
             .await
             .map_err(Error::Observe)
-    }
-
-    /// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate.
-    async fn dereference_and_validate(&mut self) -> Result<(), Error> {
-        let references = export_references(self.export);
-        if let Some(missing) = dereference::check(&self.ctx.client, &self.ns, &references)
-            .await
-            .map_err(Error::Dereference)?
-        {
-            self.obs.blocked = Some(Problem::new(missing.reason(), missing.message(&self.ns)));
-            self.requeue = dereference::RECHECK;
-        } else if let Err(message) = validate::export(self.export) {
-            self.obs.blocked = Some(Problem::new("InvalidSpec", message));
-        }
-        Ok(())
     }
 
     /// Build, apply and prune the children, then observe what they report.
