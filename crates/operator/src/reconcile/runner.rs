@@ -286,18 +286,16 @@ fn export_controller(
 fn restore_controller(ctx: &Arc<Context>, ns: Option<&str>) -> impl Future<Output = ()> + use<> {
     let client = ctx.client.clone();
     let cfg = watcher::Config::default().any_semantic();
-    let owned = owned_config();
     // Restores own their Jobs; their pods' termination messages are read once a Job ends.
-    let restores = Controller::new(api::<ArchiveRestore>(&client, ns), cfg.clone())
-        .owns(api::<Job>(&client, ns), owned.clone())
+    Controller::new(api::<ArchiveRestore>(&client, ns), cfg)
+        .owns(api::<Job>(&client, ns), owned_config())
         .shutdown_on_signal()
         .run(
             |o, c| measured("restore", o, c, restore::reconcile),
             error_policy::<ArchiveRestore>("restore"),
             ctx.clone(),
         )
-        .for_each(|_| futures::future::ready(()));
-    restores
+        .for_each(|_| futures::future::ready(()))
 }
 
 /// The ArchiveSource controller, its children's watches filling `caches` (StatefulSets,
