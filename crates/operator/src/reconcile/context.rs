@@ -107,7 +107,7 @@ pub struct Context {
     pub trackers: Mutex<HashMap<String, RebaselineTracker>>,
     pub clock: Clock,
     pub caches: Caches,
-    /// Taken by `controllers::run` (or a test) to fill `caches`.
+    /// Taken by `reconcile::runner::run` (or a test) to fill `caches`.
     pub cache_writers: Mutex<Option<CacheWriters>>,
     /// Children the API server refused, by `kind/namespace/name`: the hash refused and why.
     /// The same child is not sent again (a failing reconcile writes nothing); a changed one is.

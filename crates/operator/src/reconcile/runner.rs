@@ -266,7 +266,7 @@ fn export_controller(
             let ns = pod.namespace();
             name.zip(ns).map(|(n, ns)| ObjectRef::new(&n).within(&ns))
         })
-        // A deletion's cleanup Job has no owner (see builders::cleanup): found by label.
+        // A deletion's cleanup Job has no owner (see export::cleanup_job): found by label.
         .watches(api::<Job>(&client, ns), cleanup_jobs, |job: Job| {
             let name = job.labels().get(LABEL_EXPORT).cloned();
             let ns = job.namespace();

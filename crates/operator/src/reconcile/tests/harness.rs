@@ -119,7 +119,7 @@ pub(crate) fn expect_read(patch_path: &str, answer: Option<Value>) -> Expect {
 }
 
 /// Pods as the workloads of the custom resource `uid` make them: controlled, through their
-/// owner chain, by it (here directly: `controllers::owned` has the chain's own tests).
+/// owner chain, by it (here directly: `reconcile::owned` has the chain's own tests).
 pub(crate) fn owned_pods(uid: &str, mut pods: Vec<Value>) -> Option<Value> {
     for p in &mut pods {
         p["metadata"]["ownerReferences"] = json!([{"apiVersion": "larch.dev/v1alpha1",
