@@ -221,6 +221,54 @@ impl PostgresSource {
 }
 
 impl Inner {
+    /// The slot as `init` finds it: a foreign or mismatched one is refused, an invalidated one
+    /// remembered (a new baseline is needed), a healthy persistent one resumed from.
+    async fn check_slot_at_init(&self, client: &Client) -> anyhow::Result<()> {
+        let slot = &self.config.slot_name;
+        match schema::slot_info(client, slot).await? {
+            Some(info) => {
+                let ours = info.plugin.as_deref() == Some("pgoutput") && !info.temporary;
+                if self.config.slot_mode == SlotMode::Temporary || !ours {
+                    bail!(
+                        "replication slot {slot} already exists ({}): another export uses this \
+                         name; choose another slot name",
+                        if info.temporary {
+                            "a temporary slot of another session"
+                        } else {
+                            "a persistent slot"
+                        }
+                    );
+                }
+                let db = client
+                    .query_one("SELECT current_database()::text", &[])
+                    .await?;
+                let db: String = db.get(0);
+                if info.database.as_deref() != Some(db.as_str()) {
+                    bail!(
+                        "replication slot {slot} belongs to database {:?}, not {db:?}: choose another slot name",
+                        info.database.as_deref().unwrap_or("")
+                    );
+                }
+                if info.wal_status.as_deref() == Some("lost") {
+                    tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
+                    *self.lost_at_init.locked() = Some(format!(
+                        "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
+                    ));
+                } else if let Some(c) = info.confirmed_flush {
+                    *self.last_acked.locked() = Some(Lsn(c).to_string());
+                    self.resume.store(true, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.resume.store(
+                    self.config.slot_mode == SlotMode::Persistent,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn set_state(&self, s: SourceState) {
         *self.state.locked() = s;
     }
@@ -313,39 +361,7 @@ impl SyncSource for PostgresSource {
                         .await?;
                 }
             }
-            let slot = &inner.config.slot_name;
-            match schema::slot_info(&client, slot).await? {
-                Some(info) => {
-                    let ours = info.plugin.as_deref() == Some("pgoutput") && !info.temporary;
-                    if inner.config.slot_mode == SlotMode::Temporary || !ours {
-                        bail!(
-                            "replication slot {slot} already exists ({}): another export uses this \
-                             name; choose another slot name",
-                            if info.temporary { "a temporary slot of another session" } else { "a persistent slot" }
-                        );
-                    }
-                    let db = client.query_one("SELECT current_database()::text", &[]).await?;
-                    let db: String = db.get(0);
-                    if info.database.as_deref() != Some(db.as_str()) {
-                        bail!(
-                            "replication slot {slot} belongs to database {:?}, not {db:?}: choose another slot name",
-                            info.database.as_deref().unwrap_or("")
-                        );
-                    }
-                    if info.wal_status.as_deref() == Some("lost") {
-                        tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
-                        *inner.lost_at_init.locked() = Some(format!(
-                            "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
-                        ));
-                    } else if let Some(c) = info.confirmed_flush {
-                        *inner.last_acked.locked() = Some(Lsn(c).to_string());
-                        inner.resume.store(true, Ordering::Relaxed);
-                    }
-                }
-                None => {
-                    inner.resume.store(inner.config.slot_mode == SlotMode::Persistent, Ordering::Relaxed);
-                }
-            }
+            inner.check_slot_at_init(&client).await?;
             let _ = inner.refresh_lag().await;
             Ok::<_, anyhow::Error>(schemas)
         }

@@ -197,6 +197,25 @@ pub async fn explain_row_filter(
     Ok(())
 }
 
+/// The COPY statement of a table's rows, its row filter checked first.
+fn copy_sql(schema: &TableSchema, filter: Option<&String>) -> Result<String, SourceError> {
+    let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
+    if let Some(p) = filter {
+        check_row_filter(&schema.id, p).map_err(|why| {
+            failure::tag(
+                failure::Reason::InvalidConfig,
+                anyhow!("the row filter of table {} (where: {p}): {why}", schema.id),
+            )
+        })?;
+    }
+    Ok(format!(
+        "COPY (SELECT {} FROM {}{}) TO STDOUT",
+        cols.join(", "),
+        qualified(&schema.id),
+        where_clause(filter)
+    ))
+}
+
 /// Copies every row of `schema` as of `snapshot` (those `filter` keeps, when given) into
 /// `rows`, in batches of at most [`BATCH_ROWS`]. Returns the number of rows. The COPY's
 /// `statement_timeout` is what is left until `deadline` (the snapshot's age limit): a slow
@@ -210,21 +229,7 @@ pub async fn copy_table<R: RowSink>(
     deadline: std::time::Instant,
     rows: &R,
 ) -> Result<u64, SourceError> {
-    let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
-    if let Some(p) = filter {
-        check_row_filter(&schema.id, p).map_err(|why| {
-            failure::tag(
-                failure::Reason::InvalidConfig,
-                anyhow!("the row filter of table {} (where: {p}): {why}", schema.id),
-            )
-        })?;
-    }
-    let sql = format!(
-        "COPY (SELECT {} FROM {}{}) TO STDOUT",
-        cols.join(", "),
-        qualified(&schema.id),
-        where_clause(filter)
-    );
+    let sql = copy_sql(schema, filter)?;
     // The mask is known before the COPY starts, so no COPY waits on it.
     let mask = rows.column_mask(schema).await?;
     let masked = mask.is_some();
