@@ -99,6 +99,7 @@ impl RunWriter {
         self.out.as_ref().map_or(0, |o| o.get_ref().get_ref().bytes)
     }
 
+    #[inline]
     pub(super) fn write(&mut self, id: &str, e: &Entry) -> Result<()> {
         let out = self.out.as_mut().expect("open");
         let io = (|| {
@@ -202,6 +203,7 @@ impl RunReader {
         })
     }
 
+    #[inline]
     pub(super) fn next(&mut self) -> Result<Option<(Identity, Entry)>> {
         let read = (|| {
             if self.remaining == 0 {

@@ -85,6 +85,7 @@ impl ArchiveWriter {
 }
 
 /// Sends each format's encoded bytes to its uploads once a chunk is ready.
+#[inline]
 pub(super) async fn send_chunks(uploads: &mut [Upload]) -> Result<()> {
     for (_, enc, writers) in uploads.iter_mut() {
         if enc.pending() >= UPLOAD_CHUNK {
