@@ -38,7 +38,7 @@ use tokio_postgres::Client;
 pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use ownership::owner_comment;
-pub use row_filter::check_row_filter;
+pub use row_filter::{ReadableColumns, SubqueryTables, check_row_filter, check_row_filter_with};
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
