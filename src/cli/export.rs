@@ -13,8 +13,7 @@ use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode}
 
 use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
 use super::{
-    ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_duration_arg, parse_formats,
-    parse_list,
+    ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_formats, parse_list,
 };
 use crate::export::run::SourceConnection;
 use crate::export::transform::TransformRules;
@@ -194,6 +193,11 @@ pub struct ExportArgs {
     /// Also `where:` of the table in --transform.
     #[arg(long = "where", value_name = "PREDICATE")]
     pub row_filter: Option<String>,
+    /// Row filters (--where, `where:` in --transform) may use `EXISTS (SELECT …)` and
+    /// `x IN (SELECT …)` into tables this export also exports (schema-qualified; reading only
+    /// columns they export unmasked). Also `subqueries: true` in --transform.
+    #[arg(long)]
+    pub where_subqueries: bool,
     #[command(flatten)]
     pub session: SessionLimitArgs,
     /// The longest a baseline's snapshot (and with it the primary's xmin horizon) stays open,
@@ -210,7 +214,6 @@ pub struct ExportArgs {
     #[arg(long, value_name = "COLUMN", requires = "sample")]
     pub sample_by: Option<String>,
 }
-
 
 /// A retention age (the durations of --diff-interval, plus whole days: `7d`), kept as written.
 fn age_text(s: &str) -> Result<String, String> {
@@ -293,6 +296,7 @@ impl ExportArgs {
             transform,
             transform_key_file: self.transform_key_file.clone(),
             row_filter: self.row_filter.clone(),
+            where_subqueries: self.where_subqueries,
             sample: self.sample,
             sample_by: self.sample_by.clone(),
             statement_timeout: Some(self.session.statement_timeout.clone()),

@@ -34,9 +34,9 @@
 //! the `WHERE`. larch's sessions pin `standard_conforming_strings=on`
 //! ([`crate::config::SESSION_OPTIONS`]), the parser's reading of backslashes in strings.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use larch_archive::model::TableId;
+use larch_archive::model::{ColumnSelection, TableId};
 use pg_query::NodeEnum;
 use pg_query::protobuf::{self, AExprKind, Node, SetOperation, SqlValueFunctionOp, SubLinkType};
 
@@ -47,33 +47,12 @@ const MAX_SUBQUERY_DEPTH: usize = 3;
 /// export exports, each with the columns it exports unmasked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubqueryTables {
-    tables: BTreeMap<TableId, ReadableColumns>,
-}
-
-/// Which columns of a table a subquery may name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReadableColumns {
-    /// Every column (the table has no masking rules).
-    All,
-    /// Only these (the columns its rules `keep`).
-    Only(BTreeSet<String>),
-    /// Every column but these (rules with `undeclared: keep`: the columns they mask).
-    AllBut(BTreeSet<String>),
-}
-
-impl ReadableColumns {
-    fn allows(&self, column: &str) -> bool {
-        match self {
-            ReadableColumns::All => true,
-            ReadableColumns::Only(c) => c.contains(column),
-            ReadableColumns::AllBut(c) => !c.contains(column),
-        }
-    }
+    tables: BTreeMap<TableId, ColumnSelection>,
 }
 
 impl SubqueryTables {
     /// Lets subqueries read `columns` of `table`.
-    pub fn allow(&mut self, table: TableId, columns: ReadableColumns) {
+    pub fn allow(&mut self, table: TableId, columns: ColumnSelection) {
         self.tables.insert(table, columns);
     }
 
@@ -258,7 +237,7 @@ struct Frame<'a> {
     table: TableId,
     alias: Option<String>,
     /// None: every column (the filtered table itself).
-    columns: Option<&'a ReadableColumns>,
+    columns: Option<&'a ColumnSelection>,
 }
 
 impl Frame<'_> {
@@ -411,9 +390,10 @@ impl<'a> Walker<'a> {
             }
             [q, col] => (self.frames.iter().rev().find(|f| f.is_named(q)), *col),
             [s, t, col] => (
-                self.frames.iter().rev().find(|f| {
-                    f.alias.is_none() && f.table.schema == *s && f.table.table == *t
-                }),
+                self.frames
+                    .iter()
+                    .rev()
+                    .find(|f| f.alias.is_none() && f.table.schema == *s && f.table.table == *t),
                 *col,
             ),
             _ => (None, ""),
@@ -423,7 +403,7 @@ impl<'a> Walker<'a> {
                 format!("column {}", parts.join(".")),
                 "only columns of the filtered table and of its subqueries' tables are",
             ),
-            Some(f) if f.columns.is_some_and(|c| !c.allows(column)) => not_allowed_but(
+            Some(f) if f.columns.is_some_and(|c| !c.contains(column)) => not_allowed_but(
                 format!("column {}", parts.join(".")),
                 format!(
                     "a subquery reads only columns that this export exports unmasked, and {} masks {column}",
@@ -514,7 +494,9 @@ impl<'a> Walker<'a> {
             ));
         };
         if r.alias.as_ref().is_some_and(|a| !a.colnames.is_empty()) {
-            return Err("column aliases in a subquery's FROM are not allowed in a row filter".into());
+            return Err(
+                "column aliases in a subquery's FROM are not allowed in a row filter".into(),
+            );
         }
         Ok(Frame {
             table: id,
@@ -716,6 +698,115 @@ mod tests {
             ("  ", "empty"),
         ] {
             let e = check(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// Subqueries into public.orders (columns id, user_id, total kept; card masked) and
+    /// public.items (no rules).
+    fn with_subqueries(p: &str) -> Result<(), String> {
+        let mut tables = SubqueryTables::default();
+        let kept = ["id", "user_id", "total"].map(String::from).into();
+        tables.allow(
+            "public.orders".parse().unwrap(),
+            ColumnSelection::Only(kept),
+        );
+        tables.allow("public.items".parse().unwrap(), ColumnSelection::All);
+        let masked = ["ssn"].map(String::from).into();
+        tables.allow(
+            "app.people".parse().unwrap(),
+            ColumnSelection::AllBut(masked),
+        );
+        check_row_filter_with(&"public.users".parse().unwrap(), p, Some(&tables))
+    }
+
+    #[test]
+    fn subqueries_into_exported_tables_pass_when_enabled() {
+        for ok in [
+            "EXISTS (SELECT 1 FROM public.orders o WHERE o.user_id = users.id AND o.total > 10)",
+            "NOT EXISTS (SELECT 1 FROM public.orders WHERE orders.user_id = public.users.id)",
+            "id IN (SELECT o.user_id FROM public.orders o) AND name IS NOT NULL",
+            "id NOT IN (SELECT o.user_id FROM public.orders o WHERE o.id IN \
+             (SELECT i.order_id FROM public.items i WHERE i.qty > 1))",
+            "EXISTS (SELECT 1 FROM app.people p WHERE p.name = users.name)",
+        ] {
+            assert_eq!(with_subqueries(ok), Ok(()), "{ok}");
+            assert!(
+                check(ok).unwrap_err().contains("need `subqueries: true`"),
+                "{ok}"
+            );
+        }
+    }
+
+    #[test]
+    fn subqueries_read_only_what_the_export_exports_unmasked() {
+        for (bad, why) in [
+            (
+                "EXISTS (SELECT 1 FROM public.secrets s WHERE s.user_id = users.id)",
+                "a subquery into public.secrets is not allowed in a row filter (subqueries read \
+                 only tables this export also exports: app.people, public.items, public.orders)",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM orders o WHERE o.user_id = users.id)",
+                "a subquery names its table as schema.table",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o.card LIKE '4%')",
+                "column o.card is not allowed in a row filter (a subquery reads only columns that \
+                 this export exports unmasked, and public.orders masks card)",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM app.people p WHERE p.ssn = '1')",
+                "app.people masks ssn",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o(a, b, c, card) WHERE o.card = '1')",
+                "column aliases",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE user_id = 1)",
+                "column user_id without its table inside a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o IS NOT NULL)",
+                "without its table inside a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o.x.y.z = 1)",
+                "column o.x.y.z is not allowed",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o JOIN public.items i ON true)",
+                "a join or a function in a subquery's FROM",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o, public.items i)",
+                "FROM in a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o LIMIT 1)",
+                "LIMIT in a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE pg_sleep(1) IS NULL)",
+                "function pg_sleep",
+            ),
+            (
+                "id = ANY (SELECT o.user_id FROM public.orders o)",
+                "this kind of subquery",
+            ),
+            (
+                "(SELECT max(o.total) FROM public.orders o) > 1",
+                "this kind of subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE EXISTS (SELECT 1 FROM public.items a \
+                 WHERE EXISTS (SELECT 1 FROM public.items b WHERE EXISTS \
+                 (SELECT 1 FROM public.items c))))",
+                "nested deeper than 3",
+            ),
+        ] {
+            let e = with_subqueries(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

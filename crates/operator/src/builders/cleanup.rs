@@ -104,7 +104,10 @@ fn session_limit_args(export: &ArchiveExport) -> Vec<String> {
     [
         ("--statement-timeout", &limits.statement_timeout),
         ("--lock-timeout", &limits.lock_timeout),
-        ("--idle-in-transaction-timeout", &limits.idle_in_transaction_timeout),
+        (
+            "--idle-in-transaction-timeout",
+            &limits.idle_in_transaction_timeout,
+        ),
     ]
     .into_iter()
     .filter_map(|(flag, value)| value.as_ref().map(|v| [flag.to_string(), v.clone()]))
