@@ -430,13 +430,7 @@ impl ConnectionArgs {
 /// `--owner`: who the slots and publications are for, recorded in a publication's comment
 /// (one line, printable, at most 256 bytes).
 pub fn parse_owner(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
-        return Err(
-            "an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)"
-                .into(),
-        );
-    }
-    Ok(s.to_string())
+    crate::source::postgres::ownership::check_owner(s).map(|()| s.to_string())
 }
 
 /// A positive duration flag (`30s`, `5m`, `1h30m`).

@@ -49,6 +49,11 @@ pub async fn run(
     connection: SourceConnection,
 ) -> anyhow::Result<Option<serde_json::Value>> {
     let mut tables = table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    // `--owner` is checked by its flag; a request's is checked here, before anything connects.
+    if let Some(owner) = &request.owner {
+        larch_postgres::ownership::check_owner(owner)
+            .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("owner {owner:?}: {e}")))?;
+    }
     if tables.len() > 1 {
         return export_set(&request, connection.dsn, tables).await.map(Some);
     }
