@@ -69,6 +69,24 @@ fn key_fields(field: &str, fields: Option<&Vec<String>>) -> Result<(), String> {
     Ok(())
 }
 
+/// What the tables' `where:` subqueries may read, as the exporter allows it: with
+/// `spec.transform.subqueries`, the export's tables, each with the columns it exports unmasked.
+fn subquery_tables(
+    tables: &[TableRef],
+    transform: &crate::crd::archive_export::ExportTransform,
+) -> Option<larch_postgres::SubqueryTables> {
+    if !transform.subqueries {
+        return None;
+    }
+    let rules = transform.rules();
+    let mut readable = larch_postgres::SubqueryTables::default();
+    for t in tables {
+        let id = TableId::new(t.schema(), &t.name);
+        readable.allow(id.clone(), rules.unmasked_columns(&id));
+    }
+    Some(readable)
+}
+
 /// What an ArchiveExport's spec says that cannot work; the message names the field.
 pub fn export(export: &ArchiveExport) -> Result<(), String> {
     let spec = &export.spec;
@@ -86,6 +104,7 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
     key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
     key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
     if let Some(t) = &spec.transform {
+        let subqueries = subquery_tables(&all, t);
         for (name, rules) in &t.tables {
             let Some(predicate) = &rules.row_filter else {
                 continue;
@@ -94,7 +113,7 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
             let table: TableId = name
                 .parse()
                 .map_err(|_| format!("spec.transform.tables[{name:?}]: not schema.table"))?;
-            larch_postgres::check_row_filter(&table, predicate)
+            larch_postgres::check_row_filter_with(&table, predicate, subqueries.as_ref())
                 .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
         }
     }
@@ -215,10 +234,47 @@ mod tests {
             )]
             .into(),
             key_secret_ref: None,
+            subqueries: false,
         });
         refuse(
             e,
             "spec.transform.tables[\"public.users\"].where \"pg_drop_replication_slot('other') IS NULL\": function pg_drop_replication_slot is not allowed in a row filter (allowed: abs,",
+        );
+        // Subqueries: only with `subqueries: true`, only into the export's tables, and only
+        // their unmasked columns, as the exporter decides.
+        let table = base.spec.source.all_tables()[0].qualified();
+        let with_filter = |predicate: &str, subqueries: bool| {
+            let mut e = base.clone();
+            let rules = larch_contract::transform_rules::TableRules {
+                undeclared: larch_contract::transform_rules::ColumnRule::Keep,
+                columns: [(
+                    "secret".into(),
+                    larch_contract::transform_rules::ColumnRule::Hash,
+                )]
+                .into(),
+                row_filter: Some(predicate.into()),
+                ..Default::default()
+            };
+            e.spec.transform = Some(crate::crd::archive_export::ExportTransform {
+                tables: [(table.clone(), rules)].into(),
+                key_secret_ref: None,
+                subqueries,
+            });
+            e
+        };
+        let own = format!("EXISTS (SELECT 1 FROM {table} t WHERE t.id = 1)");
+        assert_eq!(export(&with_filter(&own, true)), Ok(()));
+        refuse(with_filter(&own, false), "need `subqueries: true`");
+        refuse(
+            with_filter("id IN (SELECT s.id FROM public.elsewhere s)", true),
+            "a subquery into public.elsewhere is not allowed in a row filter",
+        );
+        refuse(
+            with_filter(
+                &format!("EXISTS (SELECT 1 FROM {table} t WHERE t.secret = 'a')"),
+                true,
+            ),
+            "masks secret",
         );
         // A name PostgreSQL allows (quoted) is fine: it is looked up, not refused.
         let mut e = base;

@@ -40,7 +40,7 @@ pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
 pub use estimate::estimate_from_catalog;
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use ownership::owner_comment;
-pub use row_filter::check_row_filter;
+pub use row_filter::{SubqueryTables, check_row_filter, check_row_filter_with};
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
@@ -354,7 +354,8 @@ impl SyncSource for PostgresSource {
                 bail!("a row filter applies to a one-shot export only: the diffs of a continuous one would not respect it");
             }
             for (t, predicate) in &inner.config.row_filters {
-                snapshot::explain_row_filter(&client, t, predicate).await?;
+                let subqueries = inner.config.row_filter_subqueries.as_ref();
+                snapshot::explain_row_filter(&client, t, predicate, subqueries).await?;
             }
             if !inner.config.snapshot_only {
                 schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
@@ -526,8 +527,17 @@ async fn baseline<R: RowSink>(
     for t in &tables {
         let s = &schemas[t];
         let filter = inner.config.row_filters.get(t);
-        let n =
-            snapshot::copy_table(&copy_client, s, &kinds, filter, created.deadline, &rows).await?;
+        let subqueries = inner.config.row_filter_subqueries.as_ref();
+        let n = snapshot::copy_table(
+            &copy_client,
+            s,
+            &kinds,
+            filter,
+            subqueries,
+            created.deadline,
+            &rows,
+        )
+        .await?;
         tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
     }
     copy_client
@@ -597,7 +607,8 @@ impl PostgresSource {
         let inner = &self.inner;
         let (slot, coordinator, schemas) = locked_snapshot(inner, tables).await?;
         for (t, predicate) in &inner.config.row_filters {
-            snapshot::explain_row_filter(&coordinator, t, predicate).await?;
+            let subqueries = inner.config.row_filter_subqueries.as_ref();
+            snapshot::explain_row_filter(&coordinator, t, predicate, subqueries).await?;
         }
         let position = Lsn(slot.consistent_point).to_string();
         let taken_at = chrono::Utc::now().fixed_offset();
@@ -657,6 +668,7 @@ impl SharedSnapshot {
             schema,
             &self.kinds,
             filter,
+            self.config.row_filter_subqueries.as_ref(),
             self.slot.deadline,
             rows,
         )

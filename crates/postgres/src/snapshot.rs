@@ -12,7 +12,7 @@ use pgwire_replication::ReplicationClient;
 use tokio::sync::mpsc;
 
 use super::config::{PostgresConfig, SlotMode, ident, qualified};
-use super::row_filter::check_row_filter;
+use super::row_filter::{SubqueryTables, check_row_filter_with};
 use super::schema::{TableSchema, db_error};
 use super::types::{Kind, write_json, write_string};
 use larch_archive::model::TableId;
@@ -181,10 +181,12 @@ pub async fn explain_row_filter(
     client: &tokio_postgres::Client,
     table: &TableId,
     predicate: &str,
+    subqueries: Option<&SubqueryTables>,
 ) -> anyhow::Result<()> {
     let what = || format!("the row filter of table {table} (where: {predicate})");
     let invalid = |e: anyhow::Error| failure::tag(failure::Reason::InvalidConfig, e);
-    check_row_filter(table, predicate).map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
+    check_row_filter_with(table, predicate, subqueries)
+        .map_err(|why| invalid(anyhow!("{}: {why}", what())))?;
     let sql = format!(
         "EXPLAIN SELECT 1 FROM {}{}",
         qualified(table),
@@ -198,10 +200,14 @@ pub async fn explain_row_filter(
 }
 
 /// The COPY statement of a table's rows, its row filter checked first.
-fn copy_sql(schema: &TableSchema, filter: Option<&String>) -> Result<String, SourceError> {
+fn copy_sql(
+    schema: &TableSchema,
+    filter: Option<&String>,
+    subqueries: Option<&SubqueryTables>,
+) -> Result<String, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
     if let Some(p) = filter {
-        check_row_filter(&schema.id, p).map_err(|why| {
+        check_row_filter_with(&schema.id, p, subqueries).map_err(|why| {
             failure::tag(
                 failure::Reason::InvalidConfig,
                 anyhow!("the row filter of table {} (where: {p}): {why}", schema.id),
@@ -220,16 +226,18 @@ fn copy_sql(schema: &TableSchema, filter: Option<&String>) -> Result<String, Sou
 /// `rows`, in batches of at most [`BATCH_ROWS`]. Returns the number of rows. The COPY's
 /// `statement_timeout` is what is left until `deadline` (the snapshot's age limit): a slow
 /// filter or a stalled reader cannot hold the snapshot, and the primary's xmin horizon,
-/// longer.
+/// longer. `subqueries`: what the filter's subqueries may read ([`SubqueryTables`]).
+#[allow(clippy::too_many_arguments)]
 pub async fn copy_table<R: RowSink>(
     client: &tokio_postgres::Client,
     schema: &TableSchema,
     kinds: &HashMap<u32, Kind>,
     filter: Option<&String>,
+    subqueries: Option<&SubqueryTables>,
     deadline: std::time::Instant,
     rows: &R,
 ) -> Result<u64, SourceError> {
-    let sql = copy_sql(schema, filter)?;
+    let sql = copy_sql(schema, filter, subqueries)?;
     // The mask is known before the COPY starts, so no COPY waits on it.
     let mask = rows.column_mask(schema).await?;
     let masked = mask.is_some();

@@ -66,7 +66,7 @@ impl CompileRules for TransformRules {
             let named: Vec<&str> = self.tables.keys().map(String::as_str).collect();
             return err(format!(
                 "the transform rules have no entry for table {name} (they name: {}); add one \
-                 (`columns: {{}}` keeps every column)",
+                 (`undeclared: keep` keeps every column)",
                 if named.is_empty() {
                     "no table".to_string()
                 } else {
