@@ -7,6 +7,7 @@ pub mod lease;
 pub mod run;
 pub mod set;
 pub mod slot;
+pub mod status;
 pub mod subset;
 pub mod transform;
 
