@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn sk(s: &str) -> SortKey {
