@@ -12,8 +12,10 @@ use tokio::sync::{mpsc, watch};
 
 use larch_archive::error::ArchiveError;
 use larch_archive::manifest::format_time;
+use larch_archive::model::ColumnDefinition;
 use larch_archive::model::TableId;
 use larch_archive::plan::plan_head;
+use larch_archive::policy::EpochTrigger;
 use larch_archive::position::{compare, same};
 use larch_archive::source::{SourceError, SourceEvent, SyncSource};
 use larch_archive::writer::{ArchiveWriter, FlushOutcome};
@@ -168,82 +170,12 @@ impl ContinuousExport {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let _ = self.shared.spill.set(self.writer.spill().clone());
         let schemas = self.source.init(std::slice::from_ref(&self.table)).await?;
-        let mut columns = schemas.get(&self.table).cloned().unwrap_or_default();
-        // The rules are checked against the table before anything is exported; a transform
-        // other than the archive's (a new key, other rules) starts a new epoch, so one epoch
-        // never mixes two keys.
-        let mut transform_changed = None;
-        if let Some(m) = &self.masking {
-            let schema = self.source.table_schema(&self.table).ok_or_else(|| {
-                anyhow!(
-                    "the columns of {} are unknown: its transform cannot be checked",
-                    self.table
-                )
-            })?;
-            let t = m.compile(&schema).map_err(|e| {
-                larch_core::failure::tag(larch_core::failure::Reason::InvalidConfig, e)
-            })?;
-            columns = t.columns(&columns);
-            if self.writer.manifest().transform.as_ref() != Some(t.record()) {
-                transform_changed = Some(match self.writer.manifest().transform.as_ref() {
-                    Some(r) if r.key_id != t.record().key_id => "the hash key changed",
-                    Some(r) if r.hash != t.record().hash => "the hash algorithm changed",
-                    Some(_) => "the transform rules changed",
-                    None => "the archive was not written with this transform",
-                });
-            }
-        } else if self
-            .writer
-            .manifest()
-            .transform
-            .as_ref()
-            .is_some_and(|r| r.masks_anything())
-        {
-            transform_changed = Some("the archive is masked and this export has no transform");
-        }
+        let columns = schemas.get(&self.table).cloned().unwrap_or_default();
+        let (columns, transform_changed) = self.check_transform(columns)?;
         if let Some(why) = self.source.take_slot_lost_at_init() {
             self.report_slot_loss(&why).await;
         }
-        let acked = self.source.last_acked_position().await?;
-        let manifest = self.writer.manifest();
-        let chain_ok =
-            manifest.epoch > 0 && same(&plan_head(manifest).head_position, &manifest.head_position);
-        // A DDL while the export was stopped: the archived rows have the old columns.
-        let ddl = match self.source.table_schema(&self.table) {
-            Some(now) if !manifest.columns.is_empty() => match schema_change::classify(
-                &manifest.columns,
-                self.writer.key_fields(),
-                &match self.transform() {
-                    Some(t) => t.columns(&now.columns),
-                    None => now.columns.clone(),
-                },
-                &now.key_fields,
-            ) {
-                SchemaChange::Shape(why) => Some(why),
-                SchemaChange::None | SchemaChange::Metadata => None,
-            },
-            _ => None,
-        };
-        // Resume only when the slot survived, the archive's chain reaches its head and the
-        // table kept its shape; the stream may then re-deliver changes the archive already
-        // holds (committed, not yet acknowledged): they are skipped by position.
-        let (mut from, mut skip_through) = match (acked, &ddl) {
-            (_, None) if transform_changed.is_some() => {
-                let why = transform_changed.unwrap_or_default();
-                tracing::warn!(table = %self.table, change = why, "the archive's transform differs: a new epoch from a fresh snapshot");
-                (self.baseline("transform_change").await?, None)
-            }
-            (Some(a), None) if self.source.supports_resume() && chain_ok => {
-                tracing::info!(slot_position = %a, head = %self.writer.head(), "resuming from the persistent slot");
-                self.writer.set_columns(columns);
-                (a, Some(self.writer.head().to_string()))
-            }
-            (_, Some(why)) => {
-                tracing::warn!(table = %self.table, change = %why, "the table's schema changed while the export was stopped: a new epoch from a fresh snapshot");
-                (self.baseline("schema_change").await?, None)
-            }
-            (_, None) => (self.baseline("baseline").await?, None),
-        };
+        let (mut from, mut skip_through) = self.start(columns, transform_changed).await?;
         self.shared.ready.send_replace(true);
         self.publish("STREAMING");
         let mut tick = tokio::time::interval(self.diff_interval);
@@ -280,45 +212,156 @@ impl ContinuousExport {
                 }
             };
             if stop {
-                tracing::info!("stopping: final flush");
-                while let Ok(ev) = rx.try_recv() {
-                    self.accept(
-                        ev,
-                        &mut last_position,
-                        &mut commit_times,
-                        skip_through.as_deref(),
-                    )?;
-                }
-                // A transaction without its COMMIT is not archived: the slot delivers it again.
-                self.writer.discard_pending();
-                let result = self.final_flush(&last_position, &mut commit_times).await;
-                stream.abort();
-                self.source.close().await;
-                self.publish("STOPPED");
-                return result;
+                let skip = skip_through.as_deref();
+                return self
+                    .stop(rx, stream, &mut last_position, &mut commit_times, skip)
+                    .await;
             }
             // The stream ended by itself.
-            match stream_result.unwrap_or(Ok(())) {
-                Err(SourceError::ReBaselineRequired(why)) => {
-                    tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
-                    self.report_slot_loss(&why).await;
-                    self.writer.discard_pending();
-                    self.flush(&last_position, &mut commit_times).await?;
-                    from = self.baseline("baseline").await?;
-                    last_position.clear();
-                    skip_through = None;
-                    self.publish("STREAMING");
-                }
-                Err(SourceError::SchemaChanged(why)) => {
-                    from = self
-                        .schema_epoch(&why, &mut last_position, &mut commit_times)
-                        .await?;
-                    skip_through = None;
-                    self.publish("STREAMING");
-                }
-                Err(e) => return Err(anyhow!(e).context("replication stream failed")),
-                Ok(()) => return Err(anyhow!("the replication stream ended unexpectedly")),
+            let ended = stream_result.unwrap_or(Ok(()));
+            from = self
+                .restart(ended, &mut last_position, &mut commit_times)
+                .await?;
+            skip_through = None;
+            self.publish("STREAMING");
+        }
+    }
+
+    /// The rules are checked against the table before anything is exported; a transform
+    /// other than the archive's (a new key, other rules) starts a new epoch, so one epoch
+    /// never mixes two keys. Returns the columns as archived and why the transform changed.
+    fn check_transform(
+        &self,
+        mut columns: Vec<ColumnDefinition>,
+    ) -> anyhow::Result<(Vec<ColumnDefinition>, Option<&'static str>)> {
+        let archived = self.writer.manifest().transform.as_ref();
+        let Some(m) = &self.masking else {
+            let changed = archived
+                .is_some_and(|r| r.masks_anything())
+                .then_some("the archive is masked and this export has no transform");
+            return Ok((columns, changed));
+        };
+        let schema = self.source.table_schema(&self.table).ok_or_else(|| {
+            anyhow!(
+                "the columns of {} are unknown: its transform cannot be checked",
+                self.table
+            )
+        })?;
+        let t = m
+            .compile(&schema)
+            .map_err(|e| larch_core::failure::tag(larch_core::failure::Reason::InvalidConfig, e))?;
+        columns = t.columns(&columns);
+        let changed = match archived {
+            Some(r) if r == t.record() => None,
+            Some(r) if r.key_id != t.record().key_id => Some("the hash key changed"),
+            Some(r) if r.hash != t.record().hash => Some("the hash algorithm changed"),
+            Some(_) => Some("the transform rules changed"),
+            None => Some("the archive was not written with this transform"),
+        };
+        Ok((columns, changed))
+    }
+
+    /// Where the stream starts, and the position up to which re-delivered changes are skipped.
+    /// Resume only when the slot survived, the archive's chain reaches its head and the
+    /// table kept its shape; the stream may then re-deliver changes the archive already
+    /// holds (committed, not yet acknowledged): they are skipped by position. Else a new
+    /// epoch from a fresh snapshot.
+    async fn start(
+        &mut self,
+        columns: Vec<ColumnDefinition>,
+        transform_changed: Option<&'static str>,
+    ) -> anyhow::Result<(String, Option<String>)> {
+        let acked = self.source.last_acked_position().await?;
+        let manifest = self.writer.manifest();
+        let chain_ok =
+            manifest.epoch > 0 && same(&plan_head(manifest).head_position, &manifest.head_position);
+        let ddl = self.shape_changed_while_stopped();
+        Ok(match (acked, &ddl) {
+            (_, None) if transform_changed.is_some() => {
+                let why = transform_changed.unwrap_or_default();
+                tracing::warn!(table = %self.table, change = why, "the archive's transform differs: a new epoch from a fresh snapshot");
+                (self.baseline("transform_change").await?, None)
             }
+            (Some(a), None) if self.source.supports_resume() && chain_ok => {
+                tracing::info!(slot_position = %a, head = %self.writer.head(), "resuming from the persistent slot");
+                self.writer.set_columns(columns);
+                (a, Some(self.writer.head().to_string()))
+            }
+            (_, Some(why)) => {
+                tracing::warn!(table = %self.table, change = %why, "the table's schema changed while the export was stopped: a new epoch from a fresh snapshot");
+                (self.baseline("schema_change").await?, None)
+            }
+            (_, None) => (self.baseline("baseline").await?, None),
+        })
+    }
+
+    /// A DDL while the export was stopped: the archived rows have the old columns.
+    fn shape_changed_while_stopped(&self) -> Option<String> {
+        let manifest = self.writer.manifest();
+        let now = self.source.table_schema(&self.table)?;
+        if manifest.columns.is_empty() {
+            return None;
+        }
+        let columns = match self.transform() {
+            Some(t) => t.columns(&now.columns),
+            None => now.columns.clone(),
+        };
+        match schema_change::classify(
+            &manifest.columns,
+            self.writer.key_fields(),
+            &columns,
+            &now.key_fields,
+        ) {
+            SchemaChange::Shape(why) => Some(why),
+            SchemaChange::None | SchemaChange::Metadata => None,
+        }
+    }
+
+    /// On shutdown: takes the events already received, flushes the final diff and closes.
+    async fn stop(
+        &mut self,
+        mut rx: mpsc::Receiver<SourceEvent>,
+        stream: tokio::task::JoinHandle<Result<(), SourceError>>,
+        last_position: &mut String,
+        commit_times: &mut CommitTimes,
+        skip_through: Option<&str>,
+    ) -> anyhow::Result<()> {
+        tracing::info!("stopping: final flush");
+        while let Ok(ev) = rx.try_recv() {
+            self.accept(ev, last_position, commit_times, skip_through)?;
+        }
+        // A transaction without its COMMIT is not archived: the slot delivers it again.
+        self.writer.discard_pending();
+        let result = self.final_flush(last_position, commit_times).await;
+        stream.abort();
+        self.source.close().await;
+        self.publish("STOPPED");
+        result
+    }
+
+    /// The stream ended by itself: a lost slot re-baselines, a schema change starts a new
+    /// epoch (the position to stream from next); anything else ends the export.
+    async fn restart(
+        &mut self,
+        ended: Result<(), SourceError>,
+        last_position: &mut String,
+        commit_times: &mut CommitTimes,
+    ) -> anyhow::Result<String> {
+        match ended {
+            Err(SourceError::ReBaselineRequired(why)) => {
+                tracing::warn!(reason = %why, "the source asks for a re-baseline: writing a new snapshot so no change in the gap is lost");
+                self.report_slot_loss(&why).await;
+                self.writer.discard_pending();
+                self.flush(last_position, commit_times).await?;
+                let from = self.baseline("baseline").await?;
+                last_position.clear();
+                Ok(from)
+            }
+            Err(SourceError::SchemaChanged(why)) => {
+                self.schema_epoch(&why, last_position, commit_times).await
+            }
+            Err(e) => Err(anyhow!(e).context("replication stream failed")),
+            Ok(()) => Err(anyhow!("the replication stream ended unexpectedly")),
         }
     }
 
@@ -487,51 +530,62 @@ impl ContinuousExport {
                 artifact,
                 new_epoch,
             } => {
-                let now = Utc::now();
-                let lag_of = self.shared.metrics.commit_lag.with_label_values(&[&table]);
-                for (at, changes) in std::mem::take(&mut commit_times.closed) {
-                    let lag = (now.timestamp_millis() - at * 10).max(0) as f64 / 1e3;
-                    for _ in 0..changes {
-                        lag_of.observe(lag);
-                    }
-                }
-                self.shared
-                    .metrics
-                    .artifacts
-                    .with_label_values(&[&table, "diff", "interval"])
-                    .inc();
-                {
-                    let mut s = self.shared.status.locked();
-                    s.diffs += 1;
-                    s.last_diff_at = Some(format_time(&now.fixed_offset()));
-                    s.last_error = None;
-                }
+                self.note_diff(&table, commit_times);
                 if let Err(e) = self.source.ack(&artifact.to_position).await {
                     tracing::warn!(error = %e, "could not acknowledge the committed diff");
                 }
                 new_epoch
             }
         };
-        if let Some(trigger) = new_epoch {
-            tracing::info!(
-                trigger = %trigger,
-                "new-epoch policy fired: compacting a snapshot into a new epoch"
-            );
-            let progress = self.shared.start_progress(COMPACTION, &self.table);
-            let reporter = larch_core::progress::Reporter::start(progress.clone());
-            let compacted = self.writer.compact_reporting(Some(progress)).await;
-            reporter.finish(compacted.is_ok());
-            match compacted {
-                Ok(_) => self.note_snapshot(trigger.as_str()),
-                Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
-                Err(e) => {
-                    self.shared
-                        .metrics
-                        .errors
-                        .with_label_values(&[&table, "snapshot"])
-                        .inc();
-                    tracing::warn!(error = %e, "compaction failed; retrying at a later interval");
-                }
+        match new_epoch {
+            Some(trigger) => self.compact(trigger, &table).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a committed diff: the commit lag of each change it holds, the artifact, and
+    /// `/status`'s diff figures.
+    fn note_diff(&self, table: &str, commit_times: &mut CommitTimes) {
+        let now = Utc::now();
+        let lag_of = self.shared.metrics.commit_lag.with_label_values(&[table]);
+        for (at, changes) in std::mem::take(&mut commit_times.closed) {
+            let lag = (now.timestamp_millis() - at * 10).max(0) as f64 / 1e3;
+            for _ in 0..changes {
+                lag_of.observe(lag);
+            }
+        }
+        self.shared
+            .metrics
+            .artifacts
+            .with_label_values(&[table, "diff", "interval"])
+            .inc();
+        let mut s = self.shared.status.locked();
+        s.diffs += 1;
+        s.last_diff_at = Some(format_time(&now.fixed_offset()));
+        s.last_error = None;
+    }
+
+    /// Compacts a snapshot into a new epoch because `trigger` fired; a failure other than a
+    /// lost compare-and-swap is retried at a later interval.
+    async fn compact(&mut self, trigger: EpochTrigger, table: &str) -> anyhow::Result<()> {
+        tracing::info!(
+            trigger = %trigger,
+            "new-epoch policy fired: compacting a snapshot into a new epoch"
+        );
+        let progress = self.shared.start_progress(COMPACTION, &self.table);
+        let reporter = larch_core::progress::Reporter::start(progress.clone());
+        let compacted = self.writer.compact_reporting(Some(progress)).await;
+        reporter.finish(compacted.is_ok());
+        match compacted {
+            Ok(_) => self.note_snapshot(trigger.as_str()),
+            Err(e @ ArchiveError::CasConflict { .. }) => return Err(e.into()),
+            Err(e) => {
+                self.shared
+                    .metrics
+                    .errors
+                    .with_label_values(&[table, "snapshot"])
+                    .inc();
+                tracing::warn!(error = %e, "compaction failed; retrying at a later interval");
             }
         }
         Ok(())
