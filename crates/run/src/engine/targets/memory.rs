@@ -344,6 +344,55 @@ struct Meta {
     baselines: u64,
 }
 
+/// A page request: at most `limit` rows after the cursor, matching every
+/// `(index, value)` filter.
+struct PageQuery {
+    limit: usize,
+    after: Option<SortKey>,
+    filters: Vec<(usize, Box<str>)>,
+}
+
+impl TableData {
+    /// Up to `limit + 1` rows after `after` in table order (one more than the page, to know
+    /// whether a next page exists), through the first filter's index when there is one.
+    fn page_rows(
+        &self,
+        after: Option<&SortKey>,
+        filters: &[(usize, Box<str>)],
+        limit: usize,
+    ) -> Vec<(&SortKey, &PackedRow)> {
+        let lower = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        let mut out: Vec<(&SortKey, &PackedRow)> = Vec::with_capacity(limit + 1);
+        match filters.split_first() {
+            None => {
+                out.extend(self.rows.range((lower, Bound::Unbounded)).take(limit + 1));
+            }
+            Some(((first, value), rest)) => {
+                if let Some(set) = self.indexes[*first].get(value) {
+                    let rest_sets: Option<Vec<&BTreeSet<SortKey>>> =
+                        rest.iter().map(|(i, v)| self.indexes[*i].get(v)).collect();
+                    if let Some(rest_sets) = rest_sets {
+                        for id in set.range((lower, Bound::Unbounded)) {
+                            if rest_sets.iter().all(|s| s.contains(id))
+                                && let Some((k, r)) = self.rows.get_key_value(id)
+                            {
+                                out.push((k, r));
+                                if out.len() > limit {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// A query the HTTP layer could not run (HTTP 400).
 #[derive(Debug, PartialEq, Eq)]
 pub struct QueryError(pub String);
@@ -416,6 +465,47 @@ impl MemoryTarget {
 
     /// `GET /tables/{t}/rows?limit=N&after=CURSOR&<index field>=<value>...` as a JSON body.
     pub fn page(&self, params: &[(String, String)]) -> Result<String, QueryError> {
+        let PageQuery {
+            limit,
+            after,
+            filters,
+        } = self.page_query(params)?;
+        let data = self.live.read_locked();
+        let mut out = data.page_rows(after.as_ref(), &filters, limit);
+        let next = if out.len() > limit {
+            out.truncate(limit);
+            out.last().map(|(k, _)| encode_cursor(&self.table, k))
+        } else {
+            None
+        };
+        // Packed rows lack their field names: room for those too.
+        let mut body = String::with_capacity(
+            64 + out
+                .iter()
+                .map(|(_, r)| 2 * r.stored_len() + 1)
+                .sum::<usize>(),
+        );
+        let _ = write!(
+            body,
+            "{{\"table\":{},\"rows\":[",
+            serde_json::to_string(&self.table.to_string()).expect("string")
+        );
+        for (i, (_, r)) in out.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            data.shapes.write(r, &mut body);
+        }
+        let _ = write!(
+            body,
+            "],\"next\":{}}}",
+            serde_json::to_string(&next).expect("string")
+        );
+        Ok(body)
+    }
+
+    /// Reads `limit`, `after` and the index field filters of a page request.
+    fn page_query(&self, params: &[(String, String)]) -> Result<PageQuery, QueryError> {
         let mut limit = DEFAULT_PAGE;
         let mut after: Option<SortKey> = None;
         let mut filters: Vec<(usize, Box<str>)> = Vec::new();
@@ -449,65 +539,11 @@ impl MemoryTarget {
                 }
             }
         }
-        let data = self.live.read_locked();
-        let lower = match &after {
-            Some(a) => Bound::Excluded(a),
-            None => Bound::Unbounded,
-        };
-        let mut out: Vec<(&SortKey, &PackedRow)> = Vec::with_capacity(limit + 1);
-        match filters.split_first() {
-            None => {
-                out.extend(data.rows.range((lower, Bound::Unbounded)).take(limit + 1));
-            }
-            Some(((first, value), rest)) => {
-                if let Some(set) = data.indexes[*first].get(value) {
-                    let rest_sets: Option<Vec<&BTreeSet<SortKey>>> =
-                        rest.iter().map(|(i, v)| data.indexes[*i].get(v)).collect();
-                    if let Some(rest_sets) = rest_sets {
-                        for id in set.range((lower, Bound::Unbounded)) {
-                            if rest_sets.iter().all(|s| s.contains(id))
-                                && let Some((k, r)) = data.rows.get_key_value(id)
-                            {
-                                out.push((k, r));
-                                if out.len() > limit {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let next = if out.len() > limit {
-            out.truncate(limit);
-            out.last().map(|(k, _)| encode_cursor(&self.table, k))
-        } else {
-            None
-        };
-        // Packed rows lack their field names: room for those too.
-        let mut body = String::with_capacity(
-            64 + out
-                .iter()
-                .map(|(_, r)| 2 * r.stored_len() + 1)
-                .sum::<usize>(),
-        );
-        let _ = write!(
-            body,
-            "{{\"table\":{},\"rows\":[",
-            serde_json::to_string(&self.table.to_string()).expect("string")
-        );
-        for (i, (_, r)) in out.iter().enumerate() {
-            if i > 0 {
-                body.push(',');
-            }
-            data.shapes.write(r, &mut body);
-        }
-        let _ = write!(
-            body,
-            "],\"next\":{}}}",
-            serde_json::to_string(&next).expect("string")
-        );
-        Ok(body)
+        Ok(PageQuery {
+            limit,
+            after,
+            filters,
+        })
     }
 
     /// `GET /tables/{t}/row?<pk>=<value>...`: the row's exact text, `None` when absent.
