@@ -22,7 +22,8 @@ use larch_archive::writer::{ArchiveWriter, FlushOutcome};
 use larch_core::locks::MutexExt;
 use larch_postgres::{PostgresSource, SchemaChange, schema_change};
 
-use super::status::{BASELINE, COMPACTION, Shared};
+// The HTTP side moved to `export::status` (the one-shot serves it too); its old paths stay.
+pub use super::status::{BASELINE, COMPACTION, ExportMetrics, ExportStatus, Shared, router, serve};
 
 /// A continuous export of one table.
 pub struct ContinuousExport {
