@@ -24,8 +24,8 @@ mod set;
 use follow::{follow, follow_writer};
 use set::export_set;
 
-use super::continuous::{BASELINE, Shared, serve};
 use super::lease::LeaderElector;
+use super::status::{BASELINE, Shared, serve};
 use super::subset::{SampleRule, Subset};
 use super::transform::{Masking, TransformKey};
 

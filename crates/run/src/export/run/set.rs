@@ -12,8 +12,8 @@ use larch_core::locks::MutexExt;
 use larch_postgres::{PostgresConfig, PostgresSource, SlotMode, SubqueryTables};
 
 use super::{default_set_slot, masking, session_limits, subquery_tables, subset, writer_config};
-use crate::export::continuous::{BASELINE, Shared, serve};
 use crate::export::set::{DEFAULT_PARALLEL, TableExport, export_at_one_position};
+use crate::export::status::{BASELINE, Shared, serve};
 use crate::export::transform::Masking;
 
 /// Exports the set; returns (and writes to the summary file) the position and each table's
