@@ -9,8 +9,8 @@
 #   triggers) committed, time to archive, spill figures; and two engines following that diff (a
 #   memory target, a PostgreSQL target): RSS before, peak while applying, time to apply.
 #   Right after the one-shot export: its archive restored by `larch engine` into PostgreSQL next
-#   to `COPY … FROM file` (LARCH_BENCH_RESTORE_ONLY=1 stops there; LARCH_BEFORE_BIN=path restores
-#   with another build too, in the same run).
+#   to `COPY … FROM file` (LARCH_BENCH_RESTORE_ONLY=1 stops there; LARCH_BEFORE_BIN=path exports
+#   and restores with another build too, alternating in the same run, and prints the ratios).
 #   With it: the same export masked (hashed, faked, redacted and nulled columns) and the ratio
 #   masked/unmasked (LARCH_BENCH_MASKING_ONLY=1 stops there). COPY text, the export and the
 #   masked export alternate LARCH_BENCH_REPEAT times (default 5); each figure is the median.
@@ -86,14 +86,24 @@ for run in $(seq 1 "${LARCH_BENCH_REPEAT:-5}"); do
   series=copy measure "COPY public.events TO STDOUT (text), run $run" psql -c "COPY public.events TO STDOUT"
   series=export measure "larch export (one-shot, jsonl, local), run $run" "$larch" export --connection "$dsn" --table events --store local --path "$dest"
   series=masked measure "larch export (one-shot, masked), run $run" "$larch" export --connection "$dsn" --table events --store local --path "$work/archive-masked" --transform "$work/mask.yaml" --transform-key-file "$work/mask.key"
+  if [ -n "${LARCH_BEFORE_BIN:-}" ]; then
+    rm -rf "$work/archive-before"
+    series=before measure "before: larch export (one-shot), run $run" "$LARCH_BEFORE_BIN" export --connection "$dsn" --table events --store local --path "$work/archive-before"
+  fi
 done
-rm -rf "$work/archive-next" "$work/archive-masked"
+rm -rf "$work/archive-next" "$work/archive-masked" "$work/archive-before"
+if [ -n "${LARCH_BEFORE_BIN:-}" ]; then
+  median before "before: larch export (one-shot)"; before_export_secs=$(cat "$work/last")
+fi
 median copy "COPY public.events TO STDOUT (text)"; copy_text_secs=$(cat "$work/last")
 median export "larch export (one-shot, jsonl, local)"; export_secs=$(cat "$work/last")
 median masked "larch export (one-shot, masked)"; masked_secs=$(cat "$work/last")
 printf 'ratio export/COPY row_to_json: %.2f (target <= 1.0)\n' "$(echo "$export_secs/$copy_secs" | bc -l)"
 printf 'ratio export/COPY text: %.2f (target <= 1.3)\n' "$(echo "$export_secs/$copy_text_secs" | bc -l)"
 printf 'ratio masked/unmasked export: %.2f (target <= 1.3)\n' "$(echo "$masked_secs/$export_secs" | bc -l)"
+if [ -n "${LARCH_BEFORE_BIN:-}" ]; then
+  printf 'ratio export this build/before: %.3f\n' "$(echo "$export_secs/$before_export_secs" | bc -l)"
+fi
 [ -n "${LARCH_BENCH_MASKING_ONLY:-}" ] && exit 0
 
 # --- Restore (issue #16): the one-shot archive into an empty database by `larch engine` (a
@@ -132,13 +142,25 @@ YAML
   done
   secs=$(echo "$(date +%s.%N) - $t0" | bc -l)
   printf '%-44s %8.2f s   peak RSS %8.1f MiB\n' "$1" "$secs" "$(awk '/^VmHWM/ {printf "%.1f", $2/1024}' "/proc/$pid/status")"
+  echo "$secs" > "$work/last"
   printf 'ratio restore/COPY FROM: %.2f (target <= 1.3)\n' "$(echo "$secs/$restore_copy_secs" | bc -l)"
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
-# LARCH_BEFORE_BIN: another build (say main's) restored in the same run, for a before/after.
+# LARCH_BEFORE_BIN: another build (say main's) restored in the same run, for a before/after:
+# the two alternate LARCH_BENCH_REPEAT times into fresh databases, each figure the median.
 if [ -n "${LARCH_BEFORE_BIN:-}" ]; then
-  psql -q -c "CREATE DATABASE restore_before"
-  restore "before: $LARCH_BEFORE_BIN -> PostgreSQL" "$LARCH_BEFORE_BIN" restore_before
+  for run in $(seq 1 "${LARCH_BENCH_REPEAT:-5}"); do
+    for who in before after; do
+      psql -q -c "CREATE DATABASE restore_${who}_$run"
+      bin=$larch; [ "$who" = before ] && bin=$LARCH_BEFORE_BIN
+      restore "$who: larch engine -> PostgreSQL, run $run" "$bin" "restore_${who}_$run"
+      echo "$(cat "$work/last")" >> "$work/series-restore_$who"
+      psql -q -c "DROP DATABASE restore_${who}_$run"
+    done
+  done
+  b=$(sort -n "$work/series-restore_before" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  a=$(sort -n "$work/series-restore_after" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  printf 'restore medians: before %.2f s, this build %.2f s; ratio this build/before: %.3f\n' "$b" "$a" "$(echo "$a/$b" | bc -l)"
 fi
 restore "larch engine -> PostgreSQL target (to ready)" "$larch" restore_larch
 table_digest() { psql -d "$1" -At -c "SELECT count(*) || ' rows, md5 ' || md5(string_agg(e::text, '|' ORDER BY id)) FROM public.events e"; }

@@ -7,11 +7,11 @@ use clap::{Args, Subcommand};
 
 use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
 use crate::archive::format::Format;
-use crate::archive::manifest::{ArtifactKind, format_time};
+use crate::archive::manifest::{ArtifactKind, Manifest, format_time};
 use crate::archive::model::{TableId, effective_key_fields};
 use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreferenced, remove};
-use crate::archive::plan::{broken_link_reason, plan_head, short_chain};
-use crate::archive::point_in_time::{PointInTime, resolve, window};
+use crate::archive::plan::{Plan, broken_link_reason, plan_head, short_chain};
+use crate::archive::point_in_time::{PointInTime, Window, resolve, window};
 use crate::archive::reader::ArchiveReader;
 use crate::archive::store::spec::StoreKind;
 use crate::archive::verify::verify;
@@ -313,20 +313,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
     let manifest = reader.load_manifest().await?;
     let plan = plan_head(&manifest);
     let key_fields = effective_key_fields(&[], &manifest.columns);
-    let broken: Vec<String> = manifest
-        .artifacts
-        .iter()
-        .filter(|a| a.kind == ArtifactKind::Diff)
-        .filter_map(|a| {
-            broken_link_reason(a).map(|r| {
-                format!(
-                    "diff {:?} -> {:?}: {r}",
-                    a.from_position.as_deref().unwrap_or(""),
-                    a.to_position
-                )
-            })
-        })
-        .collect();
+    let broken = broken_links(&manifest);
     let reaches_head = crate::archive::position::same(&plan.head_position, &manifest.head_position);
     let restorable = window(&manifest);
     if args.json {
@@ -357,6 +344,34 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
     println!("head:         {}", manifest.head_position);
     println!("updated at:   {}", format_time(&manifest.updated_at));
     println!("key fields:   {}", key_fields.join(", "));
+    print_columns(&manifest);
+    print_transform(&manifest);
+    print_subset(&manifest);
+    print_artifacts(&manifest);
+    print_chain(&plan, reaches_head, &broken);
+    print_restorable(restorable.as_ref());
+    Ok(0)
+}
+
+/// Each diff whose link is broken, described.
+fn broken_links(manifest: &Manifest) -> Vec<String> {
+    manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Diff)
+        .filter_map(|a| {
+            broken_link_reason(a).map(|r| {
+                format!(
+                    "diff {:?} -> {:?}: {r}",
+                    a.from_position.as_deref().unwrap_or(""),
+                    a.to_position
+                )
+            })
+        })
+        .collect()
+}
+
+fn print_columns(manifest: &Manifest) {
     if !manifest.columns.is_empty() {
         println!("columns:");
         for c in &manifest.columns {
@@ -373,6 +388,9 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             );
         }
     }
+}
+
+fn print_transform(manifest: &Manifest) {
     match &manifest.transform {
         Some(t) => {
             println!(
@@ -396,6 +414,9 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
         }
         None => println!("transform:    none (raw rows)"),
     }
+}
+
+fn print_subset(manifest: &Manifest) {
     match &manifest.subset {
         Some(sub) => {
             let mut parts = Vec::new();
@@ -409,6 +430,9 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
         }
         None => println!("subset:       none (every row)"),
     }
+}
+
+fn print_artifacts(manifest: &Manifest) {
     println!("artifacts:    {}", manifest.artifacts.len());
     for a in &manifest.artifacts {
         let formats: Vec<String> = a
@@ -434,6 +458,9 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             ),
         }
     }
+}
+
+fn print_chain(plan: &Plan, reaches_head: bool, broken: &[String]) {
     match &plan.snapshot {
         Some(s) => println!(
             "chain:        snapshot epoch {} + {} diffs reaches {} ({})",
@@ -448,14 +475,17 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
         ),
         None => println!("chain:        no snapshot"),
     }
-    for b in &broken {
+    for b in broken {
         println!("broken link:  {b}");
     }
+}
+
+fn print_restorable(restorable: Option<&Window>) {
     let time = |t: Option<chrono::DateTime<chrono::FixedOffset>>| {
         t.map(|t| format_time(&t))
             .unwrap_or_else(|| "no commit time recorded".into())
     };
-    match &restorable {
+    match restorable {
         Some(w) => {
             println!(
                 "restorable:   from {} ({})",
@@ -470,7 +500,6 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
         }
         None => println!("restorable:   nothing (no snapshot)"),
     }
-    Ok(0)
 }
 
 fn describe_unreferenced(o: &UnreferencedObject) -> String {

@@ -12,7 +12,9 @@ use clap::Args;
 use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 
 use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
-use super::{ConnectionArgs, StoreArgs, parse_duration_arg, parse_formats, parse_list};
+use super::{
+    ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_formats, parse_list,
+};
 use crate::export::run::SourceConnection;
 use crate::export::transform::TransformRules;
 use crate::failure::{self, Reason};
@@ -191,17 +193,13 @@ pub struct ExportArgs {
     /// Also `where:` of the table in --transform.
     #[arg(long = "where", value_name = "PREDICATE")]
     pub row_filter: Option<String>,
-    /// `statement_timeout` of larch's catalog sessions on the source database (schema
-    /// discovery, slots, the publication, TOAST look-ups): none of them should take long.
-    #[arg(long, default_value = "1m", value_parser = duration_text)]
-    pub statement_timeout: String,
-    /// `lock_timeout` of every session larch opens on the source database: a lock it waits for
-    /// longer fails instead of queueing the primary's writers behind it.
-    #[arg(long, default_value = "10s", value_parser = duration_text)]
-    pub lock_timeout: String,
-    /// `idle_in_transaction_session_timeout` of larch's catalog sessions.
-    #[arg(long, default_value = "1m", value_parser = duration_text)]
-    pub idle_in_transaction_timeout: String,
+    /// Row filters (--where, `where:` in --transform) may use `EXISTS (SELECT …)` and
+    /// `x IN (SELECT …)` into tables this export also exports (schema-qualified; reading only
+    /// columns they export unmasked). Also `subqueries: true` in --transform.
+    #[arg(long)]
+    pub where_subqueries: bool,
+    #[command(flatten)]
+    pub session: SessionLimitArgs,
     /// The longest a baseline's snapshot (and with it the primary's xmin horizon) stays open,
     /// from the slot's creation to the end of the last table's COPY: each COPY's
     /// `statement_timeout` is what is left of it.
@@ -215,11 +213,6 @@ pub struct ExportArgs {
     /// references).
     #[arg(long, value_name = "COLUMN", requires = "sample")]
     pub sample_by: Option<String>,
-}
-
-/// A duration flag, kept as written (the request carries it as text).
-fn duration_text(s: &str) -> Result<String, String> {
-    parse_duration_arg(s).map(|_| s.to_string())
 }
 
 /// A retention age (the durations of --diff-interval, plus whole days: `7d`), kept as written.
@@ -303,11 +296,12 @@ impl ExportArgs {
             transform,
             transform_key_file: self.transform_key_file.clone(),
             row_filter: self.row_filter.clone(),
+            where_subqueries: self.where_subqueries,
             sample: self.sample,
             sample_by: self.sample_by.clone(),
-            statement_timeout: Some(self.statement_timeout.clone()),
-            lock_timeout: Some(self.lock_timeout.clone()),
-            idle_in_transaction_timeout: Some(self.idle_in_transaction_timeout.clone()),
+            statement_timeout: Some(self.session.statement_timeout.clone()),
+            lock_timeout: Some(self.session.lock_timeout.clone()),
+            idle_in_transaction_timeout: Some(self.session.idle_in_transaction_timeout.clone()),
             snapshot_max_age: Some(self.snapshot_max_age.clone()),
         })
     }

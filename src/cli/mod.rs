@@ -340,6 +340,43 @@ fn one_line(e: &anyhow::Error) -> String {
     out
 }
 
+/// The timeouts of the sessions a command opens on the source database (docs/postgres-source.md,
+/// "Session limits"): a stuck statement, lock wait or idle transaction ends instead of holding
+/// the primary.
+#[derive(Args, Debug, Clone)]
+pub struct SessionLimitArgs {
+    /// `statement_timeout` of larch's catalog sessions on the source database (schema
+    /// discovery, slots, the publication, TOAST look-ups): none of them should take long.
+    #[arg(long, default_value = "1m", value_parser = duration_text)]
+    pub statement_timeout: String,
+    /// `lock_timeout` of every session larch opens on the source database: a lock it waits for
+    /// longer fails instead of queueing the primary's writers behind it.
+    #[arg(long, default_value = "10s", value_parser = duration_text)]
+    pub lock_timeout: String,
+    /// `idle_in_transaction_session_timeout` of larch's catalog sessions.
+    #[arg(long, default_value = "1m", value_parser = duration_text)]
+    pub idle_in_transaction_timeout: String,
+}
+
+impl SessionLimitArgs {
+    /// The limits of sessions that hold no snapshot (the snapshot's age keeps its default).
+    pub fn limits(&self) -> crate::source::postgres::SessionLimits {
+        // The value parser accepted each flag: parsing again cannot fail.
+        let parse = |s: &str| parse_duration_arg(s).unwrap_or_default();
+        crate::source::postgres::SessionLimits {
+            statement_timeout: parse(&self.statement_timeout),
+            lock_timeout: parse(&self.lock_timeout),
+            idle_in_transaction_timeout: parse(&self.idle_in_transaction_timeout),
+            ..Default::default()
+        }
+    }
+}
+
+/// A duration flag, kept as written (a request carries it as text).
+pub fn duration_text(s: &str) -> Result<String, String> {
+    parse_duration_arg(s).map(|_| s.to_string())
+}
+
 /// The PostgreSQL connection, from a flag, a file or the environment.
 #[derive(Args, Debug, Clone, Default)]
 pub struct ConnectionArgs {
@@ -393,13 +430,7 @@ impl ConnectionArgs {
 /// `--owner`: who the slots and publications are for, recorded in a publication's comment
 /// (one line, printable, at most 256 bytes).
 pub fn parse_owner(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.len() > 256 || s.chars().any(char::is_control) {
-        return Err(
-            "an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)"
-                .into(),
-        );
-    }
-    Ok(s.to_string())
+    crate::source::postgres::ownership::check_owner(s).map(|()| s.to_string())
 }
 
 /// A positive duration flag (`30s`, `5m`, `1h30m`).

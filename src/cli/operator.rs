@@ -82,6 +82,30 @@ pub async fn operator(args: OperatorArgs) -> anyhow::Result<i32> {
     run(args).await.map(|()| 0)
 }
 
+/// Waits until this process holds the operator's Lease.
+async fn lead(args: &OperatorArgs, client: &kube::Client) -> LeaderElector {
+    let ns = args
+        .lease_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("larch-operator-{}", std::process::id()));
+    let e = LeaderElector {
+        api: Api::<Lease>::namespaced(client.clone(), &ns),
+        name: args.lease_name.clone(),
+        identity,
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry: Duration::from_secs(2),
+    };
+    tracing::info!(lease = %e.name, identity = %e.identity, "waiting for leadership");
+    e.acquire().await;
+    tracing::info!("leading");
+    e
+}
+
 async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
@@ -107,26 +131,7 @@ async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tracing::info!(image = %args.image, namespace = ?args.namespace, "larch operator starting");
 
     let elector = if args.leader_election {
-        let ns = args
-            .lease_namespace
-            .clone()
-            .or_else(|| args.namespace.clone())
-            .unwrap_or_else(|| client.default_namespace().to_string());
-        let identity = std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| format!("larch-operator-{}", std::process::id()));
-        let e = LeaderElector {
-            api: Api::<Lease>::namespaced(client.clone(), &ns),
-            name: args.lease_name.clone(),
-            identity,
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry: Duration::from_secs(2),
-        };
-        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for leadership");
-        e.acquire().await;
-        tracing::info!("leading");
-        Some(e)
+        Some(lead(&args, &client).await)
     } else {
         None
     };

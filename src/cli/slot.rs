@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 use prometheus::Registry;
 use serde::Serialize;
 
-use super::{ConnectionArgs, parse_duration_arg};
+use super::{ConnectionArgs, SessionLimitArgs, parse_duration_arg};
 use crate::export::slot::{SlotMetrics, SlotReport, now_string};
 use crate::locks::MutexExt;
 use crate::source::postgres::{PostgresConfig, SlotWatcher, cleanup};
@@ -39,6 +39,8 @@ pub enum ExportCommand {
 pub struct CleanupArgs {
     #[command(flatten)]
     pub connection: ConnectionArgs,
+    #[command(flatten)]
+    pub session: SessionLimitArgs,
     /// Replication slot to drop (repeat for several).
     #[arg(long = "slot", required = true)]
     pub slots: Vec<String>,
@@ -67,6 +69,8 @@ pub struct CleanupArgs {
 pub struct SlotStatusArgs {
     #[command(flatten)]
     pub connection: ConnectionArgs,
+    #[command(flatten)]
+    pub session: SessionLimitArgs,
     /// Replication slot to report (repeat for several).
     #[arg(long = "slot", required = true)]
     pub slots: Vec<String>,
@@ -85,8 +89,13 @@ pub async fn run(command: ExportCommand) -> anyhow::Result<i32> {
     }
 }
 
-fn config(connection: &ConnectionArgs) -> anyhow::Result<PostgresConfig> {
-    Ok(PostgresConfig::new(connection.dsn()?, vec![], "", ""))
+fn config(
+    connection: &ConnectionArgs,
+    session: &SessionLimitArgs,
+) -> anyhow::Result<PostgresConfig> {
+    let mut config = PostgresConfig::new(connection.dsn()?, vec![], "", "");
+    config.limits = session.limits();
+    Ok(config)
 }
 
 async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
@@ -106,7 +115,7 @@ async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
             )
         })
         .collect();
-    let mut config = config(&args.connection)?;
+    let mut config = config(&args.connection, &args.session)?;
     config.owner = args.owner.clone();
     // An error goes to --summary-file as the termination message (cli::main).
     let report = cleanup(&config, &pairs, args.wait, args.adopt_legacy).await?;
@@ -159,7 +168,7 @@ struct Served {
 }
 
 async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
-    let mut watcher = SlotWatcher::new(config(&args.connection)?);
+    let mut watcher = SlotWatcher::new(config(&args.connection, &args.session)?);
     let Some(listen) = &args.listen else {
         let slots = watcher.read(&args.slots).await?;
         let reports: Vec<SlotReport> = slots

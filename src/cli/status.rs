@@ -172,83 +172,95 @@ pub async fn read(
         .list(&ListParams::default().fields("type=Warning"))
         .await
         .map_err(|e| listing("Events", e))?;
+    Ok(Overview {
+        exports: exports.items.iter().map(export_line).collect(),
+        sources: sources.items.iter().map(source_line).collect(),
+        source_sets: sets.items.iter().map(source_set_line).collect(),
+        warnings: warning_lines(warnings.items, events),
+    })
+}
 
-    let mut out = Overview::default();
-    for e in exports {
-        let status = e.status.clone().unwrap_or_default();
-        let (ready, reason) = ready_of(&status.conditions);
-        let last = status.last_export.clone();
-        let run = status.run.as_ref().map(|r| {
-            match r.succeeded {
-                Some(true) => "succeeded",
-                Some(false) => "failed",
-                None => "running",
+/// One export's line: its Ready condition, last export (else first writer) and schedule.
+fn export_line(e: &ArchiveExport) -> ExportLine {
+    let status = e.status.clone().unwrap_or_default();
+    let (ready, reason) = ready_of(&status.conditions);
+    let last = status.last_export.clone();
+    let run = status.run.as_ref().map(|r| {
+        match r.succeeded {
+            Some(true) => "succeeded",
+            Some(false) => "failed",
+            None => "running",
+        }
+        .to_string()
+    });
+    ExportLine {
+        namespace: e.metadata.namespace.clone().unwrap_or_default(),
+        name: e.metadata.name.clone().unwrap_or_default(),
+        mode: format!("{:?}", e.spec.mode),
+        ready,
+        reason,
+        last_export: last.as_ref().and_then(|l| l.time.clone()),
+        position: last
+            .as_ref()
+            .and_then(|l| l.position.clone())
+            .or_else(|| status.writers.first().and_then(|w| w.head_position.clone())),
+        epoch: last
+            .as_ref()
+            .and_then(|l| l.epoch)
+            .or_else(|| status.writers.first().and_then(|w| w.epoch)),
+        rows: last.as_ref().and_then(|l| l.row_count),
+        schedule: e.spec.schedule.as_ref().map(|s| {
+            if s.suspend == Some(true) {
+                format!("{} (suspended)", s.cron)
+            } else {
+                s.cron.clone()
             }
-            .to_string()
-        });
-        out.exports.push(ExportLine {
-            namespace: e.metadata.namespace.clone().unwrap_or_default(),
-            name: e.metadata.name.clone().unwrap_or_default(),
-            mode: format!("{:?}", e.spec.mode),
-            ready,
-            reason,
-            last_export: last.as_ref().and_then(|l| l.time.clone()),
-            position: last
-                .as_ref()
-                .and_then(|l| l.position.clone())
-                .or_else(|| status.writers.first().and_then(|w| w.head_position.clone())),
-            epoch: last
-                .as_ref()
-                .and_then(|l| l.epoch)
-                .or_else(|| status.writers.first().and_then(|w| w.epoch)),
-            rows: last.as_ref().and_then(|l| l.row_count),
-            schedule: e.spec.schedule.as_ref().map(|s| {
-                if s.suspend == Some(true) {
-                    format!("{} (suspended)", s.cron)
-                } else {
-                    s.cron.clone()
-                }
-            }),
-            run,
-            next_run: next_run(&e, jiff::Timestamp::now()),
-            progress: status.progress.as_ref().map(progress_text),
-        });
+        }),
+        run,
+        next_run: next_run(e, jiff::Timestamp::now()),
+        progress: status.progress.as_ref().map(progress_text),
     }
-    for s in sources {
-        let status = s.status.clone().unwrap_or_default();
-        let (ready, reason) = ready_of(&status.conditions);
-        out.sources.push(SourceLine {
-            namespace: s.metadata.namespace.clone().unwrap_or_default(),
-            name: s.metadata.name.clone().unwrap_or_default(),
-            ready,
-            reason,
-            engines_ready: status.ready_replicas,
-            engines: s.spec.replicas,
-            position: status.position.clone(),
-            head: status.head.clone(),
-            caught_up: condition(&status.conditions, "CaughtUp")
-                .map(|c| c.status == ConditionStatus::True),
-            head_time: status.head_time.clone(),
-            rebaselines: status.rebaselines.as_ref().map(|r| r.total),
-            rows: status.rows,
-            lag: status.lag.as_ref().map(|l| l.summary.clone()),
-            progress: status.progress.as_ref().map(progress_text),
-        });
+}
+
+fn source_line(s: &ArchiveSource) -> SourceLine {
+    let status = s.status.clone().unwrap_or_default();
+    let (ready, reason) = ready_of(&status.conditions);
+    SourceLine {
+        namespace: s.metadata.namespace.clone().unwrap_or_default(),
+        name: s.metadata.name.clone().unwrap_or_default(),
+        ready,
+        reason,
+        engines_ready: status.ready_replicas,
+        engines: s.spec.replicas,
+        position: status.position.clone(),
+        head: status.head.clone(),
+        caught_up: condition(&status.conditions, "CaughtUp")
+            .map(|c| c.status == ConditionStatus::True),
+        head_time: status.head_time.clone(),
+        rebaselines: status.rebaselines.as_ref().map(|r| r.total),
+        rows: status.rows,
+        lag: status.lag.as_ref().map(|l| l.summary.clone()),
+        progress: status.progress.as_ref().map(progress_text),
     }
-    for set in sets {
-        let status = set.status.clone().unwrap_or_default();
-        out.source_sets.push(SourceSetLine {
-            name: set.metadata.name.clone().unwrap_or_default(),
-            ready: ready_of(&status.conditions).0,
-            desired_namespaces: status.desired_namespaces,
-            ready_namespaces: status.ready_namespaces,
-            failing: status
-                .failing_namespaces
-                .iter()
-                .map(|f| format!("{}: {}", f.namespace, f.reason))
-                .collect(),
-        });
+}
+
+fn source_set_line(set: &ArchiveSourceSet) -> SourceSetLine {
+    let status = set.status.clone().unwrap_or_default();
+    SourceSetLine {
+        name: set.metadata.name.clone().unwrap_or_default(),
+        ready: ready_of(&status.conditions).0,
+        desired_namespaces: status.desired_namespaces,
+        ready_namespaces: status.ready_namespaces,
+        failing: status
+            .failing_namespaces
+            .iter()
+            .map(|f| format!("{}: {}", f.namespace, f.reason))
+            .collect(),
     }
+}
+
+/// The newest `events` warning Events about the three kinds, newest first.
+fn warning_lines(warnings: Vec<Event>, events: usize) -> Vec<WarningLine> {
     let mut ours: Vec<Event> = warnings
         .into_iter()
         .filter(|e| {
@@ -271,8 +283,9 @@ pub async fn read(
             })
     };
     ours.sort_by_key(|e| std::cmp::Reverse(seen(e)));
-    for e in ours.into_iter().take(events) {
-        out.warnings.push(WarningLine {
+    ours.into_iter()
+        .take(events)
+        .map(|e| WarningLine {
             namespace: e.metadata.namespace.clone().unwrap_or_default(),
             object: format!(
                 "{}/{}",
@@ -283,9 +296,8 @@ pub async fn read(
             message: e.message.clone().unwrap_or_default(),
             last_seen: seen(&e),
             count: e.count.unwrap_or(1),
-        });
-    }
-    Ok(out)
+        })
+        .collect()
 }
 
 /// When a scheduled, unsuspended export runs next after `now` (its cron in its time zone);
@@ -338,12 +350,19 @@ fn or_dash<T: ToString>(v: &Option<T>) -> String {
 /// The one screen.
 pub fn render(o: &Overview) -> String {
     let mut out = String::new();
-    let ready = |r: &str, why: &Option<String>| match why {
-        Some(w) => format!("{r} ({w})"),
-        None => r.to_string(),
-    };
     let _ = writeln!(out, "ARCHIVE EXPORTS");
-    out.push_str(&table(
+    out.push_str(&exports_table(&o.exports));
+    let _ = writeln!(out, "\nARCHIVE SOURCES");
+    out.push_str(&sources_table(&o.sources));
+    let _ = writeln!(out, "\nARCHIVE SOURCE SETS");
+    out.push_str(&source_sets_table(&o.source_sets));
+    let _ = writeln!(out, "\nRECENT WARNINGS");
+    out.push_str(&warnings_table(&o.warnings));
+    out
+}
+
+fn exports_table(exports: &[ExportLine]) -> String {
+    table(
         &[
             "NAMESPACE",
             "NAME",
@@ -358,14 +377,14 @@ pub fn render(o: &Overview) -> String {
             "SCHEDULE",
             "NEXT RUN",
         ],
-        o.exports
+        exports
             .iter()
             .map(|e| {
                 vec![
                     e.namespace.clone(),
                     e.name.clone(),
                     e.mode.clone(),
-                    ready(&e.ready, &e.reason),
+                    ready_text(&e.ready, &e.reason),
                     or_dash(&e.last_export),
                     or_dash(&e.run),
                     or_dash(&e.position),
@@ -377,9 +396,11 @@ pub fn render(o: &Overview) -> String {
                 ]
             })
             .collect(),
-    ));
-    let _ = writeln!(out, "\nARCHIVE SOURCES");
-    out.push_str(&table(
+    )
+}
+
+fn sources_table(sources: &[SourceLine]) -> String {
+    table(
         &[
             "NAMESPACE",
             "NAME",
@@ -394,13 +415,13 @@ pub fn render(o: &Overview) -> String {
             "REBASELINES",
             "ROWS",
         ],
-        o.sources
+        sources
             .iter()
             .map(|s| {
                 vec![
                     s.namespace.clone(),
                     s.name.clone(),
-                    ready(&s.ready, &s.reason),
+                    ready_text(&s.ready, &s.reason),
                     format!(
                         "{}/{}",
                         s.engines_ready.unwrap_or(0),
@@ -417,12 +438,13 @@ pub fn render(o: &Overview) -> String {
                 ]
             })
             .collect(),
-    ));
-    let _ = writeln!(out, "\nARCHIVE SOURCE SETS");
-    out.push_str(&table(
+    )
+}
+
+fn source_sets_table(sets: &[SourceSetLine]) -> String {
+    table(
         &["NAME", "READY", "NAMESPACES READY", "FAILING"],
-        o.source_sets
-            .iter()
+        sets.iter()
             .map(|s| {
                 vec![
                     s.name.clone(),
@@ -440,9 +462,11 @@ pub fn render(o: &Overview) -> String {
                 ]
             })
             .collect(),
-    ));
-    let _ = writeln!(out, "\nRECENT WARNINGS");
-    out.push_str(&table(
+    )
+}
+
+fn warnings_table(warnings: &[WarningLine]) -> String {
+    table(
         &[
             "LAST SEEN",
             "NAMESPACE",
@@ -451,7 +475,7 @@ pub fn render(o: &Overview) -> String {
             "COUNT",
             "MESSAGE",
         ],
-        o.warnings
+        warnings
             .iter()
             .map(|w| {
                 vec![
@@ -464,8 +488,15 @@ pub fn render(o: &Overview) -> String {
                 ]
             })
             .collect(),
-    ));
-    out
+    )
+}
+
+/// `True`, or the status with why it is not Ready.
+fn ready_text(r: &str, why: &Option<String>) -> String {
+    match why {
+        Some(w) => format!("{r} ({w})"),
+        None => r.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::support::{Env, KStatus, Verdict, argocd_health, kstatus_verdict, serial};
-use super::{env_with_operator, export_manifest, source_manifest, wait_export_succeeded};
+use super::helpers::{export_manifest, source_manifest, wait_export_succeeded};
+use super::support::{
+    Env, KStatus, Verdict, argocd_health, env_with_operator, kstatus_verdict, serial,
+};
 
 /// An object as both tools see it: (kstatus, kstatus message, Argo CD health, its message).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,7 +150,7 @@ fn s10_kstatus() {
         );
         let s = seen(&o);
         assert_eq!(s.kstatus_message, "Resource is Ready", "{what}");
-        let ready = super::condition(&o, "Ready").unwrap();
+        let ready = super::support::condition(&o, "Ready").unwrap();
         assert_eq!(
             s.health_message,
             format!(
@@ -242,7 +244,7 @@ spec:
         assert_spec_change_in_progress(&o);
         let (changes, o) = watch_until(e, kind, *ns, name, KStatus::Failed, "Degraded", 180);
         let s = seen(&o);
-        let stalled = super::condition(&o, "Stalled").unwrap();
+        let stalled = super::support::condition(&o, "Stalled").unwrap();
         let reason = stalled["reason"].as_str().unwrap();
         let message = stalled["message"].as_str().unwrap();
         assert_eq!(
@@ -331,7 +333,7 @@ fn s18_examples_do_not_drift() {
     let e = env_with_operator();
     let ns = "e2e-drift";
     e.namespace(ns, &[]);
-    let examples: Value = serde_json::from_str(&super::examples_for(e, ns)).unwrap();
+    let examples: Value = serde_json::from_str(&super::helpers::examples_for(e, ns)).unwrap();
     // The fleet example as it is (cluster-scoped; it selects no namespace here).
     e.kubectl(&["create", "namespace", "platform"]);
     // `kubectl create --dry-run -o json` prints one JSON document per object.
@@ -379,8 +381,8 @@ fn s18_examples_do_not_drift() {
     };
     // Reconciled: every object observed and Ready (the one-shot run done, its engines serving);
     // the continuous example's export and engine need nothing outside the cluster either.
-    super::wait_export_succeeded(e, ns, "users", None);
-    super::wait_source_ready(e, ns, "users-cache");
+    super::helpers::wait_export_succeeded(e, ns, "users", None);
+    super::helpers::wait_source_ready(e, ns, "users-cache");
     for o in &applied {
         let what = format!("{} {}", o["kind"], o["metadata"]["name"]);
         e.wait_for(
@@ -390,7 +392,8 @@ fn s18_examples_do_not_drift() {
             || {
                 let l = live(o);
                 (l["status"]["observedGeneration"] == l["metadata"]["generation"]
-                    && super::condition(&l, "Ready").is_some_and(|c| c["status"] != "Unknown"))
+                    && super::support::condition(&l, "Ready")
+                        .is_some_and(|c| c["status"] != "Unknown"))
                 .then_some(())
             },
         );

@@ -5,11 +5,10 @@
 
 use serde_json::Value;
 
-use super::support::{OPERATOR_NS, condition, serial};
-use super::{
-    engine_ip, engine_rows, env_with_operator, export_manifest, wait_export_succeeded,
-    wait_source_ready,
+use super::helpers::{
+    engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready,
 };
+use super::support::{OPERATOR_NS, condition, env_with_operator, serial};
 
 const PLATFORM: &str = "e2e-mask-platform";
 const DEVS: [&str; 3] = ["e2e-mask-a", "e2e-mask-b", "e2e-mask-c"];

@@ -8,11 +8,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::support::{Env, OPERATOR_NS, env_with_operator, serial};
-use super::{
+use super::helpers::{
     continuous_export_of_copy, engine_ip, oneshot_exported, source_manifest, wait_source_ready,
     writer_pods,
 };
+use super::support::{Env, OPERATOR_NS, env_with_operator, serial};
 
 fn scrape(ip: &str) -> String {
     let out = Command::new("curl")

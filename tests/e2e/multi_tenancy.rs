@@ -11,11 +11,10 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::support::{Env, OPERATOR_NS, REPO, serial, wait_until};
-use super::{
-    env_with_operator, export_manifest, get_cr, source_manifest, wait_export_succeeded,
-    wait_source_ready,
+use super::helpers::{
+    export_manifest, get_cr, source_manifest, wait_export_succeeded, wait_source_ready,
 };
+use super::support::{Env, OPERATOR_NS, REPO, env_with_operator, serial, wait_until};
 
 const NS: &str = "e2e-tenant";
 const SOURCE: &str = "guarded";

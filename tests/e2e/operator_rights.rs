@@ -4,9 +4,10 @@
 
 use serde_json::Value;
 
-use super::support::{Env, OPERATOR_NS, REPO, serial, wait_until};
-use super::{engine_ip, get_cr, wait_export_succeeded};
-use super::{env_with_operator, export_manifest, source_manifest, wait_source_ready};
+use super::helpers::{
+    engine_ip, export_manifest, get_cr, source_manifest, wait_export_succeeded, wait_source_ready,
+};
+use super::support::{Env, OPERATOR_NS, REPO, env_with_operator, serial, wait_until};
 
 /// `kubectl auth can-i VERB RESOURCE -n NS` as ServiceAccount `sa` of `sa_ns`.
 fn can_i(e: &Env, sa: &str, sa_ns: &str, verb: &str, resource: &str, ns: &str) -> bool {

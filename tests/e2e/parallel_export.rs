@@ -3,8 +3,8 @@
 //! each into its own archive, and an ArchiveSource over the export serves them all; the API
 //! server refuses `parallel` where it does not apply.
 
-use super::support::serial;
-use super::{engine_ip, engine_rows, env_with_operator, wait_export_succeeded, wait_source_ready};
+use super::helpers::{engine_ip, engine_rows, wait_export_succeeded, wait_source_ready};
+use super::support::{env_with_operator, serial};
 
 const NS: &str = "e2e-parallel";
 const BUCKET: &str = "parallel";

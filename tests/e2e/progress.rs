@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::helpers::{
+    export_manifest, get_cr, source_manifest, wait_export_succeeded, wait_source_ready,
+};
 use super::support::{Env, condition_is, env_with_operator, serial};
-use super::{export_manifest, get_cr, source_manifest, wait_export_succeeded, wait_source_ready};
 
 const NS: &str = "e2e-progress";
 const ROWS: i64 = 200_000;

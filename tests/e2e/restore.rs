@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::oneshot_exported;
+use super::helpers::oneshot_exported;
 use super::support::{Env, condition_is, env, serial};
 
 const NS: &str = "e2e-oneshot";

@@ -8,8 +8,8 @@
 
 use serde_json::Value;
 
+use super::helpers::{export_manifest, wait_export_succeeded};
 use super::support::{Env, env_with_operator, serial};
-use super::{export_manifest, wait_export_succeeded};
 
 const SRC: &str = "e2e-seed29";
 const BUCKET: &str = "seed29";

@@ -5,11 +5,10 @@
 
 use serde_json::Value;
 
-use super::support::{Env, condition_is, serial};
-use super::{
-    archive_row_count, env_with_operator, export_manifest, publication_count, slot_count,
-    writer_pods,
+use super::helpers::{
+    archive_row_count, export_manifest, publication_count, slot_count, writer_pods,
 };
+use super::support::{Env, condition_is, env_with_operator, serial};
 
 const TABLE: &str = "collided";
 /// (namespace, name, bucket) of the two exports.

@@ -5,8 +5,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use super::helpers::{oneshot_exported, source_manifest, wait_source_ready};
 use super::support::{env, serial};
-use super::{oneshot_exported, source_manifest, wait_source_ready};
 
 fn status(kubeconfig: &str, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_larch"))

@@ -4,6 +4,7 @@
 //! larch opens carries its timeouts; a data error's server text (which quotes row values) never
 //! reaches the termination message or stderr; debug logs carry no statement parameters.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use larch::source::postgres::{PostgresConfig, Session, SessionLimits, connect};
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json};
-use crate::masking::{Files, RULES, hits, larch, raw_values, setup};
+use crate::masking::{Files, RULES, USERS, hits, larch, local, raw_values, rows, setup};
 use crate::postgres_continuous::{Follow, listening, unsafe_kill};
 use crate::support::postgres::{Database, new_database};
 
@@ -586,4 +587,93 @@ async fn colliding_exports_get_distinct_slots_and_never_drop_each_others() {
         .batch_execute("SELECT pg_drop_replication_slot('theirs')")
         .await
         .unwrap();
+}
+
+/// Subqueries into the tables the same export exports, once enabled (`subqueries: true`): the
+/// kept rows are those the same predicate keeps on the server. A subquery into a table the
+/// export does not export, one reading a column the export masks, and any subquery without
+/// the switch are refused naming why, before anything is written.
+#[tokio::test]
+async fn row_filter_subqueries_read_only_what_the_export_exports_and_only_when_enabled() {
+    let db = new_database().await;
+    setup(&db).await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE secrets (user_id int8, secret text);
+             INSERT INTO secrets SELECT 7000000000 + g, 'secret' FROM generate_series(1, 5) g;",
+        )
+        .await
+        .unwrap();
+    let rules = |switch: &str, users_where: &str| {
+        format!(
+            "{switch}
+tables:
+  public.users:
+    undeclared: keep
+    columns:
+      email: hash
+    where: \"{users_where}\"
+  public.orders:
+    undeclared: keep
+    columns:
+      note: {{redact: x}}
+"
+        )
+    };
+    let big_orders = "id IN (SELECT o.user_id FROM public.orders o WHERE o.total > 300)";
+    let run = |rules: String| {
+        let files = Files::new(&rules);
+        let dir = tempfile::tempdir().unwrap();
+        let args = ["--table", "public.orders", "--key-prefix", "seed/"];
+        let (code, err, _) = export(
+            &db.dsn,
+            "public.users",
+            dir.path(),
+            &args,
+            Some(&files),
+            "info",
+        );
+        (code, err, dir)
+    };
+
+    let (code, err, dir) = run(rules("subqueries: true", big_orders));
+    assert_eq!(code, 0, "{err}");
+    let (_, users) = rows(local(&dir.path().join("store")), "seed/public.users/").await;
+    let exported: BTreeSet<i64> = users.iter().map(|u| u["id"].as_i64().unwrap()).collect();
+    let expected: BTreeSet<i64> = db
+        .client
+        .query("SELECT DISTINCT user_id FROM orders WHERE total > 300", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(exported, expected);
+    assert!(expected.len() > 10 && (expected.len() as i64) < USERS);
+
+    for (switch, predicate, refused) in [
+        (
+            "",
+            big_orders,
+            "a subquery (SELECT …) is not allowed in a row filter (subqueries into tables the \
+             same export exports need `subqueries: true`",
+        ),
+        (
+            "subqueries: true",
+            "id IN (SELECT s.user_id FROM public.secrets s)",
+            "a subquery into public.secrets is not allowed in a row filter (subqueries read only \
+             tables this export also exports: public.orders, public.users)",
+        ),
+        (
+            "subqueries: true",
+            "EXISTS (SELECT 1 FROM public.orders o WHERE o.user_id = users.id AND o.note LIKE 'x%')",
+            "column o.note is not allowed in a row filter (a subquery reads only columns that \
+             this export exports unmasked, and public.orders masks note)",
+        ),
+    ] {
+        let (code, err, dir) = run(rules(switch, predicate));
+        assert_eq!(code, 2, "{predicate}: {err}");
+        assert!(err.contains(refused), "{predicate}: {err}");
+        assert!(nothing_written(dir.path()), "{predicate}");
+    }
 }

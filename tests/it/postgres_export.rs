@@ -388,6 +388,24 @@ async fn export_failures_write_their_reason_to_the_summary_file() {
         (2, Some("TableNotFound")),
         "{doc}"
     );
+    // A request's owner obeys `--owner`'s rule: refused before anything connects.
+    let _ = std::fs::remove_file(&summary);
+    let mut bad_owner = request.clone();
+    bad_owner["tables"] = serde_json::json!(["events"]);
+    bad_owner["owner"] = serde_json::json!("team\nb");
+    let (code, _, stderr) = run(larch()
+        .env("LARCH_PG_DSN", "host=127.0.0.1 port=1 connect_timeout=1")
+        .args(["export", "--request", &bad_owner.to_string()]));
+    let doc: Value = serde_json::from_str(std::fs::read_to_string(&summary).unwrap().trim())
+        .unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!((code, doc["reason"].as_str()), (2, Some("InvalidConfig")));
+    assert!(
+        doc["error"]
+            .as_str()
+            .unwrap()
+            .contains("owner \"team\\nb\": an owner is 1 to 256 bytes of printable text"),
+        "{doc}"
+    );
     // Nothing was dropped by the quoted name.
     let n: i64 = db
         .client

@@ -47,6 +47,27 @@ impl FromStr for TableId {
     }
 }
 
+/// Some of a table's columns, named by what is in or out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ColumnSelection {
+    /// Every column.
+    All,
+    /// Only these.
+    Only(std::collections::BTreeSet<String>),
+    /// Every column but these.
+    AllBut(std::collections::BTreeSet<String>),
+}
+
+impl ColumnSelection {
+    pub fn contains(&self, column: &str) -> bool {
+        match self {
+            ColumnSelection::All => true,
+            ColumnSelection::Only(c) => c.contains(column),
+            ColumnSelection::AllBut(c) => !c.contains(column),
+        }
+    }
+}
+
 /// A change action; its wire name is the uppercase word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {

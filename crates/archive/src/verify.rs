@@ -30,52 +30,7 @@ pub async fn verify(reader: &ArchiveReader) -> Result<(Manifest, Report)> {
                 continue;
             };
             let key = artifact_key(reader.key_prefix(), artifact, format.extension());
-            let single =
-                ArchiveReader::new(reader.store().clone(), reader.key_prefix(), vec![format])?;
-            report.checked_objects += 1;
-            let counted = match artifact.kind {
-                ArtifactKind::Snapshot => {
-                    return_boxed(single.fold_rows(artifact, vec!["id".into()], 0i64, |n, _| {
-                        *n += 1;
-                        Ok(())
-                    }))
-                }
-                ArtifactKind::Diff => {
-                    // Boxed to unify the two future types.
-                    return_boxed(single.fold_changes(artifact, 0i64, |n, _| {
-                        *n += 1;
-                        Ok(())
-                    }))
-                }
-            }
-            .await;
-            match counted {
-                // Most read errors name the object already: never twice.
-                Err(e) => {
-                    let e = e.to_string();
-                    report.problems.push(if e.contains(key.as_str()) {
-                        e
-                    } else {
-                        format!("{key}: {e}")
-                    })
-                }
-                Ok(n) => {
-                    let want = match artifact.kind {
-                        ArtifactKind::Snapshot => artifact.row_count,
-                        ArtifactKind::Diff => artifact.change_count,
-                    };
-                    if n != want {
-                        let what = if artifact.kind == ArtifactKind::Snapshot {
-                            "row_count"
-                        } else {
-                            "change_count"
-                        };
-                        report.problems.push(format!(
-                            "{key}: holds {n} records, the manifest's {what} says {want}"
-                        ));
-                    }
-                }
-            }
+            check_records(reader, artifact, format, &key, &mut report).await?;
             if fref.size_bytes < 0 {
                 report
                     .problems
@@ -88,8 +43,71 @@ pub async fn verify(reader: &ArchiveReader) -> Result<(Manifest, Report)> {
                 .push(format!("{}: lists no formats", describe(artifact)));
         }
     }
-    if let Some(snapshot) = newest_snapshot(&manifest) {
-        let plan = plan_head(&manifest);
+    check_head(&manifest, &mut report);
+    Ok((manifest, report))
+}
+
+/// Reads one object of `artifact` to the end: it decodes and holds as many records as the
+/// manifest says.
+async fn check_records(
+    reader: &ArchiveReader,
+    artifact: &Artifact,
+    format: Format,
+    key: &str,
+    report: &mut Report,
+) -> Result<()> {
+    let single = ArchiveReader::new(reader.store().clone(), reader.key_prefix(), vec![format])?;
+    report.checked_objects += 1;
+    let counted = match artifact.kind {
+        ArtifactKind::Snapshot => {
+            return_boxed(single.fold_rows(artifact, vec!["id".into()], 0i64, |n, _| {
+                *n += 1;
+                Ok(())
+            }))
+        }
+        ArtifactKind::Diff => {
+            // Boxed to unify the two future types.
+            return_boxed(single.fold_changes(artifact, 0i64, |n, _| {
+                *n += 1;
+                Ok(())
+            }))
+        }
+    }
+    .await;
+    match counted {
+        // Most read errors name the object already: never twice.
+        Err(e) => {
+            let e = e.to_string();
+            report.problems.push(if e.contains(key) {
+                e
+            } else {
+                format!("{key}: {e}")
+            })
+        }
+        Ok(n) => {
+            let want = match artifact.kind {
+                ArtifactKind::Snapshot => artifact.row_count,
+                ArtifactKind::Diff => artifact.change_count,
+            };
+            if n != want {
+                let what = if artifact.kind == ArtifactKind::Snapshot {
+                    "row_count"
+                } else {
+                    "change_count"
+                };
+                report.problems.push(format!(
+                    "{key}: holds {n} records, the manifest's {what} says {want}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chain from the newest snapshot reaches the manifest's head.
+fn check_head(manifest: &Manifest, report: &mut Report) {
+    if let Some(snapshot) = newest_snapshot(manifest) {
+        let plan = plan_head(manifest);
         if compare(&plan.head_position, &manifest.head_position) != Ordering::Equal
             && canonical(&plan.head_position) != canonical(&manifest.head_position)
         {
@@ -107,7 +125,6 @@ pub async fn verify(reader: &ArchiveReader) -> Result<(Manifest, Report)> {
             .problems
             .push("the manifest lists diffs but no snapshot to start from".into());
     }
-    Ok((manifest, report))
 }
 
 fn return_boxed<'a, T>(

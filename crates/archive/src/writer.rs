@@ -11,34 +11,26 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use chrono::{DateTime, FixedOffset};
-use tokio::sync::{mpsc, oneshot};
 
 use super::error::{ArchiveError, Result};
-use super::format::{Encoder, Format};
+use super::format::Format;
 use super::identity::{laredo_row_key, row_identity};
-use super::manifest::{
-    Artifact, ArtifactKind, FormatRef, Manifest, artifact_key, manifest_key, now_utc, object_keys,
-    referenced_keys,
-};
+use super::manifest::{Artifact, ArtifactKind, Manifest, manifest_key, now_utc};
 use super::masking::TransformRecord;
 use super::model::{Action, Change, ColumnDefinition, effective_key_fields};
 use super::policy::{EpochTrigger, Policy, PolicyInputs};
 use super::position::{self, compare};
 use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
-use super::store::{ObjectWriter, Store, check_key_prefix};
+use super::store::{Store, check_key_prefix};
 use super::value::Row;
 
-/// One format of a snapshot being uploaded: its encoder and one streaming upload per store.
-type Upload = (
-    Format,
-    Encoder,
-    Vec<(Arc<dyn Store>, String, Box<dyn ObjectWriter>)>,
-);
+mod commit;
+mod snapshot;
+mod uploads;
 
-/// Bytes buffered per format before they go to the upload.
-const UPLOAD_CHUNK: usize = 1 << 20;
+pub use snapshot::SnapshotRows;
+use uploads::{Upload, send_chunks};
 
 /// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a
 /// test's clock that runs ahead or behind.
@@ -462,62 +454,14 @@ impl ArchiveWriter {
             .map(|t| t.elapsed())
             .unwrap_or(Duration::MAX);
         if self.buffer.is_empty() {
-            // laredo never fires max_interval on an idle table; larch does (its only trigger
-            // that makes sense without changes).
-            let p = &self.config.policy;
-            if !p.max_interval.is_zero()
-                && since >= p.max_interval
-                && (p.min_interval.is_zero() || since >= p.min_interval)
-                && self.manifest.epoch > 0
-            {
-                return Ok(FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval));
-            }
-            return Ok(FlushOutcome::Idle);
+            return Ok(self.idle_outcome(since));
         }
-        let from = self.manifest.head_position.clone();
-        if !position::is_valid(to) || compare(to, &from) != std::cmp::Ordering::Greater {
-            return Err(ArchiveError::Invalid(format!(
-                "a diff must end at a valid position after {from:?}; got {to:?} (W1)"
-            )));
-        }
-        let mut artifact = Artifact {
-            kind: ArtifactKind::Diff,
-            epoch: self.manifest.epoch,
-            from_position: Some(from),
-            to_position: to.to_string(),
-            created_at: self.config.clock.now(),
-            row_count: 0,
-            change_count: 0,
-            formats: BTreeMap::new(),
-            first_commit_time: self.buffer_commit_times.map(|(first, _)| first),
-            last_commit_time: self.buffer_commit_times.map(|(_, last)| last),
-            snapshot_time: None,
-        };
+        let mut artifact = self.diff_artifact(to)?;
         // Streamed from the merge of the buffer's runs and memory straight into the uploads.
         let mut uploads = self
             .start_uploads(&artifact, &self.config.diff_formats)
             .await?;
-        let streamed: Result<i64> = async {
-            let mut count = 0;
-            if self.buffer.truncated() {
-                let truncate = self.change_truncate();
-                for (_, enc, _) in uploads.iter_mut() {
-                    enc.change(&truncate)?;
-                }
-                count += 1;
-            }
-            for item in self.buffer.merged()? {
-                let (_, e) = item?;
-                let change = self.change(e.action, e.old, e.new);
-                for (_, enc, _) in uploads.iter_mut() {
-                    enc.change(&change)?;
-                }
-                count += 1;
-                send_chunks(&mut uploads).await?;
-            }
-            Ok(count)
-        }
-        .await;
+        let streamed = self.stream_diff(&mut uploads).await;
         let (count, written, primary_bytes) =
             self.end_uploads(uploads, streamed, &mut artifact).await?;
         artifact.change_count = count;
@@ -544,309 +488,64 @@ impl ArchiveWriter {
         })
     }
 
-    /// One streaming upload per format and store for `artifact`.
-    async fn start_uploads(&self, artifact: &Artifact, formats: &[Format]) -> Result<Vec<Upload>> {
-        let mut uploads: Vec<Upload> = Vec::new();
-        for format in formats {
-            let key = artifact_key(&self.config.key_prefix, artifact, format.extension());
-            let mut writers = Vec::new();
-            for store in &self.stores {
-                match store.create(&key).await {
-                    Ok(w) => writers.push((store.clone(), key.clone(), w)),
-                    Err(e) => {
-                        abort_all(uploads).await;
-                        for (_, _, w) in writers {
-                            w.abort().await;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-            uploads.push((*format, Encoder::new(*format)?, writers));
+    /// What a flush without buffered changes does: a snapshot when `max_interval` has passed.
+    fn idle_outcome(&self, since: Duration) -> FlushOutcome {
+        // laredo never fires max_interval on an idle table; larch does (its only trigger
+        // that makes sense without changes).
+        let p = &self.config.policy;
+        if !p.max_interval.is_zero()
+            && since >= p.max_interval
+            && (p.min_interval.is_zero() || since >= p.min_interval)
+            && self.manifest.epoch > 0
+        {
+            return FlushOutcome::SnapshotNeeded(EpochTrigger::MaxInterval);
         }
-        Ok(uploads)
+        FlushOutcome::Idle
     }
 
-    /// Writes a base snapshot at a new epoch from a stream of rows (every row of the table at
-    /// `position`), then commits it (W5, W6). Buffered changes are dropped: the snapshot covers
-    /// them. Memory stays bounded: rows go straight to streaming uploads.
-    pub async fn write_snapshot(
-        &mut self,
-        position: &str,
-        rows: mpsc::Receiver<Row>,
-    ) -> Result<Artifact> {
-        self.write_snapshot_verified(position, rows, None).await
-    }
-
-    /// `write_snapshot` for a row stream whose producer reports success or failure once it
-    /// ends: the snapshot commits only on success, so a producer that fails half-way never
-    /// leaves a partial snapshot in the manifest.
-    pub async fn write_snapshot_verified(
-        &mut self,
-        position: &str,
-        mut rows: impl SnapshotRows,
-        verdict: Option<oneshot::Receiver<Result<()>>>,
-    ) -> Result<Artifact> {
-        let epoch = self.manifest.epoch + 1;
-        let mut artifact = Artifact {
-            kind: ArtifactKind::Snapshot,
-            epoch,
-            from_position: None,
-            to_position: position.to_string(),
+    /// The diff artifact from the head to `to`, before its uploads (W1).
+    fn diff_artifact(&self, to: &str) -> Result<Artifact> {
+        let from = self.manifest.head_position.clone();
+        if !position::is_valid(to) || compare(to, &from) != std::cmp::Ordering::Greater {
+            return Err(ArchiveError::Invalid(format!(
+                "a diff must end at a valid position after {from:?}; got {to:?} (W1)"
+            )));
+        }
+        Ok(Artifact {
+            kind: ArtifactKind::Diff,
+            epoch: self.manifest.epoch,
+            from_position: Some(from),
+            to_position: to.to_string(),
             created_at: self.config.clock.now(),
             row_count: 0,
             change_count: 0,
             formats: BTreeMap::new(),
-            first_commit_time: None,
-            last_commit_time: None,
-            snapshot_time: self.next_snapshot_time.take(),
-        };
-        let mut uploads = self
-            .start_uploads(&artifact, &self.config.snapshot_formats)
-            .await?;
-        let mut count: i64 = 0;
-        let counter = self.row_progress.clone();
-        let streamed: Result<()> = async {
-            let mut batch = Vec::new();
-            while rows.next_rows(&mut batch).await {
-                let n = batch.len() as u64;
-                let mut bytes = 0;
-                for row in batch.drain(..) {
-                    bytes += row.as_str().len() as u64;
-                    for (_, enc, _) in uploads.iter_mut() {
-                        enc.row(&row)?;
-                    }
-                }
-                count += n as i64;
-                if let Some(p) = &counter {
-                    p.add(n, bytes);
-                }
-                send_chunks(&mut uploads).await?;
-            }
-            match verdict {
-                None => Ok(()),
-                Some(v) => v.await.unwrap_or_else(|_| {
-                    Err(ArchiveError::Invalid(
-                        "the row producer vanished before finishing".into(),
-                    ))
-                }),
-            }
-        }
-        .await;
-        let ((), written, primary_bytes) =
-            self.end_uploads(uploads, streamed, &mut artifact).await?;
-        artifact.row_count = count;
-        if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
-            self.cleanup(&written).await;
-            return Err(e);
-        }
-        self.buffer.clear();
-        self.buffer_commit_times = None;
-        self.churn = 0;
-        self.rows_estimate = count as u64;
-        self.last_snapshot_at = Some(Instant::now());
-        self.last_snapshot_bytes = primary_bytes;
-        Ok(artifact)
+            first_commit_time: self.buffer_commit_times.map(|(first, _)| first),
+            last_commit_time: self.buffer_commit_times.map(|(_, last)| last),
+            snapshot_time: None,
+        })
     }
 
-    /// Writes a new base snapshot at the head from the archive itself (the newest snapshot
-    /// folded with its diff chain), without asking the source for a new baseline. Memory stays
-    /// within the spill's memory limit whatever the size of the diffs ([`super::fold`]).
-    /// Buffered changes must have been flushed first; an open transaction stays open.
-    pub async fn compact(&mut self) -> Result<Artifact> {
-        self.compact_reporting(None).await
-    }
-
-    /// [`Self::compact`], counting the rows written in `progress` (against the newest
-    /// snapshot's `row_count`).
-    pub async fn compact_reporting(
-        &mut self,
-        progress: Option<Arc<larch_core::progress::Progress>>,
-    ) -> Result<Artifact> {
-        if !self.buffer.is_empty() {
-            return Err(ArchiveError::Invalid(
-                "flush buffered changes before compacting".into(),
-            ));
-        }
-        let plan = super::plan::plan_head(&self.manifest);
-        let expected = plan.snapshot.as_ref().map(|s| s.row_count);
-        // The head's time: the last diff's commit time, else the base snapshot's.
-        self.next_snapshot_time = plan
-            .diffs
-            .last()
-            .or(plan.snapshot.as_ref())
-            .and_then(Artifact::end_time);
-        if !position::same(&plan.head_position, &self.manifest.head_position) {
-            return Err(ArchiveError::Invalid(format!(
-                "cannot compact: the chain from the newest snapshot reaches {:?}, not the head {:?}",
-                plan.head_position, self.manifest.head_position
-            )));
-        }
-        let mut formats = self.config.snapshot_formats.clone();
-        formats.extend(self.config.diff_formats.iter().copied());
-        formats.extend(Format::ALL);
-        formats.dedup();
-        let reader = super::reader::ArchiveReader::new(
-            self.stores[0].clone(),
-            &self.config.key_prefix,
-            formats,
-        )?;
-        // The open transaction keeps its share of the memory.
-        let limit = self.config.spill.memory_limit;
-        let budget = limit
-            .saturating_sub(self.pending.memory_bytes())
-            .max(limit / 4);
-        let head = super::fold::head_rows(
-            reader,
-            plan,
-            self.key_fields.clone(),
-            self.spill.clone(),
-            budget,
-        );
-        let position = self.manifest.head_position.clone();
-        if let Some(p) = &progress {
-            p.set_total(expected.map(|n| n.max(0) as u64));
-        }
-        self.row_progress = progress;
-        let written = self
-            .write_snapshot_verified(&position, head.rows, Some(head.verdict))
-            .await;
-        self.row_progress = None;
-        written
-    }
-
-    /// Appends the artifact to a copy of the manifest, prunes, and compare-and-swaps it onto
-    /// every store in order; adopts it only when every store took it. Then deletes the objects
-    /// of pruned artifacts (W7).
-    async fn commit(&mut self, artifact: Artifact, new_epoch: Option<i64>) -> Result<()> {
-        let mut next = self.manifest.clone();
-        next.manifest_version = super::manifest::MANIFEST_VERSION;
-        next.table = self.config.table.clone();
-        if let Some(e) = new_epoch {
-            next.epoch = e;
-        }
-        next.updated_at = self.config.clock.now();
-        next.head_position = artifact.to_position.clone();
-        next.artifacts.push(artifact);
-        let retention = super::retention::Retention {
-            keep_epochs: self.config.keep_epochs,
-            max_age: self.config.max_age,
-        };
-        let (kept, pruned) = super::retention::prune(
-            std::mem::take(&mut next.artifacts),
-            next.epoch,
-            &retention,
-            next.updated_at,
-        );
-        next.artifacts = kept;
-        let bytes = Bytes::from(next.to_json());
-        let key = manifest_key(&self.config.key_prefix);
-        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_UPLOAD);
-        self.check_uploads(next.artifacts.last().expect("just pushed"))
-            .await?;
-        for (i, store) in self.stores.iter().enumerate() {
-            match store.put_cas(&key, bytes.clone(), &self.revisions[i]).await {
-                Ok(rev) => self.revisions[i] = rev,
-                Err(ArchiveError::CasConflict { .. }) => {
-                    return Err(ArchiveError::CasConflict {
-                        key: format!("{key} on {}", store.name()),
-                    });
-                }
-                Err(e) => return Err(e),
+    /// Encodes the buffered changes (a TRUNCATE first) into `uploads`; returns their count.
+    async fn stream_diff(&self, uploads: &mut [Upload]) -> Result<i64> {
+        let mut count = 0;
+        if self.buffer.truncated() {
+            let truncate = self.change_truncate();
+            for (_, enc, _) in uploads.iter_mut() {
+                enc.change(&truncate)?;
             }
+            count += 1;
         }
-        self.manifest = next;
-        super::crashpoint::crash_point(super::crashpoint::WRITER_AFTER_COMMIT);
-        self.delete_artifacts(&pruned).await;
-        let first_due = self.sweep_after_commit
-            && self.opened_at.elapsed() > super::orphans::STORE_TIME_RESOLUTION;
-        if first_due || new_epoch.is_some() || !pruned.is_empty() {
-            if first_due {
-                self.sweep_after_commit = false;
+        for item in self.buffer.merged()? {
+            let (_, e) = item?;
+            let change = self.change(e.action, e.old, e.new);
+            for (_, enc, _) in uploads.iter_mut() {
+                enc.change(&change)?;
             }
-            self.sweep_orphans().await;
+            count += 1;
+            send_chunks(uploads).await?;
         }
-        Ok(())
-    }
-
-    /// Right before the manifest swap: every object of `artifact` is on every store with the
-    /// size uploaded. Whatever removed one in between (a `gc --delete` judging by a skewed clock,
-    /// an operator's `rm`) would otherwise make the commit point at nothing.
-    async fn check_uploads(&self, artifact: &Artifact) -> Result<()> {
-        for (format, entry) in &artifact.formats {
-            let ext = Format::parse(format)?.extension();
-            let key = artifact_key(&self.config.key_prefix, artifact, ext);
-            for store in &self.stores {
-                match store.head(&key).await? {
-                    Some(o) if o.size as i64 == entry.size_bytes => {}
-                    found => {
-                        return Err(ArchiveError::Invalid(format!(
-                            "{key} on {}: {} before the manifest commit (uploaded {} B); not \
-                             committing (was it deleted by `larch archive gc` or by hand?)",
-                            store.name(),
-                            match found {
-                                Some(o) => format!("{} B", o.size),
-                                None => "gone".into(),
-                            },
-                            entry.size_bytes
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn delete_artifacts(&self, artifacts: &[Artifact]) {
-        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
-        for a in artifacts {
-            for key in object_keys(&self.config.key_prefix, a) {
-                if live.contains(&key) {
-                    continue; // sanitised keys can collide (laredo §2.1): never delete a live object
-                }
-                for store in &self.stores {
-                    if let Err(e) = store.delete(&key).await {
-                        tracing::warn!(key = %key, store = %store.name(), error = %e, "retention could not delete a pruned object; it stays as an orphan");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Removes objects uploaded for an artifact that was not committed.
-    /// Ends a streamed artifact's uploads: aborts them when streaming failed, else finishes them
-    /// (a failed finish deletes what was written). Returns what streaming returned, the objects
-    /// written and the primary format's size.
-    async fn end_uploads<T>(
-        &self,
-        uploads: Vec<Upload>,
-        streamed: Result<T>,
-        artifact: &mut Artifact,
-    ) -> Result<(T, Written, u64)> {
-        let value = match streamed {
-            Ok(v) => v,
-            Err(e) => {
-                abort_all(uploads).await;
-                return Err(e);
-            }
-        };
-        match finish_uploads(uploads, artifact).await {
-            Ok((written, bytes)) => Ok((value, written, bytes)),
-            Err((e, written)) => {
-                self.cleanup(&written).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn cleanup(&self, written: &Written) {
-        let live = referenced_keys(&self.config.key_prefix, &self.manifest.artifacts);
-        for (store, key) in written {
-            if live.contains(key) {
-                continue; // the key of a committed artifact (a repeated position): leave it
-            }
-            let _ = store.delete(key).await;
-        }
+        Ok(count)
     }
 
     /// Re-reads the primary manifest after a conflict: `true` when someone else changed it.
@@ -871,104 +570,6 @@ fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Sends each format's encoded bytes to its uploads once a chunk is ready.
-async fn send_chunks(uploads: &mut [Upload]) -> Result<()> {
-    for (_, enc, writers) in uploads.iter_mut() {
-        if enc.pending() >= UPLOAD_CHUNK {
-            let chunk = enc.take();
-            for (_, _, w) in writers.iter_mut() {
-                w.write(&chunk).await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The rows of a snapshot as they arrive: one at a time (taken a few at once) or in batches.
-pub trait SnapshotRows: Send {
-    /// Moves the next rows into `batch` (empty on entry); false once the stream has ended.
-    fn next_rows(&mut self, batch: &mut Vec<Row>) -> impl Future<Output = bool> + Send;
-}
-
-/// Rows a snapshot takes from a row-at-a-time channel at once.
-const ROWS_PER_RECEIVE: usize = 256;
-
-impl SnapshotRows for mpsc::Receiver<Row> {
-    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
-        self.recv_many(batch, ROWS_PER_RECEIVE).await > 0
-    }
-}
-
-impl SnapshotRows for mpsc::Receiver<Vec<Row>> {
-    async fn next_rows(&mut self, batch: &mut Vec<Row>) -> bool {
-        match self.recv().await {
-            Some(rows) => {
-                *batch = rows;
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// Objects stored by an artifact's uploads (to delete if the artifact is not committed).
-type Written = Vec<(Arc<dyn Store>, String)>;
-
-/// Finishes every upload and records each format in `artifact`; returns what was stored and
-/// the size of the first format. On failure the rest are aborted and the error comes with what
-/// was already stored.
-async fn finish_uploads(
-    uploads: Vec<Upload>,
-    artifact: &mut Artifact,
-) -> std::result::Result<(Written, u64), (ArchiveError, Written)> {
-    let mut written = Vec::new();
-    let mut failure = None;
-    let mut first_bytes = None;
-    for (format, enc, writers) in uploads {
-        let tail = match enc.finish() {
-            Ok(t) => t,
-            Err(e) => {
-                failure.get_or_insert(e);
-                Vec::new()
-            }
-        };
-        let mut first = None;
-        for (store, key, mut w) in writers {
-            if failure.is_some() {
-                w.abort().await;
-                continue;
-            }
-            if let Err(e) = w.write(&tail).await {
-                w.abort().await;
-                failure = Some(e);
-                continue;
-            }
-            match w.finish().await {
-                Ok(r) => {
-                    written.push((store, key));
-                    first.get_or_insert(r);
-                }
-                Err(e) => failure = Some(e),
-            }
-        }
-        if let Some(r) = first {
-            first_bytes.get_or_insert(r.size);
-            artifact.formats.insert(
-                format.id().to_string(),
-                FormatRef {
-                    uri: r.uri,
-                    size_bytes: r.size as i64,
-                    sha256: Some(r.sha256),
-                },
-            );
-        }
-    }
-    match failure {
-        Some(e) => Err((e, written)),
-        None => Ok((written, first_bytes.unwrap_or(0))),
-    }
-}
-
 /// The prefix of the spill directories of one archive: a hash of its stores and key prefix.
 fn spill_tag(stores: &[Arc<dyn Store>], key_prefix: &str) -> String {
     let mut parts: Vec<String> = stores.iter().map(|s| s.name()).collect();
@@ -977,12 +578,4 @@ fn spill_tag(stores: &[Arc<dyn Store>], key_prefix: &str) -> String {
         "archive",
         &parts.iter().map(String::as_str).collect::<Vec<_>>(),
     )
-}
-
-async fn abort_all(uploads: Vec<Upload>) {
-    for (_, _, writers) in uploads {
-        for (_, _, w) in writers {
-            w.abort().await;
-        }
-    }
 }

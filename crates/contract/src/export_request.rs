@@ -125,6 +125,9 @@ pub struct ExportRequest {
     /// `--where`: the row filter of a one-shot export of one table.
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     pub row_filter: Option<String>,
+    /// `--where-subqueries`: row filters may use subqueries into the export's tables.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub where_subqueries: bool,
     /// `--sample`: the percentage of rows kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample: Option<f64>,

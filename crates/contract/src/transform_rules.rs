@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use larch_archive::model::TableId;
+use larch_archive::model::{ColumnSelection, TableId};
 use serde::{Deserialize, Serialize};
 
 /// The rules of a transform file / `spec.transform`: tables by `schema.table`.
@@ -21,6 +21,11 @@ pub struct TransformRules {
     #[serde(default)]
     #[schemars(extend("maxProperties" = 256))]
     pub tables: BTreeMap<String, TableRules>,
+    /// Row filters (`where:`) may use `EXISTS (SELECT …)` and `x IN (SELECT …)` into tables the
+    /// same export also exports, reading only the columns those export unmasked (default
+    /// false: no subquery; docs/security.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subqueries: bool,
 }
 
 /// One table's rules.
@@ -38,8 +43,8 @@ pub struct TableRules {
     pub columns: BTreeMap<String, ColumnRule>,
     /// Subsetting (one-shot exports only): an SQL predicate on the table's columns; only the
     /// rows it keeps are exported. Parsed by PostgreSQL's parser: columns of the table,
-    /// constants, operators, casts to built-in types and immutable functions only (no
-    /// subqueries; docs/security.md).
+    /// constants, operators, casts to built-in types and immutable functions only; subqueries
+    /// into this export's tables with `subqueries: true` (docs/security.md).
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub row_filter: Option<String>,
@@ -188,6 +193,27 @@ impl TransformRules {
             }
         }
         Ok(rules)
+    }
+
+    /// The columns of `table` these rules export unmasked (`keep`): all but the masked ones
+    /// with `undeclared: keep`, else only those named `keep`; none of a table they do not name
+    /// (its export is refused).
+    pub fn unmasked_columns(&self, table: &TableId) -> ColumnSelection {
+        let Some(rules) = self.tables.get(&table.to_string()) else {
+            return ColumnSelection::Only(Default::default());
+        };
+        let named = |keep: bool| {
+            rules
+                .columns
+                .iter()
+                .filter(|(_, rule)| (**rule == ColumnRule::Keep) == keep)
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        match rules.undeclared {
+            ColumnRule::Keep => ColumnSelection::AllBut(named(false)),
+            _ => ColumnSelection::Only(named(true)),
+        }
     }
 
     /// Whether any rule of any table hashes or fakes (a key is then needed).

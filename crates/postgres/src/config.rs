@@ -153,6 +153,8 @@ pub struct PostgresConfig {
     /// [`super::snapshot::check_row_filter`]): the COPY reads only the rows it keeps. Only for
     /// a snapshot-only source (a stream would not respect it).
     pub row_filters: std::collections::BTreeMap<TableId, String>,
+    /// What the row filters' subqueries may read; None: no subquery (the default).
+    pub row_filter_subqueries: Option<crate::row_filter::SubqueryTables>,
     pub reconnect: Reconnect,
     /// How often acknowledged positions reach the server at most.
     pub status_interval: Duration,
@@ -180,6 +182,7 @@ impl PostgresConfig {
             create_publication: true,
             snapshot_only: false,
             row_filters: Default::default(),
+            row_filter_subqueries: None,
             reconnect: Reconnect::default(),
             status_interval: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(10),
@@ -327,6 +330,7 @@ impl fmt::Debug for PostgresConfig {
             .field("create_publication", &self.create_publication)
             .field("snapshot_only", &self.snapshot_only)
             .field("row_filters", &self.row_filters)
+            .field("row_filter_subqueries", &self.row_filter_subqueries)
             .field("reconnect", &self.reconnect)
             .field("limits", &self.limits)
             .finish()

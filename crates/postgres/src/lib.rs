@@ -14,6 +14,7 @@
 mod config;
 pub mod connection;
 pub mod errors;
+mod estimate;
 mod lifecycle;
 pub mod ownership;
 mod pgoutput;
@@ -36,9 +37,10 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_postgres::Client;
 
 pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
+pub use estimate::estimate_from_catalog;
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use ownership::owner_comment;
-pub use row_filter::check_row_filter;
+pub use row_filter::{SubqueryTables, check_row_filter, check_row_filter_with};
 pub use schema::TableSchema;
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
@@ -221,6 +223,54 @@ impl PostgresSource {
 }
 
 impl Inner {
+    /// The slot as `init` finds it: a foreign or mismatched one is refused, an invalidated one
+    /// remembered (a new baseline is needed), a healthy persistent one resumed from.
+    async fn check_slot_at_init(&self, client: &Client) -> anyhow::Result<()> {
+        let slot = &self.config.slot_name;
+        match schema::slot_info(client, slot).await? {
+            Some(info) => {
+                let ours = info.plugin.as_deref() == Some("pgoutput") && !info.temporary;
+                if self.config.slot_mode == SlotMode::Temporary || !ours {
+                    bail!(
+                        "replication slot {slot} already exists ({}): another export uses this \
+                         name; choose another slot name",
+                        if info.temporary {
+                            "a temporary slot of another session"
+                        } else {
+                            "a persistent slot"
+                        }
+                    );
+                }
+                let db = client
+                    .query_one("SELECT current_database()::text", &[])
+                    .await?;
+                let db: String = db.get(0);
+                if info.database.as_deref() != Some(db.as_str()) {
+                    bail!(
+                        "replication slot {slot} belongs to database {:?}, not {db:?}: choose another slot name",
+                        info.database.as_deref().unwrap_or("")
+                    );
+                }
+                if info.wal_status.as_deref() == Some("lost") {
+                    tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
+                    *self.lost_at_init.locked() = Some(format!(
+                        "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
+                    ));
+                } else if let Some(c) = info.confirmed_flush {
+                    *self.last_acked.locked() = Some(Lsn(c).to_string());
+                    self.resume.store(true, Ordering::Relaxed);
+                }
+            }
+            None => {
+                self.resume.store(
+                    self.config.slot_mode == SlotMode::Persistent,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn set_state(&self, s: SourceState) {
         *self.state.locked() = s;
     }
@@ -304,7 +354,8 @@ impl SyncSource for PostgresSource {
                 bail!("a row filter applies to a one-shot export only: the diffs of a continuous one would not respect it");
             }
             for (t, predicate) in &inner.config.row_filters {
-                snapshot::explain_row_filter(&client, t, predicate).await?;
+                let subqueries = inner.config.row_filter_subqueries.as_ref();
+                snapshot::explain_row_filter(&client, t, predicate, subqueries).await?;
             }
             if !inner.config.snapshot_only {
                 schema::ensure_publication(&client, &inner.config_for(&tables)).await?;
@@ -313,39 +364,7 @@ impl SyncSource for PostgresSource {
                         .await?;
                 }
             }
-            let slot = &inner.config.slot_name;
-            match schema::slot_info(&client, slot).await? {
-                Some(info) => {
-                    let ours = info.plugin.as_deref() == Some("pgoutput") && !info.temporary;
-                    if inner.config.slot_mode == SlotMode::Temporary || !ours {
-                        bail!(
-                            "replication slot {slot} already exists ({}): another export uses this \
-                             name; choose another slot name",
-                            if info.temporary { "a temporary slot of another session" } else { "a persistent slot" }
-                        );
-                    }
-                    let db = client.query_one("SELECT current_database()::text", &[]).await?;
-                    let db: String = db.get(0);
-                    if info.database.as_deref() != Some(db.as_str()) {
-                        bail!(
-                            "replication slot {slot} belongs to database {:?}, not {db:?}: choose another slot name",
-                            info.database.as_deref().unwrap_or("")
-                        );
-                    }
-                    if info.wal_status.as_deref() == Some("lost") {
-                        tracing::warn!(slot = %slot, "replication slot was invalidated (wal_status = lost); a new baseline is needed");
-                        *inner.lost_at_init.locked() = Some(format!(
-                            "replication slot {slot} was invalidated while no exporter streamed from it (wal_status = lost: max_slot_wal_keep_size exceeded, WAL removed)"
-                        ));
-                    } else if let Some(c) = info.confirmed_flush {
-                        *inner.last_acked.locked() = Some(Lsn(c).to_string());
-                        inner.resume.store(true, Ordering::Relaxed);
-                    }
-                }
-                None => {
-                    inner.resume.store(inner.config.slot_mode == SlotMode::Persistent, Ordering::Relaxed);
-                }
-            }
+            inner.check_slot_at_init(&client).await?;
             let _ = inner.refresh_lag().await;
             Ok::<_, anyhow::Error>(schemas)
         }
@@ -508,8 +527,17 @@ async fn baseline<R: RowSink>(
     for t in &tables {
         let s = &schemas[t];
         let filter = inner.config.row_filters.get(t);
-        let n =
-            snapshot::copy_table(&copy_client, s, &kinds, filter, created.deadline, &rows).await?;
+        let subqueries = inner.config.row_filter_subqueries.as_ref();
+        let n = snapshot::copy_table(
+            &copy_client,
+            s,
+            &kinds,
+            filter,
+            subqueries,
+            created.deadline,
+            &rows,
+        )
+        .await?;
         tracing::info!(table = %t, rows = n, position = %position, "baseline copied");
     }
     copy_client
@@ -579,7 +607,8 @@ impl PostgresSource {
         let inner = &self.inner;
         let (slot, coordinator, schemas) = locked_snapshot(inner, tables).await?;
         for (t, predicate) in &inner.config.row_filters {
-            snapshot::explain_row_filter(&coordinator, t, predicate).await?;
+            let subqueries = inner.config.row_filter_subqueries.as_ref();
+            snapshot::explain_row_filter(&coordinator, t, predicate, subqueries).await?;
         }
         let position = Lsn(slot.consistent_point).to_string();
         let taken_at = chrono::Utc::now().fixed_offset();
@@ -639,6 +668,7 @@ impl SharedSnapshot {
             schema,
             &self.kinds,
             filter,
+            self.config.row_filter_subqueries.as_ref(),
             self.slot.deadline,
             rows,
         )
@@ -760,31 +790,5 @@ fn remember_end(inner: &Inner, commit: u64, end: u64) {
     ends.insert(commit, end);
     while ends.len() > MAX_PENDING_ENDS {
         ends.pop_first();
-    }
-}
-
-/// The planner's row estimate from `pg_class`: the density `reltuples / relpages` times the
-/// pages now; `reltuples` itself when it was measured on no pages; None when never measured.
-pub fn estimate_from_catalog(reltuples: f64, relpages: f64, pages_now: f64) -> Option<u64> {
-    if reltuples < 0.0 {
-        return None;
-    }
-    if relpages > 0.0 {
-        return Some((reltuples / relpages * pages_now).round() as u64);
-    }
-    Some(reltuples.round() as u64)
-}
-
-#[cfg(test)]
-mod estimate_tests {
-    use super::estimate_from_catalog;
-
-    #[test]
-    fn the_estimate_scales_the_measured_density_to_the_pages_now() {
-        // Analyzed at 1 000 rows on 10 pages; the table has grown to 25 pages.
-        assert_eq!(estimate_from_catalog(1_000.0, 10.0, 25.0), Some(2_500));
-        assert_eq!(estimate_from_catalog(42.0, 0.0, 0.0), Some(42));
-        // PostgreSQL 14+: -1 until the first VACUUM or ANALYZE.
-        assert_eq!(estimate_from_catalog(-1.0, 0.0, 8.0), None);
     }
 }

@@ -23,6 +23,19 @@ const OWNER_SEPARATOR: &str = " by ";
 /// The owner `larch export` records when none is given.
 pub const DEFAULT_OWNER: &str = "cli";
 
+/// Refuses an owner that could not be recorded and read back: 1 to 256 bytes of printable
+/// text (`archiveexport/<namespace>/<name>`); the same rule for `--owner` and a request's
+/// `owner`.
+pub fn check_owner(owner: &str) -> Result<(), String> {
+    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
+        return Err(
+            "an owner is 1 to 256 bytes of printable text (e.g. archiveexport/<namespace>/<name>)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The comment that records a publication (and the slot it names) as `owner`'s.
 pub fn owner_comment(slot: &str, owner: &str) -> String {
     format!("{OWNER_COMMENT_PREFIX}{slot}{OWNER_SEPARATOR}{owner}")

@@ -17,7 +17,13 @@
 //!   `LOCALTIME` (the snapshot transaction's start: a moving window such as "the last 90 days"
 //!   needs them; they act on nothing).
 //!
-//! Everything else is refused, naming the node: subqueries, parameters, other functions
+//! - with subqueries enabled ([`SubqueryTables`]): `EXISTS (SELECT … FROM s.t [alias] WHERE …)`
+//!   and `x [NOT] IN (SELECT … FROM s.t …)` into tables the same export also exports (read at
+//!   the same snapshot), naming the table with its schema and every column with its table or
+//!   alias, and only columns that table exports unmasked: a subquery reads nothing the archive
+//!   does not already hold.
+//!
+//! Everything else is refused, naming the node: other subqueries, parameters, other functions
 //! (`pg_sleep`, `pg_drop_replication_slot`, `set_config`, …), schema-qualified operators,
 //! casts to other types (`regclass`, …), comments, and anything that is not part of the
 //! predicate (a second statement, `LIMIT`, `ORDER BY`, `UNION`, …).
@@ -28,9 +34,33 @@
 //! the `WHERE`. larch's sessions pin `standard_conforming_strings=on`
 //! ([`crate::config::SESSION_OPTIONS`]), the parser's reading of backslashes in strings.
 
-use larch_archive::model::TableId;
+use std::collections::BTreeMap;
+
+use larch_archive::model::{ColumnSelection, TableId};
 use pg_query::NodeEnum;
-use pg_query::protobuf::{self, AExprKind, Node, SetOperation, SqlValueFunctionOp};
+use pg_query::protobuf::{self, AExprKind, Node, SetOperation, SqlValueFunctionOp, SubLinkType};
+
+/// How deep subqueries may nest (`EXISTS (… IN (SELECT …))`).
+const MAX_SUBQUERY_DEPTH: usize = 3;
+
+/// The tables a row filter's subqueries may read, when subqueries are enabled: those the same
+/// export exports, each with the columns it exports unmasked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubqueryTables {
+    tables: BTreeMap<TableId, ColumnSelection>,
+}
+
+impl SubqueryTables {
+    /// Lets subqueries read `columns` of `table`.
+    pub fn allow(&mut self, table: TableId, columns: ColumnSelection) {
+        self.tables.insert(table, columns);
+    }
+
+    fn names(&self) -> String {
+        let names: Vec<String> = self.tables.keys().map(|t| t.to_string()).collect();
+        names.join(", ")
+    }
+}
 
 /// Functions a row filter may call: immutable, no side effects, no access to other rows or
 /// tables. `extract`, `position`, `substring`, `trim` and `AT TIME ZONE` are SQL syntax the
@@ -106,6 +136,15 @@ const ALLOWED_OPERATORS: &[&str] = &[
 /// row filter (allowed: …)`). Whether the columns exist and the types fit is the server's to
 /// say (`EXPLAIN`, [`crate::snapshot::explain_row_filter`]).
 pub fn check_row_filter(table: &TableId, predicate: &str) -> Result<(), String> {
+    check_row_filter_with(table, predicate, None)
+}
+
+/// [`check_row_filter`], with subqueries into `subqueries`' tables allowed when it is given.
+pub fn check_row_filter_with(
+    table: &TableId,
+    predicate: &str,
+    subqueries: Option<&SubqueryTables>,
+) -> Result<(), String> {
     if predicate.trim().is_empty() {
         return Err("the predicate is empty".into());
     }
@@ -134,11 +173,24 @@ pub fn check_row_filter(table: &TableId, predicate: &str) -> Result<(), String> 
     else {
         return Err("a row filter is one predicate, not a statement".into());
     };
-    only_a_where(select)?;
+    if let Some(what) = extra_clause(select) {
+        return Err(format!(
+            "{what} is not allowed: a row filter is one predicate and cannot close the parenthesis it is put in"
+        ));
+    }
     let Some(filter) = select.where_clause.as_deref() else {
         return Err("the predicate is empty".into());
     };
-    Walker { table }.node(filter)
+    let outer = Frame {
+        table: table.clone(),
+        alias: None,
+        columns: None,
+    };
+    Walker {
+        frames: vec![outer],
+        subqueries,
+    }
+    .node(filter)
 }
 
 /// The libpg_query error's message (it never holds more than the filter's own text).
@@ -149,10 +201,10 @@ fn reason(e: &pg_query::Error) -> String {
     }
 }
 
-/// The statement is `SELECT 1 FROM table WHERE …` and nothing else: a filter that closed the
-/// parenthesis larch puts it in and went on (`true) LIMIT 1 --`, `true) UNION (SELECT …`) adds
-/// a clause.
-fn only_a_where(s: &protobuf::SelectStmt) -> Result<(), String> {
+/// A clause beside `SELECT <one item> FROM <one table> WHERE …`, if any. In the statement
+/// larch builds, a filter that closed the parenthesis larch puts it in and went on (`true)
+/// LIMIT 1 --`, `true) UNION (SELECT …`) adds one; a subquery may not have one either.
+fn extra_clause(s: &protobuf::SelectStmt) -> Option<&'static str> {
     let extra = [
         (
             s.op != SetOperation::SetopNone as i32 || s.larg.is_some() || s.rarg.is_some(),
@@ -172,16 +224,37 @@ fn only_a_where(s: &protobuf::SelectStmt) -> Result<(), String> {
         (!s.locking_clause.is_empty(), "FOR UPDATE/SHARE"),
         (s.with_clause.is_some(), "WITH"),
     ];
-    match extra.iter().find(|(present, _)| *present) {
-        Some((_, what)) => Err(format!(
-            "{what} is not allowed: a row filter is one predicate and cannot close the parenthesis it is put in"
-        )),
-        None => Ok(()),
+    extra
+        .iter()
+        .find(|(present, _)| *present)
+        .map(|(_, what)| *what)
+}
+
+/// A table whose columns the walked expression may name: the filtered table, then one per
+/// enclosing subquery.
+#[derive(Clone)]
+struct Frame<'a> {
+    table: TableId,
+    alias: Option<String>,
+    /// None: every column (the filtered table itself).
+    columns: Option<&'a ColumnSelection>,
+}
+
+impl Frame<'_> {
+    /// Whether `qualifier` (`t` of `t.col`) names this table: its alias if it has one (as in
+    /// PostgreSQL, the alias hides the name), else its name.
+    fn is_named(&self, qualifier: &str) -> bool {
+        match &self.alias {
+            Some(a) => a == qualifier,
+            None => self.table.table == qualifier,
+        }
     }
 }
 
 struct Walker<'a> {
-    table: &'a TableId,
+    /// The filtered table first, the innermost subquery's table last.
+    frames: Vec<Frame<'a>>,
+    subqueries: Option<&'a SubqueryTables>,
 }
 
 fn not_allowed(what: impl std::fmt::Display) -> Result<(), String> {
@@ -217,7 +290,7 @@ fn kind(node: &NodeEnum) -> String {
         .to_string()
 }
 
-impl Walker<'_> {
+impl<'a> Walker<'a> {
     fn all(&self, nodes: &[Node]) -> Result<(), String> {
         nodes.iter().try_for_each(|n| self.node(n))
     }
@@ -277,7 +350,7 @@ impl Walker<'_> {
                     )
                 }
             }
-            NodeEnum::SubLink(_) => not_allowed("a subquery (SELECT …)"),
+            NodeEnum::SubLink(s) => self.subquery(s),
             NodeEnum::ParamRef(_) => not_allowed("a parameter ($n)"),
             NodeEnum::AStar(_) => not_allowed("`*`"),
             NodeEnum::NamedArgExpr(_) => not_allowed("a named argument (name => value)"),
@@ -285,25 +358,151 @@ impl Walker<'_> {
         }
     }
 
-    /// A column of the table: `col`, `table.col` or `schema.table.col`.
+    /// A column of the table: `col`, `table.col` or `schema.table.col`; inside a subquery,
+    /// a column its table exports unmasked, named with its table or alias.
     fn column(&self, c: &protobuf::ColumnRef) -> Result<(), String> {
         let Some(parts) = names(&c.fields) else {
             return not_allowed("`*`");
         };
-        let ours = match parts.as_slice() {
-            [_] => true,
-            [t, _] => *t == self.table.table,
-            [s, t, _] => *s == self.table.schema && *t == self.table.table,
-            _ => false,
-        };
-        if ours {
-            Ok(())
-        } else {
-            not_allowed_but(
-                format!("column {}", parts.join(".")),
-                format!("only columns of table {} are", self.table),
-            )
+        if let [outer] = self.frames.as_slice() {
+            let table = &outer.table;
+            let ours = match parts.as_slice() {
+                [_] => true,
+                [t, _] => *t == table.table,
+                [s, t, _] => *s == table.schema && *t == table.table,
+                _ => false,
+            };
+            return if ours {
+                Ok(())
+            } else {
+                not_allowed_but(
+                    format!("column {}", parts.join(".")),
+                    format!("only columns of table {table} are"),
+                )
+            };
         }
+        let (frame, column) = match parts.as_slice() {
+            [_] => {
+                return not_allowed_but(
+                    format!("column {} without its table inside a subquery", parts[0]),
+                    "name it with its table or alias, e.g. o.user_id",
+                );
+            }
+            [q, col] => (self.frames.iter().rev().find(|f| f.is_named(q)), *col),
+            [s, t, col] => (
+                self.frames
+                    .iter()
+                    .rev()
+                    .find(|f| f.alias.is_none() && f.table.schema == *s && f.table.table == *t),
+                *col,
+            ),
+            _ => (None, ""),
+        };
+        match frame {
+            None => not_allowed_but(
+                format!("column {}", parts.join(".")),
+                "only columns of the filtered table and of its subqueries' tables are",
+            ),
+            Some(f) if f.columns.is_some_and(|c| !c.contains(column)) => not_allowed_but(
+                format!("column {}", parts.join(".")),
+                format!(
+                    "a subquery reads only columns that this export exports unmasked, and {} masks {column}",
+                    f.table
+                ),
+            ),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `EXISTS (SELECT …)` or `x IN (SELECT …)` into one table this export also exports.
+    fn subquery(&self, s: &protobuf::SubLink) -> Result<(), String> {
+        let Some(tables) = self.subqueries else {
+            return not_allowed_but(
+                "a subquery (SELECT …)",
+                "subqueries into tables the same export exports need `subqueries: true` in the \
+                 transform rules, or --where-subqueries",
+            );
+        };
+        if self.frames.len() > MAX_SUBQUERY_DEPTH {
+            return not_allowed(format!(
+                "a subquery nested deeper than {MAX_SUBQUERY_DEPTH}"
+            ));
+        }
+        match SubLinkType::try_from(s.sub_link_type) {
+            Ok(SubLinkType::ExistsSublink) => {}
+            Ok(SubLinkType::AnySublink) if s.oper_name.is_empty() => {
+                self.opt(s.testexpr.as_deref())?
+            }
+            _ => {
+                return not_allowed_but(
+                    "this kind of subquery",
+                    "only EXISTS (SELECT …) and x IN (SELECT …) are",
+                );
+            }
+        }
+        let Some(NodeEnum::SelectStmt(select)) =
+            s.subselect.as_deref().and_then(|n| n.node.as_ref())
+        else {
+            return not_allowed("a subquery that is not a SELECT");
+        };
+        if let Some(what) = extra_clause(select) {
+            return not_allowed_but(
+                format!("{what} in a subquery"),
+                "a subquery is SELECT <one item> FROM <one table> WHERE …",
+            );
+        }
+        let frame = self.subquery_table(select, tables)?;
+        let mut frames = self.frames.clone();
+        frames.push(frame);
+        let inner = Walker {
+            frames,
+            subqueries: self.subqueries,
+        };
+        for target in &select.target_list {
+            match target.node.as_ref() {
+                Some(NodeEnum::ResTarget(t)) => inner.opt(t.val.as_deref())?,
+                _ => return not_allowed("this select list in a subquery"),
+            }
+        }
+        inner.opt(select.where_clause.as_deref())
+    }
+
+    /// The one table a subquery reads: schema-qualified, exported by the same export, no
+    /// column aliases (they would rename a masked column past the check).
+    fn subquery_table(
+        &self,
+        select: &protobuf::SelectStmt,
+        tables: &'a SubqueryTables,
+    ) -> Result<Frame<'a>, String> {
+        let Some(NodeEnum::RangeVar(r)) = select.from_clause[0].node.as_ref() else {
+            return Err(
+                "a join or a function in a subquery's FROM is not allowed in a row filter (one table only)"
+                    .into(),
+            );
+        };
+        if r.schemaname.is_empty() || !r.catalogname.is_empty() {
+            return Err(format!(
+                "table {} is not allowed in a row filter (a subquery names its table as schema.table, e.g. public.orders)",
+                r.relname
+            ));
+        }
+        let id = TableId::new(&r.schemaname, &r.relname);
+        let Some(columns) = tables.tables.get(&id) else {
+            return Err(format!(
+                "a subquery into {id} is not allowed in a row filter (subqueries read only tables this export also exports: {})",
+                tables.names()
+            ));
+        };
+        if r.alias.as_ref().is_some_and(|a| !a.colnames.is_empty()) {
+            return Err(
+                "column aliases in a subquery's FROM are not allowed in a row filter".into(),
+            );
+        }
+        Ok(Frame {
+            table: id,
+            alias: r.alias.as_ref().map(|a| a.aliasname.clone()),
+            columns: Some(columns),
+        })
     }
 
     fn operator(&self, e: &protobuf::AExpr) -> Result<(), String> {
@@ -499,6 +698,115 @@ mod tests {
             ("  ", "empty"),
         ] {
             let e = check(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    /// Subqueries into public.orders (columns id, user_id, total kept; card masked) and
+    /// public.items (no rules).
+    fn with_subqueries(p: &str) -> Result<(), String> {
+        let mut tables = SubqueryTables::default();
+        let kept = ["id", "user_id", "total"].map(String::from).into();
+        tables.allow(
+            "public.orders".parse().unwrap(),
+            ColumnSelection::Only(kept),
+        );
+        tables.allow("public.items".parse().unwrap(), ColumnSelection::All);
+        let masked = ["ssn"].map(String::from).into();
+        tables.allow(
+            "app.people".parse().unwrap(),
+            ColumnSelection::AllBut(masked),
+        );
+        check_row_filter_with(&"public.users".parse().unwrap(), p, Some(&tables))
+    }
+
+    #[test]
+    fn subqueries_into_exported_tables_pass_when_enabled() {
+        for ok in [
+            "EXISTS (SELECT 1 FROM public.orders o WHERE o.user_id = users.id AND o.total > 10)",
+            "NOT EXISTS (SELECT 1 FROM public.orders WHERE orders.user_id = public.users.id)",
+            "id IN (SELECT o.user_id FROM public.orders o) AND name IS NOT NULL",
+            "id NOT IN (SELECT o.user_id FROM public.orders o WHERE o.id IN \
+             (SELECT i.order_id FROM public.items i WHERE i.qty > 1))",
+            "EXISTS (SELECT 1 FROM app.people p WHERE p.name = users.name)",
+        ] {
+            assert_eq!(with_subqueries(ok), Ok(()), "{ok}");
+            assert!(
+                check(ok).unwrap_err().contains("need `subqueries: true`"),
+                "{ok}"
+            );
+        }
+    }
+
+    #[test]
+    fn subqueries_read_only_what_the_export_exports_unmasked() {
+        for (bad, why) in [
+            (
+                "EXISTS (SELECT 1 FROM public.secrets s WHERE s.user_id = users.id)",
+                "a subquery into public.secrets is not allowed in a row filter (subqueries read \
+                 only tables this export also exports: app.people, public.items, public.orders)",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM orders o WHERE o.user_id = users.id)",
+                "a subquery names its table as schema.table",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o.card LIKE '4%')",
+                "column o.card is not allowed in a row filter (a subquery reads only columns that \
+                 this export exports unmasked, and public.orders masks card)",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM app.people p WHERE p.ssn = '1')",
+                "app.people masks ssn",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o(a, b, c, card) WHERE o.card = '1')",
+                "column aliases",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE user_id = 1)",
+                "column user_id without its table inside a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o IS NOT NULL)",
+                "without its table inside a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE o.x.y.z = 1)",
+                "column o.x.y.z is not allowed",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o JOIN public.items i ON true)",
+                "a join or a function in a subquery's FROM",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o, public.items i)",
+                "FROM in a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o LIMIT 1)",
+                "LIMIT in a subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE pg_sleep(1) IS NULL)",
+                "function pg_sleep",
+            ),
+            (
+                "id = ANY (SELECT o.user_id FROM public.orders o)",
+                "this kind of subquery",
+            ),
+            (
+                "(SELECT max(o.total) FROM public.orders o) > 1",
+                "this kind of subquery",
+            ),
+            (
+                "EXISTS (SELECT 1 FROM public.orders o WHERE EXISTS (SELECT 1 FROM public.items a \
+                 WHERE EXISTS (SELECT 1 FROM public.items b WHERE EXISTS \
+                 (SELECT 1 FROM public.items c))))",
+                "nested deeper than 3",
+            ),
+        ] {
+            let e = with_subqueries(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

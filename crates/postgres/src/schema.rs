@@ -110,27 +110,9 @@ pub async fn check_wal_level(client: &Client, config: &PostgresConfig) -> anyhow
 }
 
 /// Discovers one table's columns (laredo's `ColumnDefinition`s) and key.
-pub async fn discover(
-    client: &Client,
-    table: &TableId,
-    configured_keys: &[String],
-) -> anyhow::Result<TableSchema> {
-    let exists = client
-        .query_opt(
-            "SELECT c.oid::int8, c.relreplident::text FROM pg_class c
-              WHERE c.oid = to_regclass(format('%I.%I', $1::text, $2::text))",
-            &[&table.schema, &table.table],
-        )
-        .await
-        .with_context(|| format!("looking up table {table}"))?;
-    let Some(exists) = exists else {
-        failure::bail!(Reason::TableNotFound, "table {table} does not exist");
-    };
-    let oid: i64 = exists.get(0);
-    let replica_identity: String = exists.get(1);
-    let rows = client
-        .query(
-            "SELECT a.attname::text,
+/// The columns of the table with oid `$1`: name, types, nullability, default, length, attnum,
+/// primary key ordinal, generated.
+const COLUMNS_SQL: &str = "SELECT a.attname::text,
                     t.typname::text AS udt_name,
                     NOT a.attnotnull AS nullable,
                     pg_get_expr(d.adbin, d.adrelid) AS default_value,
@@ -153,9 +135,41 @@ pub async fn discover(
                            WHERE i.indrelid = $1::int8::oid AND i.indisprimary) pk
                       ON pk.attnum = a.attnum
               WHERE a.attrelid = $1::int8::oid AND a.attnum > 0 AND NOT a.attisdropped
-              ORDER BY a.attnum",
-            &[&oid],
+              ORDER BY a.attnum";
+
+/// The configured key, else the primary key, else none.
+fn key_fields_of(configured_keys: &[String], columns: &[ColumnDefinition]) -> Vec<String> {
+    if configured_keys.is_empty() {
+        if columns.iter().any(|c| c.primary_key) {
+            effective_key_fields(&[], columns)
+        } else {
+            Vec::new()
+        }
+    } else {
+        configured_keys.to_vec()
+    }
+}
+
+pub async fn discover(
+    client: &Client,
+    table: &TableId,
+    configured_keys: &[String],
+) -> anyhow::Result<TableSchema> {
+    let exists = client
+        .query_opt(
+            "SELECT c.oid::int8, c.relreplident::text FROM pg_class c
+              WHERE c.oid = to_regclass(format('%I.%I', $1::text, $2::text))",
+            &[&table.schema, &table.table],
         )
+        .await
+        .with_context(|| format!("looking up table {table}"))?;
+    let Some(exists) = exists else {
+        failure::bail!(Reason::TableNotFound, "table {table} does not exist");
+    };
+    let oid: i64 = exists.get(0);
+    let replica_identity: String = exists.get(1);
+    let rows = client
+        .query(COLUMNS_SQL, &[&oid])
         .await
         .with_context(|| format!("discovering the columns of {table}"))?;
     if rows.is_empty() {
@@ -193,15 +207,7 @@ pub async fn discover(
         generated.push(row.get(11));
     }
     let has_primary_key = columns.iter().any(|c| c.primary_key);
-    let key_fields = if configured_keys.is_empty() {
-        if columns.iter().any(|c| c.primary_key) {
-            effective_key_fields(&[], &columns)
-        } else {
-            Vec::new()
-        }
-    } else {
-        configured_keys.to_vec()
-    };
+    let key_fields = key_fields_of(configured_keys, &columns);
     let schema = TableSchema {
         id: table.clone(),
         has_primary_key,
@@ -309,6 +315,51 @@ async fn resolve_kind(client: &Client, oid: u32, depth: u32) -> anyhow::Result<K
 /// Makes sure the publication exists and publishes exactly the configured tables. An existing
 /// publication is only changed when larch created it for this slot; otherwise a mismatch is an
 /// error naming it. Returns whether it created the publication.
+async fn create_publication(
+    client: &Client,
+    config: &PostgresConfig,
+    wanted_sql: &[String],
+    owner_comment: &str,
+) -> anyhow::Result<()> {
+    let name = &config.publication_name;
+    if !config.create_publication {
+        bail!("publication {name} does not exist (and creating it is disabled)");
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE {}; COMMENT ON PUBLICATION {} IS {}",
+            ident(name),
+            wanted_sql.join(", "),
+            ident(name),
+            literal(owner_comment)
+        ))
+        .await
+        .map_err(|e| db_error(format!("creating publication {name}"), &e))?;
+    Ok(())
+}
+
+/// Another export's publication (by its owner comment) is not ours to stream through or
+/// rewrite.
+fn refuse_foreign_publication(
+    config: &PostgresConfig,
+    comment: Option<&str>,
+) -> anyhow::Result<()> {
+    let name = &config.publication_name;
+    if let Some(OwnerRecord {
+        slot,
+        owner: Some(owner),
+    }) = comment.and_then(OwnerRecord::parse)
+        && owner != config.owner
+    {
+        bail!(
+            "publication {name} is recorded as owned by {owner} (for replication slot {slot}), not \
+             {}: choose another slot or publication name",
+            config.owner
+        );
+    }
+    Ok(())
+}
+
 pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> anyhow::Result<bool> {
     let name = &config.publication_name;
     let wanted: BTreeSet<String> = config.tables.iter().map(|t| t.to_string()).collect();
@@ -323,36 +374,12 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         .with_context(|| format!("looking up publication {name}"))?;
     let owner_comment = owner_comment(&config.slot_name, &config.owner);
     let Some(existing) = existing else {
-        if !config.create_publication {
-            bail!("publication {name} does not exist (and creating it is disabled)");
-        }
-        client
-            .batch_execute(&format!(
-                "CREATE PUBLICATION {} FOR TABLE {}; COMMENT ON PUBLICATION {} IS {}",
-                ident(name),
-                wanted_sql.join(", "),
-                ident(name),
-                literal(&owner_comment)
-            ))
-            .await
-            .map_err(|e| db_error(format!("creating publication {name}"), &e))?;
+        create_publication(client, config, &wanted_sql, &owner_comment).await?;
         return Ok(true);
     };
     let all_tables: bool = existing.get(0);
     let comment: Option<String> = existing.get(1);
-    // Another export's publication is not ours to stream through or rewrite.
-    if let Some(OwnerRecord {
-        slot,
-        owner: Some(owner),
-    }) = comment.as_deref().and_then(OwnerRecord::parse)
-        && owner != config.owner
-    {
-        bail!(
-            "publication {name} is recorded as owned by {owner} (for replication slot {slot}), not \
-             {}: choose another slot or publication name",
-            config.owner
-        );
-    }
+    refuse_foreign_publication(config, comment.as_deref())?;
     let rows = client
         .query(
             "SELECT format('%s.%s', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1",

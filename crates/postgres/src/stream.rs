@@ -14,7 +14,7 @@ use super::config::{SlotMode, ident, qualified};
 use super::pgoutput::{self, Cell, Message, OldTuple, RelationColumn};
 use super::schema::{self, TableSchema};
 use super::schema_change::{self, SchemaChange};
-use super::snapshot::replication_error;
+use super::snapshot::{CreatedSlot, replication_error};
 use super::types::{Kind, to_json};
 use super::{Inner, remember_end};
 use larch_archive::model::{Action, TableId};
@@ -40,6 +40,19 @@ struct Txn {
     skip: bool,
 }
 
+impl Txn {
+    /// The transaction a BEGIN opens; one that committed before `next_wanted` was delivered
+    /// already and is skipped.
+    #[inline]
+    fn begin(final_lsn: u64, commit_time_micros: i64, next_wanted: u64) -> Txn {
+        Txn {
+            commit: final_lsn,
+            time: DateTime::from_timestamp_micros(commit_time_micros + PG_EPOCH_OFFSET_MICROS),
+            skip: final_lsn < next_wanted,
+        }
+    }
+}
+
 enum Failure {
     /// Reconnect and continue.
     Transient(anyhow::Error),
@@ -56,19 +69,7 @@ pub(super) async fn run(
         .0;
     let slot = inner.config.slot_name.clone();
     let mut pending = inner.pending.lock().await.take();
-    // `from` is either a delivered commit LSN (exclusive) or a position the slot itself reports
-    // (its consistent point or confirmed position: nothing at it was delivered yet, inclusive).
-    let inclusive = match &pending {
-        Some(p) => p.consistent_point == from_lsn,
-        None => {
-            let client = inner.client().await?;
-            match schema::slot_info(&client, &slot).await? {
-                Some(info) => info.confirmed_flush == Some(from_lsn),
-                None => false,
-            }
-        }
-    };
-    let mut next_wanted = if inclusive { from_lsn } else { from_lsn + 1 };
+    let mut next_wanted = first_wanted(inner, pending.as_ref(), from_lsn).await?;
     let mut rels: HashMap<u32, Rel> = HashMap::new();
     let mut attempt: u32 = 0;
     let mut closed = inner.closed.subscribe();
@@ -78,17 +79,7 @@ pub(super) async fn run(
 
     loop {
         // 1. A session: the one that created the slot, or a new one (persistent slots only).
-        let session = match pending.take() {
-            Some(created) => {
-                let mut s = created.session;
-                s.start()
-                    .await
-                    .map_err(|e| replication_error(&inner.config, &e))?;
-                Ok(s)
-            }
-            None => open_session(inner, next_wanted).await,
-        };
-        let mut session = match session {
+        let mut session = match start_session(inner, pending.take(), next_wanted).await {
             Ok(s) => s,
             Err(Failure::Fatal(e)) => return Err(e),
             Err(Failure::Transient(e)) => {
@@ -96,16 +87,6 @@ pub(super) async fn run(
                 continue;
             }
         };
-        match session.wait_started().await {
-            Ok(()) => {}
-            Err(e) => match classify(inner, &e).await {
-                Failure::Fatal(err) => return Err(err),
-                Failure::Transient(err) => {
-                    backoff(inner, &mut attempt, &err, &mut closed).await?;
-                    continue;
-                }
-            },
-        }
         inner.set_state(SourceState::Streaming);
         tracing::info!(slot = %slot, from = %Lsn(next_wanted), "streaming from replication slot");
 
@@ -148,6 +129,49 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// The first commit LSN to deliver. `from` is either a delivered commit LSN (exclusive) or a
+/// position the slot itself reports (its consistent point or confirmed position: nothing at it
+/// was delivered yet, inclusive).
+async fn first_wanted(
+    inner: &Inner,
+    pending: Option<&CreatedSlot>,
+    from_lsn: u64,
+) -> Result<u64, SourceError> {
+    let inclusive = match pending {
+        Some(p) => p.consistent_point == from_lsn,
+        None => {
+            let client = inner.client().await?;
+            match schema::slot_info(&client, &inner.config.slot_name).await? {
+                Some(info) => info.confirmed_flush == Some(from_lsn),
+                None => false,
+            }
+        }
+    };
+    Ok(if inclusive { from_lsn } else { from_lsn + 1 })
+}
+
+/// A started session: the one that created the slot (`pending`), else a new one.
+async fn start_session(
+    inner: &Inner,
+    pending: Option<CreatedSlot>,
+    next_wanted: u64,
+) -> Result<ReplicationClient, Failure> {
+    let mut session = match pending {
+        Some(created) => {
+            let mut s = created.session;
+            s.start()
+                .await
+                .map_err(|e| Failure::Fatal(replication_error(&inner.config, &e).into()))?;
+            s
+        }
+        None => open_session(inner, next_wanted).await?,
+    };
+    if let Err(e) = session.wait_started().await {
+        return Err(classify(inner, &e).await);
+    }
+    Ok(session)
 }
 
 /// Ends a session gracefully, the last acknowledged position reported first: the library sends
@@ -321,13 +345,7 @@ async fn pump(
                 commit_time_micros,
                 ..
             } => {
-                txn = Some(Txn {
-                    commit: final_lsn.0,
-                    time: DateTime::from_timestamp_micros(
-                        commit_time_micros + PG_EPOCH_OFFSET_MICROS,
-                    ),
-                    skip: final_lsn.0 < *next_wanted,
-                });
+                txn = Some(Txn::begin(final_lsn.0, commit_time_micros, *next_wanted));
             }
             ReplicationEvent::XLogData { data, .. } => {
                 let msg = pgoutput::decode(&data)
@@ -340,15 +358,7 @@ async fn pump(
                 if t.as_ref().is_some_and(|t| t.skip) || lsn.0 < *next_wanted {
                     continue;
                 }
-                remember_end(inner, lsn.0, end_lsn.0);
-                deliver(
-                    events,
-                    SourceEvent::Checkpoint {
-                        position: Lsn(lsn.0).to_string(),
-                    },
-                    closed,
-                )
-                .await?;
+                commit(inner, events, closed, lsn.0, end_lsn.0).await?;
                 *next_wanted = lsn.0 + 1;
                 *attempt = 0;
             }
@@ -357,6 +367,25 @@ async fn pump(
             | ReplicationEvent::StoppedAt { .. } => {}
         }
     }
+}
+
+/// A delivered transaction's COMMIT: its end remembered for acks, its position checkpointed.
+async fn commit(
+    inner: &Inner,
+    events: &mpsc::Sender<SourceEvent>,
+    closed: &mut tokio::sync::watch::Receiver<bool>,
+    lsn: u64,
+    end_lsn: u64,
+) -> Result<(), Failure> {
+    remember_end(inner, lsn, end_lsn);
+    deliver(
+        events,
+        SourceEvent::Checkpoint {
+            position: Lsn(lsn).to_string(),
+        },
+        closed,
+    )
+    .await
 }
 
 async fn handle(
@@ -368,36 +397,7 @@ async fn handle(
     closed: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Failure> {
     if let Message::Relation(r) = msg {
-        let table = TableId::new(r.namespace.clone(), r.name.clone());
-        let tracked = inner.tables().contains(&table);
-        if tracked && let Some(why) = schema_drift(inner, &table, &r).await? {
-            return Err(Failure::Fatal(SourceError::SchemaChanged(format!(
-                "table {table}: {why}"
-            ))));
-        }
-        let oids: Vec<u32> = r.columns.iter().map(|c| c.type_oid).collect();
-        let kinds = if tracked {
-            let client = inner.client().await.map_err(Failure::Transient)?;
-            let mut cache = inner.kinds.lock().await;
-            schema::resolve_kinds(&client, &oids, &mut cache)
-                .await
-                .map_err(Failure::Transient)?;
-            oids.iter()
-                .map(|o| cache.get(o).cloned().unwrap_or(Kind::Text))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        rels.insert(
-            r.oid,
-            Rel {
-                table,
-                columns: r.columns,
-                kinds,
-                tracked,
-            },
-        );
-        return Ok(());
+        return on_relation(inner, r, rels).await;
     }
     let Some(txn) = txn else {
         return Err(Failure::Fatal(
@@ -444,32 +444,85 @@ async fn handle(
             let Some(r) = tracked(rels, rel)? else {
                 return Ok(());
             };
-            let schema = inner.schemas.locked().get(&r.table).cloned();
-            let mut built = build_row(r, &new, old.as_ref());
-            if !built.missing.is_empty() {
-                fill_unchanged(inner, r, schema.as_ref(), &new, old.as_ref(), &mut built).await?;
-            }
-            let new_row = built.into_row();
-            let key_changed = match (&old, &schema) {
-                (Some(o), Some(s)) => key_differs(r, s, o.cells(), &new),
-                _ => false,
-            };
-            let old_row = old.as_ref().map(|o| old_row(r, o));
-            if key_changed {
-                // W4: the old identity goes away, the new one appears.
-                out.push(emit(&r.table, Action::Delete, old_row, None));
-                out.push(emit(&r.table, Action::Insert, None, Some(new_row)));
-            } else {
-                let old_row = match &old {
-                    Some(OldTuple::Full(_)) => old_row,
-                    _ => None,
-                };
-                out.push(emit(&r.table, Action::Update, old_row, Some(new_row)));
-            }
+            update_events(inner, r, old.as_ref(), &new, &emit, &mut out).await?;
         }
     }
     for ev in out {
         deliver(events, SourceEvent::Change(ev), closed).await?;
+    }
+    Ok(())
+}
+
+/// A Relation message: the columns and value kinds of the relation's next changes; a followed
+/// table's is checked against the archived schema first.
+async fn on_relation(
+    inner: &Inner,
+    r: pgoutput::Relation,
+    rels: &mut HashMap<u32, Rel>,
+) -> Result<(), Failure> {
+    let table = TableId::new(r.namespace.clone(), r.name.clone());
+    let tracked = inner.tables().contains(&table);
+    if tracked && let Some(why) = schema_drift(inner, &table, &r).await? {
+        return Err(Failure::Fatal(SourceError::SchemaChanged(format!(
+            "table {table}: {why}"
+        ))));
+    }
+    let oids: Vec<u32> = r.columns.iter().map(|c| c.type_oid).collect();
+    let kinds = if tracked {
+        let client = inner.client().await.map_err(Failure::Transient)?;
+        let mut cache = inner.kinds.lock().await;
+        schema::resolve_kinds(&client, &oids, &mut cache)
+            .await
+            .map_err(Failure::Transient)?;
+        oids.iter()
+            .map(|o| cache.get(o).cloned().unwrap_or(Kind::Text))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    rels.insert(
+        r.oid,
+        Rel {
+            table,
+            columns: r.columns,
+            kinds,
+            tracked,
+        },
+    );
+    Ok(())
+}
+
+/// The events of one UPDATE: unchanged TOASTed values filled in, and a primary-key change
+/// split into a delete and an insert (W4).
+async fn update_events(
+    inner: &Inner,
+    r: &Rel,
+    old: Option<&OldTuple>,
+    new: &[Cell],
+    emit: &impl Fn(&TableId, Action, Option<Row>, Option<Row>) -> ChangeEvent,
+    out: &mut Vec<ChangeEvent>,
+) -> Result<(), Failure> {
+    let schema = inner.schemas.locked().get(&r.table).cloned();
+    let mut built = build_row(r, new, old);
+    if !built.missing.is_empty() {
+        fill_unchanged(inner, r, schema.as_ref(), new, old, &mut built).await?;
+    }
+    let new_row = built.into_row();
+    let key_changed = match (old, &schema) {
+        (Some(o), Some(s)) => key_differs(r, s, o.cells(), new),
+        _ => false,
+    };
+    let old_row = old.map(|o| old_row(r, o));
+    if key_changed {
+        // W4: the old identity goes away, the new one appears.
+        out.push(emit(&r.table, Action::Delete, old_row, None));
+        out.push(emit(&r.table, Action::Insert, None, Some(new_row)));
+    } else {
+        let old_row = match old {
+            Some(OldTuple::Full(_)) => old_row,
+            _ => None,
+        };
+        out.push(emit(&r.table, Action::Update, old_row, Some(new_row)));
     }
     Ok(())
 }

@@ -29,14 +29,10 @@ use chrono::{DateTime, FixedOffset, Utc};
 use tokio::sync::{mpsc, watch};
 
 use larch_archive::error::ArchiveError;
-use larch_archive::fold::{head_rows, is_stopped};
 use larch_archive::manifest::{Artifact, Manifest};
 use larch_archive::model::{Action, ColumnDefinition, TableId, effective_key_fields};
-use larch_archive::plan::{
-    Plan, ShortChain, chain_from, newest_snapshot, plan, plan_head, short_chain,
-};
-use larch_archive::point_in_time::{PointInTime, Resolution, resolve};
-use larch_archive::position::same;
+use larch_archive::plan::{ShortChain, newest_snapshot, plan, short_chain};
+use larch_archive::point_in_time::{PointInTime, Resolution};
 use larch_archive::reader::ArchiveReader;
 use larch_archive::source::{
     ChangeEvent, Lag, SourceError, SourceEvent, SourceState, SyncSource, ValidationError,
@@ -44,6 +40,11 @@ use larch_archive::source::{
 use larch_archive::spill::{Spill, SpillConfig};
 use larch_archive::value::Row;
 use larch_core::locks::MutexExt;
+
+mod delivery;
+mod step;
+
+use step::{Step, next_step};
 
 /// Options of one archive source (one table).
 #[derive(Clone, Debug)]
@@ -169,70 +170,6 @@ pub struct ArchiveReplaySource {
     spill: Arc<Spill>,
     state: watch::Sender<SourceState>,
     inner: Mutex<Inner>,
-}
-
-/// What the manifest says about a consumer at `from`.
-#[derive(Debug)]
-enum Step {
-    UpToDate,
-    Diffs(Vec<Artifact>),
-    Replaced(String),
-    /// At the end of the newest snapshot's chain, which stops before the head: nothing to do
-    /// until a writer repairs the chain or writes a new epoch.
-    Short(ShortChain),
-}
-
-/// Decides how a consumer at `from` (on `epoch`, when known) continues on `manifest` (C1).
-fn next_step(manifest: &Manifest, from: &str, epoch: Option<i64>) -> Step {
-    let newest = newest_snapshot(manifest);
-    if same(from, &manifest.head_position) || (from.is_empty() && newest.is_none()) {
-        let Some(snap) = newest else {
-            return Step::UpToDate;
-        };
-        if epoch == Some(snap.epoch) {
-            return Step::UpToDate;
-        }
-        // A new epoch whose head is our position: fine only if its lineage contains us.
-        let on_lineage = same(&snap.to_position, from)
-            || chain_from(manifest, &snap.to_position, None)
-                .iter()
-                .any(|d| same(&d.to_position, from));
-        return if on_lineage {
-            Step::UpToDate
-        } else {
-            Step::Replaced(format!(
-                "epoch {} (snapshot at {:?}) replaced the archive at our position {from:?}",
-                snap.epoch, snap.to_position
-            ))
-        };
-    }
-    let head_plan = plan_head(manifest);
-    if let Some(short) = short_chain(manifest, &head_plan) {
-        if same(from, &short.reached) {
-            return Step::Short(short);
-        }
-        // Behind on the short chain: walk it as far as it goes.
-        let chain = chain_from(manifest, from, None);
-        if chain
-            .last()
-            .is_some_and(|d| same(&d.to_position, &short.reached))
-        {
-            return Step::Diffs(chain.into_iter().cloned().collect());
-        }
-    }
-    match plan(manifest, from) {
-        Some(p) if p.snapshot.is_none() => Step::Diffs(p.diffs),
-        Some(p) => Step::Replaced(format!(
-            "head {:?} (epoch {}) does not continue our position {from:?}: the newest snapshot is at {:?}",
-            manifest.head_position,
-            manifest.epoch,
-            p.snapshot.map(|s| s.to_position).unwrap_or_default()
-        )),
-        None => Step::Replaced(format!(
-            "the archive at head {:?} has no snapshot and no chain from our position {from:?}",
-            manifest.head_position
-        )),
-    }
 }
 
 /// Writes the state file durably and atomically (directory created when missing).
@@ -444,55 +381,6 @@ impl ArchiveReplaySource {
     }
 }
 
-impl ArchiveReplaySource {
-    /// `require_transformed`: the manifest records a transform that masks something and covers
-    /// every column it serves (`TransformRecord::uncovered`); else an error tagged
-    /// `ArchiveNotTransformed` naming the table and the uncovered columns.
-    fn check_transformed(&self, m: &Manifest) -> anyhow::Result<()> {
-        if !self.opts.require_transformed {
-            return Ok(());
-        }
-        let (id, key, table) = (&self.opts.id, self.reader.manifest_key(), &self.opts.table);
-        let Some(t) = m.transform.as_ref().filter(|t| t.masks_anything()) else {
-            larch_core::failure::bail!(
-                larch_core::failure::Reason::ArchiveNotTransformed,
-                "source {id}: require_transformed: the archive {key} (table {table}) records no \
-                 masking transform (it was not exported with --transform / spec.transform): \
-                 refusing to load raw rows",
-            );
-        };
-        let uncovered = t.uncovered(m.columns.iter().map(|c| c.name.as_str()));
-        if !uncovered.is_empty() {
-            larch_core::failure::bail!(
-                larch_core::failure::Reason::ArchiveNotTransformed,
-                "source {id}: require_transformed: epoch {} of the archive {key} (table {table}) \
-                 serves columns its transform does not cover: {} (neither named in the rules \
-                 nor masked by `undeclared`, which is {:?}): refusing to load raw rows",
-                m.epoch,
-                uncovered.join(", "),
-                t.undeclared,
-            );
-        }
-        Ok(())
-    }
-
-    /// Sends one diff's changes as events, streamed; `false` when the consumer went away.
-    async fn send_diff(
-        &self,
-        diff: &Artifact,
-        events: &mpsc::Sender<SourceEvent>,
-    ) -> larch_archive::Result<bool> {
-        let mut changes = self.reader.stream_diff(diff);
-        while let Some(c) = changes.recv().await {
-            let ev = change_event(&self.opts.table, &diff.to_position, c?);
-            if events.send(SourceEvent::Change(ev)).await.is_err() {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-}
-
 /// laredo's inferred schema: the first row's field names sorted, nullable, ordinal 1..n, no
 /// type; primary-key flags from the *explicitly* configured key fields only.
 pub fn infer_columns(first: &Row, explicit_key_fields: &[String]) -> Vec<ColumnDefinition> {
@@ -609,21 +497,7 @@ impl SyncSource for ArchiveReplaySource {
             ));
         }
         let key_fields = self.key_fields(&m);
-        let (head_plan, restored): (Option<Plan>, _) = match &self.opts.at {
-            None => (plan(&m, ""), None),
-            Some(at) => {
-                let r = resolve(&m, at).map_err(|e| {
-                    SourceError::Other(
-                        anyhow::Error::new(e).context(format!("source {}: at {at}", self.opts.id)),
-                    )
-                })?;
-                if let Some(notice) = &r.notice {
-                    tracing::warn!(source = %self.opts.id, "{notice}");
-                }
-                tracing::info!(source = %self.opts.id, "serving the table at {at}: {}", r.describe());
-                (Some(r.plan.clone()), Some(r))
-            }
-        };
+        let (head_plan, restored) = self.plan_at(&m)?;
         let (position, epoch) = match &head_plan {
             None => (m.head_position.clone(), None),
             Some(p) => (
@@ -636,33 +510,7 @@ impl SyncSource for ArchiveReplaySource {
             .and_then(|p| p.snapshot.as_ref())
             .map(|s| s.row_count.max(0) as u64);
         if let Some(p) = head_plan {
-            let mut head = head_rows(
-                self.reader.clone(),
-                p,
-                key_fields,
-                self.spill.clone(),
-                self.opts.spill.memory_limit,
-            );
-            while let Some(row) = head.rows.recv().await {
-                rows.send((self.opts.table.clone(), row))
-                    .await
-                    .map_err(|_| SourceError::Stopped)?;
-            }
-            match head.verdict.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) if is_stopped(&e) => return Err(SourceError::Stopped),
-                Ok(Err(e)) => {
-                    return Err(SourceError::Other(
-                        anyhow::Error::new(e).context(format!("source {}: baseline", self.opts.id)),
-                    ));
-                }
-                Err(_) => {
-                    return Err(SourceError::Other(anyhow::anyhow!(
-                        "source {}: baseline: the fold task vanished",
-                        self.opts.id
-                    )));
-                }
-            }
+            self.send_head_rows(p, key_fields, &rows).await?;
         }
         let short = match &restored {
             None => plan(&m, "").and_then(|p| short_chain(&m, &p)),
@@ -731,64 +579,22 @@ impl SyncSource for ArchiveReplaySource {
                     return Err(SourceError::ReBaselineRequired(why));
                 }
                 Step::Short(short) => {
-                    {
-                        let mut inner = self.inner.locked();
-                        if inner.short_chain.as_ref() != Some(&short) {
-                            tracing::warn!(source = %self.opts.id, "serving an older state than the archive's head: {short}");
-                        }
-                        inner.short_chain = Some(short);
-                        inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
-                        // Nothing more can be read until the chain is repaired.
-                        inner.behind = Behind::default();
-                    }
+                    self.note_short_chain(&m, short);
                     if !self.opts.follow {
                         return Ok(());
                     }
                     self.wait_poll(Some(&events)).await;
                 }
                 Step::UpToDate => {
-                    {
-                        let mut inner = self.inner.locked();
-                        inner.short_chain = None;
-                        inner.epoch = newest_snapshot(&m).map(|s| s.epoch);
-                        inner.behind = Behind::default();
-                    }
+                    self.note_up_to_date(&m);
                     if !self.opts.follow {
                         return Ok(());
                     }
                     self.wait_poll(Some(&events)).await;
                 }
                 Step::Diffs(diffs) => {
-                    self.inner.locked().behind = Behind::of(&diffs);
-                    for (i, d) in diffs.iter().enumerate() {
-                        if self.closed() {
-                            return Ok(());
-                        }
-                        let delivered = self
-                            .retry("reading a diff", || self.send_diff(d, &events))
-                            .await?;
-                        if !delivered {
-                            return Err(SourceError::Stopped);
-                        }
-                        events
-                            .send(SourceEvent::Checkpoint {
-                                position: d.to_position.clone(),
-                            })
-                            .await
-                            .map_err(|_| SourceError::Stopped)?;
-                        from = d.to_position.clone();
-                        let mut inner = self.inner.locked();
-                        inner.position = Some(from.clone());
-                        inner.behind = Behind::of(&diffs[i + 1..]);
-                    }
-                    // On the newest snapshot's lineage now: that is our epoch.
-                    if let Some(snap) = newest_snapshot(&m)
-                        && (same(&snap.to_position, &from)
-                            || chain_from(&m, &snap.to_position, None)
-                                .iter()
-                                .any(|d| same(&d.to_position, &from)))
-                    {
-                        self.inner.locked().epoch = Some(snap.epoch);
+                    if !self.deliver_diffs(&m, &diffs, &mut from, &events).await? {
+                        return Ok(());
                     }
                     if diffs.is_empty() {
                         // A diff-only plan with nothing in it cannot happen; never spin.
@@ -869,137 +675,4 @@ impl SyncSource for ArchiveReplaySource {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use larch_archive::fixtures::{art, manifest};
-    use larch_archive::manifest::{ArtifactKind, now_utc};
-
-    #[test]
-    fn behind_counts_the_undelivered_diffs_and_their_bytes() {
-        let mut older = art(ArtifactKind::Diff, 1, Some("0/10"), "0/20");
-        older.created_at = now_utc() - chrono::Duration::seconds(30);
-        let mut newer = art(ArtifactKind::Diff, 1, Some("0/20"), "0/30");
-        for (d, size) in [(&mut older, 700), (&mut newer, 300)] {
-            for format in ["jsonl", "protobuf"] {
-                d.formats.insert(
-                    format.into(),
-                    larch_archive::manifest::FormatRef {
-                        uri: String::new(),
-                        size_bytes: size,
-                        sha256: None,
-                    },
-                );
-            }
-        }
-        let b = Behind::of(&[older, newer]);
-        // One format's size per diff, the oldest diff's age.
-        assert_eq!((b.diffs, b.bytes), (2, 1000));
-        assert!((29.0..60.0).contains(&b.seconds()), "{}", b.seconds());
-        let caught_up = Behind::of(&[]);
-        assert_eq!(
-            (caught_up.diffs, caught_up.bytes, caught_up.seconds()),
-            (0, 0, 0.0)
-        );
-    }
-
-    #[test]
-    fn steps_detect_replacement_whatever_the_order() {
-        let m = manifest(
-            vec![
-                art(ArtifactKind::Snapshot, 1, None, "0/10"),
-                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
-            ],
-            "0/20",
-        );
-        assert!(matches!(next_step(&m, "0/10", Some(1)), Step::Diffs(d) if d.len() == 1));
-        assert!(matches!(next_step(&m, "0/20", Some(1)), Step::UpToDate));
-        // Head lower than ours.
-        assert!(matches!(next_step(&m, "0/30", Some(1)), Step::Replaced(_)));
-        // A new epoch at a higher position that does not continue us.
-        let m2 = manifest(
-            vec![
-                art(ArtifactKind::Snapshot, 1, None, "0/10"),
-                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
-                art(ArtifactKind::Snapshot, 2, None, "0/15"),
-                art(ArtifactKind::Diff, 2, Some("0/15"), "0/40"),
-            ],
-            "0/40",
-        );
-        assert!(matches!(next_step(&m2, "0/20", Some(1)), Step::Replaced(_)));
-        // A new epoch at exactly our position but another lineage.
-        let m3 = manifest(vec![art(ArtifactKind::Snapshot, 2, None, "0/020")], "0/20");
-        assert!(matches!(next_step(&m3, "0/20", Some(2)), Step::UpToDate));
-        assert!(matches!(
-            next_step(&m3, "0/20", Some(1)),
-            Step::UpToDate // the new snapshot sits on our position: same lineage
-        ));
-        let m4 = manifest(
-            vec![
-                art(ArtifactKind::Snapshot, 2, None, "0/5"),
-                art(ArtifactKind::Diff, 2, Some("0/5"), "0/18"),
-            ],
-            "0/20",
-        );
-        assert!(matches!(next_step(&m4, "0/20", Some(1)), Step::Replaced(_)));
-        // Nothing yet.
-        assert!(matches!(
-            next_step(&manifest(vec![], ""), "", None),
-            Step::UpToDate
-        ));
-        assert!(matches!(next_step(&m, "", None), Step::Replaced(_)));
-    }
-
-    #[test]
-    fn a_short_chain_is_followed_to_its_end_and_then_reported_not_rebaselined() {
-        let m = manifest(
-            vec![
-                art(ArtifactKind::Snapshot, 1, None, "0/10"),
-                art(ArtifactKind::Diff, 1, Some("0/10"), "0/20"),
-                art(ArtifactKind::Diff, 1, Some("0/30"), "0/40"),
-            ],
-            "0/40",
-        );
-        assert!(matches!(next_step(&m, "0/10", Some(1)), Step::Diffs(d) if d.len() == 1));
-        match next_step(&m, "0/20", Some(1)) {
-            Step::Short(s) => assert_eq!((s.reached.as_str(), s.head.as_str()), ("0/20", "0/40")),
-            other => panic!("{other:?}"),
-        }
-        // A new epoch that reaches its head replaces the short one.
-        let mut m2 = m.clone();
-        m2.artifacts
-            .push(art(ArtifactKind::Snapshot, 2, None, "0/40"));
-        m2.epoch = 2;
-        assert!(matches!(next_step(&m2, "0/20", Some(1)), Step::Replaced(_)));
-    }
-
-    #[test]
-    fn inferred_columns_mark_only_explicit_keys() {
-        let row = Row::parse(r#"{"b":1,"a":2,"id":3}"#).unwrap();
-        let cols = infer_columns(&row, &[]);
-        assert_eq!(
-            cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-            ["a", "b", "id"]
-        );
-        assert!(cols.iter().all(|c| !c.primary_key && c.nullable));
-        assert_eq!(cols[2].ordinal_position, 3);
-        let cols = infer_columns(&row, &["b".into(), "a".into()]);
-        assert!(cols[1].primary_key && cols[1].primary_key_ordinal == 1);
-        assert!(cols[0].primary_key && cols[0].primary_key_ordinal == 2);
-        assert!(!cols[2].primary_key);
-    }
-
-    #[test]
-    fn state_file_is_written_atomically_into_a_new_directory() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a/b/seed.pos");
-        write_state_file(&path, "0/16B3748").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0/16B3748");
-        write_state_file(&path, "0/2").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0/2");
-        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
-    }
-}
+mod tests;

@@ -80,54 +80,10 @@ fn invalid(e: anyhow::Error) -> anyhow::Error {
 
 /// Reads each table's manifest and plans it at one point; touches no database.
 async fn plan_tables(request: &RestoreInputs) -> anyhow::Result<(String, Vec<Planned>)> {
-    if request.tables.is_empty() {
-        return Err(invalid(anyhow::anyhow!("no table to restore (--table)")));
-    }
-    let mut loaded = Vec::new();
-    for (table, prefix) in &request.tables {
-        if loaded.iter().any(|(t, _, _)| t == table) {
-            return Err(invalid(anyhow::anyhow!("table {table} is named twice")));
-        }
-        let reader = ArchiveReader::new(request.store.clone(), prefix, request.formats.clone())?;
-        let Some((manifest, _)) = reader.try_load_manifest().await? else {
-            return Err(invalid(anyhow::anyhow!(
-                "table {table}: {} has no archive at key prefix {prefix:?} ({} not found)",
-                reader.store().name(),
-                reader.manifest_key()
-            )));
-        };
-        if manifest.snapshots().next().is_none() {
-            return Err(invalid(anyhow::anyhow!(
-                "table {table}: the archive at {prefix:?} holds no snapshot yet: nothing to restore"
-            )));
-        }
-        loaded.push((table.clone(), reader, manifest));
-    }
-    let mut smallest_head: Option<&TableId> = None;
-    let point = match &request.at {
-        Some(at) => at.clone(),
-        None => {
-            let mut reached: Option<String> = None;
-            for (table, reader, manifest) in &loaded {
-                let head = plan_head(manifest);
-                if let Some(short) = short_chain(manifest, &head) {
-                    return Err(anyhow::anyhow!(
-                        "table {table}: {}: {short}; the archive cannot reproduce its head (see \
-                         `larch archive verify`); pass --at {} to restore the state it reaches",
-                        reader.manifest_key(),
-                        short.reached
-                    ));
-                }
-                if reached
-                    .as_deref()
-                    .is_none_or(|r| compare(&head.head_position, r) == Ordering::Less)
-                {
-                    reached = Some(head.head_position);
-                    smallest_head = Some(table);
-                }
-            }
-            reached.expect("at least one table")
-        }
+    let loaded = load_manifests(request).await?;
+    let (point, smallest_head) = match &request.at {
+        Some(at) => (at.clone(), None),
+        None => common_head(&loaded)?,
     };
     // A time resolves per table to its last transaction committed at or before it (one
     // database, one commit clock: the tables are consistent at that time); a position is
@@ -175,6 +131,65 @@ async fn plan_tables(request: &RestoreInputs) -> anyhow::Result<(String, Vec<Pla
         });
     }
     Ok((point, planned))
+}
+
+/// Each requested table's archive and manifest; a table named twice, or without an archive
+/// or a snapshot, is refused.
+async fn load_manifests(
+    request: &RestoreInputs,
+) -> anyhow::Result<Vec<(TableId, ArchiveReader, Manifest)>> {
+    if request.tables.is_empty() {
+        return Err(invalid(anyhow::anyhow!("no table to restore (--table)")));
+    }
+    let mut loaded = Vec::new();
+    for (table, prefix) in &request.tables {
+        if loaded.iter().any(|(t, _, _)| t == table) {
+            return Err(invalid(anyhow::anyhow!("table {table} is named twice")));
+        }
+        let reader = ArchiveReader::new(request.store.clone(), prefix, request.formats.clone())?;
+        let Some((manifest, _)) = reader.try_load_manifest().await? else {
+            return Err(invalid(anyhow::anyhow!(
+                "table {table}: {} has no archive at key prefix {prefix:?} ({} not found)",
+                reader.store().name(),
+                reader.manifest_key()
+            )));
+        };
+        if manifest.snapshots().next().is_none() {
+            return Err(invalid(anyhow::anyhow!(
+                "table {table}: the archive at {prefix:?} holds no snapshot yet: nothing to restore"
+            )));
+        }
+        loaded.push((table.clone(), reader, manifest));
+    }
+    Ok(loaded)
+}
+
+/// Without `--at`: the smallest head of the tables (the greatest position every one
+/// reaches), and the table it is the head of. A table whose chain stops short is refused.
+fn common_head(
+    loaded: &[(TableId, ArchiveReader, Manifest)],
+) -> anyhow::Result<(String, Option<&TableId>)> {
+    let mut smallest_head: Option<&TableId> = None;
+    let mut reached: Option<String> = None;
+    for (table, reader, manifest) in loaded {
+        let head = plan_head(manifest);
+        if let Some(short) = short_chain(manifest, &head) {
+            return Err(anyhow::anyhow!(
+                "table {table}: {}: {short}; the archive cannot reproduce its head (see \
+                 `larch archive verify`); pass --at {} to restore the state it reaches",
+                reader.manifest_key(),
+                short.reached
+            ));
+        }
+        if reached
+            .as_deref()
+            .is_none_or(|r| compare(&head.head_position, r) == Ordering::Less)
+        {
+            reached = Some(head.head_position);
+            smallest_head = Some(table);
+        }
+    }
+    Ok((reached.expect("at least one table"), smallest_head))
 }
 
 fn qualified(t: &TableId) -> String {

@@ -28,16 +28,17 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sha2::{Digest, Sha256};
 
 use super::{
-    GetResult, ObjectInfo, ObjectReader, ObjectWriter, PutResult, Store, check_key,
-    check_key_prefix,
+    GetResult, ObjectInfo, ObjectReader, ObjectWriter, Store, check_key, check_key_prefix,
 };
 use crate::error::{ArchiveError, Result};
+
+mod upload;
+
+use upload::S3Writer;
 
 /// Size of one multipart part, and the largest object written with a single `PutObject`.
 pub const PART_SIZE: usize = 8 * 1024 * 1024;
@@ -203,47 +204,32 @@ fn check_ambient_credentials() -> Result<()> {
     Ok(())
 }
 
-impl S3Store {
-    /// Builds the client without touching the network.
-    pub async fn new(config: S3Config) -> Result<S3Store> {
-        let S3Config {
-            bucket,
-            prefix,
-            region,
-            endpoint,
-            path_style,
-            credentials,
-            ca_file,
-        } = config;
-        if bucket.is_empty() {
-            return Err(ArchiveError::Invalid(
-                "S3 destination: bucket is required".into(),
-            ));
-        }
-        check_key_prefix(&prefix).map_err(|_| {
-            ArchiveError::Invalid(format!(
-                "S3 destination s3://{bucket}: prefix {prefix:?} must not start with '/' or contain '.', '..' or empty segments"
-            ))
-        })?;
+/// Refuses a destination without a bucket or with a prefix outside the key rules.
+fn check_destination(bucket: &str, prefix: &str) -> Result<()> {
+    if bucket.is_empty() {
+        return Err(ArchiveError::Invalid(
+            "S3 destination: bucket is required".into(),
+        ));
+    }
+    check_key_prefix(prefix).map_err(|_| {
+        ArchiveError::Invalid(format!(
+            "S3 destination s3://{bucket}: prefix {prefix:?} must not start with '/' or contain '.', '..' or empty segments"
+        ))
+    })
+}
 
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        loader = match region {
-            Some(r) if !r.is_empty() => loader.region(Region::new(r)),
-            _ => loader.region(
-                RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
-                    .or_else(ProfileFileRegionProvider::new())
-                    .or_else(Region::from_static(FALLBACK_REGION)),
-            ),
-        };
-        if credentials == S3Credentials::Ambient {
-            check_ambient_credentials()?;
-        }
-        if let S3Credentials::Files {
+/// `loader` with the credentials of `credentials`: static ones read now, ambient ones checked.
+fn with_credentials(
+    mut loader: aws_config::ConfigLoader,
+    credentials: &S3Credentials,
+) -> Result<aws_config::ConfigLoader> {
+    match credentials {
+        S3Credentials::Ambient => check_ambient_credentials()?,
+        S3Credentials::Files {
             access_key_id_file,
             secret_access_key_file,
             session_token_file,
-        } = &credentials
-        {
+        } => {
             let id = read_secret_file("access key id", access_key_id_file)?;
             let secret = read_secret_file("secret access key", secret_access_key_file)?;
             let token = session_token_file
@@ -258,11 +244,10 @@ impl S3Store {
                 "larch-files",
             ));
         }
-        if let S3Credentials::Static {
+        S3Credentials::Static {
             access_key_id,
             secret_access_key,
-        } = &credentials
-        {
+        } => {
             loader = loader.credentials_provider(Credentials::new(
                 access_key_id.0.clone(),
                 secret_access_key.0.clone(),
@@ -271,6 +256,33 @@ impl S3Store {
                 "larch-static",
             ));
         }
+    }
+    Ok(loader)
+}
+
+impl S3Store {
+    /// Builds the client without touching the network.
+    pub async fn new(config: S3Config) -> Result<S3Store> {
+        let S3Config {
+            bucket,
+            prefix,
+            region,
+            endpoint,
+            path_style,
+            credentials,
+            ca_file,
+        } = config;
+        check_destination(&bucket, &prefix)?;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        loader = match region {
+            Some(r) if !r.is_empty() => loader.region(Region::new(r)),
+            _ => loader.region(
+                RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+                    .or_else(ProfileFileRegionProvider::new())
+                    .or_else(Region::from_static(FALLBACK_REGION)),
+            ),
+        };
+        loader = with_credentials(loader, &credentials)?;
         let ca_file = ca_file.or_else(|| {
             std::env::var_os(CA_BUNDLE_ENV)
                 .filter(|v| !v.is_empty())
@@ -461,16 +473,7 @@ impl Store for S3Store {
 
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let full_key = self.full_key(key)?;
-        Ok(Box::new(S3Writer {
-            store: self.clone(),
-            key: key.to_string(),
-            full_key,
-            buf: Vec::new(),
-            hasher: Sha256::new(),
-            size: 0,
-            upload: None,
-            failed: false,
-        }))
+        Ok(Box::new(S3Writer::new(self.clone(), key, full_key)))
     }
 
     async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {
@@ -587,311 +590,5 @@ impl Store for S3Store {
     }
 }
 
-struct MultipartUpload {
-    id: String,
-    parts: Vec<CompletedPart>,
-}
-
-/// Streaming upload: buffers up to one part; the multipart upload starts only once more than
-/// [`PART_SIZE`] bytes were written.
-struct S3Writer {
-    store: S3Store,
-    key: String,
-    full_key: String,
-    buf: Vec<u8>,
-    hasher: Sha256,
-    size: u64,
-    upload: Option<MultipartUpload>,
-    /// A part upload failed (and the upload was aborted): the writer is dead.
-    failed: bool,
-}
-
-impl S3Writer {
-    /// Sends the buffered bytes as the next part, starting the multipart upload if needed.
-    async fn flush_part(&mut self) -> Result<()> {
-        if self.upload.is_none() {
-            let out = self
-                .store
-                .client
-                .create_multipart_upload()
-                .bucket(&self.store.bucket)
-                .key(&self.full_key)
-                .send()
-                .await
-                .map_err(|e| {
-                    self.store
-                        .storage_error(&self.key, "CreateMultipartUpload", e)
-                })?;
-            let id = out.upload_id.ok_or_else(|| {
-                ArchiveError::storage(
-                    self.store.uri(&self.key),
-                    "S3 CreateMultipartUpload: the response carries no upload id",
-                )
-            })?;
-            self.upload = Some(MultipartUpload {
-                id,
-                parts: Vec::new(),
-            });
-        }
-        let upload = self.upload.as_mut().expect("started above");
-        let number = upload.parts.len() as i32 + 1;
-        // Hand the part to the request; the next one is allocated only when data arrives.
-        let body = Bytes::from(std::mem::take(&mut self.buf));
-        let out = self
-            .store
-            .client
-            .upload_part()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&upload.id)
-            .part_number(number)
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| {
-                self.store
-                    .storage_error(&self.key, &format!("UploadPart {number}"), e)
-            })?;
-        let etag = etag_of(&self.store, &self.key, "UploadPart", out.e_tag)?;
-        upload.parts.push(
-            CompletedPart::builder()
-                .part_number(number)
-                .e_tag(etag)
-                .build(),
-        );
-        Ok(())
-    }
-
-    async fn abort_upload(&mut self) {
-        if let Some(upload) = self.upload.take() {
-            let result = self
-                .store
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.store.bucket)
-                .key(&self.full_key)
-                .upload_id(&upload.id)
-                .send()
-                .await;
-            if let Err(e) = result {
-                tracing::warn!(
-                    uri = %self.store.uri(&self.key),
-                    error = %DisplayErrorContext(&e),
-                    "aborting the multipart upload failed; a bucket lifecycle rule must clean it up"
-                );
-            }
-        }
-    }
-
-    async fn complete(&mut self) -> Result<()> {
-        if self.upload.is_none() {
-            let body = Bytes::from(std::mem::take(&mut self.buf));
-            self.store
-                .client
-                .put_object()
-                .bucket(&self.store.bucket)
-                .key(&self.full_key)
-                .body(ByteStream::from(body))
-                .send()
-                .await
-                .map_err(|e| self.store.storage_error(&self.key, "PutObject", e))?;
-            return Ok(());
-        }
-        // Parts are flushed only when more data follows, so the last part is never empty.
-        if !self.buf.is_empty() {
-            self.flush_part().await?;
-        }
-        let upload = self.upload.as_ref().expect("multipart upload in progress");
-        self.store
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&upload.id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(upload.parts.clone()))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| {
-                self.store
-                    .storage_error(&self.key, "CompleteMultipartUpload", e)
-            })?;
-        // Completed: nothing left to abort.
-        self.upload = None;
-        Ok(())
-    }
-}
-
-impl Drop for S3Writer {
-    fn drop(&mut self) {
-        // Dropped without finish or abort: abort the multipart upload in the background so no
-        // parts linger (best effort; needs a runtime).
-        if let Some(upload) = self.upload.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let client = self.store.client.clone();
-            let bucket = self.store.bucket.clone();
-            let key = self.full_key.clone();
-            rt.spawn(async move {
-                let _ = client
-                    .abort_multipart_upload()
-                    .bucket(bucket)
-                    .key(key)
-                    .upload_id(upload.id)
-                    .send()
-                    .await;
-            });
-        }
-    }
-}
-
-#[async_trait]
-impl ObjectWriter for S3Writer {
-    async fn write(&mut self, mut data: &[u8]) -> Result<()> {
-        if self.failed {
-            return Err(ArchiveError::storage(
-                self.store.uri(&self.key),
-                "S3 upload already failed",
-            ));
-        }
-        self.hasher.update(data);
-        self.size += data.len() as u64;
-        while !data.is_empty() {
-            if self.buf.len() == PART_SIZE
-                && let Err(e) = self.flush_part().await
-            {
-                self.failed = true;
-                self.abort_upload().await;
-                return Err(e);
-            }
-            let n = (PART_SIZE - self.buf.len()).min(data.len());
-            // Grow geometrically but never past one part: memory stays bounded by PART_SIZE.
-            let need = self.buf.len() + n;
-            if need > self.buf.capacity() {
-                let target = (self.buf.capacity() * 2).clamp(need.max(64 * 1024), PART_SIZE);
-                self.buf.reserve_exact(target - self.buf.len());
-            }
-            self.buf.extend_from_slice(&data[..n]);
-            data = &data[n..];
-        }
-        Ok(())
-    }
-
-    async fn finish(mut self: Box<Self>) -> Result<PutResult> {
-        if self.failed {
-            return Err(ArchiveError::storage(
-                self.store.uri(&self.key),
-                "S3 upload already failed",
-            ));
-        }
-        if let Err(e) = self.complete().await {
-            self.failed = true;
-            self.abort_upload().await;
-            return Err(e);
-        }
-        let hasher = std::mem::take(&mut self.hasher);
-        Ok(PutResult {
-            uri: self.store.uri(&self.key),
-            size: self.size,
-            sha256: hex::encode(hasher.finalize()),
-        })
-    }
-
-    async fn abort(mut self: Box<Self>) {
-        self.abort_upload().await;
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn store(prefix: &str) -> S3Store {
-        let mut cfg = S3Config::new("bucket", prefix);
-        cfg.endpoint = Some("http://127.0.0.1:9".into());
-        cfg.path_style = true;
-        S3Store::new(cfg).await.expect("builds without network")
-    }
-
-    #[tokio::test]
-    async fn names_and_uris_concatenate_the_prefix_verbatim() {
-        let s = store("arch/").await;
-        assert_eq!(s.name(), "s3://bucket/arch/");
-        assert_eq!(s.uri("t/manifest.json"), "s3://bucket/arch/t/manifest.json");
-        let s = store("").await;
-        assert_eq!(s.uri("a"), "s3://bucket/a");
-        let s = store("p-").await;
-        assert_eq!(s.uri("a"), "s3://bucket/p-a");
-    }
-
-    #[tokio::test]
-    async fn bad_configs_are_refused_naming_the_problem() {
-        let err = S3Store::new(S3Config::new("", "")).await.unwrap_err();
-        assert!(err.to_string().contains("bucket is required"), "{err}");
-        let err = S3Store::new(S3Config::new("b", "../x/")).await.unwrap_err();
-        assert!(err.to_string().contains("s3://b"), "{err}");
-        let mut cfg = S3Config::new("b", "");
-        cfg.credentials = S3Credentials::Files {
-            access_key_id_file: "/nonexistent/larch/id".into(),
-            secret_access_key_file: "/nonexistent/larch/secret".into(),
-            session_token_file: None,
-        };
-        let err = S3Store::new(cfg).await.unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/larch/id"), "{err}");
-    }
-
-    /// A credential with a control character inside is refused by where it came from, never
-    /// shown (the SDK would panic signing with it).
-    #[test]
-    fn credentials_with_control_characters_are_refused_unshown() {
-        let dir = tempfile::tempdir().unwrap();
-        let id = dir.path().join("id");
-        std::fs::write(&id, "AKID\r\nSECRETPART\n").unwrap();
-        let e = read_secret_file("access key id", &id)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("holds a line break") && e.contains("/id"), "{e}");
-        assert!(!e.contains("AKID") && !e.contains("SECRETPART"), "{e}");
-        std::fs::write(&id, "AKIDLARCH\n").unwrap();
-        assert_eq!(read_secret_file("access key id", &id).unwrap(), "AKIDLARCH");
-        let e = refuse_control_characters("AWS_SECRET_ACCESS_KEY", "abc\n")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("AWS_SECRET_ACCESS_KEY holds a line break"),
-            "{e}"
-        );
-    }
-
-    #[tokio::test]
-    async fn debug_output_hides_the_client() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("id"), "AKIDLARCHTEST\n").unwrap();
-        std::fs::write(dir.path().join("secret"), "s3cr3t-value-never-printed\n").unwrap();
-        let mut cfg = S3Config::new("b", "p/");
-        cfg.credentials = S3Credentials::Files {
-            access_key_id_file: dir.path().join("id"),
-            secret_access_key_file: dir.path().join("secret"),
-            session_token_file: None,
-        };
-        let s = S3Store::new(cfg).await.unwrap();
-        let dbg = format!("{s:?}");
-        assert!(!dbg.contains("s3cr3t"), "{dbg}");
-        assert!(dbg.contains("bucket"), "{dbg}");
-    }
-
-    #[tokio::test]
-    async fn keys_escaping_the_prefix_are_refused_before_any_request() {
-        let s = store("arch/").await;
-        for k in ["../other/x", "/abs", "a/./b"] {
-            let err = s.get(k).await.unwrap_err();
-            assert!(
-                matches!(err, ArchiveError::KeyEscapesRoot { .. }),
-                "{k}: {err}"
-            );
-        }
-    }
-}
+mod tests;

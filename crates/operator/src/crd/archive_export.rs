@@ -131,6 +131,11 @@ pub struct ExportTransform {
     /// The hash key (at least 16 bytes), needed when a rule hashes; mounted as a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_secret_ref: Option<SecretKeyRef>,
+    /// The tables' `where:` may use `EXISTS (SELECT …)` and `x IN (SELECT …)` into tables this
+    /// export also exports (schema-qualified), reading only the columns those export unmasked
+    /// (default false: no subquery).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subqueries: bool,
 }
 
 impl ExportTransform {
@@ -138,6 +143,7 @@ impl ExportTransform {
     pub fn rules(&self) -> larch_contract::transform_rules::TransformRules {
         larch_contract::transform_rules::TransformRules {
             tables: self.tables.clone(),
+            subqueries: self.subqueries,
         }
     }
 }

@@ -77,6 +77,7 @@ pub fn cleanup_args(export: &ArchiveExport) -> Vec<String> {
         a.extend(["--publication".into(), p.clone()]);
     }
     a.extend(["--owner".into(), export_owner(export)]);
+    a.extend(session_limit_args(export));
     if export
         .annotations()
         .get(ADOPT_LEGACY_SLOT_ANNOTATION)
@@ -91,6 +92,27 @@ pub fn cleanup_args(export: &ArchiveExport) -> Vec<String> {
         TERMINATION_LOG.into(),
     ]);
     a
+}
+
+/// `spec.source.sessionLimits` for the cleanup and the slot monitor: their sessions on the
+/// source hold no snapshot, so only the three session timeouts apply. Unset ones keep
+/// `larch export`'s defaults.
+fn session_limit_args(export: &ArchiveExport) -> Vec<String> {
+    let Some(limits) = &export.spec.source.session_limits else {
+        return vec![];
+    };
+    [
+        ("--statement-timeout", &limits.statement_timeout),
+        ("--lock-timeout", &limits.lock_timeout),
+        (
+            "--idle-in-transaction-timeout",
+            &limits.idle_in_transaction_timeout,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(flag, value)| value.as_ref().map(|v| [flag.to_string(), v.clone()]))
+    .flatten()
+    .collect()
 }
 
 /// A pod that talks to the source database only: the export's connection Secret, CA bundle,
@@ -209,6 +231,7 @@ pub fn slot_monitor(export: &ArchiveExport, ctx: &BuildContext) -> Option<Deploy
     for (_, s) in &slots {
         args.extend(["--slot".into(), s.clone()]);
     }
+    args.extend(session_limit_args(export));
     args.extend([
         "--listen".into(),
         pod::listen_arg(),

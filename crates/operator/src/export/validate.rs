@@ -1,8 +1,27 @@
 //! What the ArchiveExport schema and its CEL rules cannot say (see [`crate::reconcile::validate`]).
 
 use crate::crd::archive_export::ArchiveExport;
+use crate::crd::common::TableRef;
 use crate::reconcile::validate::{affinity, key_fields, key_prefix, tables};
 use larch_archive::model::TableId;
+
+/// What the tables' `where:` subqueries may read, as the exporter allows it: with
+/// `spec.transform.subqueries`, the export's tables, each with the columns it exports unmasked.
+fn subquery_tables(
+    tables: &[TableRef],
+    transform: &crate::crd::archive_export::ExportTransform,
+) -> Option<larch_postgres::SubqueryTables> {
+    if !transform.subqueries {
+        return None;
+    }
+    let rules = transform.rules();
+    let mut readable = larch_postgres::SubqueryTables::default();
+    for t in tables {
+        let id = TableId::new(t.schema(), &t.name);
+        readable.allow(id.clone(), rules.unmasked_columns(&id));
+    }
+    Some(readable)
+}
 
 /// What an ArchiveExport's spec says that cannot work; the message names the field.
 pub fn export(export: &ArchiveExport) -> Result<(), String> {
@@ -21,6 +40,7 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
     key_fields("spec.source.keyFields", spec.source.key_fields.as_ref())?;
     key_prefix("spec.keyPrefix", spec.key_prefix.as_deref())?;
     if let Some(t) = &spec.transform {
+        let subqueries = subquery_tables(&all, t);
         for (name, rules) in &t.tables {
             let Some(predicate) = &rules.row_filter else {
                 continue;
@@ -29,7 +49,7 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
             let table: TableId = name
                 .parse()
                 .map_err(|_| format!("spec.transform.tables[{name:?}]: not schema.table"))?;
-            larch_postgres::check_row_filter(&table, predicate)
+            larch_postgres::check_row_filter_with(&table, predicate, subqueries.as_ref())
                 .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
         }
     }

@@ -141,10 +141,47 @@ mod tests {
             )]
             .into(),
             key_secret_ref: None,
+            subqueries: false,
         });
         refuse(
             e,
             "spec.transform.tables[\"public.users\"].where \"pg_drop_replication_slot('other') IS NULL\": function pg_drop_replication_slot is not allowed in a row filter (allowed: abs,",
+        );
+        // Subqueries: only with `subqueries: true`, only into the export's tables, and only
+        // their unmasked columns, as the exporter decides.
+        let table = base.spec.source.all_tables()[0].qualified();
+        let with_filter = |predicate: &str, subqueries: bool| {
+            let mut e = base.clone();
+            let rules = larch_contract::transform_rules::TableRules {
+                undeclared: larch_contract::transform_rules::ColumnRule::Keep,
+                columns: [(
+                    "secret".into(),
+                    larch_contract::transform_rules::ColumnRule::Hash,
+                )]
+                .into(),
+                row_filter: Some(predicate.into()),
+                ..Default::default()
+            };
+            e.spec.transform = Some(crate::crd::archive_export::ExportTransform {
+                tables: [(table.clone(), rules)].into(),
+                key_secret_ref: None,
+                subqueries,
+            });
+            e
+        };
+        let own = format!("EXISTS (SELECT 1 FROM {table} t WHERE t.id = 1)");
+        assert_eq!(export(&with_filter(&own, true)), Ok(()));
+        refuse(with_filter(&own, false), "need `subqueries: true`");
+        refuse(
+            with_filter("id IN (SELECT s.id FROM public.elsewhere s)", true),
+            "a subquery into public.elsewhere is not allowed in a row filter",
+        );
+        refuse(
+            with_filter(
+                &format!("EXISTS (SELECT 1 FROM {table} t WHERE t.secret = 'a')"),
+                true,
+            ),
+            "masks secret",
         );
         // A name PostgreSQL allows (quoted) is fine: it is looked up, not refused.
         let mut e = base;

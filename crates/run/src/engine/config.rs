@@ -15,7 +15,9 @@ use larch_archive::model::TableId;
 use larch_archive::point_in_time::PointInTime;
 use larch_archive::store::check_key_prefix;
 use larch_archive::store::spec::StoreSpec;
-use larch_contract::engine_file::{EngineFile, OneOrMany, SourceKind, TargetFile, TargetKind};
+use larch_contract::engine_file::{
+    EngineFile, OneOrMany, SourceFile, SourceKind, TargetFile, TargetKind,
+};
 
 #[derive(Debug, Error)]
 #[error("{file}: {message}")]
@@ -172,9 +174,50 @@ impl EngineConfig {
     }
 }
 
+/// Which tables each source serves (by source id), with their targets.
+type Served<'a> = BTreeMap<&'a str, BTreeMap<TableId, Vec<TargetConfig>>>;
+
 fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
     // Tables first: which (schema, table) each source serves, and their targets.
-    let mut served: BTreeMap<&str, BTreeMap<TableId, Vec<TargetConfig>>> = BTreeMap::new();
+    let mut served = validate_tables(&raw)?;
+    if raw.sources.is_empty() {
+        return Err(
+            "sources: at least one source is required (an engine without one serves nothing, yet would report ready)"
+                .into(),
+        );
+    }
+    let mut sources = Vec::new();
+    for (id, s) in &raw.sources {
+        let path = format!("sources.{id}");
+        let settings = validate_source(&path, id, s)?;
+        let Some(tables) = served.remove(id.as_str()) else {
+            return Err(format!(
+                "{path}: no tables[] entry uses this source (add one with source: {id})"
+            ));
+        };
+        if !s.group && tables.len() > 1 {
+            return Err(format!(
+                "{path}: serves one table but tables[] asks it for {} (use group: true for one source per table)",
+                tables
+                    .keys()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        for (table, targets) in tables {
+            sources.push(settings.for_table(id, s, table, targets));
+        }
+    }
+    Ok(EngineConfig {
+        file: String::new(),
+        sources,
+    })
+}
+
+/// The `tables[]` entries, checked, grouped by source and table (one memory target a table).
+fn validate_tables(raw: &EngineFile) -> Result<Served<'_>, String> {
+    let mut served: Served<'_> = BTreeMap::new();
     let mut memory_tables: BTreeMap<TableId, String> = BTreeMap::new();
     for (i, t) in raw.tables.iter().enumerate() {
         let path = format!("tables[{i}]");
@@ -220,139 +263,154 @@ fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
             .or_default()
             .extend(targets);
     }
+    Ok(served)
+}
 
-    if raw.sources.is_empty() {
-        return Err(
-            "sources: at least one source is required (an engine without one serves nothing, yet would report ready)"
-                .into(),
-        );
-    }
-    let mut sources = Vec::new();
-    for (id, s) in &raw.sources {
-        let path = format!("sources.{id}");
-        if id.is_empty() || id.contains('/') {
-            return Err(format!("{path}: a source id must be non-empty without '/'"));
-        }
-        match &s.kind {
-            Some(SourceKind::Archive | SourceKind::File) => {}
-            Some(SourceKind::Unknown(other)) if !other.is_empty() => {
-                return Err(format!(
-                    "{path}.type: unknown source type {other:?} (expected archive or file)"
-                ));
-            }
-            None | Some(SourceKind::Unknown(_)) => {
-                return Err(format!("{path}.type: required (archive or file)"));
-            }
-        }
-        let Some(store) = &s.store else {
-            return Err(format!(
-                "{path}.store: required (an archive source needs a store: {{type: local, path: DIR}} or {{type: s3, bucket: B}})"
-            ));
+/// A source's settings, checked once and shared by every table it serves.
+struct SourceSettings {
+    store: StoreSpec,
+    key_prefix: String,
+    key_fields: Vec<String>,
+    formats: Vec<Format>,
+    at: Option<PointInTime>,
+    poll_interval: Duration,
+}
+
+impl SourceSettings {
+    /// The source of `table`: with `group: true`, one source a table (`<id>/<table>`,
+    /// reading `<table>/`, its own state file).
+    fn for_table(
+        &self,
+        id: &str,
+        s: &SourceFile,
+        table: TableId,
+        targets: Vec<TargetConfig>,
+    ) -> SourceConfig {
+        let (sid, prefix, state_path) = if s.group {
+            (
+                format!("{id}/{table}"),
+                format!("{table}/"),
+                s.state_path
+                    .as_ref()
+                    .map(|d| d.join(format!("{table}.pos"))),
+            )
+        } else {
+            (
+                id.to_string(),
+                self.key_prefix.clone(),
+                s.state_path.clone(),
+            )
         };
-        store.validate().map_err(|e| format!("{path}.{e}"))?;
-        let key_prefix = s.key_prefix.clone().unwrap_or_default();
-        if s.group && s.key_prefix.is_some() {
-            return Err(format!(
-                "{path}.key_prefix: not allowed with group: true (each table reads <schema>.<table>/)"
-            ));
-        }
-        check_key_prefix(&key_prefix)
-            .map_err(|_| format!("{path}.key_prefix: {key_prefix:?} escapes the store root"))?;
-        if !key_prefix.is_empty() && !key_prefix.ends_with('/') {
-            return Err(format!(
-                "{path}.key_prefix: {key_prefix:?} must end with '/' (the manifest is at <key_prefix>manifest.json)"
-            ));
-        }
-        let key_fields: Vec<String> = s
-            .key_fields
-            .clone()
-            .map(OneOrMany::into_vec)
-            .unwrap_or_default();
-        if key_fields.iter().any(|k| k.is_empty()) {
-            return Err(format!("{path}.key_fields: empty field name"));
-        }
-        let formats = match &s.format {
-            None => vec![Format::Jsonl],
-            Some(f) => {
-                let ids = f.clone().into_vec();
-                if ids.is_empty() {
-                    return Err(format!("{path}.format: at least one format is required"));
-                }
-                ids.iter()
-                    .map(|id| Format::parse(id).map_err(|e| format!("{path}.format: {e}")))
-                    .collect::<Result<Vec<_>, _>>()?
-            }
-        };
-        let at = match &s.at {
-            None => None,
-            Some(text) => Some(
-                text.parse::<PointInTime>()
-                    .map_err(|e| format!("{path}.at: {e}"))?,
-            ),
-        };
-        if at.is_some() && s.follow {
-            return Err(format!(
-                "{path}.at: a source pinned at a point in time does not follow the archive: remove follow: true (or at)"
-            ));
-        }
-        let poll_interval = match &s.poll_interval {
-            None => Duration::from_secs(5),
-            Some(serde_yaml_ng::Value::String(t)) => larch_core::duration::parse_positive(t)
-                .map_err(|e| format!("{path}.poll_interval: {e}"))?,
-            Some(other) => {
-                return Err(format!(
-                    "{path}.poll_interval: expected a duration such as \"5s\", found {}",
-                    serde_yaml_ng::to_string(other).unwrap_or_default().trim()
-                ));
-            }
-        };
-        let Some(tables) = served.remove(id.as_str()) else {
-            return Err(format!(
-                "{path}: no tables[] entry uses this source (add one with source: {id})"
-            ));
-        };
-        if !s.group && tables.len() > 1 {
-            return Err(format!(
-                "{path}: serves one table but tables[] asks it for {} (use group: true for one source per table)",
-                tables
-                    .keys()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        for (table, targets) in tables {
-            let (sid, prefix, state_path) = if s.group {
-                (
-                    format!("{id}/{table}"),
-                    format!("{table}/"),
-                    s.state_path
-                        .as_ref()
-                        .map(|d| d.join(format!("{table}.pos"))),
-                )
-            } else {
-                (id.clone(), key_prefix.clone(), s.state_path.clone())
-            };
-            sources.push(SourceConfig {
-                id: sid,
-                store: store.clone(),
-                key_prefix: prefix,
-                key_fields: key_fields.clone(),
-                formats: formats.clone(),
-                follow: s.follow,
-                at,
-                poll_interval,
-                state_path,
-                table,
-                targets,
-                require_transformed: s.require_transformed,
-            });
+        SourceConfig {
+            id: sid,
+            store: self.store.clone(),
+            key_prefix: prefix,
+            key_fields: self.key_fields.clone(),
+            formats: self.formats.clone(),
+            follow: s.follow,
+            at: self.at,
+            poll_interval: self.poll_interval,
+            state_path,
+            table,
+            targets,
+            require_transformed: s.require_transformed,
         }
     }
-    Ok(EngineConfig {
-        file: String::new(),
-        sources,
+}
+
+/// Checks `sources.<id>` (`path`): its id, type, store and key prefix, then how it reads.
+fn validate_source(path: &str, id: &str, s: &SourceFile) -> Result<SourceSettings, String> {
+    if id.is_empty() || id.contains('/') {
+        return Err(format!("{path}: a source id must be non-empty without '/'"));
+    }
+    match &s.kind {
+        Some(SourceKind::Archive | SourceKind::File) => {}
+        Some(SourceKind::Unknown(other)) if !other.is_empty() => {
+            return Err(format!(
+                "{path}.type: unknown source type {other:?} (expected archive or file)"
+            ));
+        }
+        None | Some(SourceKind::Unknown(_)) => {
+            return Err(format!("{path}.type: required (archive or file)"));
+        }
+    }
+    let Some(store) = &s.store else {
+        return Err(format!(
+            "{path}.store: required (an archive source needs a store: {{type: local, path: DIR}} or {{type: s3, bucket: B}})"
+        ));
+    };
+    store.validate().map_err(|e| format!("{path}.{e}"))?;
+    let key_prefix = s.key_prefix.clone().unwrap_or_default();
+    if s.group && s.key_prefix.is_some() {
+        return Err(format!(
+            "{path}.key_prefix: not allowed with group: true (each table reads <schema>.<table>/)"
+        ));
+    }
+    check_key_prefix(&key_prefix)
+        .map_err(|_| format!("{path}.key_prefix: {key_prefix:?} escapes the store root"))?;
+    if !key_prefix.is_empty() && !key_prefix.ends_with('/') {
+        return Err(format!(
+            "{path}.key_prefix: {key_prefix:?} must end with '/' (the manifest is at <key_prefix>manifest.json)"
+        ));
+    }
+    let key_fields: Vec<String> = s
+        .key_fields
+        .clone()
+        .map(OneOrMany::into_vec)
+        .unwrap_or_default();
+    if key_fields.iter().any(|k| k.is_empty()) {
+        return Err(format!("{path}.key_fields: empty field name"));
+    }
+    Ok(SourceSettings {
+        store: store.clone(),
+        key_prefix,
+        key_fields,
+        formats: source_formats(path, s)?,
+        at: source_at(path, s)?,
+        poll_interval: source_poll_interval(path, s)?,
     })
+}
+
+fn source_formats(path: &str, s: &SourceFile) -> Result<Vec<Format>, String> {
+    let Some(f) = &s.format else {
+        return Ok(vec![Format::Jsonl]);
+    };
+    let ids = f.clone().into_vec();
+    if ids.is_empty() {
+        return Err(format!("{path}.format: at least one format is required"));
+    }
+    ids.iter()
+        .map(|id| Format::parse(id).map_err(|e| format!("{path}.format: {e}")))
+        .collect()
+}
+
+/// The point in time a source is pinned at; a pinned source cannot follow.
+fn source_at(path: &str, s: &SourceFile) -> Result<Option<PointInTime>, String> {
+    let at = match &s.at {
+        None => None,
+        Some(text) => Some(
+            text.parse::<PointInTime>()
+                .map_err(|e| format!("{path}.at: {e}"))?,
+        ),
+    };
+    if at.is_some() && s.follow {
+        return Err(format!(
+            "{path}.at: a source pinned at a point in time does not follow the archive: remove follow: true (or at)"
+        ));
+    }
+    Ok(at)
+}
+
+fn source_poll_interval(path: &str, s: &SourceFile) -> Result<Duration, String> {
+    match &s.poll_interval {
+        None => Ok(Duration::from_secs(5)),
+        Some(serde_yaml_ng::Value::String(t)) => larch_core::duration::parse_positive(t)
+            .map_err(|e| format!("{path}.poll_interval: {e}")),
+        Some(other) => Err(format!(
+            "{path}.poll_interval: expected a duration such as \"5s\", found {}",
+            serde_yaml_ng::to_string(other).unwrap_or_default().trim()
+        )),
+    }
 }
 
 fn validate_target(path: &str, t: &TargetFile, table: &TableId) -> Result<TargetConfig, String> {

@@ -52,101 +52,81 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        macro_rules! reg {
-            ($m:expr) => {{
-                let m = $m.expect("valid metric");
-                registry
-                    .register(Box::new(m.clone()))
-                    .expect("metric registered once");
-                m
-            }};
-        }
+        let r = Register(&registry);
         larch_core::telemetry::register_process_and_build_info(&registry, "engine");
         Metrics {
-            source_rebaseline_total: reg!(IntCounterVec::new(
-                Opts::new(
-                    "laredo_source_rebaseline_total",
-                    "Re-baselines a source asked for (replacement archives)."
-                ),
-                &["source"]
-            )),
-            source_lag_seconds: reg!(GaugeVec::new(
-                Opts::new(
-                    "laredo_source_lag_seconds",
-                    "now - updated_at of the last manifest the source read."
-                ),
-                &["source"]
-            )),
-            source_lag_bytes: reg!(IntGaugeVec::new(
-                Opts::new(
-                    "laredo_source_lag_bytes",
-                    "Bytes of the archive's diffs not yet applied (0 when caught up with the head)."
-                ),
-                &["source"]
-            )),
-            pipeline_state: reg!(IntGaugeVec::new(
-                Opts::new(
-                    "laredo_pipeline_state",
-                    "0 INITIALIZING, 1 BASELINING, 2 STREAMING, 3 PAUSED, 4 ERROR, 5 STOPPED."
-                ),
-                &["pipeline"]
-            )),
-            changes_received_total: reg!(IntCounterVec::new(
-                Opts::new("laredo_changes_received_total", "Change events received."),
-                &["pipeline", "action"]
-            )),
-            changes_applied_total: reg!(IntCounterVec::new(
-                Opts::new("laredo_changes_applied_total", "Change events applied."),
-                &["pipeline", "action"]
-            )),
-            change_errors_total: reg!(IntCounterVec::new(
-                Opts::new("laredo_change_errors_total", "Change events that failed."),
-                &["pipeline"]
-            )),
-            change_apply_duration_seconds: reg!(HistogramVec::new(
+            source_rebaseline_total: r.counter(
+                "laredo_source_rebaseline_total",
+                "Re-baselines a source asked for (replacement archives).",
+                &["source"],
+            ),
+            source_lag_seconds: r.gauge(
+                "laredo_source_lag_seconds",
+                "now - updated_at of the last manifest the source read.",
+                &["source"],
+            ),
+            source_lag_bytes: r.int_gauge(
+                "laredo_source_lag_bytes",
+                "Bytes of the archive's diffs not yet applied (0 when caught up with the head).",
+                &["source"],
+            ),
+            pipeline_state: r.int_gauge(
+                "laredo_pipeline_state",
+                "0 INITIALIZING, 1 BASELINING, 2 STREAMING, 3 PAUSED, 4 ERROR, 5 STOPPED.",
+                &["pipeline"],
+            ),
+            changes_received_total: r.counter(
+                "laredo_changes_received_total",
+                "Change events received.",
+                &["pipeline", "action"],
+            ),
+            changes_applied_total: r.counter(
+                "laredo_changes_applied_total",
+                "Change events applied.",
+                &["pipeline", "action"],
+            ),
+            change_errors_total: r.counter(
+                "laredo_change_errors_total",
+                "Change events that failed.",
+                &["pipeline"],
+            ),
+            change_apply_duration_seconds: r.histogram(
                 HistogramOpts::new(
                     "laredo_change_apply_duration_seconds",
-                    "Time to apply one change."
+                    "Time to apply one change.",
                 ),
-                &["pipeline", "action"]
-            )),
-            baseline_duration_seconds: reg!(HistogramVec::new(
+                &["pipeline", "action"],
+            ),
+            baseline_duration_seconds: r.histogram(
                 HistogramOpts::new("laredo_baseline_duration_seconds", "Baseline duration.")
                     .buckets(vec![0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0]),
-                &["pipeline"]
-            )),
-            baseline_rows_total: reg!(IntGaugeVec::new(
-                Opts::new("laredo_baseline_rows_total", "Rows of the last baseline."),
-                &["pipeline"]
-            )),
-            baseline_rows_loaded_total: reg!(IntCounterVec::new(
-                Opts::new(
-                    "laredo_baseline_rows_loaded_total",
-                    "Baseline rows loaded, over every baseline."
-                ),
-                &["pipeline"]
-            )),
-            baseline_expected_rows: reg!(IntGaugeVec::new(
-                Opts::new(
-                    "larch_engine_baseline_expected_rows",
-                    "Rows of the snapshot the baseline in progress (else the last one) loads: its manifest row_count; -1: unknown."
-                ),
-                &["pipeline"]
-            )),
-            source_behind_diffs: reg!(IntGaugeVec::new(
-                Opts::new(
-                    "larch_source_behind_diffs",
-                    "Diffs between the source's position and the archive's head (0 when caught up)."
-                ),
-                &["source"]
-            )),
-            source_data_age_seconds: reg!(GaugeVec::new(
-                Opts::new(
-                    "larch_source_data_age_seconds",
-                    "Seconds since the archive's head was written (manifest updated_at): the age of the data, not a lag."
-                ),
-                &["source"]
-            )),
+                &["pipeline"],
+            ),
+            baseline_rows_total: r.int_gauge(
+                "laredo_baseline_rows_total",
+                "Rows of the last baseline.",
+                &["pipeline"],
+            ),
+            baseline_rows_loaded_total: r.counter(
+                "laredo_baseline_rows_loaded_total",
+                "Baseline rows loaded, over every baseline.",
+                &["pipeline"],
+            ),
+            baseline_expected_rows: r.int_gauge(
+                "larch_engine_baseline_expected_rows",
+                "Rows of the snapshot the baseline in progress (else the last one) loads: its manifest row_count; -1: unknown.",
+                &["pipeline"],
+            ),
+            source_behind_diffs: r.int_gauge(
+                "larch_source_behind_diffs",
+                "Diffs between the source's position and the archive's head (0 when caught up).",
+                &["source"],
+            ),
+            source_data_age_seconds: r.gauge(
+                "larch_source_data_age_seconds",
+                "Seconds since the archive's head was written (manifest updated_at): the age of the data, not a lag.",
+                &["source"],
+            ),
             registry,
         }
     }
@@ -164,6 +144,38 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding");
         String::from_utf8(buf).expect("UTF-8 exposition")
+    }
+}
+
+/// Makes metrics, each registered in the registry (names are fixed: a failure is a bug).
+struct Register<'a>(&'a Registry);
+
+impl Register<'_> {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.registered(IntCounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn int_gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.registered(IntGaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.registered(GaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    fn histogram(&self, opts: HistogramOpts, labels: &[&str]) -> HistogramVec {
+        self.registered(HistogramVec::new(opts, labels))
+    }
+
+    fn registered<M>(&self, metric: prometheus::Result<M>) -> M
+    where
+        M: prometheus::core::Collector + Clone + 'static,
+    {
+        let metric = metric.expect("valid metric");
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("metric registered once");
+        metric
     }
 }
 

@@ -233,30 +233,8 @@ pub async fn start_serving(
     }));
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));
-    let runners = shared
-        .runners
-        .iter()
-        .map(|r| {
-            let (runner, stop) = (r.clone(), shutdown.clone());
-            let (failed, fatal) = (failed.clone(), fatal.clone());
-            tokio::spawn(async move {
-                if let Err(e) = runner.run(stop).await {
-                    fatal.locked().get_or_insert(e);
-                    failed.cancel();
-                }
-            })
-        })
-        .collect();
-    let (s, stop) = (shared.clone(), shutdown.clone());
-    let ticker = tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = every.tick() => s.runners.iter().for_each(|r| r.refresh()),
-                _ = stop.cancelled() => return,
-            }
-        }
-    });
+    let runners = spawn_runners(&shared, &shutdown, &failed, &fatal);
+    let ticker = spawn_ticker(shared.clone(), shutdown.clone());
     tracing::info!(
         %addr,
         tls_addr = tls_addr.map(|a| a.to_string()),
@@ -276,6 +254,43 @@ pub async fn start_serving(
         fatal,
         servers,
         ticker,
+    })
+}
+
+/// Runs each source's pipelines until `shutdown`; the first error no retry fixes is kept in
+/// `fatal` and cancels `failed`.
+fn spawn_runners(
+    shared: &Shared,
+    shutdown: &CancellationToken,
+    failed: &CancellationToken,
+    fatal: &Arc<std::sync::Mutex<Option<anyhow::Error>>>,
+) -> Vec<JoinHandle<()>> {
+    shared
+        .runners
+        .iter()
+        .map(|r| {
+            let (runner, stop) = (r.clone(), shutdown.clone());
+            let (failed, fatal) = (failed.clone(), fatal.clone());
+            tokio::spawn(async move {
+                if let Err(e) = runner.run(stop).await {
+                    fatal.locked().get_or_insert(e);
+                    failed.cancel();
+                }
+            })
+        })
+        .collect()
+}
+
+/// Refreshes every runner's figures once a second until `stop`.
+fn spawn_ticker(shared: Arc<Shared>, stop: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = every.tick() => shared.runners.iter().for_each(|r| r.refresh()),
+                _ = stop.cancelled() => return,
+            }
+        }
     })
 }
 

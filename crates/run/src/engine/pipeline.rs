@@ -25,7 +25,7 @@ use super::targets::{Resume, Target};
 use crate::archive_source::ArchiveReplaySource;
 use larch_archive::manifest::format_time;
 use larch_archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
-use larch_archive::source::{SourceError, SourceEvent, SourceState, SyncSource};
+use larch_archive::source::{ChangeEvent, SourceError, SourceEvent, SourceState, SyncSource};
 use larch_archive::value::Row;
 use larch_core::failure::{self, Reason};
 use larch_core::locks::MutexExt;
@@ -332,17 +332,7 @@ impl SourceRunner {
                 break;
             }
             if need_baseline {
-                let step = async {
-                    self.init_targets().await?;
-                    if first && let Some(pos) = self.resume_position().await? {
-                        tracing::info!(source = %self.id, position = %pos, "resuming from the stored position");
-                        self.set_position(&pos);
-                        self.set_state(PipelineState::Streaming);
-                        self.ready.store(true, Ordering::SeqCst);
-                        return Ok(pos);
-                    }
-                    self.baseline().await
-                };
+                let step = self.init_or_resume(first);
                 let result = tokio::select! {
                     r = step => r,
                     _ = shutdown.cancelled() => break,
@@ -390,12 +380,7 @@ impl SourceRunner {
                 }
                 StreamEnd::Stopped => break,
                 StreamEnd::Rebaseline(why) => {
-                    tracing::warn!(source = %self.id, reason = %why, "re-baseline");
-                    self.rebaselines.fetch_add(1, Ordering::SeqCst);
-                    self.metrics
-                        .source_rebaseline_total
-                        .with_label_values(&[&self.id])
-                        .inc();
+                    self.note_rebaseline(&why);
                     need_baseline = true;
                 }
                 StreamEnd::Failed(e) => {
@@ -416,6 +401,29 @@ impl SourceRunner {
         self.source.close().await;
         self.set_state(PipelineState::Stopped);
         Ok(())
+    }
+
+    /// The position to stream from: on the first start, the one the targets and the source
+    /// agree on when they can resume; else that of a new baseline.
+    async fn init_or_resume(&self, first: bool) -> anyhow::Result<String> {
+        self.init_targets().await?;
+        if first && let Some(pos) = self.resume_position().await? {
+            tracing::info!(source = %self.id, position = %pos, "resuming from the stored position");
+            self.set_position(&pos);
+            self.set_state(PipelineState::Streaming);
+            self.ready.store(true, Ordering::SeqCst);
+            return Ok(pos);
+        }
+        self.baseline().await
+    }
+
+    fn note_rebaseline(&self, why: &str) {
+        tracing::warn!(source = %self.id, reason = %why, "re-baseline");
+        self.rebaselines.fetch_add(1, Ordering::SeqCst);
+        self.metrics
+            .source_rebaseline_total
+            .with_label_values(&[&self.id])
+            .inc();
     }
 
     async fn init_targets(&self) -> anyhow::Result<()> {
@@ -505,40 +513,7 @@ impl SourceRunner {
         *self.baseline_progress.locked() = Some(progress.clone());
         let reporter = Reporter::start(progress.clone());
         let mut rows = 0u64;
-        let loaded: anyhow::Result<()> = async {
-            let mut batch = Vec::with_capacity(BATCH);
-            loop {
-                let done = match rx.recv().await {
-                    Some((_, row)) => {
-                        batch.push(row);
-                        false
-                    }
-                    None => true,
-                };
-                if batch.len() >= BATCH || (done && !batch.is_empty()) {
-                    rows += batch.len() as u64;
-                    self.note_loaded(&progress, &batch);
-                    let last = self.pipelines.len().saturating_sub(1);
-                    for (i, p) in self.pipelines.iter().enumerate() {
-                        // The last target takes the batch itself, the others a copy.
-                        let rows = if i == last {
-                            std::mem::replace(&mut batch, Vec::with_capacity(BATCH))
-                        } else {
-                            batch.clone()
-                        };
-                        p.target
-                            .baseline_rows(rows)
-                            .await
-                            .with_context(|| format!("pipeline {}: baseline", p.id))?;
-                    }
-                    batch.clear();
-                }
-                if done {
-                    return Ok(());
-                }
-            }
-        }
-        .await;
+        let loaded = self.load_baseline(&mut rx, &progress, &mut rows).await;
         drop(rx);
         let produced = task.await;
         reporter.finish(loaded.is_ok() && matches!(produced, Ok(Ok(_))));
@@ -564,6 +539,61 @@ impl SourceRunner {
                 .with_context(|| format!("pipeline {}: committing the baseline", p.id))?;
         }
         let elapsed = started.elapsed();
+        self.note_baseline_done(rows, elapsed);
+        tracing::info!(source = %self.id, rows, position = %position, seconds = elapsed.as_secs_f64(), "baseline complete");
+        self.set_position(&position);
+        // The baseline position is confirmed for every pipeline.
+        if let Err(e) = self.source.ack(&position).await {
+            tracing::warn!(source = %self.id, error = crate::reasons::render(&e), "ack failed");
+        }
+        self.set_state(PipelineState::Streaming);
+        self.ready.store(true, Ordering::SeqCst);
+        Ok(position)
+    }
+
+    /// Hands the baseline's rows to the targets in batches of [`BATCH`] (the last target
+    /// takes each batch itself, the others a copy), counting them in `rows`.
+    async fn load_baseline(
+        &self,
+        rx: &mut mpsc::Receiver<(TableId, Row)>,
+        progress: &Progress,
+        rows: &mut u64,
+    ) -> anyhow::Result<()> {
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let done = match rx.recv().await {
+                Some((_, row)) => {
+                    batch.push(row);
+                    false
+                }
+                None => true,
+            };
+            if batch.len() >= BATCH || (done && !batch.is_empty()) {
+                *rows += batch.len() as u64;
+                self.note_loaded(progress, &batch);
+                let last = self.pipelines.len().saturating_sub(1);
+                for (i, p) in self.pipelines.iter().enumerate() {
+                    // The last target takes the batch itself, the others a copy.
+                    let rows = if i == last {
+                        std::mem::replace(&mut batch, Vec::with_capacity(BATCH))
+                    } else {
+                        batch.clone()
+                    };
+                    p.target
+                        .baseline_rows(rows)
+                        .await
+                        .with_context(|| format!("pipeline {}: baseline", p.id))?;
+                }
+                batch.clear();
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A committed baseline of `rows` rows: each pipeline's counters and metrics.
+    fn note_baseline_done(&self, rows: u64, elapsed: Duration) {
         let rebaseline = self.ready();
         for p in &self.pipelines {
             p.baseline_rows.store(rows, Ordering::SeqCst);
@@ -579,15 +609,6 @@ impl SourceRunner {
                 .with_label_values(&[&p.id])
                 .set(rows as i64);
         }
-        tracing::info!(source = %self.id, rows, position = %position, seconds = elapsed.as_secs_f64(), "baseline complete");
-        self.set_position(&position);
-        // The baseline position is confirmed for every pipeline.
-        if let Err(e) = self.source.ack(&position).await {
-            tracing::warn!(source = %self.id, error = crate::reasons::render(&e), "ack failed");
-        }
-        self.set_state(PipelineState::Streaming);
-        self.ready.store(true, Ordering::SeqCst);
-        Ok(position)
     }
 
     /// A batch of the baseline handed to the targets: progress and laredo's row counter. The
@@ -640,57 +661,13 @@ impl SourceRunner {
             };
             match ev {
                 None => break,
-                Some(SourceEvent::Change(c)) => {
-                    for p in &self.pipelines {
-                        let labels = [p.id.as_str(), c.action.as_str()];
-                        self.metrics
-                            .changes_received_total
-                            .with_label_values(&labels)
-                            .inc();
-                        let t = Instant::now();
-                        match p.target.apply(&c).await {
-                            Ok(()) => {
-                                self.metrics
-                                    .changes_applied_total
-                                    .with_label_values(&labels)
-                                    .inc();
-                                self.metrics
-                                    .change_apply_duration_seconds
-                                    .with_label_values(&labels)
-                                    .observe(t.elapsed().as_secs_f64());
-                            }
-                            Err(e) => {
-                                self.metrics
-                                    .change_errors_total
-                                    .with_label_values(&[&p.id])
-                                    .inc();
-                                failed = Some(e.context(format!("pipeline {}: apply", p.id)));
-                            }
-                        }
-                    }
-                }
+                Some(SourceEvent::Change(c)) => self.apply_change(&c, &mut failed).await,
                 Some(SourceEvent::Checkpoint { position: pos }) => {
-                    for p in &self.pipelines {
-                        let mut delay = Duration::from_millis(200);
-                        loop {
-                            match p.target.checkpoint(&pos).await {
-                                Ok(()) => break,
-                                Err(e) => {
-                                    tracing::error!(pipeline = %p.id, error = crate::reasons::render(&e), "checkpoint failed; retrying in {delay:?}");
-                                    self.metrics
-                                        .change_errors_total
-                                        .with_label_values(&[&p.id])
-                                        .inc();
-                                    if sleep_or_shutdown(delay, shutdown).await {
-                                        self.source.close().await;
-                                        drop(rx);
-                                        let _ = task.await;
-                                        return StreamEnd::Stopped;
-                                    }
-                                    delay = (delay * 2).min(Duration::from_secs(30));
-                                }
-                            }
-                        }
+                    if !self.checkpoint_all(&pos, shutdown).await {
+                        self.source.close().await;
+                        drop(rx);
+                        let _ = task.await;
+                        return StreamEnd::Stopped;
                     }
                     *position = Some(pos.clone());
                     self.set_position(&pos);
@@ -720,6 +697,63 @@ impl SourceRunner {
             Ok(Err(e)) => StreamEnd::Failed(anyhow::Error::from(e)),
             Err(e) => StreamEnd::Failed(anyhow::anyhow!("stream task: {e}")),
         }
+    }
+
+    /// Applies one change to every pipeline, timing it; an error is kept in `failed` (the
+    /// stream stops after this change).
+    async fn apply_change(&self, c: &ChangeEvent, failed: &mut Option<anyhow::Error>) {
+        for p in &self.pipelines {
+            let labels = [p.id.as_str(), c.action.as_str()];
+            self.metrics
+                .changes_received_total
+                .with_label_values(&labels)
+                .inc();
+            let t = Instant::now();
+            match p.target.apply(c).await {
+                Ok(()) => {
+                    self.metrics
+                        .changes_applied_total
+                        .with_label_values(&labels)
+                        .inc();
+                    self.metrics
+                        .change_apply_duration_seconds
+                        .with_label_values(&labels)
+                        .observe(t.elapsed().as_secs_f64());
+                }
+                Err(e) => {
+                    self.metrics
+                        .change_errors_total
+                        .with_label_values(&[&p.id])
+                        .inc();
+                    *failed = Some(e.context(format!("pipeline {}: apply", p.id)));
+                }
+            }
+        }
+    }
+
+    /// Checkpoints `pos` in every pipeline, retrying each with backoff; false when shutdown
+    /// came first.
+    async fn checkpoint_all(&self, pos: &str, shutdown: &CancellationToken) -> bool {
+        for p in &self.pipelines {
+            let mut delay = Duration::from_millis(200);
+            loop {
+                match p.target.checkpoint(pos).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::error!(pipeline = %p.id, error = crate::reasons::render(&e), "checkpoint failed; retrying in {delay:?}");
+                        self.metrics
+                            .change_errors_total
+                            .with_label_values(&[&p.id])
+                            .inc();
+                        if sleep_or_shutdown(delay, shutdown).await {
+                            return false;
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// Final ack of what durable targets hold (on shutdown).

@@ -7,9 +7,11 @@ pub mod lease;
 pub mod run;
 pub mod set;
 pub mod slot;
+pub mod status;
 pub mod subset;
 pub mod transform;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::anyhow;
@@ -168,7 +170,7 @@ async fn copy_into_snapshot(
     subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
     // Batches of at most BATCH_ROWS rows (BATCH_BYTES of text) cross each channel.
-    let (src_tx, mut src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
+    let (src_tx, src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
     let (mask_tx, mask_rx) = oneshot::channel();
     let sink = BaselineSink {
         rows: src_tx,
@@ -178,98 +180,24 @@ async fn copy_into_snapshot(
     // first row).
     let (transform_tx, transform_rx) =
         oneshot::channel::<(Option<Arc<TableTransform>>, Option<Sampler>)>();
-    let transform_failure = Arc::new(std::sync::OnceLock::<TransformError>::new());
-    let failure_slot = transform_failure.clone();
     let (row_tx, row_rx) = mpsc::channel::<Vec<Row>>(BATCHES_IN_FLIGHT);
     let (pos_tx, pos_rx) = oneshot::channel::<String>();
     let (verdict_tx, verdict_rx) = oneshot::channel();
     // The verdict is an ArchiveError (the writer's type), a string of the source's error: its
     // reason (a missing privilege, a dropped connection) is kept here for the caller.
     let source_reason = Arc::new(std::sync::OnceLock::new());
-    let reason_slot = source_reason.clone();
-    let tables = [table.clone()];
     let snapshot_time = match &rows_from {
         RowSource::OwnSlot(_) => None,
         RowSource::Shared(shared) => Some(shared.taken_at()),
     };
-    tokio::spawn(async move {
-        let baseline = async move {
-            match rows_from {
-                RowSource::OwnSlot(source) => {
-                    source.baseline_reporting(&tables, sink, Some(pos_tx)).await
-                }
-                RowSource::Shared(shared) => {
-                    let _ = pos_tx.send(shared.position().to_string());
-                    let copied = shared.copy_table(&tables[0], &sink).await;
-                    copied.map(|_| shared.position().to_string())
-                }
-            }
-        };
-        // Moves the receiver in: when it stops (a failed transform), the baseline's sends fail.
-        let forward = async move {
-            let Ok((transform, sampler)) = transform_rx.await else {
-                return;
-            };
-            // Sampling reads raw rows: a sampled baseline is masked here, after the sample;
-            // any other in its encoder.
-            let transform = match sampler {
-                None => {
-                    let _ = mask_tx.send(transform);
-                    None
-                }
-                Some(_) => {
-                    let _ = mask_tx.send(None);
-                    transform
-                }
-            };
-            while let Some((_, mut rows)) = src_rx.recv().await {
-                // Sampled on the raw values (the same as in every table), before masking.
-                if let Some(s) = &sampler {
-                    rows.retain(|row| s.keeps(row));
-                }
-                if rows.is_empty() {
-                    continue;
-                }
-                let rows: Vec<Row> = match rows
-                    .into_iter()
-                    .map(|row| mask_row(transform.as_deref(), row))
-                    .collect::<Result<_, _>>()
-                {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        let _ = failure_slot.set(e);
-                        break;
-                    }
-                };
-                let before = progress.rows();
-                let bytes = rows.iter().map(|r| r.as_str().len() as u64).sum();
-                progress.add(rows.len() as u64, bytes);
-                if before < PAUSE_AFTER_ROWS && progress.rows() >= PAUSE_AFTER_ROWS {
-                    larch_archive::crashpoint::pause_point(
-                        larch_archive::crashpoint::EXPORT_BASELINE_ROWS,
-                    )
-                    .await;
-                }
-                if row_tx.send(rows).await.is_err() {
-                    break;
-                }
-            }
-        };
-        let (result, ()) = tokio::join!(baseline, forward);
-        if let Some(e) = transform_failure.get() {
-            let _ = verdict_tx.send(Err(ArchiveError::Invalid(e.to_string())));
-            return;
-        }
-        let _ = verdict_tx.send(result.map(|_| ()).map_err(|e| {
-            if let larch_archive::source::SourceError::Other(cause) = &e
-                && let reason = crate::reasons::classify(cause)
-                && reason != failure::Reason::Failed
-            {
-                let _ = reason_slot.set(reason);
-            }
-            ArchiveError::Invalid(format!("baseline failed: {e:#}"))
-        }));
-    });
+    let copy = copy_rows(rows_from, table.clone(), sink, pos_tx);
+    let forward = forward_rows(src_rx, transform_rx, mask_tx, row_tx, progress);
+    tokio::spawn(baseline_verdict(
+        copy,
+        forward,
+        verdict_tx,
+        source_reason.clone(),
+    ));
     let with_reason = |e: anyhow::Error| failure::tag_opt(source_reason.get().copied(), e);
     let position = match pos_rx.await {
         // Read right after the slot's consistent point: every commit the snapshot holds is
@@ -290,8 +218,136 @@ async fn copy_into_snapshot(
             });
         }
     };
-    let previous = writer.manifest().columns.clone();
-    let previous_transform = writer.manifest().transform.clone();
+    let previous = PreviousShape::of(writer);
+    let (transform, sampler) = describe_epoch(&source, table, writer, masking, subset)?;
+    if transform_tx.send((transform, sampler)).is_err() {
+        previous.restore(writer);
+        return Err(match verdict_rx.await {
+            Ok(Err(e)) => with_reason(e.into()),
+            _ => anyhow!("the baseline ended before its first row"),
+        });
+    }
+    match writer
+        .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
+        .await
+    {
+        Ok(artifact) => Ok(artifact),
+        Err(e) => {
+            // The archive keeps the epoch it had, and the columns that describe it.
+            previous.restore(writer);
+            Err(with_reason(e.into()))
+        }
+    }
+}
+
+/// The baseline's COPY of `table` into `sink`, its position sent on `pos_tx` before the
+/// first row.
+async fn copy_rows(
+    rows_from: RowSource,
+    table: TableId,
+    sink: BaselineSink,
+    pos_tx: oneshot::Sender<String>,
+) -> Result<String, SourceError> {
+    match rows_from {
+        RowSource::OwnSlot(source) => {
+            source
+                .baseline_reporting(&[table], sink, Some(pos_tx))
+                .await
+        }
+        RowSource::Shared(shared) => {
+            let _ = pos_tx.send(shared.position().to_string());
+            let copied = shared.copy_table(&table, &sink).await;
+            copied.map(|_| shared.position().to_string())
+        }
+    }
+}
+
+/// Runs the copy and the forwarding together and sends their verdict: a failed transform
+/// first, else the copy's error, whose reason is kept in `reason_slot`.
+async fn baseline_verdict(
+    copy: impl Future<Output = Result<String, SourceError>>,
+    forward: impl Future<Output = Result<(), TransformError>>,
+    verdict_tx: oneshot::Sender<Result<(), ArchiveError>>,
+    reason_slot: Arc<std::sync::OnceLock<failure::Reason>>,
+) {
+    let (result, forwarded) = tokio::join!(copy, forward);
+    if let Err(e) = forwarded {
+        let _ = verdict_tx.send(Err(ArchiveError::Invalid(e.to_string())));
+        return;
+    }
+    let _ = verdict_tx.send(result.map(|_| ()).map_err(|e| {
+        if let SourceError::Other(cause) = &e
+            && let reason = crate::reasons::classify(cause)
+            && reason != failure::Reason::Failed
+        {
+            let _ = reason_slot.set(reason);
+        }
+        ArchiveError::Invalid(format!("baseline failed: {e:#}"))
+    }));
+}
+
+/// Forwards the baseline's batches to the writer once the transform and sample are known:
+/// sampled on the raw values, then masked here when sampled (the encoder masks otherwise),
+/// counted in `progress`. Owns `src_rx`: when it stops (a failed transform), the baseline's
+/// sends fail.
+async fn forward_rows(
+    mut src_rx: mpsc::Receiver<(TableId, Vec<Row>)>,
+    transform_rx: oneshot::Receiver<(Option<Arc<TableTransform>>, Option<Sampler>)>,
+    mask_tx: oneshot::Sender<Option<Arc<TableTransform>>>,
+    row_tx: mpsc::Sender<Vec<Row>>,
+    progress: Arc<Progress>,
+) -> Result<(), TransformError> {
+    let Ok((transform, sampler)) = transform_rx.await else {
+        return Ok(());
+    };
+    // Sampling reads raw rows: a sampled baseline is masked here, after the sample;
+    // any other in its encoder.
+    let transform = match sampler {
+        None => {
+            let _ = mask_tx.send(transform);
+            None
+        }
+        Some(_) => {
+            let _ = mask_tx.send(None);
+            transform
+        }
+    };
+    while let Some((_, mut rows)) = src_rx.recv().await {
+        // Sampled on the raw values (the same as in every table), before masking.
+        if let Some(s) = &sampler {
+            rows.retain(|row| s.keeps(row));
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let rows: Vec<Row> = rows
+            .into_iter()
+            .map(|row| mask_row(transform.as_deref(), row))
+            .collect::<Result<_, _>>()?;
+        let before = progress.rows();
+        let bytes = rows.iter().map(|r| r.as_str().len() as u64).sum();
+        progress.add(rows.len() as u64, bytes);
+        if before < PAUSE_AFTER_ROWS && progress.rows() >= PAUSE_AFTER_ROWS {
+            larch_archive::crashpoint::pause_point(larch_archive::crashpoint::EXPORT_BASELINE_ROWS)
+                .await;
+        }
+        if row_tx.send(rows).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Compiles the epoch's transform and sample for the columns the baseline found, and makes
+/// the manifest describe them (columns as masked, transform and subset records). An error
+/// here leaves the writer as it was.
+fn describe_epoch(
+    source: &PostgresSource,
+    table: &TableId,
+    writer: &mut ArchiveWriter,
+    masking: Option<&Masking>,
+    subset: Option<&Subset>,
+) -> anyhow::Result<(Option<Arc<TableTransform>>, Option<Sampler>)> {
     let schema = source.table_schema(table);
     let transform = match (masking, &schema) {
         (None, _) => None,
@@ -311,7 +367,6 @@ async fn copy_into_snapshot(
             .map_err(|e| failure::tag(failure::Reason::InvalidConfig, anyhow!(e)))?,
         _ => None,
     };
-    let previous_subset = writer.manifest().subset.clone();
     writer.set_subset(subset.and_then(|s| s.record(schema.as_ref())));
     if let Some(schema) = schema {
         writer.set_columns(match &transform {
@@ -320,26 +375,30 @@ async fn copy_into_snapshot(
         });
     }
     writer.set_transform(transform.as_ref().map(|t| t.record().clone()));
-    if transform_tx.send((transform, sampler)).is_err() {
-        writer.set_columns(previous);
-        writer.set_transform(previous_transform);
-        writer.set_subset(previous_subset.clone());
-        return Err(match verdict_rx.await {
-            Ok(Err(e)) => with_reason(e.into()),
-            _ => anyhow!("the baseline ended before its first row"),
-        });
-    }
-    match writer
-        .write_snapshot_verified(&position, row_rx, Some(verdict_rx))
-        .await
-    {
-        Ok(artifact) => Ok(artifact),
-        Err(e) => {
-            // The archive keeps the epoch it had, and the columns that describe it.
-            writer.set_columns(previous);
-            writer.set_transform(previous_transform);
-            writer.set_subset(previous_subset);
-            Err(with_reason(e.into()))
+    Ok((transform, sampler))
+}
+
+/// What the manifest said of the current epoch before a baseline: put back when the baseline
+/// fails, so the archive keeps the epoch it had and the columns that describe it.
+struct PreviousShape {
+    columns: Vec<larch_archive::model::ColumnDefinition>,
+    transform: Option<larch_archive::masking::TransformRecord>,
+    subset: Option<larch_archive::masking::SubsetRecord>,
+}
+
+impl PreviousShape {
+    fn of(writer: &ArchiveWriter) -> PreviousShape {
+        let m = writer.manifest();
+        PreviousShape {
+            columns: m.columns.clone(),
+            transform: m.transform.clone(),
+            subset: m.subset.clone(),
         }
+    }
+
+    fn restore(self, writer: &mut ArchiveWriter) {
+        writer.set_columns(self.columns);
+        writer.set_transform(self.transform);
+        writer.set_subset(self.subset);
     }
 }

@@ -9,14 +9,14 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use larch_archive::format::Format;
-use larch_archive::model::TableId;
+use larch_archive::model::{ColumnSelection, TableId};
 use larch_archive::source::SyncSource;
 use larch_archive::store::Store;
 use larch_archive::writer::{ArchiveWriter, WriterConfig};
 use larch_contract::export_request::{self, ExportRequest};
 use larch_core::failure::{self, Reason};
 use larch_core::locks::MutexExt;
-use larch_postgres::{PostgresConfig, PostgresSource, SessionLimits, SlotMode};
+use larch_postgres::{PostgresConfig, PostgresSource, SessionLimits, SlotMode, SubqueryTables};
 
 mod follow;
 mod set;
@@ -24,8 +24,8 @@ mod set;
 use follow::{follow, follow_writer};
 use set::export_set;
 
-use super::continuous::{BASELINE, Shared, serve};
 use super::lease::LeaderElector;
+use super::status::{BASELINE, Shared, serve};
 use super::subset::{SampleRule, Subset};
 use super::transform::{Masking, TransformKey};
 
@@ -49,13 +49,19 @@ pub async fn run(
     connection: SourceConnection,
 ) -> anyhow::Result<Option<serde_json::Value>> {
     let mut tables = table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+    // `--owner` is checked by its flag; a request's is checked here, before anything connects.
+    if let Some(owner) = &request.owner {
+        larch_postgres::ownership::check_owner(owner)
+            .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("owner {owner:?}: {e}")))?;
+    }
     if tables.len() > 1 {
         return export_set(&request, connection.dsn, tables).await.map(Some);
     }
     let table = tables.remove(0);
     // Read and checked before the export connects.
     let masking = masking(&request)?;
-    let subset = subset(&request, &table, masking.as_deref())?;
+    let subqueries = subquery_tables(&request, std::slice::from_ref(&table), masking.as_deref());
+    let subset = subset(&request, &table, masking.as_deref(), subqueries.as_ref())?;
     let key_prefix = request
         .key_prefix
         .clone()
@@ -63,7 +69,8 @@ pub async fn run(
     // The same rule the readers and the operator apply: no `..`, no leading `/`.
     larch_archive::store::check_key_prefix(&key_prefix)
         .map_err(|e| anyhow::Error::from(e).context("--key-prefix"))?;
-    let config = source_config(&request, connection.dsn, &table, subset.as_ref())?;
+    let mut config = source_config(&request, connection.dsn, &table, subset.as_ref())?;
+    config.row_filter_subqueries = subqueries;
     let store = request.store.open().await?;
     if request.follow {
         let writer = follow_writer(&request, &table, &key_prefix)?;
@@ -193,12 +200,33 @@ fn write_summary(request: &ExportRequest, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the row filters' subqueries may read: the tables of this export, each with the columns
+/// it exports unmasked; None (no subquery) unless `--where-subqueries` or the rules'
+/// `subqueries: true` enable them.
+fn subquery_tables(
+    request: &ExportRequest,
+    tables: &[TableId],
+    masking: Option<&Masking>,
+) -> Option<SubqueryTables> {
+    let rules = masking.map(Masking::rules);
+    if !request.where_subqueries && !rules.is_some_and(|r| r.subqueries) {
+        return None;
+    }
+    let mut readable = SubqueryTables::default();
+    for t in tables {
+        let columns = rules.map_or(ColumnSelection::All, |r| r.unmasked_columns(t));
+        readable.allow(t.clone(), columns);
+    }
+    Some(readable)
+}
+
 /// The subset of `table` from `where`/`sample` and the table's `where:`/`sample:` in the
 /// transform rules (one place each); refused with `follow`, whose diffs would not respect it.
 fn subset(
     request: &ExportRequest,
     table: &TableId,
     masking: Option<&Masking>,
+    subqueries: Option<&SubqueryTables>,
 ) -> anyhow::Result<Option<Subset>> {
     let from_rules = masking
         .and_then(|m| m.rules().tables.get(&table.to_string()))
@@ -237,7 +265,7 @@ fn subset(
         );
     }
     subset
-        .check(table)
+        .check(table, subqueries)
         .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!(e)))?;
     Ok(Some(subset))
 }

@@ -58,9 +58,13 @@ impl Subset {
 
     /// Checks the rule's values (the predicate, parsed: [`larch_postgres::row_filter`]; the
     /// percentage) for `table`, before anything connects.
-    pub fn check(&self, table: &larch_archive::model::TableId) -> Result<(), String> {
+    pub fn check(
+        &self,
+        table: &larch_archive::model::TableId,
+        subqueries: Option<&larch_postgres::SubqueryTables>,
+    ) -> Result<(), String> {
         if let Some(p) = &self.row_filter {
-            larch_postgres::check_row_filter(table, p)
+            larch_postgres::check_row_filter_with(table, p, subqueries)
                 .map_err(|why| format!("the row filter of table {table} (where: {p}): {why}"))?;
         }
         if let Some(s) = &self.sample
@@ -239,7 +243,7 @@ mod tests {
             }),
         };
         assert!(
-            bad.check(&"public.users".parse().unwrap())
+            bad.check(&"public.users".parse().unwrap(), None)
                 .unwrap_err()
                 .contains("percent 0 is not in (0, 100]")
         );
@@ -252,12 +256,12 @@ mod tests {
             row_filter: Some("created_at > CURRENT_DATE - 90".into()),
             sample: None,
         };
-        assert_eq!(ok.check(&users), Ok(()));
+        assert_eq!(ok.check(&users, None), Ok(()));
         let bad = Subset {
             row_filter: Some("pg_sleep(1) IS NULL".into()),
             sample: None,
         };
-        let e = bad.check(&users).unwrap_err();
+        let e = bad.check(&users, None).unwrap_err();
         assert!(
             e.starts_with(
                 "the row filter of table public.users (where: pg_sleep(1) IS NULL): \

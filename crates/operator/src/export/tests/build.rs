@@ -84,6 +84,35 @@ fn cleanup_jobs_and_the_slot_monitor_match_golden() {
     );
 }
 
+/// The cleanup Job and the slot monitor open sessions on the source too: the export's
+/// `sessionLimits` hold for them (the snapshot's age does not: they hold no snapshot).
+#[test]
+fn session_limits_reach_the_cleanup_and_the_slot_monitor() {
+    use crate::export::cleanup_job::{cleanup_args, slot_monitor};
+    let flags = |args: &[String]| -> Vec<String> {
+        args.windows(2)
+            .filter(|w| w[0].ends_with("-timeout") || w[0] == "--snapshot-max-age")
+            .map(|w| w.join("="))
+            .collect()
+    };
+    let mut e = export_fixture("export-continuous-s3");
+    e.spec.source.session_limits = None;
+    assert!(flags(&cleanup_args(&e)).is_empty(), "unset: the defaults");
+    e.spec.source.session_limits = Some(crate::crd::archive_export::SessionLimits {
+        statement_timeout: Some("2m".into()),
+        lock_timeout: Some("3s".into()),
+        idle_in_transaction_timeout: None,
+        snapshot_max_age: Some("2d".into()),
+    });
+    let expected = ["--statement-timeout=2m", "--lock-timeout=3s"];
+    assert_eq!(flags(&cleanup_args(&e)), expected);
+    e.spec.suspend = Some(true);
+    let monitor = slot_monitor(&e, &ctx()).expect("suspended: a monitor");
+    let pod = monitor.spec.template.spec.unwrap();
+    let args = pod.containers[0].args.clone().unwrap();
+    assert_eq!(flags(&args), expected);
+}
+
 #[test]
 fn retention_applies_to_every_mode() {
     let mut e = export_fixture("export-oneshot-s3");

@@ -27,7 +27,6 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use futures::SinkExt;
 use tokio::sync::Mutex;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, CopyInSink};
 
 use super::postgres_copy::{CopyColumn, copy_columns, encode_row};
@@ -39,6 +38,11 @@ use larch_archive::model::{Action, Change, ColumnDefinition, TableId};
 use larch_archive::source::ChangeEvent;
 use larch_archive::value::Row;
 use larch_core::locks::MutexExt;
+
+mod statements;
+mod swap;
+
+use statements::Statements;
 
 /// Name of the checkpoint table created in the destination schema.
 pub const CHECKPOINT_TABLE: &str = "larch_checkpoint";
@@ -118,14 +122,6 @@ pub fn create_table_sql(
         qualified(table),
         defs.join(", ")
     )
-}
-
-#[derive(Clone, Debug)]
-struct Statements {
-    upsert: String,
-    delete: String,
-    truncate: String,
-    checkpoint: String,
 }
 
 /// The net effect of the changes since the last checkpoint that are not written yet.
@@ -247,80 +243,12 @@ impl PostgresTarget {
                 );
             }
         }
-        let bytea: Vec<&str> = cols
-            .iter()
-            .filter(|(_, t)| t == "bytea")
-            .map(|(n, _)| n.as_str())
-            .collect();
-        let strip = if bytea.is_empty() {
-            "e.j".to_string()
-        } else {
-            format!(
-                "e.j - ARRAY[{}]::text[]",
-                bytea
-                    .iter()
-                    .map(|n| format!("'{}'", n.replace('\'', "''")))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        let select: Vec<String> = cols
-            .iter()
-            .map(|(n, t)| {
-                if t == "bytea" {
-                    format!("decode(e.j ->> '{}', 'base64')", n.replace('\'', "''"))
-                } else {
-                    format!("r.{}", quote_ident(n))
-                }
-            })
-            .collect();
-        let names: Vec<String> = cols.iter().map(|(n, _)| quote_ident(n)).collect();
-        let tbl = qualified(&self.table);
-        let from = format!(
-            "FROM jsonb_array_elements($1::text::jsonb) AS e(j), \
-             LATERAL jsonb_populate_record(NULL::{tbl}, {strip}) AS r"
-        );
-        let pk: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
-        let updates: Vec<String> = cols
-            .iter()
-            .filter(|(n, _)| !key_fields.contains(n))
-            .map(|(n, _)| format!("{0} = EXCLUDED.{0}", quote_ident(n)))
-            .collect();
-        let conflict = if updates.is_empty() {
-            "DO NOTHING".to_string()
-        } else {
-            format!("DO UPDATE SET {}", updates.join(", "))
-        };
-        let upsert = format!(
-            "INSERT INTO {tbl} ({}) SELECT {} {from} ON CONFLICT ({}) {conflict}",
-            names.join(", "),
-            select.join(", "),
-            pk.join(", ")
-        );
-        let pk_select: Vec<String> = key_fields
-            .iter()
-            .map(|k| format!("r.{}", quote_ident(k)))
-            .collect();
-        let delete = format!(
-            "DELETE FROM {tbl} WHERE ({}) IN (SELECT {} {from})",
-            pk.join(", "),
-            pk_select.join(", ")
-        );
-        let checkpoint = format!(
-            "INSERT INTO {} (target_table, source, position, table_identity, updated_at) \
-             VALUES ($1, $2, $3, {}, now()) \
-             ON CONFLICT (target_table) DO UPDATE SET source = EXCLUDED.source, \
-             position = EXCLUDED.position, table_identity = EXCLUDED.table_identity, \
-             updated_at = EXCLUDED.updated_at",
-            qualified(&self.checkpoint_table()),
-            table_identity_sql(4)
-        );
-        Ok(Statements {
-            upsert,
-            delete,
-            truncate: format!("TRUNCATE {tbl}"),
-            checkpoint,
-        })
+        Ok(Statements::build(
+            &self.table,
+            &self.checkpoint_table(),
+            &cols,
+            key_fields,
+        ))
     }
 
     /// Runs `stmt` (the upsert or the delete) over `rows` in batches, each deduplicated by
@@ -659,152 +587,6 @@ fn staging_table(table: &TableId) -> TableId {
     TableId::new(&table.schema, format!("{}_larch_baseline", table.table))
 }
 
-impl PostgresTarget {
-    /// Ends the baseline's COPY, builds the key on the loaded rows, and replaces the table by
-    /// the staging table in the baseline's transaction together with the checkpoint row (C2,
-    /// C3). The old table's other indexes and its grants are re-created on the new one.
-    async fn swap_in(
-        &self,
-        conn: &mut Conn,
-        copy: BaselineCopy,
-        key_fields: &[String],
-        position: &str,
-    ) -> anyhow::Result<Statements> {
-        let client = &conn.client;
-        let tbl = qualified(&self.table);
-        let staging = qualified(&copy.staging);
-        let mut sink = copy.sink;
-        let rows = sink
-            .as_mut()
-            .finish()
-            .await
-            .with_context(|| format!("postgres target {}: copying the baseline", self.table))?;
-        let keys: Vec<String> = key_fields.iter().map(|k| quote_ident(k)).collect();
-        let staging_pk = quote_ident(&format!("{}_pkey", copy.staging.table));
-        client
-            .batch_execute(&format!(
-                "ALTER TABLE {staging} ADD CONSTRAINT {staging_pk} PRIMARY KEY ({})",
-                keys.join(", ")
-            ))
-            .await
-            .with_context(|| {
-                format!(
-                    "postgres target {}: the baseline's key ({}) on its {rows} rows",
-                    self.table,
-                    key_fields.join(", ")
-                )
-            })?;
-        let old = postgres_alter::read_shape(client, &tbl).await?;
-        let pk_name = match &old.primary_key {
-            Some((name, _)) => name.clone(),
-            None => format!("{}_pkey", self.table.table),
-        };
-        // The old table's other indexes (their definitions name the table, which the new one
-        // takes over) and its grants to other roles.
-        let recreate: Vec<String> = client
-            .query(
-                "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i \
-                  WHERE i.indrelid = $1::text::regclass AND NOT i.indisprimary \
-                 UNION ALL \
-                 SELECT format('GRANT %s ON %s TO %s', a.privilege_type, $1, \
-                               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END) \
-                   FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a \
-                   LEFT JOIN pg_roles r ON r.oid = a.grantee \
-                  WHERE c.oid = $1::text::regclass AND a.grantee <> c.relowner",
-                &[&tbl],
-            )
-            .await
-            .with_context(|| format!("postgres target {}: reading its indexes and grants", self.table))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        client.batch_execute("SAVEPOINT swap").await?;
-        match client.batch_execute(&format!("DROP TABLE {tbl}")).await {
-            Ok(()) => {
-                client
-                    .batch_execute(&format!(
-                        "ALTER TABLE {staging} RENAME TO {}; \
-                         ALTER TABLE {tbl} RENAME CONSTRAINT {staging_pk} TO {}",
-                        quote_ident(&self.table.table),
-                        quote_ident(&pk_name)
-                    ))
-                    .await
-                    .with_context(|| {
-                        format!("postgres target {}: swapping in the baseline", self.table)
-                    })?;
-                for sql in &recreate {
-                    let kept = client
-                        .batch_execute(&format!("SAVEPOINT recreate; {sql}; RELEASE recreate"))
-                        .await;
-                    if let Err(e) = kept {
-                        client.batch_execute("ROLLBACK TO recreate").await?;
-                        tracing::warn!(table = %self.table, statement = %sql, error = %e, "not carried over to the new table (the archive's columns changed?)");
-                    }
-                }
-            }
-            Err(e) if e.code() == Some(&SqlState::DEPENDENT_OBJECTS_STILL_EXIST) => {
-                // A view or foreign key needs this very table: refill it in place instead (one
-                // more copy of the rows, same transaction, so still C2).
-                client.batch_execute("ROLLBACK TO swap").await?;
-                tracing::warn!(table = %self.table, error = %e, "the table cannot be replaced (other objects depend on it): refilling it in place from the baseline");
-                self.refill_in_place(client, &copy.staging, &copy.columns, key_fields)
-                    .await?;
-            }
-            Err(e) => {
-                return Err(anyhow::Error::from(e).context(format!(
-                    "postgres target {}: replacing the table by the baseline",
-                    self.table
-                )));
-            }
-        }
-        let st = self.prepare(client, key_fields).await?;
-        self.write_checkpoint(client, &st, position).await?;
-        client
-            .batch_execute("COMMIT")
-            .await
-            .with_context(|| format!("postgres target {}: committing the baseline", self.table))?;
-        tracing::info!(table = %self.table, rows, "baseline copied and swapped in");
-        Ok(st)
-    }
-}
-
-impl PostgresTarget {
-    /// The table itself emptied, altered to the archive's columns and filled from the staging
-    /// table, which is dropped (inside the baseline's transaction).
-    async fn refill_in_place(
-        &self,
-        client: &Client,
-        staging: &TableId,
-        columns: &[CopyColumn],
-        key_fields: &[String],
-    ) -> anyhow::Result<()> {
-        let tbl = qualified(&self.table);
-        client.batch_execute(&format!("TRUNCATE {tbl}")).await?;
-        let archive_columns = self.columns.locked().clone();
-        let shape = postgres_alter::read_shape(client, &tbl).await?;
-        for sql in
-            postgres_alter::alter_statements(&self.table, &shape, &archive_columns, key_fields)
-        {
-            client.batch_execute(&sql).await.with_context(|| {
-                format!(
-                    "postgres target {}: altering the table to the archive's columns: {sql}",
-                    self.table
-                )
-            })?;
-        }
-        let names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
-        let names = names.join(", ");
-        client
-            .batch_execute(&format!(
-                "INSERT INTO {tbl} ({names}) SELECT {names} FROM {0}; DROP TABLE {0}",
-                qualified(staging)
-            ))
-            .await
-            .with_context(|| format!("postgres target {}: refilling the table", self.table))?;
-        Ok(())
-    }
-}
-
 async fn rollback(conn: &mut Conn) {
     if conn.in_tx {
         let _ = conn.client.batch_execute("ROLLBACK").await;
@@ -883,59 +665,4 @@ impl PostgresTarget {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoint_is_trusted_only_with_the_table_it_was_written_with() {
-        let t = TableId::new("public", "events");
-        let now = "oid 16402 relfilenode 16402";
-        let stored = |id: Option<&str>| Some(("0/200".to_string(), id.map(str::to_string)));
-        assert_eq!(
-            trusted_checkpoint(&t, stored(Some(now)), now),
-            Resume::At("0/200".into())
-        );
-        let Resume::Baseline(why) =
-            trusted_checkpoint(&t, stored(Some("oid 16390 relfilenode 16390")), now)
-        else {
-            panic!("a checkpoint of a dropped table was trusted");
-        };
-        assert!(why.contains("oid 16390") && why.contains(now), "{why}");
-        assert!(matches!(
-            trusted_checkpoint(&t, stored(None), now),
-            Resume::Baseline(w) if w.contains("older larch")
-        ));
-        assert!(matches!(
-            trusted_checkpoint(&t, None, now),
-            Resume::Baseline(w) if w.contains("no checkpoint")
-        ));
-    }
-
-    #[test]
-    fn types_map_back_to_sql() {
-        assert_eq!(sql_type("int8"), "int8");
-        assert_eq!(sql_type("_text"), "text[]");
-        assert_eq!(sql_type(""), "jsonb");
-        assert_eq!(sql_type("my_enum"), "text");
-        assert_eq!(sql_type("timestamptz"), "timestamptz");
-        let cols = vec![
-            ColumnDefinition {
-                name: "id".into(),
-                type_name: "int8".into(),
-                ordinal_position: 1,
-                ..Default::default()
-            },
-            ColumnDefinition {
-                name: "tags".into(),
-                type_name: "_text".into(),
-                nullable: true,
-                ordinal_position: 2,
-                ..Default::default()
-            },
-        ];
-        assert_eq!(
-            create_table_sql(&TableId::new("public", "e\"v"), &cols, &["id".into()]),
-            r#"CREATE TABLE IF NOT EXISTS "public"."e""v" ("id" int8 NOT NULL, "tags" text[], PRIMARY KEY ("id"))"#
-        );
-    }
-}
+mod tests;

@@ -18,8 +18,9 @@ use super::{
     DEFAULT_FOLLOW_LISTEN, duration, fraction, lease_elector, lease_lost, optional_duration,
     writer_config,
 };
-use crate::export::continuous::{ContinuousExport, Shared, serve};
+use crate::export::continuous::ContinuousExport;
 use crate::export::lease::LeaderElector;
+use crate::export::status::{Shared, serve};
 use crate::export::transform::Masking;
 
 /// The writer of a continuous export: [`writer_config`] with the new-epoch policy and the

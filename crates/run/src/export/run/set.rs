@@ -9,11 +9,11 @@ use larch_archive::source::SyncSource;
 use larch_contract::export_request::{self, ExportRequest};
 use larch_core::failure::{self, Reason};
 use larch_core::locks::MutexExt;
-use larch_postgres::{PostgresConfig, PostgresSource, SlotMode};
+use larch_postgres::{PostgresConfig, PostgresSource, SlotMode, SubqueryTables};
 
-use super::{default_set_slot, masking, session_limits, subset, writer_config};
-use crate::export::continuous::{BASELINE, Shared, serve};
+use super::{default_set_slot, masking, session_limits, subquery_tables, subset, writer_config};
 use crate::export::set::{DEFAULT_PARALLEL, TableExport, export_at_one_position};
+use crate::export::status::{BASELINE, Shared, serve};
 use crate::export::transform::Masking;
 
 /// Exports the set; returns (and writes to the summary file) the position and each table's
@@ -25,7 +25,8 @@ pub(super) async fn export_set(
 ) -> anyhow::Result<serde_json::Value> {
     refuse_single_table_options(request)?;
     let masking = masking(request)?;
-    let set = table_exports(request, &tables, masking.as_deref())?;
+    let subqueries = subquery_tables(request, &tables, masking.as_deref());
+    let set = table_exports(request, &tables, masking.as_deref(), subqueries.as_ref())?;
     let parallel = request
         .parallel
         .map(usize::from)
@@ -50,6 +51,7 @@ pub(super) async fn export_set(
             config.row_filters.insert(t.table.clone(), p);
         }
     }
+    config.row_filter_subqueries = subqueries;
     let names: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
     let shared = Shared::new(&tables[0]);
     shared.status.locked().table = names.join(",");
@@ -122,6 +124,7 @@ fn table_exports(
     request: &ExportRequest,
     tables: &[TableId],
     masking: Option<&Masking>,
+    subqueries: Option<&SubqueryTables>,
 ) -> anyhow::Result<Vec<TableExport>> {
     let parent = request.key_prefix.clone().unwrap_or_default();
     let mut set = Vec::with_capacity(tables.len());
@@ -132,7 +135,7 @@ fn table_exports(
         set.push(TableExport {
             table: table.clone(),
             writer: writer_config(request, table, &key_prefix)?,
-            subset: subset(request, table, masking)?,
+            subset: subset(request, table, masking, subqueries)?,
         });
     }
     Ok(set)
