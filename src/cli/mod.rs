@@ -124,9 +124,10 @@ pub enum Command {
     Crd,
     /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
     Operator(operator::OperatorArgs),
-    /// Every ArchiveExport, ArchiveSource and ArchiveSourceSet of the cluster and recent warning
-    /// Events, read with your kubeconfig (also `kubectl larch status`: install the binary as
-    /// `kubectl-larch` on PATH).
+    /// Every ArchiveExport, ArchiveSource, ArchiveRestore and ArchiveSourceSet of the cluster and
+    /// recent warning Events, or one object (`KIND/NAME`) with its conditions and Events, read
+    /// with your kubeconfig (also `kubectl larch status`: install the binary as `kubectl-larch`
+    /// on PATH).
     #[command(after_help = env_section(&[KUBE]))]
     Status(status::StatusArgs),
 }

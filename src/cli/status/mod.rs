@@ -1,0 +1,290 @@
+//! `larch status` (also `kubectl larch status`, the binary installed as `kubectl-larch`): every
+//! ArchiveExport, ArchiveSource, ArchiveRestore and ArchiveSourceSet of the cluster on one
+//! screen, with the recent warning Events about them, read with the user's kubeconfig; or one
+//! object with its conditions and Events (`larch status archiveexport/NAME`).
+//!
+//! A user allowed less than the whole cluster (the chart's `view` bound in one namespace) still
+//! gets a screen: a list refused with 403 becomes a note, and a namespaced kind refused in every
+//! namespace is listed in the kubeconfig's namespace instead.
+
+mod lines;
+mod object;
+mod render;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams};
+use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+use kube::core::NamespaceResourceScope;
+use serde::de::DeserializeOwned;
+
+use crate::operator::crd::{ArchiveExport, ArchiveRestore, ArchiveSource, ArchiveSourceSet};
+pub use lines::Overview;
+use lines::{export_line, restore_line, source_line, source_set_line, warning_lines};
+pub use render::render;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// One object, `KIND/NAME` (`archiveexport/users`, `archivesource/cache`,
+    /// `archiverestore/back`, `archivesourceset/seed`): its conditions, progress and Events.
+    #[arg(value_name = "KIND/NAME")]
+    pub object: Option<String>,
+    /// Only this namespace (default: every namespace; for one object: the kubeconfig's).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// `table` (one screen) or `json`.
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+    pub output: String,
+    /// Warning Events to show (newest first; for one object: its Events of every type).
+    #[arg(long, default_value_t = 10)]
+    pub events: usize,
+    /// The kubeconfig file (default: `KUBECONFIG`, else `~/.kube/config`, else in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
+    let config = config(&args).await?;
+    let home_namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    if let Some(object) = &args.object {
+        let ns = args.namespace.as_deref().unwrap_or(&home_namespace);
+        return object::run(&client, ns, object, &args.output, args.events).await;
+    }
+    let overview = read(
+        &client,
+        args.namespace.as_deref(),
+        &home_namespace,
+        args.events,
+    )
+    .await?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&overview)?);
+    } else {
+        print!("{}", render(&overview));
+    }
+    Ok(0)
+}
+
+/// The client configuration: `--kubeconfig` (else `KUBECONFIG`, `~/.kube/config`, in-cluster)
+/// and `--context`.
+async fn config(args: &StatusArgs) -> anyhow::Result<Config> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let which = args
+        .context
+        .as_ref()
+        .map(|c| format!(" (context {c})"))
+        .unwrap_or_default();
+    match &args.kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| format!("kubeconfig {}{which}", path.display()))
+        }
+        None if args.context.is_some() => Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("kubeconfig (KUBECONFIG or ~/.kube/config){which}")),
+        None => Config::infer().await.context(
+            "no Kubernetes client configuration (KUBECONFIG, ~/.kube/config or in-cluster)",
+        ),
+    }
+}
+
+/// A failed list, saying what to do when the kind is unknown to the cluster.
+fn listing(what: &str, e: kube::Error) -> anyhow::Error {
+    match &e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+            "listing {what}: the cluster does not know the kind: install larch's CRDs (`larch crd | kubectl apply --server-side -f -`)"
+        ),
+        _ => anyhow::Error::from(e).context(format!("listing {what}")),
+    }
+}
+
+fn forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403)
+}
+
+/// Lists what the user may see; a 403 is a note, never a failure of the whole screen.
+struct Reader<'a> {
+    client: &'a kube::Client,
+    /// `-n`: only this namespace.
+    namespace: Option<&'a str>,
+    /// The kubeconfig's namespace: where a kind refused in every namespace is listed.
+    home_namespace: &'a str,
+    notes: Vec<String>,
+}
+
+impl Reader<'_> {
+    /// The objects of a namespaced kind in `-n`'s namespace, else in every namespace, else
+    /// (refused) in the kubeconfig's namespace.
+    async fn namespaced<K>(&mut self, what: &str, lp: &ListParams) -> anyhow::Result<Vec<K>>
+    where
+        K: kube::Resource<Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        let ns = match self.namespace {
+            Some(ns) => ns,
+            None => match Api::<K>::all(self.client.clone()).list(lp).await {
+                Ok(l) => return Ok(l.items),
+                Err(e) if forbidden(&e) => {
+                    self.notes.push(format!(
+                        "{what}: not allowed to list in every namespace; showing namespace {} (the kubeconfig's)",
+                        self.home_namespace
+                    ));
+                    self.home_namespace
+                }
+                Err(e) => return Err(listing(what, e)),
+            },
+        };
+        match Api::<K>::namespaced(self.client.clone(), ns).list(lp).await {
+            Ok(l) => Ok(l.items),
+            Err(e) if forbidden(&e) => {
+                self.notes
+                    .push(format!("{what}: not allowed to list in namespace {ns}"));
+                Ok(Vec::new())
+            }
+            Err(e) => Err(listing(what, e)),
+        }
+    }
+
+    /// The ArchiveSourceSets (cluster-scoped): none and a note when not allowed.
+    async fn source_sets(&mut self) -> anyhow::Result<Vec<ArchiveSourceSet>> {
+        let what = "ArchiveSourceSets";
+        match Api::<ArchiveSourceSet>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(l) => Ok(l.items),
+            Err(e) if forbidden(&e) => {
+                self.notes
+                    .push(format!("{what}: not allowed to list (cluster-scoped)"));
+                Ok(Vec::new())
+            }
+            Err(e) => Err(listing(what, e)),
+        }
+    }
+}
+
+/// Reads the four kinds and the warning Events about them; `home_namespace` is the kubeconfig's
+/// namespace, where a kind the user may not list in every namespace is listed instead.
+pub async fn read(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    home_namespace: &str,
+    events: usize,
+) -> anyhow::Result<Overview> {
+    let mut r = Reader {
+        client,
+        namespace,
+        home_namespace,
+        notes: Vec::new(),
+    };
+    let lp = ListParams::default();
+    let exports = r.namespaced::<ArchiveExport>("ArchiveExports", &lp).await?;
+    let sources = r.namespaced::<ArchiveSource>("ArchiveSources", &lp).await?;
+    let restores = r
+        .namespaced::<ArchiveRestore>("ArchiveRestores", &lp)
+        .await?;
+    let sets = r.source_sets().await?;
+    let warnings = r
+        .namespaced::<Event>("Events", &ListParams::default().fields("type=Warning"))
+        .await?;
+    Ok(Overview {
+        exports: exports.iter().map(export_line).collect(),
+        sources: sources.iter().map(source_line).collect(),
+        restores: restores.iter().map(restore_line).collect(),
+        source_sets: sets.iter().map(source_set_line).collect(),
+        warnings: warning_lines(warnings, events),
+        notes: r.notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lines::{ExportLine, RestoreLine, SourceSetLine, next_run};
+    use super::*;
+
+    #[test]
+    fn the_next_run_of_a_scheduled_export_in_its_time_zone() {
+        let now: jiff::Timestamp = "2027-01-14T10:17:30Z".parse().unwrap();
+        let mut e: crate::operator::crd::ArchiveExport = serde_yaml_ng::from_str(include_str!(
+            "../../../crates/operator/src/builders/testdata/export-oneshot-s3.input.yaml"
+        ))
+        .unwrap();
+        e.spec.schedule = None;
+        assert_eq!(next_run(&e, now), None, "no schedule");
+        e.spec.schedule = Some(
+            serde_json::from_value(
+                serde_json::json!({"cron": "30 2 * * *", "timeZone": "Asia/Tokyo"}),
+            )
+            .unwrap(),
+        );
+        // 02:30 in Tokyo (UTC+9) is 17:30 UTC the day before.
+        assert_eq!(next_run(&e, now).as_deref(), Some("2027-01-14T17:30:00Z"));
+        e.spec.schedule.as_mut().unwrap().suspend = Some(true);
+        assert_eq!(next_run(&e, now), None, "suspended");
+    }
+
+    #[test]
+    fn one_screen_pads_columns_and_says_why_not_ready() {
+        let o = Overview {
+            exports: vec![ExportLine {
+                namespace: "db".into(),
+                name: "orders".into(),
+                mode: "OneShot".into(),
+                ready: "False".into(),
+                reason: Some("TableNotFound".into()),
+                last_export: None,
+                position: Some("0/16B3748".into()),
+                epoch: Some(3),
+                rows: Some(200_000),
+                schedule: Some("@daily".into()),
+                run: Some("failed".into()),
+                next_run: Some("2027-01-16T00:00:00Z".into()),
+                progress: Some("Failed 60%".into()),
+            }],
+            source_sets: vec![SourceSetLine {
+                name: "seed".into(),
+                ready: "False".into(),
+                desired_namespaces: Some(3),
+                ready_namespaces: Some(2),
+                failing: vec!["dev-c: QuotaExceeded".into()],
+            }],
+            ..Default::default()
+        };
+        let text = render(&o);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "ARCHIVE EXPORTS");
+        assert!(
+            lines[1].starts_with("NAMESPACE  NAME    MODE     READY"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("db         orders  OneShot  False (TableNotFound)"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("200000  Failed 60%  @daily    2027-01-16T00:00:00Z"),
+            "{text}"
+        );
+        assert!(lines[1].ends_with("SCHEDULE  NEXT RUN"), "{text}");
+        assert!(
+            text.contains("seed  False  2/3               dev-c: QuotaExceeded"),
+            "{text}"
+        );
+    }
+}
