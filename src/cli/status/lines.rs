@@ -233,6 +233,20 @@ pub(super) fn restore_line(r: &ArchiveRestore) -> RestoreLine {
     }
 }
 
+/// When an Event was last seen (its last timestamp, else its event time, else its creation).
+pub(super) fn event_seen(e: &Event) -> Option<String> {
+    e.last_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+        .or_else(|| {
+            e.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+        })
+}
+
 /// The newest `events` warning Events about the three kinds, newest first.
 pub(super) fn warning_lines(warnings: Vec<Event>, events: usize) -> Vec<WarningLine> {
     let mut ours: Vec<Event> = warnings
@@ -244,19 +258,7 @@ pub(super) fn warning_lines(warnings: Vec<Event>, events: usize) -> Vec<WarningL
                 .is_some_and(|k| KINDS.contains(&k))
         })
         .collect();
-    let seen = |e: &Event| {
-        e.last_timestamp
-            .as_ref()
-            .map(|t| t.0.to_string())
-            .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
-            .or_else(|| {
-                e.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.to_string())
-            })
-    };
-    ours.sort_by_key(|e| std::cmp::Reverse(seen(e)));
+    ours.sort_by_key(|e| std::cmp::Reverse(event_seen(e)));
     ours.into_iter()
         .take(events)
         .map(|e| WarningLine {
@@ -268,7 +270,7 @@ pub(super) fn warning_lines(warnings: Vec<Event>, events: usize) -> Vec<WarningL
             ),
             reason: e.reason.clone().unwrap_or_default(),
             message: e.message.clone().unwrap_or_default(),
-            last_seen: seen(&e),
+            last_seen: event_seen(&e),
             count: e.count.unwrap_or(1),
         })
         .collect()

@@ -215,7 +215,7 @@ pub async fn read(
 
 #[cfg(test)]
 mod tests {
-    use super::lines::{ExportLine, RestoreLine, SourceSetLine, next_run};
+    use super::lines::{ExportLine, SourceSetLine, next_run};
     use super::*;
 
     #[test]
@@ -286,5 +286,104 @@ mod tests {
             text.contains("seed  False  2/3               dev-c: QuotaExceeded"),
             "{text}"
         );
+    }
+
+    /// An ArchiveRestore as the operator leaves it after a successful run of two tables.
+    fn restored() -> ArchiveRestore {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "larch.dev/v1alpha1",
+            "kind": "ArchiveRestore",
+            "metadata": {"name": "events-back", "namespace": "db"},
+            "spec": {
+                "archive": {"exportRef": {"name": "events"}},
+                "target": {"postgres": {"connectionSecretRef": {"name": "pg", "key": "dsn"}}}
+            },
+            "status": {
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "RestoreSucceeded",
+                    "message": "", "lastTransitionTime": "2027-01-14T10:00:00Z"
+                }],
+                "run": {"id": "abc", "startTime": "2027-01-14T09:59:00Z",
+                        "completionTime": "2027-01-14T10:00:00Z", "succeeded": true},
+                "position": "0/16B3748",
+                "at": "0/16B3748",
+                "durationSeconds": 4.5,
+                "tables": [
+                    {"table": "public.events", "rows": 1200, "position": "0/16B3748", "action": "created"},
+                    {"table": "public.users", "rows": 34, "position": "0/16B3748", "action": "replaced"}
+                ]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_restore_line_adds_up_its_tables() {
+        let line = lines::restore_line(&restored());
+        assert_eq!(line.ready, "True");
+        assert_eq!(line.reason, None);
+        assert_eq!(line.run.as_deref(), Some("succeeded"));
+        assert_eq!(line.rows, Some(1234));
+        assert_eq!(line.tables, ["public.events", "public.users"]);
+        assert_eq!(line.position.as_deref(), Some("0/16B3748"));
+        assert_eq!(line.completed.as_deref(), Some("2027-01-14T10:00:00Z"));
+        let mut waiting = restored();
+        let status = waiting.status.as_mut().unwrap();
+        status.tables.clear();
+        status.run.as_mut().unwrap().succeeded = None;
+        status.database_wait = Some(serde_json::from_value(serde_json::json!({
+            "attempts": 3, "nextAttemptTime": "2027-01-14T10:05:00Z", "reason": "ConnectionFailed"
+        })).unwrap());
+        let line = lines::restore_line(&waiting);
+        assert_eq!(line.rows, None, "nothing restored yet");
+        assert_eq!(line.run.as_deref(), Some("running"));
+        assert_eq!(
+            line.database_wait.as_deref(),
+            Some("ConnectionFailed (attempt 3, next at 2027-01-14T10:05:00Z)")
+        );
+    }
+
+    #[test]
+    fn restores_and_notes_in_the_table_and_in_json() {
+        let o = Overview {
+            restores: vec![lines::restore_line(&restored())],
+            notes: vec!["ArchiveSourceSets: not allowed to list (cluster-scoped)".into()],
+            ..Default::default()
+        };
+        let text = render(&o);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "ARCHIVE EXPORTS", "{text}");
+        let at = lines.iter().position(|l| *l == "ARCHIVE RESTORES").unwrap();
+        assert_eq!(
+            lines[at + 1],
+            "NAMESPACE  NAME         READY  RUN        ROWS  TABLES                      POSITION   AT         COMPLETED             WAITING FOR DATABASE",
+            "{text}"
+        );
+        assert_eq!(
+            lines[at + 2],
+            "db         events-back  True   succeeded  1234  public.events,public.users  0/16B3748  0/16B3748  2027-01-14T10:00:00Z  -",
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\nNOTES\nArchiveSourceSets: not allowed to list (cluster-scoped)\n"),
+            "{text}"
+        );
+        assert!(
+            !render(&Overview::default()).contains("NOTES"),
+            "no notes, no section"
+        );
+
+        let json = serde_json::to_value(&o).unwrap();
+        let r = &json["restores"][0];
+        assert_eq!(r["name"], "events-back", "{json}");
+        assert_eq!(r["ready"], "True", "{json}");
+        assert_eq!(r["rows"], 1234, "{json}");
+        assert_eq!(r["position"], "0/16B3748", "{json}");
+        assert_eq!(r["duration_seconds"], 4.5, "{json}");
+        assert_eq!(
+            json["notes"],
+            serde_json::json!(["ArchiveSourceSets: not allowed to list (cluster-scoped)"])
+        );
+        assert_eq!(json["source_sets"], serde_json::json!([]));
     }
 }
