@@ -52,10 +52,14 @@ pub struct StatusArgs {
 pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
     let config = config(&args).await?;
     let home_namespace = config.default_namespace.clone();
+    // Errors name the cluster: a wrong context or a closed port says which server it tried.
+    let cluster = format!("the cluster at {}", config.cluster_url);
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     if let Some(object) = &args.object {
         let ns = args.namespace.as_deref().unwrap_or(&home_namespace);
-        return object::run(&client, ns, object, &args.output, args.events).await;
+        return object::run(&client, ns, object, &args.output, args.events)
+            .await
+            .with_context(|| cluster.clone());
     }
     let overview = read(
         &client,
@@ -63,7 +67,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
         &home_namespace,
         args.events,
     )
-    .await?;
+    .await
+    .with_context(|| cluster.clone())?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&overview)?);
     } else {
