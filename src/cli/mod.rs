@@ -268,12 +268,13 @@ impl Command {
                 | Command::Archive(archive::ArchiveCommand::Export(_))
                 | Command::Engine(_)
                 | Command::Restore(_)
+                | Command::Status(_)
         )
     }
 }
 
 /// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
-/// archive export`), `larch engine` and `larch restore` the failure's (see [`crate::failure`]: 2 needs someone
+/// archive export`), `larch engine`, `larch restore` and `larch status` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     let cli = Cli::parse();

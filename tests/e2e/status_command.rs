@@ -368,6 +368,13 @@ fn s21b_larch_status_as_a_namespace_viewer() {
         text.contains("\nCONDITIONS\n") && text.contains("RestoreSucceeded"),
         "{text}"
     );
+    let out = Command::new(env!("CARGO_BIN_EXE_larch"))
+        .args([&flags[..], &["archiveexport/nope"]].concat())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "no such object: {stderr}");
+    assert!(stderr.contains("ArchiveExport nope not found"), "{stderr}");
 
     e.kubectl(&["delete", "archiverestore", RESTORE, "-n", ns]);
     e.kubectl(&["delete", "rolebinding,serviceaccount", VIEWER, "-n", ns]);

@@ -50,14 +50,21 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
+    // A bad KIND/NAME is refused before the kubeconfig is read.
+    let object = args
+        .object
+        .as_deref()
+        .map(object::kind_of)
+        .transpose()
+        .map_err(bad_input)?;
     let config = config(&args).await?;
     let home_namespace = config.default_namespace.clone();
     // Errors name the cluster: a wrong context or a closed port says which server it tried.
     let cluster = format!("the cluster at {}", config.cluster_url);
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    if let Some(object) = &args.object {
+    if let Some((kind, name)) = object {
         let ns = args.namespace.as_deref().unwrap_or(&home_namespace);
-        return object::run(&client, ns, object, &args.output, args.events)
+        return object::run(&client, ns, (kind, name), &args.output, args.events)
             .await
             .with_context(|| cluster.clone());
     }
@@ -92,18 +99,26 @@ async fn config(args: &StatusArgs) -> anyhow::Result<Config> {
     match &args.kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+                .with_context(|| format!("reading kubeconfig {}", path.display()))
+                .map_err(bad_input)?;
             Config::from_custom_kubeconfig(file, &options)
                 .await
                 .with_context(|| format!("kubeconfig {}{which}", path.display()))
+                .map_err(bad_input)
         }
         None if args.context.is_some() => Config::from_kubeconfig(&options)
             .await
-            .with_context(|| format!("kubeconfig (KUBECONFIG or ~/.kube/config){which}")),
+            .with_context(|| format!("kubeconfig (KUBECONFIG or ~/.kube/config){which}"))
+            .map_err(bad_input),
         None => Config::infer().await.context(
             "no Kubernetes client configuration (KUBECONFIG, ~/.kube/config or in-cluster)",
         ),
     }
+}
+
+/// Arguments someone must fix (exit 2): a bad KIND/NAME, kubeconfig or context, no such object.
+fn bad_input(e: anyhow::Error) -> anyhow::Error {
+    crate::failure::tag(crate::failure::Reason::InvalidConfig, e)
 }
 
 /// A failed list, saying what to do when the kind is unknown to the cluster.

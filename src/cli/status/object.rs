@@ -53,7 +53,7 @@ pub struct EventLine {
 }
 
 /// The kind named in `KIND/NAME`: its name, plural or short name, any case.
-fn kind_of(object: &str) -> anyhow::Result<(&'static str, &str)> {
+pub(super) fn kind_of(object: &str) -> anyhow::Result<(&'static str, &str)> {
     let (kind, name) = object
         .split_once('/')
         .filter(|(k, n)| !k.is_empty() && !n.is_empty())
@@ -75,11 +75,10 @@ fn kind_of(object: &str) -> anyhow::Result<(&'static str, &str)> {
 pub async fn run(
     client: &kube::Client,
     namespace: &str,
-    object: &str,
+    (kind, name): (&'static str, &str),
     output: &str,
     events: usize,
 ) -> anyhow::Result<i32> {
-    let (kind, name) = kind_of(object)?;
     let mut view = match kind {
         "ArchiveExport" => {
             let o = get(
@@ -129,9 +128,10 @@ where
 {
     match api.get(name).await {
         Ok(o) => Ok(o),
-        Err(kube::Error::Api(s)) if s.code == 404 => {
-            anyhow::bail!("{kind} {name} not found: {}", s.message)
-        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(super::bad_input(anyhow::anyhow!(
+            "{kind} {name} not found: {}",
+            s.message
+        ))),
         Err(e) => Err(anyhow::Error::from(e).context(format!("reading {kind} {name}"))),
     }
 }
