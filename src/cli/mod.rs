@@ -124,9 +124,10 @@ pub enum Command {
     Crd,
     /// Run the Kubernetes operator (ArchiveExport and ArchiveSource controllers).
     Operator(operator::OperatorArgs),
-    /// Every ArchiveExport, ArchiveSource and ArchiveSourceSet of the cluster and recent warning
-    /// Events, read with your kubeconfig (also `kubectl larch status`: install the binary as
-    /// `kubectl-larch` on PATH).
+    /// Every ArchiveExport, ArchiveSource, ArchiveRestore and ArchiveSourceSet of the cluster and
+    /// recent warning Events, or one object (`KIND/NAME`) with its conditions and Events, read
+    /// with your kubeconfig (also `kubectl larch status`: install the binary as `kubectl-larch`
+    /// on PATH).
     #[command(after_help = env_section(&[KUBE]))]
     Status(status::StatusArgs),
 }
@@ -267,12 +268,13 @@ impl Command {
                 | Command::Archive(archive::ArchiveCommand::Export(_))
                 | Command::Engine(_)
                 | Command::Restore(_)
+                | Command::Status(_)
         )
     }
 }
 
 /// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
-/// archive export`), `larch engine` and `larch restore` the failure's (see [`crate::failure`]: 2 needs someone
+/// archive export`), `larch engine`, `larch restore` and `larch status` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     let cli = Cli::parse();

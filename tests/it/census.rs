@@ -460,6 +460,15 @@ fn crd_and_operator_refuse_what_they_cannot_do() {
             .env("HOME", "/nonexistent"),
         case("status-bad-output", 2, &["invalid value 'yaml' for '--output <OUTPUT>'"],
              &["status", "-o", "yaml"]),
+        case("status-unknown-kind", 2,
+             &["`deployment/web`: unknown kind `deployment` (archiveexport, archivesource"],
+             &["status", "deployment/web"]),
+        case("status-missing-kubeconfig", 2,
+             &["reading kubeconfig /nonexistent/config"],
+             &["status", "--kubeconfig", "/nonexistent/config"]),
+        case("status-unknown-context", 2,
+             &["(context nowhere)"],
+             &["status", "--kubeconfig", "/dev/null", "--context", "nowhere"]),
         case("unknown-command", 2, &["unrecognized subcommand 'replicate'"], &["replicate"]),
     ];
     for c in &cases {
