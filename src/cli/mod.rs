@@ -33,7 +33,8 @@ pub mod env_help {
   AWS_CA_BUNDLE       PEM CA bundle trusted for an https S3 endpoint (a private CA)";
     pub const LOG: &str =
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
-                      info); logs are JSON lines on stderr";
+                      info) when --log-level is not given; logs go to stderr
+  LARCH_LOG_FORMAT    --log-format: json or text (default: text on a terminal, else json)";
     /// Shown only in builds with the test-only `crashpoints` feature, where it works.
     #[cfg(feature = "crashpoints")]
     pub const CRASH: &str =
@@ -105,7 +106,38 @@ fn all_env() -> String {
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
+
+/// How a command logs (every command takes these, before or after its name).
+#[derive(Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// Log level (error, warn, info, debug, trace) or a filter in tracing's syntax
+    /// (`info,larch=debug`); overrides LARCH_LOG (default info).
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = parse_log_filter)]
+    pub log_level: Option<String>,
+    /// Log lines as `json` (one object per line) or `text`; default: text when stderr is a
+    /// terminal, else json.
+    #[arg(long, global = true, value_enum, env = "LARCH_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+/// `--log-level`: refused at parse time when tracing cannot read it.
+fn parse_log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("not a log level or filter: {e}"))
+}
+
+/// The process's `--log-level`/`--log-format`, set once before the command runs.
+static LOG_SETTINGS: std::sync::OnceLock<LogArgs> = std::sync::OnceLock::new();
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -199,24 +231,40 @@ pub fn parse_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// Logs as `LARCH_LOG` says (default `info`), as JSON lines on stderr, except the PostgreSQL
-/// driver's debug and trace lines at every setting of `LARCH_LOG`: tokio-postgres logs each
+/// Logs at `--log-level` (else `LARCH_LOG`, default `info`) on stderr, as JSON lines or text
+/// (`--log-format`; text on a terminal), except the PostgreSQL driver's debug and trace lines
+/// at every level: tokio-postgres logs each
 /// statement's parameters at debug (`executing statement … with parameters: [...]`), which for
 /// a masked export's look-ups are raw key values (docs/masking.md, "Logs").
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = EnvFilter::try_from_env("LARCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let settings = LOG_SETTINGS.get().cloned().unwrap_or_default();
+    let filter = match &settings.log_level {
+        Some(level) => EnvFilter::new(level),
+        None => EnvFilter::try_from_env("LARCH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let format = settings.log_format.unwrap_or(if terminal {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    });
+    let lines = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .json()
-        .finish()
-        .with(tracing_subscriber::filter::filter_fn(|meta| {
-            !quiet_driver(meta.target()) || *meta.level() <= tracing::Level::INFO
-        }))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let keep = || tracing_subscriber::filter::filter_fn(keep_line);
+    let _ = match format {
+        LogFormat::Json => lines.json().finish().with(keep()).try_init(),
+        LogFormat::Text => lines.with_ansi(terminal).finish().with(keep()).try_init(),
+    };
+}
+
+/// Drops the PostgreSQL driver's lines above info (they may carry statement parameters).
+fn keep_line(meta: &tracing::Metadata<'_>) -> bool {
+    !quiet_driver(meta.target()) || *meta.level() <= tracing::Level::INFO
 }
 
 /// Targets whose lines above info may carry statement parameters: the PostgreSQL driver's.
@@ -280,6 +328,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let termination_file = cli.command.termination_file();
     let classified = cli.command.classified();
+    let _ = LOG_SETTINGS.set(cli.log.clone());
     // Both ring (kube) and aws-lc-rs (the S3 SDK) are linked, so rustls cannot pick a process
     // default by itself: install ring for every Kubernetes client (the operator's, and the
     // Lease of a continuous export).

@@ -387,3 +387,84 @@ async fn metrics_page_lists_every_scraped_metric() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// `--log-level` overrides `LARCH_LOG`, and `--log-format` picks JSON lines or text; both go
+/// before or after the command's name. Without `--log-format`, a pipe gets JSON.
+#[tokio::test]
+async fn log_flags_choose_the_level_and_the_format() {
+    use crate::archive_build::{TestArchive, refs, rows};
+    let dir = tempfile::tempdir().unwrap();
+    let store: std::sync::Arc<dyn larch::archive::store::Store> =
+        std::sync::Arc::new(larch::archive::store::local::LocalStore::new(dir.path()).unwrap());
+    let mut a = TestArchive::new(store, "public.t/", "public.t");
+    a.snapshot("0/1", &refs(&rows(1..=1, "s"))).await;
+    let config = dir.path().join("engine.yaml");
+    std::fs::write(&config, crate::engine_follow::local_yaml(dir.path(), "")).unwrap();
+    let run = |flags: &[&str], env_level: &str| {
+        let log = dir.path().join("stderr.log");
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_larch"));
+        cmd.args(flags)
+            .args(["engine", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("LARCH_LOG", env_level)
+            .env_remove("LARCH_LOG_FORMAT")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        (cmd.spawn().unwrap(), log)
+    };
+    let lines_of = |flags: &[&str], env_level: &str| {
+        let (mut child, log) = run(flags, env_level);
+        // The engine logs "engine started" at info once it serves; give it the time to.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline
+            && !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("larch engine listening on")
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        child.wait().unwrap();
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with("larch engine listening on"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // Default in a pipe: JSON lines at LARCH_LOG's level.
+    let json = lines_of(&[], "info");
+    assert!(!json.is_empty());
+    for l in &json {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+        assert!(v["level"].is_string(), "{l}");
+    }
+    // --log-format text (before the command) and --log-level info over LARCH_LOG=error.
+    let text = lines_of(&["--log-format", "text", "--log-level", "info"], "error");
+    assert!(
+        text.iter()
+            .any(|l| l.contains(" INFO ") && l.contains("engine started")),
+        "{text:?}"
+    );
+    assert!(text.iter().all(|l| !l.starts_with('{')), "{text:?}");
+    // LARCH_LOG=error alone keeps the info lines out.
+    let quiet = lines_of(&[], "error");
+    assert!(
+        quiet.iter().all(|l| !l.contains("engine started")),
+        "{quiet:?}"
+    );
+    // A level tracing cannot read is refused before anything runs, naming the flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+        .args(["crd", "--log-level", "a=b=c"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid value 'a=b=c' for '--log-level"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
