@@ -340,12 +340,15 @@ pub(crate) fn flags_of(args: &[&str]) -> Vec<String> {
 
 #[test]
 fn each_archive_subcommand_shows_only_its_own_flags() {
+    // The store's flags, and the log flags every command takes.
     let location = [
         "--bucket",
         "--endpoint",
         "--format",
         "--help",
         "--key-prefix",
+        "--log-format",
+        "--log-level",
         "--path",
         "--path-style",
         "--prefix",
