@@ -65,6 +65,7 @@ copy_secs=$(cat "$work/last")
 cat > "$work/mask.yaml" <<'YAML'
 tables:
   public.events:
+    undeclared: keep
     columns:
       id: hash
       kind: hash
