@@ -41,7 +41,7 @@ tables:
 "#;
 
 pub(crate) const USERS: i64 = 120;
-const ORDERS: i64 = 360;
+pub(crate) const ORDERS: i64 = 360;
 
 pub(crate) async fn setup(db: &Database) {
     db.client
@@ -113,7 +113,7 @@ pub(crate) fn hits<'a>(bytes: &[u8], raw: &'a BTreeSet<String>) -> Vec<&'a str> 
 }
 
 /// Every object under `dir` checked for every raw value; returns how many objects were read.
-fn scan_dir(dir: &Path, raw: &BTreeSet<String>) -> usize {
+pub(crate) fn scan_dir(dir: &Path, raw: &BTreeSet<String>) -> usize {
     let mut n = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -193,7 +193,7 @@ impl Files {
 }
 
 /// A one-shot masked export of `table` into `store_args`; (exit code, stdout, stderr).
-fn export_once(
+pub(crate) fn export_once(
     db: &Database,
     files: &Files,
     table: &str,
@@ -233,7 +233,7 @@ pub(crate) fn local(dir: &Path) -> Arc<dyn Store> {
     Arc::new(LocalStore::new(dir).unwrap())
 }
 
-fn joined(users: &[Value], orders: &[Value]) -> usize {
+pub(crate) fn joined(users: &[Value], orders: &[Value]) -> usize {
     let ids: BTreeSet<i64> = users.iter().map(|u| u["id"].as_i64().unwrap()).collect();
     orders
         .iter()
@@ -242,7 +242,7 @@ fn joined(users: &[Value], orders: &[Value]) -> usize {
 }
 
 #[tokio::test]
-async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
+pub(crate) async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
     let db = new_database().await;
     setup(&db).await;
     let files = Files::new(RULES);
@@ -445,7 +445,8 @@ async fn masked_exports_leave_no_raw_value_anywhere_and_keys_still_join() {
 }
 
 #[tokio::test]
-async fn a_continuous_masked_export_lands_changes_on_the_right_rows_and_masks_a_new_column() {
+pub(crate) async fn a_continuous_masked_export_lands_changes_on_the_right_rows_and_masks_a_new_column()
+ {
     let db = new_database().await;
     setup(&db).await;
     let files = Files::new(RULES);
@@ -573,7 +574,7 @@ async fn a_continuous_masked_export_lands_changes_on_the_right_rows_and_masks_a_
 }
 
 #[tokio::test]
-async fn bad_transforms_are_clear_errors_and_export_nothing() {
+pub(crate) async fn bad_transforms_are_clear_errors_and_export_nothing() {
     let db = new_database().await;
     setup(&db).await;
     let dir = tempfile::tempdir().unwrap();
@@ -635,22 +636,8 @@ async fn bad_transforms_are_clear_errors_and_export_nothing() {
     }
 }
 
-const FAKE_RULES: &str = r#"
-tables:
-  public.users:
-    undeclared: null
-    columns:
-      id: hash
-      email: {fake: email}
-      name: {fake: full_name}
-      phone: {fake: phone}
-      ssn: drop
-      token: hash
-      bio: {fake: street_address}
-"#;
-
 /// A one-shot export of `table` into the local store at `path` with extra arguments.
-fn export_local(
+pub(crate) fn export_local(
     db: &Database,
     files: Option<&Files>,
     table: &str,
@@ -682,424 +669,4 @@ fn export_local(
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-#[tokio::test]
-async fn fake_values_are_realistic_stable_and_leave_no_raw_value() {
-    let db = new_database().await;
-    setup(&db).await;
-    let files = Files::new(FAKE_RULES);
-    let raw = raw_values(&db).await;
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&a, &b] {
-        let (code, err) = export_local(
-            &db,
-            Some(&files),
-            "users",
-            dir.path().to_str().unwrap(),
-            &[],
-        );
-        assert_eq!(code, 0, "{err}");
-        assert!(hits(err.as_bytes(), &raw).is_empty(), "stderr: {err}");
-        assert!(scan_dir(dir.path(), &raw) >= 2, "a manifest and a snapshot");
-    }
-    let (_, mut first) = rows(local(a.path()), "public.users/").await;
-    let (_, mut second) = rows(local(b.path()), "public.users/").await;
-    for r in [&mut first, &mut second] {
-        r.sort_by_key(|u| u["id"].as_i64());
-    }
-    assert_eq!(first.len() as i64, USERS);
-    assert!(first == second, "two runs with one key give the same fakes");
-    let mut names = BTreeMap::<String, usize>::new();
-    for u in &first {
-        let email = u["email"].as_str().unwrap();
-        let (local_part, domain) = email.split_once('@').expect("an email");
-        assert!(
-            !local_part.is_empty() && domain.starts_with("example."),
-            "{email}"
-        );
-        let name = u["name"].as_str().unwrap();
-        assert!(
-            name.len() <= 40 && name.split(' ').count() == 2,
-            "varchar(40): {name}"
-        );
-        *names.entry(name.to_string()).or_default() += 1;
-        let phone = u["phone"].as_str().unwrap();
-        assert!(
-            phone.starts_with("+1 ") && phone.contains("-555-01"),
-            "{phone}"
-        );
-    }
-    assert!(
-        names.len() > 100,
-        "{} distinct names of {USERS}",
-        names.len()
-    );
-    let bio = first.iter().find_map(|u| u["bio"].as_str()).unwrap();
-    assert!(
-        bio.split(' ').count() >= 3 && !bio.contains("secretbio"),
-        "{bio}"
-    );
-    let m: Value = serde_json::from_str(
-        &std::fs::read_to_string(a.path().join("public.users/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(m["transform"]["columns"]["email"], "fake:email");
-    assert_eq!(m["transform"]["columns"]["bio"], "fake:street_address");
-}
-
-#[tokio::test]
-async fn subsets_export_the_rows_of_the_predicate_and_a_stable_consistent_sample() {
-    let db = new_database().await;
-    setup(&db).await;
-    let predicate = "id % 3 = 0 AND email LIKE 'user%'";
-    let want: i64 = db
-        .client
-        .query_one(
-            &format!("SELECT count(*) FROM users WHERE {predicate}"),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(want > 0 && want < USERS);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_str().unwrap();
-    let (code, err) = export_local(&db, None, "users", path, &["--where", predicate]);
-    assert_eq!(code, 0, "{err}");
-    let (_, filtered) = rows(local(dir.path()), "public.users/").await;
-    assert_eq!(filtered.len() as i64, want);
-    assert!(filtered.iter().all(|u| u["id"].as_i64().unwrap() % 3 == 0));
-    let m: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("public.users/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(m["subset"]["where"], predicate);
-    let out = larch()
-        .args(["archive", "inspect", "--table", "users", "--path", path])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(&format!("subset:       where {predicate}")),
-        "{text}"
-    );
-
-    // A masked sample: users by id, orders by user_id, with the rules' `sample:`; the same
-    // rows twice, and every order kept belongs to a user kept (hashed alike).
-    let rules = RULES.replace(
-        "  public.orders:\n",
-        "    sample: {percent: 30}\n  public.orders:\n    sample: {percent: 30, by: user_id}\n",
-    );
-    let files = Files::new(&rules);
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    for dir in [&a, &b] {
-        for table in ["users", "orders"] {
-            let (code, err) =
-                export_local(&db, Some(&files), table, dir.path().to_str().unwrap(), &[]);
-            assert_eq!(code, 0, "{table}: {err}");
-        }
-    }
-    let (_, users_a) = rows(local(a.path()), "public.users/").await;
-    let (_, orders_a) = rows(local(a.path()), "public.orders/").await;
-    let (_, users_b) = rows(local(b.path()), "public.users/").await;
-    let (_, orders_b) = rows(local(b.path()), "public.orders/").await;
-    let ids = |rows: &[Value]| -> BTreeSet<i64> {
-        rows.iter().map(|r| r["id"].as_i64().unwrap()).collect()
-    };
-    assert_eq!(
-        ids(&users_a),
-        ids(&users_b),
-        "the sample is stable across runs"
-    );
-    assert_eq!(ids(&orders_a), ids(&orders_b));
-    let n = users_a.len() as i64;
-    assert!(
-        (USERS * 15 / 100..=USERS * 45 / 100).contains(&n),
-        "{n} of {USERS} at 30 %"
-    );
-    assert!(!orders_a.is_empty());
-    assert_eq!(
-        joined(&users_a, &orders_a),
-        orders_a.len(),
-        "every order's user is in the sample"
-    );
-    // Each kept user keeps all its orders (3 per user in the fixture).
-    assert_eq!(orders_a.len() as i64, n * ORDERS / USERS);
-    let m: Value = serde_json::from_str(
-        &std::fs::read_to_string(a.path().join("public.orders/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(m["subset"]["sample_percent"], 30.0);
-    assert_eq!(m["subset"]["sample_by"], serde_json::json!(["user_id"]));
-}
-
-#[tokio::test]
-async fn bad_subsets_are_clear_errors_and_export_nothing() {
-    let db = new_database().await;
-    setup(&db).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_str().unwrap();
-    for (args, want) in [
-        (
-            vec!["--where", "nosuch > 1"],
-            "the row filter of table public.users (where: nosuch > 1): column \"nosuch\" does not exist",
-        ),
-        (
-            vec!["--where", "id > 1; DROP TABLE users"],
-            "not valid SQL: syntax error at or near \";\"",
-        ),
-        (
-            vec!["--where", "true) TO PROGRAM 'true' --"],
-            "comments (`--`, `/* */`) are not allowed in a row filter",
-        ),
-        (vec!["--sample", "0"], "percent 0 is not in (0, 100]"),
-        (
-            vec!["--sample", "10", "--sample-by", "nosuch"],
-            "column \"nosuch\" (by) does not exist",
-        ),
-        (
-            vec!["--where", "id > 1", "--follow", "--listen", "127.0.0.1:0"],
-            "applies to a one-shot export only",
-        ),
-    ] {
-        let (code, err) = export_local(&db, None, "users", path, &args);
-        assert_ne!(code, 0, "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            0,
-            "{args:?}: nothing written"
-        );
-    }
-    let users: i64 = db
-        .client
-        .query_one("SELECT count(*) FROM users", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(users, USERS, "the table is untouched");
-}
-
-/// The hashed values (ids, emails, tokens, bios) of a one-shot masked export of users.
-async fn hashed_values(dir: &Path) -> BTreeSet<String> {
-    let (_, users) = rows(local(dir), "public.users/").await;
-    let mut out = BTreeSet::new();
-    for u in &users {
-        out.insert(u["id"].to_string());
-        for c in ["email", "token"] {
-            if let Some(s) = u[c].as_str() {
-                out.insert(s.to_string());
-            }
-        }
-    }
-    out
-}
-
-/// Every object of the epochs from `first` on (`public.users/epoch=N/…`).
-fn epoch_objects(dir: &Path, first: i64) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir.join("public.users")).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(n) = name
-            .strip_prefix("epoch=")
-            .and_then(|n| n.parse::<i64>().ok())
-        else {
-            continue;
-        };
-        if n >= first {
-            for f in std::fs::read_dir(&p).unwrap() {
-                let f = f.unwrap().path();
-                out.push((f.clone(), std::fs::read(&f).unwrap()));
-            }
-        }
-    }
-    out
-}
-
-#[tokio::test]
-async fn a_key_rotation_starts_an_epoch_of_new_key_hashes_only_and_engines_rebaseline() {
-    const KEY_A: &str = "a-dev-seed-key-of-32-bytes-long!"; // the key of Files
-    const KEY_B: &str = "the-rotated-key-b-of-32-bytes!!!";
-    let db = new_database().await;
-    setup(&db).await;
-    let files = Files::new(RULES);
-    let dir = tempfile::tempdir().unwrap();
-    let slot = format!("larch_rotate_{}", db.name);
-    let follow = |key: &str| follow_masked(dir.path(), &files, &slot, key, &db);
-    let epoch_at_least = |addr: std::net::SocketAddr, n: i64| async move {
-        eventually(60, &format!("epoch {n}"), || async move {
-            (get_json(addr, "/status").await["epoch"].as_i64() >= Some(n)).then_some(())
-        })
-        .await
-    };
-
-    // Key A: the first epoch, and an engine following it.
-    let mut a = follow(KEY_A);
-    let (addr, _, reader) = listening(&mut a);
-    epoch_at_least(addr, 1).await;
-    let engine = crate::engine_support::start_engine(&format!(
-        r#"
-sources:
-  seed:
-    type: archive
-    store: {{type: local, path: "{}"}}
-    key_prefix: public.users/
-    follow: true
-    poll_interval: 100ms
-    require_transformed: true
-tables:
-  - source: seed
-    schema: public
-    table: users
-    targets:
-      - type: memory
-"#,
-        dir.path().display()
-    ))
-    .await;
-    crate::engine_support::wait_ready(engine.addr).await;
-    let rebaselines = |addr: std::net::SocketAddr| async move {
-        let (_, m) = get(addr, "/metrics").await;
-        crate::engine_support::metric(&m, r#"laredo_source_rebaseline_total{source="seed"}"#)
-            .unwrap_or(0.0)
-    };
-    let before = rebaselines(engine.addr).await;
-    unsafe_kill(a.id(), "TERM");
-    assert_eq!(a.wait().unwrap().code(), Some(0));
-    let _ = reader.join();
-
-    // Key B: a new epoch from a fresh snapshot, and a change after it (a diff of epoch 2).
-    let mut b = follow(KEY_B);
-    let (addr, _, reader) = listening(&mut b);
-    epoch_at_least(addr, 2).await;
-    db.client
-        .batch_execute("UPDATE users SET email = 'rotated@acme-corp.com' WHERE id = 7000000009;")
-        .await
-        .unwrap();
-    eventually(30, "a diff of the new epoch", || async move {
-        (get_json(addr, "/status").await["diffs"]
-            .as_u64()
-            .unwrap_or(0)
-            >= 1)
-            .then_some(())
-    })
-    .await;
-    unsafe_kill(b.id(), "TERM");
-    assert_eq!(b.wait().unwrap().code(), Some(0));
-    let _ = reader.join();
-
-    // What each key makes of the rows: one-shot exports under A and under B.
-    let (under_a, under_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (code, err) = export_local(
-        &db,
-        Some(&files),
-        "users",
-        under_a.path().to_str().unwrap(),
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    let b_files = Files::new(RULES);
-    std::fs::write(b_files.key(), KEY_B).unwrap();
-    let (code, err) = export_local(
-        &db,
-        Some(&b_files),
-        "users",
-        under_b.path().to_str().unwrap(),
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    let a_hashes = hashed_values(under_a.path()).await;
-    let b_hashes = hashed_values(under_b.path()).await;
-    assert!(a_hashes.len() >= 2 * USERS as usize && a_hashes.is_disjoint(&b_hashes));
-
-    // The new epoch holds key-B hashes only: not one key-A hash in any of its objects.
-    let objects = epoch_objects(dir.path(), 2);
-    assert!(
-        objects.len() >= 2,
-        "a snapshot and a diff of epoch 2: {objects:?}",
-        objects = objects.iter().map(|o| &o.0).collect::<Vec<_>>()
-    );
-    let b_sample = b_hashes.iter().find(|h| h.contains('@')).unwrap().clone();
-    let mut saw_b = false;
-    for (path, bytes) in &objects {
-        let found: Vec<&str> = a_hashes
-            .iter()
-            .filter(|h| String::from_utf8_lossy(bytes).contains(h.as_str()))
-            .map(String::as_str)
-            .take(3)
-            .collect();
-        assert!(
-            found.is_empty(),
-            "{} holds key-A hashes {found:?}",
-            path.display()
-        );
-        saw_b |= String::from_utf8_lossy(bytes).contains(&b_sample);
-    }
-    assert!(
-        saw_b
-            || objects
-                .iter()
-                .all(|(p, _)| p.extension().is_some_and(|e| e == "pb"))
-    );
-    let (epoch, archived) = rows(local(dir.path()), "public.users/").await;
-    assert_eq!(epoch, 2);
-    let ids = |rows: &[Value]| -> BTreeSet<i64> {
-        rows.iter().map(|r| r["id"].as_i64().unwrap()).collect()
-    };
-    let (_, want) = rows(local(under_b.path()), "public.users/").await;
-    assert_eq!(
-        ids(&archived),
-        ids(&want),
-        "the archive's identities are key B's"
-    );
-    let m: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("public.users/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    let b_id = larch::export::transform::TransformKey::from_bytes(KEY_B.as_bytes(), "b")
-        .unwrap()
-        .id()
-        .to_string();
-    assert_eq!(m["transform"]["key_id"], b_id.as_str());
-
-    // The engine re-baselined onto the new epoch: its rows are key B's.
-    eventually(60, "the engine's re-baseline", || async {
-        (rebaselines(engine.addr).await > before).then_some(())
-    })
-    .await;
-    let served = eventually(30, "the engine serving key B's rows", || async {
-        let rows = crate::engine_support::all_rows(engine.addr, "public.users", 1000).await;
-        (ids(&rows) == ids(&want)).then_some(rows)
-    })
-    .await;
-    assert_eq!(served.len() as i64, USERS);
-
-    // An archive of hash version 1 (its manifest records no `transform.hash`): the same key
-    // permutes integers differently now, so the export starts a new epoch instead of mixing
-    // the two versions in one.
-    let manifest_path = dir.path().join("public.users/manifest.json");
-    let manifest = || -> Value {
-        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap()
-    };
-    let mut m = manifest();
-    assert_eq!(
-        m["transform"]["hash"],
-        larch::export::transform::HASH_ALGORITHM
-    );
-    m["transform"].as_object_mut().unwrap().remove("hash");
-    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
-    let mut c = follow(KEY_B);
-    let (addr, log, reader) = listening(&mut c);
-    epoch_at_least(addr, 3).await;
-    unsafe_kill(c.id(), "TERM");
-    assert_eq!(c.wait().unwrap().code(), Some(0));
-    let _ = reader.join();
-    let log = log.lock().unwrap().join("\n");
-    assert!(log.contains("the hash algorithm changed"), "{log}");
-    assert_eq!(
-        manifest()["transform"]["hash"],
-        larch::export::transform::HASH_ALGORITHM
-    );
 }
