@@ -6,6 +6,7 @@ mod archive_build;
 mod archive_source;
 mod bad_input;
 mod bounded_memory;
+mod bounded_memory_postgres;
 mod census;
 mod cli_archive;
 #[cfg(feature = "crashpoints")]
