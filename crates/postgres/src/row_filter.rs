@@ -50,12 +50,16 @@ pub struct SubqueryTables {
     tables: BTreeMap<TableId, ColumnSelection>,
 }
 
-impl SubqueryTables {
-    /// Lets subqueries read `columns` of `table`.
-    pub fn allow(&mut self, table: TableId, columns: ColumnSelection) {
-        self.tables.insert(table, columns);
+/// Each table subqueries may read, with the columns they may name.
+impl FromIterator<(TableId, ColumnSelection)> for SubqueryTables {
+    fn from_iter<I: IntoIterator<Item = (TableId, ColumnSelection)>>(tables: I) -> Self {
+        SubqueryTables {
+            tables: tables.into_iter().collect(),
+        }
     }
+}
 
+impl SubqueryTables {
     fn names(&self) -> String {
         let names: Vec<String> = self.tables.keys().map(|t| t.to_string()).collect();
         names.join(", ")

@@ -11,16 +11,13 @@ fn subquery_tables(
     tables: &[TableRef],
     transform: &crate::crd::archive_export::ExportTransform,
 ) -> Option<larch_postgres::SubqueryTables> {
-    if !transform.subqueries {
-        return None;
-    }
-    let rules = transform.rules();
-    let mut readable = larch_postgres::SubqueryTables::default();
-    for t in tables {
-        let id = TableId::new(t.schema(), &t.name);
-        readable.allow(id.clone(), rules.unmasked_columns(&id));
-    }
-    Some(readable)
+    let rules = transform.subqueries.then(|| transform.rules())?;
+    let ids = tables.iter().map(|t| TableId::new(t.schema(), &t.name));
+    let readable = ids.map(|id| {
+        let columns = rules.unmasked_columns(&id);
+        (id, columns)
+    });
+    Some(readable.collect())
 }
 
 /// What an ArchiveExport's spec says that cannot work; the message names the field.

@@ -101,18 +101,16 @@ fn anything_that_acts_or_reads_elsewhere_is_refused_by_name() {
 /// Subqueries into public.orders (columns id, user_id, total kept; card masked) and
 /// public.items (no rules).
 fn with_subqueries(p: &str) -> Result<(), String> {
-    let mut tables = SubqueryTables::default();
     let kept = ["id", "user_id", "total"].map(String::from).into();
-    tables.allow(
-        "public.orders".parse().unwrap(),
-        ColumnSelection::Only(kept),
-    );
-    tables.allow("public.items".parse().unwrap(), ColumnSelection::All);
     let masked = ["ssn"].map(String::from).into();
-    tables.allow(
-        "app.people".parse().unwrap(),
-        ColumnSelection::AllBut(masked),
-    );
+    let tables: SubqueryTables = [
+        ("public.orders", ColumnSelection::Only(kept)),
+        ("public.items", ColumnSelection::All),
+        ("app.people", ColumnSelection::AllBut(masked)),
+    ]
+    .into_iter()
+    .map(|(t, c)| (t.parse().unwrap(), c))
+    .collect();
     check_row_filter_with(&"public.users".parse().unwrap(), p, Some(&tables))
 }
 

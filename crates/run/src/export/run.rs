@@ -212,12 +212,8 @@ fn subquery_tables(
     if !request.where_subqueries && !rules.is_some_and(|r| r.subqueries) {
         return None;
     }
-    let mut readable = SubqueryTables::default();
-    for t in tables {
-        let columns = rules.map_or(ColumnSelection::All, |r| r.unmasked_columns(t));
-        readable.allow(t.clone(), columns);
-    }
-    Some(readable)
+    let columns = |t: &TableId| rules.map_or(ColumnSelection::All, |r| r.unmasked_columns(t));
+    Some(tables.iter().map(|t| (t.clone(), columns(t))).collect())
 }
 
 /// The subset of `table` from `where`/`sample` and the table's `where:`/`sample:` in the
