@@ -8,8 +8,9 @@
 # adapted with a few lines of Python, only where an example necessarily differs from a real
 # cluster:
 # - the Secrets the examples reference by name keep their names and keys; their values become the
-#   test PostgreSQL's DSN (pg-source/dsn) and an S3 key pair (s3-credentials; SeaweedFS accepts
-#   any);
+#   test PostgreSQL's DSN (pg-source/dsn; pg-staging/dsn too, the restore example's target:
+#   public.events exists there, so its `ifExists: Fail` refuses it and changes nothing) and an S3
+#   key pair (s3-credentials; SeaweedFS accepts any);
 # - every S3 location gets the environment's endpoint, path-style addressing and the
 #   s3-credentials Secret (the fake kubelet's pods have no cloud identity); a CA bundle is dropped
 #   (SeaweedFS speaks plain HTTP here);
@@ -51,7 +52,7 @@ def s3(loc):
 for o in objs:
     o["metadata"]["namespace"] = ns
     kind, spec = o["kind"], o.get("spec", {})
-    if kind == "Secret" and o["metadata"]["name"] == "pg-source":
+    if kind == "Secret" and o["metadata"]["name"] in ("pg-source", "pg-staging"):
         o["stringData"] = {"dsn": os.environ["LARCH_E2E_PG_DSN"]}
     elif kind == "Secret" and o["metadata"]["name"] == "s3-credentials":
         o["stringData"] = {"AWS_ACCESS_KEY_ID": "larch-e2e", "AWS_SECRET_ACCESS_KEY": "larch-e2e-secret"}

@@ -48,7 +48,7 @@ pub struct EngineArgs {
     /// PEM private key of the TLS listener (tls.key).
     #[arg(long, value_name = "FILE", requires = "tls_listen")]
     pub tls_key: Option<PathBuf>,
-    /// Validate the configuration and exit.
+    /// Validate the configuration, check that each table's archive exists, and exit.
     #[arg(long)]
     pub check: bool,
     /// On a fatal error, write `{"reason": …, "error": …}` here (on Kubernetes:
@@ -65,6 +65,7 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
         if let Some((_, files)) = &serving.tls {
             files.server_config()?;
         }
+        crate::engine::check_archives(&config).await?;
         println!(
             "{}: ok ({} source(s))",
             args.config.display(),

@@ -294,10 +294,11 @@ spec:
 const OPERATOR_FINALIZERS: [&str; 1] = ["larch.dev/cleanup"];
 
 /// The operator's field managers (one per controller).
-const OPERATOR_MANAGERS: [&str; 3] = [
+const OPERATOR_MANAGERS: [&str; 4] = [
     "larch-operator/export",
     "larch-operator/source",
     "larch-operator/source-set",
+    "larch-operator/restore",
 ];
 
 /// Every field of `managed` (a managedFields `fieldsV1`) as a path, e.g. `f:spec.f:replicas`.

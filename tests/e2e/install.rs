@@ -1,5 +1,5 @@
 //! Installing larch: scenario 1 (`helm install` of the chart, the operator Ready), 2 (the CRDs
-//! and the examples applied) and 7 (a CEL rule refused at admission).
+//! and the examples applied), 7 (a CEL rule refused at admission) and 44 (the chart's values).
 
 use serde_json::Value;
 
@@ -134,4 +134,114 @@ fn s07_cel_rule_rejected() {
         "{err}"
     );
     assert!(e.get(&["archiveexport", "bad", "-n", ns]).is_none());
+}
+
+/// The documents of a `helm template` rendering, by kind and name.
+fn rendered(e: &super::support::Env, set: &[&str]) -> Vec<Value> {
+    let chart = format!("{}/charts/larch", super::support::REPO);
+    let mut args = vec!["template", "larch", chart.as_str(), "-n", "larch-system"];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    let out = e.helm(&args);
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .split("\n---")
+        .filter_map(|d| serde_yaml_ng::from_str::<Value>(d).ok())
+        .filter(|v| v.is_object())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// Scenario 44: the chart's values a cluster operator expects of any chart: nameOverride and
+/// fullnameOverride name the objects, podLabels, extraEnv and extraArgs reach the operator's pod
+/// (the selector labels stay), the ServiceMonitor keeps the operator's object labels, the
+/// PodMonitors scrape only the watched namespace and name each series by its object, and the
+/// release's notes point at `larch status`.
+#[test]
+fn s44_chart_overrides_extras_and_scoped_monitors() {
+    let e = env_with_operator();
+    let docs = rendered(e, &["nameOverride=lx"]);
+    find(&docs, "Deployment", "larch-lx");
+    let docs = rendered(
+        e,
+        &[
+            "fullnameOverride=ops",
+            "nameOverride=lx",
+            "podLabels.team=data",
+            "podLabels.app\\.kubernetes\\.io/component=other",
+            "extraEnv[0].name=HTTPS_PROXY",
+            "extraEnv[0].value=http://proxy:3128",
+            "extraArgs[0]=--extra-flag",
+        ],
+    );
+    let deploy = find(&docs, "Deployment", "ops");
+    find(&docs, "ServiceAccount", "ops");
+    assert_eq!(deploy["metadata"]["labels"]["app.kubernetes.io/name"], "lx");
+    let pod = &deploy["spec"]["template"];
+    assert_eq!(pod["metadata"]["labels"]["team"], "data", "{pod}");
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/component"], "operator",
+        "a podLabel must not change the selector labels: {pod}"
+    );
+    let container = &pod["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    assert!(
+        env.iter()
+            .any(|v| v["name"] == "HTTPS_PROXY" && v["value"] == "http://proxy:3128"),
+        "{env:?}"
+    );
+    assert_eq!(
+        container["args"].as_array().unwrap().last().unwrap(),
+        "--extra-flag"
+    );
+
+    let monitors = [
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.podMonitors.enabled=true",
+    ];
+    let docs = rendered(e, &monitors);
+    let sm = find(&docs, "ServiceMonitor", "larch");
+    assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true, "{sm}");
+    for (component, label) in [("export", "archive_export"), ("engine", "archive_source")] {
+        let pm = find(&docs, "PodMonitor", &format!("larch-{component}"));
+        assert_eq!(pm["spec"]["namespaceSelector"]["any"], true, "{pm}");
+        let relabel = &pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0];
+        assert_eq!(
+            relabel["sourceLabels"][0],
+            format!("__meta_kubernetes_pod_label_larch_dev_{label}")
+        );
+        assert_eq!(relabel["targetLabel"], "name");
+    }
+    let scoped = rendered(e, &[monitors[0], monitors[1], "watchNamespace=team-a"]);
+    let pm = find(&scoped, "PodMonitor", "larch-engine");
+    assert_eq!(
+        pm["spec"]["namespaceSelector"],
+        serde_json::json!({"matchNames": ["team-a"]})
+    );
+
+    let chart = format!("{}/charts/larch", super::support::REPO);
+    let out = e.helm(&[
+        "install",
+        "notes",
+        &chart,
+        "-n",
+        "larch-notes",
+        "--dry-run=server",
+        // The CRDs belong to the release the environment installed.
+        "--set",
+        "crds.install=false",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("larch status") && stdout.contains("kubectl larch status"),
+        "{stdout}"
+    );
 }

@@ -1,7 +1,8 @@
-//! Scenario 22: the chart's Grafana dashboard against real scrapes: every metric a dashboard
-//! query names is exposed by the operator (after a one-shot and a continuous export), a
-//! continuous exporter or an engine running on the control plane, and every metric they expose
-//! is on docs/metrics.md.
+//! Scenario 22: the chart's Grafana dashboard and alerts against real scrapes: every metric a
+//! dashboard query or variable, or an alert of the rendered PrometheusRule, names is exposed by
+//! the operator (after a one-shot and a continuous export), a continuous exporter or an engine
+//! running on the control plane; every alert links a section of docs/runbook.md; and every
+//! metric they expose is on docs/metrics.md.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -120,6 +121,44 @@ fn monitored(e: &Env) -> (String, String, String) {
     )
 }
 
+/// The chart's PrometheusRule as `helm template` renders it with every alert on: (alert,
+/// expression) pairs. Each alert's runbook_url must name a section of docs/runbook.md.
+fn alert_queries(e: &Env) -> Vec<(String, String)> {
+    let out = e.helm(&[
+        "template",
+        "larch",
+        &format!("{}/charts/larch", super::support::REPO),
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--show-only",
+        "templates/prometheusrule.yaml",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let rule: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let runbook =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/runbook.md")).unwrap();
+    let mut queries = Vec::new();
+    for group in rule["spec"]["groups"].as_sequence().unwrap() {
+        for r in group["rules"].as_sequence().unwrap() {
+            let alert = r["alert"].as_str().unwrap().to_string();
+            let url = r["annotations"]["runbook_url"].as_str().unwrap_or("");
+            assert!(
+                url.ends_with(&format!("runbook.md#{}", alert.to_lowercase()))
+                    && runbook.contains(&format!("\n## {alert}\n")),
+                "{alert}: runbook_url {url:?} is not a section of docs/runbook.md"
+            );
+            queries.push((alert, r["expr"].as_str().unwrap().to_string()));
+        }
+    }
+    assert!(
+        queries.iter().any(|(a, _)| a == "LarchOperatorAbsent"),
+        "{queries:?}"
+    );
+    queries
+}
+
 #[test]
 fn s22_dashboard_queries_only_scraped_metrics() {
     let _g = serial();
@@ -150,19 +189,30 @@ fn s22_dashboard_queries_only_scraped_metrics() {
         .unwrap(),
     )
     .unwrap();
-    let mut queried = BTreeSet::new();
+    let mut queries: Vec<(String, String)> = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for t in panel["targets"].as_array().into_iter().flatten() {
-            let expr = t["expr"].as_str().unwrap();
-            let names = metrics_in(expr, &exposed);
-            assert!(!names.is_empty(), "{}: no metric in {expr}", panel["title"]);
-            queried.extend(names);
+            let title = format!("panel {}", panel["title"]);
+            queries.push((title, t["expr"].as_str().unwrap().to_string()));
         }
+    }
+    for v in dashboard["templating"]["list"].as_array().unwrap() {
+        if v["type"] == "query" {
+            let title = format!("variable {}", v["name"]);
+            queries.push((title, v["query"]["query"].as_str().unwrap().to_string()));
+        }
+    }
+    queries.extend(alert_queries(e));
+    let mut queried = BTreeSet::new();
+    for (title, expr) in &queries {
+        let names = metrics_in(expr, &exposed);
+        assert!(!names.is_empty(), "{title}: no metric in {expr}");
+        queried.extend(names);
     }
     let missing: Vec<_> = queried.difference(&exposed).collect();
     assert!(
         missing.is_empty(),
-        "the dashboard queries metrics no scrape exposes: {missing:?}"
+        "the dashboard or the alerts query metrics no scrape exposes: {missing:?}"
     );
     let page =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/metrics.md")).unwrap();

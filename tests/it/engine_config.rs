@@ -109,7 +109,7 @@ tables:
         }
     );
     let one = &c.sources[2];
-    assert_eq!(one.key_prefix, "");
+    assert_eq!(one.key_prefix, "s.t/", "where larch export writes s.t");
     assert_eq!(one.poll_interval, Duration::from_secs(5));
     assert_eq!(one.formats, [Format::Jsonl]);
     assert!(!one.follow && one.state_path.is_none());
@@ -243,9 +243,16 @@ fn the_cli_reports_config_errors_and_exits_2() {
         )),
         "{stderr}"
     );
+    // laredo's `type: file` is accepted: --check gets past the configuration to the archive,
+    // which is not there.
+    let archive = dir.path().join("archive");
+    std::fs::create_dir(&archive).unwrap();
     std::fs::write(
         &path,
-        format!("sources:\n  seed: {{type: file, store: {{type: local, path: /d}}}}\n{TABLE}"),
+        format!(
+            "sources:\n  seed: {{type: file, store: {{type: local, path: \"{}\"}}}}\n{TABLE}",
+            archive.display()
+        ),
     )
     .unwrap();
     let out = larch()
@@ -253,5 +260,9 @@ fn the_cli_reports_config_errors_and_exits_2() {
         .arg(&path)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("table public.events: no archive at key_prefix \"public.events/\""),
+        "{out:?}"
+    );
 }

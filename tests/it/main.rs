@@ -16,6 +16,7 @@ mod engine_access;
 mod engine_config;
 mod engine_follow;
 mod engine_memory;
+mod engine_operability;
 mod engine_postgres;
 mod engine_support;
 mod fixtures;

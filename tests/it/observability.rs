@@ -222,7 +222,7 @@ async fn an_engine_reports_its_baseline_against_the_manifest_row_count() {
         Some(5_000.0)
     );
     assert_eq!(
-        metric(&m, r#"laredo_source_lag_bytes{source="seed"}"#),
+        metric(&m, r#"larch_source_behind_bytes{source="seed"}"#),
         Some(0.0)
     );
     assert!(m.contains("larch_build_info{component=\"engine\""), "{m}");

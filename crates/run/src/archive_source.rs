@@ -449,7 +449,14 @@ impl SyncSource for ArchiveReplaySource {
                 return Err(ArchiveError::ManifestNotFound {
                     key: self.reader.manifest_key(),
                 })
-                .with_context(|| format!("source {}", self.opts.id));
+                .with_context(|| {
+                    format!(
+                        "source {}: table {}: no archive at key_prefix {:?} (follow: false does not wait for one)",
+                        self.opts.id,
+                        self.opts.table,
+                        self.reader.key_prefix()
+                    )
+                });
             }
         };
         self.set_state(SourceState::Connected);

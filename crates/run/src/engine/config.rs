@@ -269,7 +269,8 @@ fn validate_tables(raw: &EngineFile) -> Result<Served<'_>, String> {
 /// A source's settings, checked once and shared by every table it serves.
 struct SourceSettings {
     store: StoreSpec,
-    key_prefix: String,
+    /// `None`: `<schema>.<table>/`, where `larch export` writes the table.
+    key_prefix: Option<String>,
     key_fields: Vec<String>,
     formats: Vec<Format>,
     at: Option<PointInTime>,
@@ -297,7 +298,9 @@ impl SourceSettings {
         } else {
             (
                 id.to_string(),
-                self.key_prefix.clone(),
+                self.key_prefix
+                    .clone()
+                    .unwrap_or_else(|| format!("{table}/")),
                 s.state_path.clone(),
             )
         };
@@ -340,18 +343,19 @@ fn validate_source(path: &str, id: &str, s: &SourceFile) -> Result<SourceSetting
         ));
     };
     store.validate().map_err(|e| format!("{path}.{e}"))?;
-    let key_prefix = s.key_prefix.clone().unwrap_or_default();
     if s.group && s.key_prefix.is_some() {
         return Err(format!(
             "{path}.key_prefix: not allowed with group: true (each table reads <schema>.<table>/)"
         ));
     }
-    check_key_prefix(&key_prefix)
-        .map_err(|_| format!("{path}.key_prefix: {key_prefix:?} escapes the store root"))?;
-    if !key_prefix.is_empty() && !key_prefix.ends_with('/') {
-        return Err(format!(
-            "{path}.key_prefix: {key_prefix:?} must end with '/' (the manifest is at <key_prefix>manifest.json)"
-        ));
+    if let Some(key_prefix) = &s.key_prefix {
+        check_key_prefix(key_prefix)
+            .map_err(|_| format!("{path}.key_prefix: {key_prefix:?} escapes the store root"))?;
+        if !key_prefix.is_empty() && !key_prefix.ends_with('/') {
+            return Err(format!(
+                "{path}.key_prefix: {key_prefix:?} must end with '/' (the manifest is at <key_prefix>manifest.json)"
+            ));
+        }
     }
     let key_fields: Vec<String> = s
         .key_fields
@@ -363,7 +367,7 @@ fn validate_source(path: &str, id: &str, s: &SourceFile) -> Result<SourceSetting
     }
     Ok(SourceSettings {
         store: store.clone(),
-        key_prefix,
+        key_prefix: s.key_prefix.clone(),
         key_fields,
         formats: source_formats(path, s)?,
         at: source_at(path, s)?,

@@ -1,15 +1,18 @@
 //! The engine's one HTTP listener: health, status, metrics and the memory tables' API.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use super::Shared;
 use super::access::{self, ApiAccess};
+use super::metrics::Metrics;
 
 /// Every endpoint, the tables API and the control endpoints behind `access`.
 pub fn router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
@@ -29,19 +32,57 @@ pub fn router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
             access.clone(),
             access::guard_control,
         ));
-    health_routes()
-        .merge(status_routes(access))
-        .merge(reads)
-        .merge(control)
-        .with_state(shared)
+    let metrics = shared.metrics.clone();
+    counted(
+        health_routes()
+            .merge(status_routes(access))
+            .merge(reads)
+            .merge(control)
+            .with_state(shared),
+        metrics,
+    )
 }
 
 /// Health, status and metrics only (no row data, no control): the plain listener's routes
 /// when the API is served over TLS.
 pub fn open_router(shared: Arc<Shared>, access: Arc<ApiAccess>) -> Router {
-    health_routes()
-        .merge(status_routes(access))
-        .with_state(shared)
+    let metrics = shared.metrics.clone();
+    counted(
+        health_routes()
+            .merge(status_routes(access))
+            .with_state(shared),
+        metrics,
+    )
+}
+
+/// Every request counted and timed by its route template (`/tables/{table}`, never the raw
+/// path: one series a route, however many tables or bad paths are asked for).
+fn counted(router: Router, metrics: Metrics) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(metrics, count_request))
+}
+
+async fn count_request(State(metrics): State<Metrics>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = match *req.method() {
+        Method::GET | Method::HEAD | Method::POST | Method::PUT | Method::DELETE => {
+            req.method().as_str().to_string()
+        }
+        _ => "other".to_string(),
+    };
+    let start = Instant::now();
+    let response = next.run(req).await;
+    metrics
+        .http_request_duration_seconds
+        .with_label_values(&[&route, &method])
+        .observe(start.elapsed().as_secs_f64());
+    metrics
+        .http_requests_total
+        .with_label_values(&[&route, &method, response.status().as_str()])
+        .inc();
+    response
 }
 
 /// Probes: always open.

@@ -168,6 +168,11 @@ fn translate_source(path: &str, source: &Value) -> Result<Value, String> {
     }
     check_keys(path, obj, SOURCE_KEYS, SOURCE_REFUSED)?;
     let mut out = Map::new();
+    // laredo-server reads a root-level manifest.json without key_prefix (larch's YAML
+    // defaults to <schema>.<table>/); a group forces its own.
+    if !obj.contains_key("key_prefix") && obj.get("group") != Some(&Value::Bool(true)) {
+        out.insert("key_prefix".into(), Value::String(String::new()));
+    }
     for (key, value) in obj {
         match key.as_str() {
             "store" | "store_config" => {}

@@ -35,7 +35,7 @@ pub struct Metrics {
     pub registry: Registry,
     pub source_rebaseline_total: IntCounterVec,
     pub source_lag_seconds: GaugeVec,
-    pub source_lag_bytes: IntGaugeVec,
+    pub source_behind_bytes: IntGaugeVec,
     pub pipeline_state: IntGaugeVec,
     pub changes_received_total: IntCounterVec,
     pub changes_applied_total: IntCounterVec,
@@ -43,10 +43,13 @@ pub struct Metrics {
     pub change_apply_duration_seconds: HistogramVec,
     pub baseline_duration_seconds: HistogramVec,
     pub baseline_rows_total: IntGaugeVec,
+    pub baseline_rows: IntGaugeVec,
     pub baseline_rows_loaded_total: IntCounterVec,
     pub baseline_expected_rows: IntGaugeVec,
     pub source_behind_diffs: IntGaugeVec,
     pub source_data_age_seconds: GaugeVec,
+    pub http_requests_total: IntCounterVec,
+    pub http_request_duration_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -62,11 +65,11 @@ impl Metrics {
             ),
             source_lag_seconds: r.gauge(
                 "laredo_source_lag_seconds",
-                "now - updated_at of the last manifest the source read.",
+                "Seconds the oldest diff not yet applied has waited since it was written (0 when caught up).",
                 &["source"],
             ),
-            source_lag_bytes: r.int_gauge(
-                "laredo_source_lag_bytes",
+            source_behind_bytes: r.int_gauge(
+                "larch_source_behind_bytes",
                 "Bytes of the archive's diffs not yet applied (0 when caught up with the head).",
                 &["source"],
             ),
@@ -104,7 +107,12 @@ impl Metrics {
             ),
             baseline_rows_total: r.int_gauge(
                 "laredo_baseline_rows_total",
-                "Rows of the last baseline.",
+                "Deprecated (a gauge, though named _total; laredo's name): larch_engine_baseline_rows.",
+                &["pipeline"],
+            ),
+            baseline_rows: r.int_gauge(
+                "larch_engine_baseline_rows",
+                "Rows of the last completed baseline.",
                 &["pipeline"],
             ),
             baseline_rows_loaded_total: r.counter(
@@ -126,6 +134,19 @@ impl Metrics {
                 "larch_source_data_age_seconds",
                 "Seconds since the archive's head was written (manifest updated_at): the age of the data, not a lag.",
                 &["source"],
+            ),
+            http_requests_total: r.counter(
+                "larch_engine_http_requests_total",
+                "HTTP requests answered, by route template (not the raw path), method and status code.",
+                &["route", "method", "code"],
+            ),
+            http_request_duration_seconds: r.histogram(
+                HistogramOpts::new(
+                    "larch_engine_http_request_duration_seconds",
+                    "Time to answer an HTTP request, by route template and method.",
+                )
+                .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+                &["route", "method"],
             ),
             registry,
         }

@@ -98,6 +98,29 @@ pub async fn build(config: &EngineConfig) -> anyhow::Result<Arc<Shared>> {
     }))
 }
 
+/// `--check`: each source's archive exists, its manifest where the configuration says.
+pub async fn check_archives(config: &EngineConfig) -> anyhow::Result<()> {
+    for sc in &config.sources {
+        let at = || format!("{}: source {}: table {}", config.file, sc.id, sc.table);
+        let store = sc.store.open_for_reading().await.with_context(at)?;
+        let reader = ArchiveReader::new(store, &sc.key_prefix, sc.formats.clone())?;
+        if reader.try_load_manifest().await.with_context(at)?.is_none() {
+            anyhow::bail!(
+                "{}: no archive at key_prefix {:?} ({} does not exist{})",
+                at(),
+                sc.key_prefix,
+                reader.manifest_key(),
+                if sc.follow {
+                    "; the engine would wait for it"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn build_source(
     sc: &SourceConfig,
     metrics: &Metrics,

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::metrics::{Metrics, PipelineState};
 use super::targets::{Resume, Target};
 use crate::archive_source::ArchiveReplaySource;
+use larch_archive::error::ArchiveError;
 use larch_archive::manifest::format_time;
 use larch_archive::model::{ColumnDefinition, TableId, check_key_fields, effective_key_fields};
 use larch_archive::source::{ChangeEvent, SourceError, SourceEvent, SourceState, SyncSource};
@@ -35,12 +36,18 @@ const BATCH: usize = 1024;
 
 pub use super::column_mismatch::ColumnMismatch;
 
-/// Whether the pipeline gives up on `err` instead of retrying: fields the archive lacks, or an
-/// unmasked archive under `require_transformed` (retrying would only log the refusal; the
-/// engine exits with the reason, so the pod's restart reads the archive again).
+/// Whether the pipeline gives up on `err` instead of retrying: fields the archive lacks, an
+/// unmasked archive under `require_transformed`, or no archive at all without `follow` (which
+/// would wait for it): retrying would only log the refusal; the engine exits with the reason,
+/// so the pod's restart reads the archive again.
 fn stops_the_pipeline(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| c.is::<ColumnMismatch>())
-        || failure::classify(err) == Reason::ArchiveNotTransformed
+    err.chain().any(|c| {
+        c.is::<ColumnMismatch>()
+            || matches!(
+                c.downcast_ref::<ArchiveError>(),
+                Some(ArchiveError::ManifestNotFound { .. })
+            )
+    }) || failure::classify(err) == Reason::ArchiveNotTransformed
 }
 
 /// Refuses configured fields that are not `columns`, when the manifest declares its columns.
@@ -204,25 +211,23 @@ impl SourceRunner {
         let lag = self.source.lag();
         if let Some(time) = lag.time {
             self.metrics
-                .source_lag_seconds
-                .with_label_values(&[&self.id])
-                .set(time.as_secs_f64());
-            self.metrics
                 .source_data_age_seconds
                 .with_label_values(&[&self.id])
                 .set(time.as_secs_f64());
         }
-        if let Some(bytes) = lag.bytes {
-            self.metrics
-                .source_lag_bytes
-                .with_label_values(&[&self.id])
-                .set(bytes as i64);
-        }
         if let Some(a) = &self.archive {
-            self.metrics
-                .source_behind_diffs
+            let behind = a.info().behind;
+            let m = &self.metrics;
+            m.source_behind_diffs
                 .with_label_values(&[&self.id])
-                .set(a.info().behind.diffs as i64);
+                .set(behind.diffs as i64);
+            m.source_behind_bytes
+                .with_label_values(&[&self.id])
+                .set(behind.bytes as i64);
+            // How long the engine is behind, not how old the data is: 0 when caught up.
+            m.source_lag_seconds
+                .with_label_values(&[&self.id])
+                .set(behind.seconds());
         }
         if let Some(r) = self.baseline_report() {
             for p in &self.pipelines {
@@ -604,10 +609,12 @@ impl SourceRunner {
                 .baseline_duration_seconds
                 .with_label_values(&[&p.id])
                 .observe(elapsed.as_secs_f64());
-            self.metrics
-                .baseline_rows_total
-                .with_label_values(&[&p.id])
-                .set(rows as i64);
+            for gauge in [
+                &self.metrics.baseline_rows_total,
+                &self.metrics.baseline_rows,
+            ] {
+                gauge.with_label_values(&[&p.id]).set(rows as i64);
+            }
         }
     }
 
