@@ -498,10 +498,10 @@ fn s18_examples_do_not_drift() {
 /// The argocd-cm users install carries the health files the e2e scenarios run, byte for byte.
 #[test]
 fn argocd_cm_holds_the_health_files_byte_for_byte() {
-    let cm: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(super::support::ARGOCD_CM).unwrap())
+    let cm: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(super::support::ARGOCD_CM).unwrap())
             .unwrap();
-    let data = cm["data"].as_mapping().expect("argocd-cm data");
+    let data = cm["data"].as_object().expect("argocd-cm data");
     let dir = format!("{}/deploy/argocd/health/larch.dev", super::support::REPO);
     let mut kinds: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()

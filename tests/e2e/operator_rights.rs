@@ -25,7 +25,7 @@ fn can_i(e: &Env, sa: &str, sa_ns: &str, verb: &str, resource: &str, ns: &str) -
 fn rules(rendered: &str, name: &str) -> Vec<(String, String, String)> {
     let docs = rendered.split("\n---");
     for d in docs {
-        let Ok(v) = serde_yaml_ng::from_str::<Value>(d) else {
+        let Ok(v) = serde_saphyr::from_str::<Value>(d) else {
             continue;
         };
         if v["kind"] == "ClusterRole" && v["metadata"]["name"] == name {

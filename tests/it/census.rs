@@ -366,7 +366,7 @@ async fn engine_configs_are_refused_by_field() {
         ("engine-empty-file", "".into(), vec!["sources: at least one source is required"]),
         ("engine-yaml-syntax", "sources:\n\ts: {}\n".into(), vec!["line 2"]),
         ("engine-sources-a-list", "sources: [\n".into(),
-         vec!["sources: invalid type: sequence, expected a map at line 1"]),
+         vec!["sources: expected mapping start at line 1, column 10"]),
         ("engine-unknown-key", "sourcez: {}\n".into(), vec!["unknown field `sourcez`"]),
         ("engine-poll-interval-out-of-range",
          engine_yaml(&archive, "    poll_interval: 99999999999999999999h\n", mem),

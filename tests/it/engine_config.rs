@@ -141,7 +141,7 @@ fn bad_configs_name_the_file_and_the_field() {
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: ftp, path: /d}}\n",
-            r#"engine.yaml: sources.seed.store: unknown type "ftp" (expected local or s3) at line 2"#,
+            r#"engine.yaml: sources.seed.store.type: unknown type "ftp" (expected local or s3) at line 2, column 39"#,
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: local, path: /d}, key_prefix: ../up/}\n",
@@ -161,7 +161,7 @@ fn bad_configs_name_the_file_and_the_field() {
         ),
         (
             "sources:\n  seed: {type: archive, store: {type: local, path: /d}, folow: true}\n",
-            "engine.yaml: sources.seed: unknown field `folow`",
+            "engine.yaml: sources.seed.folow: unknown field `folow`, expected one of type, store,",
         ),
     ];
     for (sources, want) in cases {

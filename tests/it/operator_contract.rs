@@ -20,8 +20,7 @@ fn golden_docs() -> Vec<(String, Value)> {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
             out.push((name.clone(), v));
         }
     }
@@ -127,7 +126,7 @@ fn require_transformed_passes_the_engine_validation() {
     use larch::operator::builders::engine_config;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/operator/src/builders/testdata");
     let text = std::fs::read_to_string(dir.join("source-s3-postgres.input.yaml")).unwrap();
-    let mut source: larch::operator::crd::ArchiveSource = serde_yaml_ng::from_str(&text).unwrap();
+    let mut source: larch::operator::crd::ArchiveSource = serde_saphyr::from_str(&text).unwrap();
     source.spec.require_transformed = Some(true);
     let archive = engine_config::resolve(&source, None).unwrap();
     let yaml = engine_config::engine_yaml(&engine_config::engine_config(&source, &archive));

@@ -42,7 +42,7 @@ pub struct SourceFile {
     pub at: Option<String>,
     /// A duration such as `5s` (any other YAML value is kept for validation to refuse).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub poll_interval: Option<serde_yaml_ng::Value>,
+    pub poll_interval: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_path: Option<PathBuf>,
     #[serde(default)]
@@ -127,7 +127,7 @@ pub enum TargetKind {
 impl EngineFile {
     /// The file's YAML text.
     pub fn to_yaml(&self) -> String {
-        serde_yaml_ng::to_string(self).expect("an engine file serialises")
+        serde_saphyr::to_string(self).expect("an engine file serialises")
     }
 }
 
@@ -167,7 +167,7 @@ tables:
     schema: public
     table: users
 ";
-        let file: EngineFile = serde_yaml_ng::from_str(text).unwrap();
+        let file: EngineFile = serde_saphyr::from_str(text).unwrap();
         assert_eq!(file.to_yaml(), text);
         assert_eq!(
             file.sources["seed"].kind,
@@ -175,13 +175,13 @@ tables:
             "a known type is typed"
         );
         let odd: EngineFile =
-            serde_yaml_ng::from_str("sources: {s: {type: kafka}}\ntables: []\n").unwrap();
+            serde_saphyr::from_str("sources: {s: {type: kafka}}\ntables: []\n").unwrap();
         assert_eq!(
             odd.sources["s"].kind,
             Some(SourceKind::Unknown("kafka".into())),
             "an unknown type is kept for validation to name"
         );
-        let unknown_key = serde_yaml_ng::from_str::<EngineFile>("sources: {s: {typo: 1}}\n");
+        let unknown_key = serde_saphyr::from_str::<EngineFile>("sources: {s: {typo: 1}}\n");
         assert!(unknown_key.unwrap_err().to_string().contains("typo"));
     }
 }

@@ -13,6 +13,27 @@ pub mod export_request;
 pub mod restore_request;
 pub mod transform_rules;
 
+/// Parses a YAML document (JSON is YAML too) into `T`; an error reads
+/// `<path>: <message> at line L, column C`, the path of the field that failed first (none at
+/// the top level), the position without a source snippet (these errors are one log line).
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let options = serde_saphyr::options! { with_snippet: false };
+    let mut failed_at = String::new();
+    serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            failed_at = e.path().to_string();
+            e.into_inner()
+        })
+    })
+    .map_err(|e| {
+        let message = e.without_snippet().to_string();
+        match failed_at.as_str() {
+            "" | "." => message,
+            path => format!("{path}: {message}"),
+        }
+    })
+}
+
 /// Parses a request from JSON; an error names `what` and the field's path.
 fn from_json<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, String> {
     let de = &mut serde_json::Deserializer::from_str(text);

@@ -183,7 +183,7 @@ impl TransformRules {
 
     /// Parses rules from `text`; `origin` names where they came from in errors.
     pub fn parse(text: &str, origin: &str) -> Result<TransformRules, TransformError> {
-        let rules: TransformRules = serde_yaml_ng::from_str(text)
+        let rules: TransformRules = crate::from_yaml(text)
             .map_err(|e| TransformError(format!("transform rules {origin}: {e}")))?;
         for name in rules.tables.keys() {
             if name.parse::<TableId>().is_err() {

@@ -122,14 +122,6 @@ impl Default for Reconnect {
     }
 }
 
-impl Reconnect {
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = self.multiplier.max(1.0).powi(attempt.min(64) as i32);
-        let secs = (self.initial.as_secs_f64() * factor).min(self.max.as_secs_f64());
-        Duration::from_secs_f64(secs.max(0.0))
-    }
-}
-
 #[derive(Clone)]
 pub struct PostgresConfig {
     /// libpq key=value string or `postgres://` URL. Never logged.
@@ -440,13 +432,5 @@ mod tests {
             ab_c.starts_with("larch_a_b_c_") && ab_c.len() <= 63,
             "{ab_c}"
         );
-    }
-
-    #[test]
-    fn backoff() {
-        let r = Reconnect::default();
-        assert_eq!(r.delay(0), Duration::from_secs(1));
-        assert_eq!(r.delay(2), Duration::from_secs(4));
-        assert_eq!(r.delay(10), Duration::from_secs(30));
     }
 }

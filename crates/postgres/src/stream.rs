@@ -71,7 +71,7 @@ pub(super) async fn run(
     let mut pending = inner.pending.lock().await.take();
     let mut next_wanted = first_wanted(inner, pending.as_ref(), from_lsn).await?;
     let mut rels: HashMap<u32, Rel> = HashMap::new();
-    let mut attempt: u32 = 0;
+    let mut attempt = Reconnects::new(&inner.config.reconnect);
     let mut closed = inner.closed.subscribe();
     if *closed.borrow() {
         return Err(SourceError::Stopped);
@@ -194,29 +194,53 @@ async fn stop_session(inner: &Inner, mut session: ReplicationClient) {
     }
 }
 
+/// The reconnects made since the last committed transaction, and the delay before the next.
+struct Reconnects {
+    made: u32,
+    backoff: larch_core::retry::Backoff,
+}
+
+impl Reconnects {
+    fn new(policy: &crate::config::Reconnect) -> Self {
+        Reconnects {
+            made: 0,
+            backoff: larch_core::retry::Backoff::with_factor(
+                policy.initial,
+                policy.max,
+                policy.multiplier as f32,
+            ),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.made = 0;
+        self.backoff.reset();
+    }
+}
+
 async fn backoff(
     inner: &Inner,
-    attempt: &mut u32,
+    attempt: &mut Reconnects,
     error: &anyhow::Error,
     closed: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), SourceError> {
     let policy = &inner.config.reconnect;
-    if policy.max_attempts != 0 && *attempt >= policy.max_attempts {
+    if policy.max_attempts != 0 && attempt.made >= policy.max_attempts {
         let reason = crate::reasons::classify(error);
         return Err(larch_core::failure::tag(
             reason,
             anyhow!(
                 "replication from slot {} failed after {} reconnect attempts: {error:#}",
                 inner.config.slot_name,
-                attempt
+                attempt.made
             ),
         )
         .into());
     }
-    let delay = policy.delay(*attempt);
-    *attempt += 1;
+    let delay = attempt.backoff.next_delay();
+    attempt.made += 1;
     inner.set_state(SourceState::Connecting);
-    tracing::warn!(slot = %inner.config.slot_name, attempt = *attempt, delay_ms = delay.as_millis() as u64, error = %format!("{error:#}"), "replication interrupted; reconnecting");
+    tracing::warn!(slot = %inner.config.slot_name, attempt = attempt.made, delay_ms = delay.as_millis() as u64, error = %format!("{error:#}"), "replication interrupted; reconnecting");
     tokio::select! {
         _ = tokio::time::sleep(delay) => Ok(()),
         _ = closed.wait_for(|c| *c) => Err(SourceError::Stopped),
@@ -302,7 +326,7 @@ async fn pump(
     events: &mpsc::Sender<SourceEvent>,
     rels: &mut HashMap<u32, Rel>,
     next_wanted: &mut u64,
-    attempt: &mut u32,
+    attempt: &mut Reconnects,
     closed: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), Failure> {
     let mut txn: Option<Txn> = None;
@@ -360,7 +384,7 @@ async fn pump(
                 }
                 commit(inner, events, closed, lsn.0, end_lsn.0).await?;
                 *next_wanted = lsn.0 + 1;
-                *attempt = 0;
+                attempt.reset();
             }
             ReplicationEvent::KeepAlive { .. }
             | ReplicationEvent::Message { .. }

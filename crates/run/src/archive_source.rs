@@ -256,7 +256,8 @@ impl ArchiveReplaySource {
         F: FnMut() -> Fut,
         Fut: Future<Output = larch_archive::Result<T>>,
     {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff =
+            larch_core::retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         let mut attempt = 0u32;
         loop {
             let result = op().await;
@@ -271,6 +272,7 @@ impl ArchiveReplaySource {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_transient() && (self.opts.follow || attempt < 4) => {
                     attempt += 1;
+                    let delay = backoff.next_delay();
                     tracing::warn!(source = %self.opts.id, error = %e, attempt, "{what}: transient storage error, retrying in {delay:?}");
                     let mut rx = self.state.subscribe();
                     tokio::select! {
@@ -280,7 +282,6 @@ impl ArchiveReplaySource {
                     if self.closed() {
                         return Err(SourceError::Stopped);
                     }
-                    delay = (delay * 2).min(Duration::from_secs(10));
                 }
                 Err(e) => {
                     return Err(SourceError::Other(

@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn the_next_run_of_a_scheduled_export_in_its_time_zone() {
         let now: jiff::Timestamp = "2027-01-14T10:17:30Z".parse().unwrap();
-        let mut e: crate::operator::crd::ArchiveExport = serde_yaml_ng::from_str(include_str!(
+        let mut e: crate::operator::crd::ArchiveExport = serde_saphyr::from_str(include_str!(
             "../../../crates/operator/src/builders/testdata/export-oneshot-s3.input.yaml"
         ))
         .unwrap();

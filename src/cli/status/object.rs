@@ -324,7 +324,7 @@ mod tests {
             "apiVersion": "larch.dev/v1alpha1",
             "kind": "ArchiveExport",
             "metadata": {"name": "users", "namespace": "data"},
-            "spec": serde_yaml_ng::from_str::<Value>(include_str!(
+            "spec": serde_saphyr::from_str::<Value>(include_str!(
                 "../../../crates/operator/src/builders/testdata/export-oneshot-s3.input.yaml"
             )).unwrap()["spec"],
             "status": {

@@ -151,7 +151,7 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
         // Pinned at a point in time, the engine never follows.
         follow: spec.at.is_none() && spec.follow.unwrap_or(true),
         at: spec.at.as_ref().and_then(|a| a.value()).map(str::to_string),
-        poll_interval: spec.poll_interval.clone().map(serde_yaml_ng::Value::String),
+        poll_interval: spec.poll_interval.clone().map(serde_json::Value::String),
         state_path: Some(state_path.into()),
         group: archive.group,
         require_transformed: spec.require_transformed.unwrap_or(false),

@@ -29,7 +29,7 @@ pub(crate) fn export_fixture(name: &str) -> ArchiveExport {
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")
     );
-    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 pub(crate) fn source_fixture(name: &str) -> ArchiveSource {
@@ -37,13 +37,13 @@ pub(crate) fn source_fixture(name: &str) -> ArchiveSource {
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")
     );
-    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 pub(crate) fn docs<T: Serialize>(items: &[T]) -> String {
     items
         .iter()
-        .map(|i| format!("---\n{}", serde_yaml_ng::to_string(i).unwrap()))
+        .map(|i| format!("---\n{}", serde_saphyr::to_string(i).unwrap()))
         .collect()
 }
 
@@ -110,7 +110,7 @@ pub(crate) fn restore_fixture(name: &str) -> ArchiveRestore {
         "{}/src/builders/testdata/{name}.input.yaml",
         env!("CARGO_MANIFEST_DIR")
     );
-    serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
 pub(crate) fn restore_job_in(

@@ -28,7 +28,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
 
 /// One CRD as YAML (one document, no leading `---`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> String {
-    serde_yaml_ng::to_string(crd).expect("a CRD serialises to YAML")
+    serde_saphyr::to_string(crd).expect("a CRD serialises to YAML")
 }
 
 /// Every CRD as a multi-document YAML stream (what `larch crd` prints).

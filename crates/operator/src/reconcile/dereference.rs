@@ -304,7 +304,7 @@ mod tests {
     fn a_masked_export_names_its_hash_key() {
         let mut e = crate::builders::tests::export_fixture("export-oneshot-s3");
         let plain = export_references(&e).len();
-        e.spec.transform = serde_yaml_ng::from_str(
+        e.spec.transform = serde_saphyr::from_str(
             "tables:\n  public.users:\n    columns: {id: hash}\nkeySecretRef: {name: seed-key, key: hmac}",
         )
         .unwrap();

@@ -80,7 +80,7 @@ mod tests {
     use crate::crd::archive_source::EngineAccess;
 
     fn source(access: Option<EngineAccess>) -> ArchiveSource {
-        let mut s: ArchiveSource = serde_yaml_ng::from_str(
+        let mut s: ArchiveSource = serde_saphyr::from_str(
             "apiVersion: larch.dev/v1alpha1\nkind: ArchiveSource\nmetadata: {name: cache, namespace: team-a, uid: 4d2c1b0a-0000-4000-8000-000000000001}\nspec:\n  archive: {exportRef: {name: users}}\n  target: {memory: {}}\n",
         )
         .unwrap();

@@ -134,9 +134,9 @@ impl EngineConfig {
 
     /// Parses and validates YAML text; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<EngineConfig, ConfigError> {
-        let raw: EngineFile = serde_yaml_ng::from_str(text).map_err(|e| ConfigError {
+        let raw: EngineFile = larch_contract::from_yaml(text).map_err(|message| ConfigError {
             file: file.to_string(),
-            message: e.to_string(),
+            message,
         })?;
         EngineConfig::from_raw(file, raw)
     }
@@ -408,11 +408,11 @@ fn source_at(path: &str, s: &SourceFile) -> Result<Option<PointInTime>, String> 
 fn source_poll_interval(path: &str, s: &SourceFile) -> Result<Duration, String> {
     match &s.poll_interval {
         None => Ok(Duration::from_secs(5)),
-        Some(serde_yaml_ng::Value::String(t)) => larch_core::duration::parse_positive(t)
+        Some(serde_json::Value::String(t)) => larch_core::duration::parse_positive(t)
             .map_err(|e| format!("{path}.poll_interval: {e}")),
         Some(other) => Err(format!(
             "{path}.poll_interval: expected a duration such as \"5s\", found {}",
-            serde_yaml_ng::to_string(other).unwrap_or_default().trim()
+            serde_json::to_string(other).unwrap_or_default()
         )),
     }
 }

@@ -331,7 +331,8 @@ impl SourceRunner {
         let mut position: Option<String> = None;
         let mut need_baseline = true;
         let mut first = true;
-        let mut backoff = Duration::from_millis(200);
+        let mut backoff =
+            larch_core::retry::Backoff::new(Duration::from_millis(200), Duration::from_secs(30));
         loop {
             if shutdown.is_cancelled() {
                 break;
@@ -348,7 +349,7 @@ impl SourceRunner {
                         position = Some(pos);
                         need_baseline = false;
                         first = false;
-                        backoff = Duration::from_millis(200);
+                        backoff.reset();
                     }
                     Err(e)
                         if e.downcast_ref::<SourceError>()
@@ -366,12 +367,12 @@ impl SourceRunner {
                     }
                     Err(e) => {
                         self.note_error(Some(&e));
-                        tracing::error!(source = %self.id, error = crate::reasons::render(&e), "baseline failed; retrying in {backoff:?}");
+                        let delay = backoff.next_delay();
+                        tracing::error!(source = %self.id, error = crate::reasons::render(&e), "baseline failed; retrying in {delay:?}");
                         self.set_state(PipelineState::Error);
-                        if sleep_or_shutdown(backoff, &shutdown).await {
+                        if sleep_or_shutdown(delay, &shutdown).await {
                             break;
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
                         continue;
                     }
                 }
@@ -390,15 +391,15 @@ impl SourceRunner {
                 }
                 StreamEnd::Failed(e) => {
                     self.note_error(Some(&e));
-                    tracing::error!(source = %self.id, error = crate::reasons::render(&e), "stream failed; retrying in {backoff:?}");
+                    let delay = backoff.next_delay();
+                    tracing::error!(source = %self.id, error = crate::reasons::render(&e), "stream failed; retrying in {delay:?}");
                     self.set_state(PipelineState::Error);
                     for p in &self.pipelines {
                         p.target.discard_pending().await;
                     }
-                    if sleep_or_shutdown(backoff, &shutdown).await {
+                    if sleep_or_shutdown(delay, &shutdown).await {
                         break;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
                     self.set_state(PipelineState::Streaming);
                 }
             }
@@ -742,11 +743,15 @@ impl SourceRunner {
     /// came first.
     async fn checkpoint_all(&self, pos: &str, shutdown: &CancellationToken) -> bool {
         for p in &self.pipelines {
-            let mut delay = Duration::from_millis(200);
+            let mut backoff = larch_core::retry::Backoff::new(
+                Duration::from_millis(200),
+                Duration::from_secs(30),
+            );
             loop {
                 match p.target.checkpoint(pos).await {
                     Ok(()) => break,
                     Err(e) => {
+                        let delay = backoff.next_delay();
                         tracing::error!(pipeline = %p.id, error = crate::reasons::render(&e), "checkpoint failed; retrying in {delay:?}");
                         self.metrics
                             .change_errors_total
@@ -755,7 +760,6 @@ impl SourceRunner {
                         if sleep_or_shutdown(delay, shutdown).await {
                             return false;
                         }
-                        delay = (delay * 2).min(Duration::from_secs(30));
                     }
                 }
             }

@@ -50,7 +50,7 @@ fn larch_crd_output_is_every_crd_as_multi_doc_yaml() {
     let out = all_yaml();
     let docs: Vec<Value> = out
         .split("\n---\n")
-        .map(|d| serde_yaml_ng::from_str(d.trim_start_matches("---\n")).unwrap())
+        .map(|d| serde_saphyr::from_str(d.trim_start_matches("---\n")).unwrap())
         .collect();
     let names: Vec<&str> = docs
         .iter()
@@ -227,7 +227,7 @@ fn undeclared(values: &Value, schema: &Value, path: &str, out: &mut Vec<String>)
 
 #[test]
 fn chart_values_are_declared_in_the_values_schema() {
-    let values: Value = serde_yaml_ng::from_str(
+    let values: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(repo_path("charts/larch/values.yaml")).unwrap(),
     )
     .unwrap();
@@ -257,8 +257,7 @@ fn examples_parse_and_pass_the_cel_rules() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
             let crd = match v["kind"].as_str() {
                 Some("ArchiveExport") => {
                     serde_json::from_value::<ArchiveExport>(v.clone()).unwrap();

@@ -383,7 +383,7 @@ fn modes_produce_the_right_kinds() {
 #[test]
 fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     let mut e = export_fixture("export-oneshot-s3");
-    e.spec.transform = serde_yaml_ng::from_str(
+    e.spec.transform = serde_saphyr::from_str(
         "tables:\n  public.users:\n    undeclared: null\n    columns: {id: hash, email: {redact: x}}\nkeySecretRef: {name: seed-key, key: hmac}",
     )
     .unwrap();

@@ -232,7 +232,7 @@ fn engine_config_from_export_ref() {
     // The key prefix reported by the export's last run wins over the default.
     assert_eq!(r.key_prefix, "team-a/public.users/");
     let yaml = engine_config::engine_yaml(&engine_config::engine_config(&s, &r));
-    let v: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    let v: Value = serde_saphyr::from_str(&yaml).unwrap();
     let src = &v["sources"]["users-cache"];
     assert_eq!(src["type"], "archive");
     assert_eq!(src["store"]["type"], "s3");
@@ -256,7 +256,7 @@ fn engine_config_from_export_ref() {
 fn engine_config_group_and_postgres_target() {
     let (s, r) = resolved("source-s3-postgres", None);
     assert!(r.group);
-    let v: Value = serde_yaml_ng::from_str(&engine_config::engine_yaml(
+    let v: Value = serde_saphyr::from_str(&engine_config::engine_yaml(
         &engine_config::engine_config(&s, &r),
     ))
     .unwrap();
@@ -377,9 +377,9 @@ fn require_transformed_reaches_the_engine_config_the_engine_reads() {
     assert!(!yaml(&s).contains("require_transformed"));
     s.spec.require_transformed = Some(true);
     let text = yaml(&s);
-    let v: Value = serde_yaml_ng::from_str(&text).unwrap();
+    let v: Value = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(v["sources"]["warehouse"]["require_transformed"], true);
     // The type the engine parses takes it (its validation: tests/it/operator_contract.rs).
-    let file: larch_contract::engine_file::EngineFile = serde_yaml_ng::from_str(&text).unwrap();
+    let file: larch_contract::engine_file::EngineFile = serde_saphyr::from_str(&text).unwrap();
     assert!(file.sources.values().all(|s| s.require_transformed));
 }

@@ -12,7 +12,7 @@ fn creds(digest: &str) -> SharedDigests {
 }
 
 pub(crate) fn set_fixture(share: bool) -> ArchiveSourceSet {
-    let mut v: serde_json::Value = serde_yaml_ng::from_str(
+    let mut v: serde_json::Value = serde_saphyr::from_str(
         r#"
 apiVersion: larch.dev/v1alpha1
 kind: ArchiveSourceSet
@@ -353,9 +353,9 @@ fn children_match_golden() {
     src.type_ = Some("Opaque".into());
     let digest = credentials_digest(&set, src.data.as_ref().unwrap());
     let docs = [
-        serde_yaml_ng::to_string(&child_source(&set, "dev-a", &creds(&digest))).unwrap(),
-        serde_yaml_ng::to_string(&secret_copy(&set, "dev-a", &src)).unwrap(),
-        serde_yaml_ng::to_string(&child_source(
+        serde_saphyr::to_string(&child_source(&set, "dev-a", &creds(&digest))).unwrap(),
+        serde_saphyr::to_string(&secret_copy(&set, "dev-a", &src)).unwrap(),
+        serde_saphyr::to_string(&child_source(
             &set_fixture(false),
             "dev-a",
             &SharedDigests::default(),
@@ -372,7 +372,7 @@ fn children_match_golden() {
 /// A set stamping restores: CloudNativePG's `<cluster>-app` Secret per namespace, the
 /// archive's keys and CA shared.
 pub(crate) fn restore_set_fixture(refresh: &str) -> ArchiveSourceSet {
-    serde_yaml_ng::from_str(&format!(
+    serde_saphyr::from_str(&format!(
         r#"
 apiVersion: larch.dev/v1alpha1
 kind: ArchiveSourceSet
@@ -516,7 +516,7 @@ fn stamped_restore_matches_golden() {
     };
     let text = format!(
         "---\n{}",
-        serde_yaml_ng::to_string(&child_restore(&set, "dev-a", &shared, "epoch-3")).unwrap()
+        serde_saphyr::to_string(&child_restore(&set, "dev-a", &shared, "epoch-3")).unwrap()
     );
     crate::crd::tests::assert_golden(
         "crates/operator/src/builders/testdata/sourceset-restore.golden.yaml",
