@@ -148,7 +148,7 @@ fn rendered(e: &super::support::Env, set: &[&str]) -> Vec<Value> {
     String::from_utf8(out.stdout)
         .unwrap()
         .split("\n---")
-        .filter_map(|d| serde_yaml_ng::from_str::<Value>(d).ok())
+        .filter_map(|d| serde_saphyr::from_str::<Value>(d).ok())
         .filter(|v| v.is_object())
         .collect()
 }

@@ -136,12 +136,12 @@ fn alert_queries(e: &Env) -> Vec<(String, String)> {
         "templates/prometheusrule.yaml",
     ]);
     assert!(out.status.success(), "{out:?}");
-    let rule: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    let rule: serde_json::Value = serde_saphyr::from_slice(&out.stdout).unwrap();
     let runbook =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/runbook.md")).unwrap();
     let mut queries = Vec::new();
-    for group in rule["spec"]["groups"].as_sequence().unwrap() {
-        for r in group["rules"].as_sequence().unwrap() {
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
             let alert = r["alert"].as_str().unwrap().to_string();
             let url = r["annotations"]["runbook_url"].as_str().unwrap_or("");
             assert!(
