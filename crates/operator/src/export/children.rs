@@ -1,15 +1,22 @@
 //! Every child of an ArchiveExport for one reconcile: the export's own (builders/export.rs) and
-//! the slot monitor of a suspended continuous export (builders/cleanup.rs).
+//! the slot monitor of a suspended continuous export (builders/cleanup.rs), and their apply and
+//! prune (the reconcile's apply step).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
 
 use crate::builders::BuildContext;
 use crate::crd::archive_export::{ArchiveExport, ExportMode};
 use crate::export::build::{
     LeaseAccess, archive_pvc, cron_job, deployment, exports_as_one_set, job, lease_access, set_job,
 };
+use crate::export::lease_rights;
+use crate::reconcile::apply::ChildSet;
+use crate::reconcile::context::{Context, Error};
 
 /// Every child an ArchiveExport wants, for one reconcile.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -59,4 +66,63 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
         }
     }
     out
+}
+
+/// Applies the export's children; returns its writer Deployments as they now are. The Leases
+/// and the exporter's rights on them go first: a new pod finds them.
+pub async fn apply_children(
+    set: &mut ChildSet<'_>,
+    children: &ExportChildren,
+) -> Result<Vec<Deployment>, Error> {
+    if let Some(pvc) = &children.pvc {
+        set.apply(pvc).await?;
+    }
+    for cj in &children.cron_jobs {
+        set.apply(cj).await?;
+    }
+    if let Some(la) = &children.lease_access {
+        if let Some(sa) = &la.service_account {
+            set.apply(sa).await?;
+        }
+        set.apply(&la.role).await?;
+        set.apply(&la.role_binding).await?;
+        for l in &la.leases {
+            set.apply(l).await?;
+        }
+    }
+    let mut deployments = vec![];
+    for d in &children.deployments {
+        deployments.push(set.apply(d).await?);
+    }
+    if let Some(m) = &children.slot_monitor {
+        set.apply(m).await?;
+    }
+    for j in &children.jobs {
+        set.apply(j).await?;
+    }
+    Ok(deployments)
+}
+
+/// Deletes the children not wanted any more (mode, schedule or tables changed). Jobs are left
+/// to their TTL.
+pub async fn prune_children(
+    set: &mut ChildSet<'_>,
+    children: &ExportChildren,
+    (ctx, export): (&Context, &ArchiveExport),
+) -> Result<(), Error> {
+    let ns = &export.namespace().ok_or(Error::NoNamespace)?;
+    set.prune::<CronJob>(ns).await?;
+    let deployments_pruned = set.prune::<Deployment>(ns).await?;
+    // After the Deployments, so no exporter outlives its Lease rights. Only where some can be
+    // stale: a continuous export (its tables changed) or one that just left that mode.
+    if children.lease_access.is_some() || deployments_pruned > 0 {
+        if children.lease_access.is_none() {
+            lease_rights::ensure(ctx, ns, export).await?;
+        }
+        set.prune::<Lease>(ns).await?;
+        set.prune::<RoleBinding>(ns).await?;
+        set.prune::<Role>(ns).await?;
+        set.prune::<ServiceAccount>(ns).await?;
+    }
+    Ok(())
 }

@@ -13,6 +13,7 @@ pub mod reconcile;
 pub mod slot_names;
 pub mod slots;
 pub mod validate;
+pub mod writers;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
-//! The ArchiveExport controller: dereference (the Secrets, keys, CA bundles and claim the spec
-//! names) → validate (what the schema cannot check) → build → apply (server-side apply, one
+//! The ArchiveExport controller, as steps that take and return values: dereference (the
+//! Secrets, keys, CA bundles and claim the spec names) → validate (what the schema cannot check) → build → apply (server-side apply, one
 //! field manager; a refused child is a condition) → observe (Jobs, pods' termination messages
 //! and failures, writers' `/status`) → status, with Events on failure transitions.
 //!
@@ -13,10 +13,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -25,26 +23,26 @@ use kube::runtime::events::{Event, EventType};
 use crate::builders::{ANNOTATION_TABLE, LABEL_EXPORT, LABEL_RUN};
 use crate::crd::archive_export::{
     ArchiveExport, ArchiveExportStatus, ExportMode, ExportSummary, RUN_REQUESTED_ANNOTATION,
-    RunStatus, WriterStatus,
+    RunStatus,
 };
 use crate::crd::progress::OperationProgress;
 use crate::export::build;
-use crate::export::children::{self, ExportChildren};
+use crate::export::children::{self, ExportChildren, apply_children, prune_children};
 use crate::export::conditions::{
     EXPORT_TYPES, ExportObservation, PodOutcome, WriterCounts, export_conditions, run_outcome,
 };
 use crate::export::dereference::export_references;
 use crate::export::lease_rights;
-use crate::export::observe::SlotReport;
+use crate::export::writers::{newest_snapshot, probe_writers, writer_counts};
 use crate::export::{observe, validate};
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, Status, time_string};
-use crate::reconcile::context::{Context, Error, MANAGER_EXPORT};
+use crate::reconcile::context::{Context, Error, MANAGER_EXPORT, Rejected};
 use crate::reconcile::dereference;
 use crate::reconcile::job::JobPhase;
 use crate::reconcile::pod_failure::{self, PodFailure};
 use crate::reconcile::progress;
-use larch_core::progress::ProgressReport;
+use crate::reconcile::step::Blocked;
 
 /// The run the spec and token ask for: always one without a schedule; with a schedule only
 /// when the run-requested annotation is set.
@@ -157,69 +155,94 @@ fn merge_summaries(mut known: Vec<ExportSummary>, new: Vec<ExportSummary>) -> Ve
 
 pub async fn reconcile(export: Arc<ArchiveExport>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = export.namespace().ok_or(Error::NoNamespace)?;
-    if export.metadata.deletion_timestamp.is_some() {
-        return crate::export::finalizer::finalize(export, ctx).await;
+    if let Some(action) = finalize(&export, &ctx).await? {
+        return Ok(action);
     }
-    if crate::export::finalizer::ensure_finalizer(&export, &ctx).await? {
-        // The watch brings the object with its finalizer.
-        return Ok(Action::await_change());
-    }
-    // Exports are few (not one per namespace): children are read back, not cached.
+    // Exports are few (not one per namespace): children are read back, not cached. Nothing
+    // is built while what the spec names is missing or the spec cannot work.
     let applier = Applier::new(&ctx, "export", MANAGER_EXPORT);
-    // Nothing is built while what the spec names is missing or the spec cannot work.
-    let blocked = dereference_and_validate(&export, &ctx, &ns).await?;
-    let mut round = ExportRound::new(&export, &ctx, ns);
-    if let Some((problem, recheck)) = blocked {
-        round.obs.blocked = Some(problem);
-        round.requeue = recheck.unwrap_or(round.requeue);
-    }
-    if round.obs.blocked.is_none() {
-        let applied = round.build_apply_observe(&applier).await;
-        round.settle(applied)?;
-    }
-    round.conditions();
-    round.record_metrics();
-    round.write_status(&applier).await?;
-    Ok(Action::requeue(round.requeue))
+    let round = Round::new(&export, &ctx, &applier, ns);
+    let old = export.status.clone().unwrap_or_default();
+    let resolved = round.dereference().await?;
+    let found = match resolved.and_then(|()| validate(&export)) {
+        Err(blocked) => Found::blocked(&export, &old, blocked),
+        Ok(()) => {
+            let new_run = build_run(&export, &old, round.now);
+            let run_id = new_run.as_ref().map(|r| r.id.as_str());
+            let children = children::children(&export, run_id, &ctx.build);
+            match round.apply(&children).await {
+                Err(Error::Rejected(r)) => Found::rejected(&export, &old, &r, new_run.is_some()),
+                applied => round.observe(&old, new_run, &children, &applied?).await?,
+            }
+        }
+    };
+    let (status, events, requeue) = status(&export, &old, found, round.now);
+    round.record_metrics(&status);
+    round.write_status(&status, &events).await?;
+    Ok(Action::requeue(requeue))
 }
 
-/// Dereference (the Secrets, keys, CA bundles and claim the spec names), then validate: what
-/// keeps the export from being built, and when to look again (a missing object is rechecked
-/// soon).
-async fn dereference_and_validate(
+/// A deleted export is finalized; one without the finalizer gets it first (the watch brings
+/// it back with it). `None`: go on reconciling.
+async fn finalize(
+    export: &Arc<ArchiveExport>,
+    ctx: &Arc<Context>,
+) -> Result<Option<Action>, Error> {
+    if export.metadata.deletion_timestamp.is_some() {
+        let action = crate::export::finalizer::finalize(export.clone(), ctx.clone()).await?;
+        return Ok(Some(action));
+    }
+    let added = crate::export::finalizer::ensure_finalizer(export, ctx).await?;
+    Ok(added.then(Action::await_change))
+}
+
+/// What the schema cannot check.
+fn validate(export: &ArchiveExport) -> Result<(), Blocked> {
+    validate::export(export).map_err(Blocked::invalid)
+}
+
+/// The run the spec and token ask for that status does not record yet (none while suspended),
+/// as status records it once its Jobs are created.
+fn build_run(
     export: &ArchiveExport,
-    ctx: &Context,
-    ns: &str,
-) -> Result<Option<(Problem, Option<Duration>)>, Error> {
-    let references = export_references(export);
-    if let Some(missing) = dereference::check(&ctx.client, ns, &references)
-        .await
-        .map_err(Error::Dereference)?
-    {
-        let problem = Problem::new(missing.reason(), missing.message(ns));
-        return Ok(Some((problem, Some(dereference::RECHECK))));
+    old: &ArchiveExportStatus,
+    now: Timestamp,
+) -> Option<RunStatus> {
+    let (id, token) = wanted_run(export)?;
+    if old.run.as_ref().is_some_and(|r| r.id == id) || export.spec.suspend == Some(true) {
+        return None;
     }
-    Ok(validate::export(export)
-        .err()
-        .map(|message| (Problem::new("InvalidSpec", message), None)))
+    Some(RunStatus {
+        id,
+        token,
+        start_time: Some(time_string(now)),
+        completion_time: None,
+        succeeded: None,
+    })
 }
 
-/// One reconcile of an export: what it observed, the status and Events it will write.
-struct ExportRound<'a> {
+/// What one reconcile of an export works with; its steps change none of it.
+struct Round<'a> {
     export: &'a ArchiveExport,
     ctx: &'a Context,
+    applier: &'a Applier<'a>,
     ns: String,
     now: Timestamp,
-    old: ArchiveExportStatus,
-    status: ArchiveExportStatus,
+}
+
+/// What a round found of its export: the observation its conditions come from, the status
+/// with what was observed (conditions come last), the Events of its run and slots, the
+/// requeue. Each observe step takes it and returns it with what it saw.
+struct Found {
     obs: ExportObservation,
+    status: ArchiveExportStatus,
     events: Vec<Event>,
     requeue: Duration,
 }
 
-impl<'a> ExportRound<'a> {
-    fn new(export: &'a ArchiveExport, ctx: &'a Context, ns: String) -> Self {
-        let old = export.status.clone().unwrap_or_default();
+impl Found {
+    /// Before anything is observed: the old status, the spec's mode.
+    fn new(export: &ArchiveExport, old: &ArchiveExportStatus) -> Found {
         let obs = ExportObservation {
             blocked: None,
             pod_failure: None,
@@ -233,19 +256,63 @@ impl<'a> ExportRound<'a> {
             writers_with_snapshot: 0,
             suspended_slots: vec![],
         };
-        Self {
-            export,
-            ctx,
-            ns,
-            now: ctx.now(),
+        Found {
+            obs,
             status: ArchiveExportStatus {
                 observed_generation: export.metadata.generation,
                 ..old.clone()
             },
-            old,
-            obs,
             events: vec![],
             requeue: Duration::from_secs(300),
+        }
+    }
+
+    /// Nothing is built.
+    fn blocked(export: &ArchiveExport, old: &ArchiveExportStatus, blocked: Blocked) -> Found {
+        let found = Found::new(export, old);
+        Found {
+            requeue: blocked.recheck.unwrap_or(found.requeue),
+            obs: ExportObservation {
+                blocked: Some(blocked.problem),
+                ..found.obs
+            },
+            ..found
+        }
+    }
+
+    /// A child the API server refused: nothing of this run started, the export is blocked. A
+    /// new run's start still clears the last run's progress, as it always did.
+    fn rejected(
+        export: &ArchiveExport,
+        old: &ArchiveExportStatus,
+        rejected: &Rejected,
+        new_run: bool,
+    ) -> Found {
+        let found = Found::blocked(export, old, Blocked::rejected(rejected));
+        let progress = found.status.progress.clone().filter(|_| !new_run);
+        Found {
+            status: ArchiveExportStatus {
+                progress,
+                ..found.status
+            },
+            ..found
+        }
+    }
+}
+
+impl<'a> Round<'a> {
+    fn new(
+        export: &'a ArchiveExport,
+        ctx: &'a Context,
+        applier: &'a Applier<'a>,
+        ns: String,
+    ) -> Self {
+        Self {
+            export,
+            ctx,
+            applier,
+            ns,
+            now: ctx.now(),
         }
     }
 
@@ -259,6 +326,19 @@ impl<'a> ExportRound<'a> {
     /// The label selector of the export's children.
     fn selector(&self) -> String {
         format!("{LABEL_EXPORT}={}", self.export.name_any())
+    }
+
+    /// The Secrets, keys, CA bundles and claim the spec names; a missing one is looked at
+    /// again soon.
+    async fn dereference(&self) -> Result<Result<(), Blocked>, Error> {
+        let references = export_references(self.export);
+        let missing = dereference::check(&self.ctx.client, &self.ns, &references)
+            .await
+            .map_err(Error::Dereference)?;
+        Ok(match missing {
+            Some(missing) => Err(Blocked::missing(&missing, &self.ns)),
+            None => Ok(()),
+        })
     }
 
     /// The export's pods: those with its label whose owner chain reaches it (a tenant's pod
@@ -275,156 +355,147 @@ impl<'a> ExportRound<'a> {
             .map_err(Error::Observe)
     }
 
-    /// Build, apply and prune the children, then observe what they report.
-    async fn build_apply_observe(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
-        let new_run = self.start_run();
-        let children = children::children(self.export, new_run.as_deref(), &self.ctx.build);
-        let mut set = ChildSet::new(applier, self.selector());
+    /// Applies and prunes the children; returns the writer Deployments as they now are.
+    async fn apply(&self, children: &ExportChildren) -> Result<Vec<Deployment>, Error> {
+        let mut set = ChildSet::new(self.applier, self.selector());
         if children.lease_access.is_some() {
             lease_rights::ensure(self.ctx, &self.ns, self.export).await?;
         }
-        let deployments = apply_children(&mut set, &children).await?;
-        prune_children(&mut set, &children, (self.ctx, self.export)).await?;
-        if let Some(id) = &new_run {
-            self.events.push(export_started(id, children.jobs.len()));
-        }
-        self.observe_run(new_run.is_some()).await?;
+        let deployments = apply_children(&mut set, children).await?;
+        prune_children(&mut set, children, (self.ctx, self.export)).await?;
+        Ok(deployments)
+    }
+
+    /// The new run (its Jobs were just created), the current run's Jobs, then the export
+    /// pods (OneShot) or the writers (Continuous).
+    async fn observe(
+        &self,
+        old: &ArchiveExportStatus,
+        new_run: Option<RunStatus>,
+        children: &ExportChildren,
+        deployments: &[Deployment],
+    ) -> Result<Found, Error> {
+        let found = Found::new(self.export, old);
+        let started = new_run.is_some();
+        let found = match new_run {
+            Some(run) => Found {
+                events: vec![export_started(&run.id, children.jobs.len())],
+                status: ArchiveExportStatus {
+                    // The last run's progress is not this one's.
+                    progress: None,
+                    run: Some(run),
+                    ..found.status
+                },
+                ..found
+            },
+            None => found,
+        };
+        let found = self.observe_run(found, started).await?;
         match self.export.spec.mode {
-            ExportMode::OneShot => self.observe_export_pods().await,
-            ExportMode::Continuous => self.observe_writers(&deployments).await,
+            ExportMode::OneShot => self.observe_export_pods(old, found).await,
+            ExportMode::Continuous => self.observe_writers(old, found, deployments).await,
         }
-    }
-
-    /// A child the API server refused: nothing of this run started, the export is blocked.
-    fn settle(&mut self, applied: Result<(), Error>) -> Result<(), Error> {
-        match applied {
-            Ok(()) => Ok(()),
-            Err(Error::Rejected(r)) => {
-                self.status.run = self.old.run.clone();
-                self.obs.run = self.old.run.clone();
-                self.obs.run_jobs = vec![];
-                self.events.clear();
-                self.obs.blocked = Some(Problem::new("ChildRejected", r.to_string()));
-                self.requeue = Duration::from_secs(60);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Which run, if any, is new and needs its Jobs created; records it in status.
-    fn start_run(&mut self) -> Option<String> {
-        let (id, token) = wanted_run(self.export)?;
-        if self.old.run.as_ref().is_some_and(|r| r.id == id) || self.obs.suspended {
-            return None;
-        }
-        // The last run's progress is not this one's.
-        self.status.progress = None;
-        self.status.run = Some(RunStatus {
-            id: id.clone(),
-            token,
-            start_time: Some(time_string(self.now)),
-            completion_time: None,
-            succeeded: None,
-        });
-        Some(id)
     }
 
     /// The current run's Jobs: their phases, and the run's outcome once all finished.
-    async fn observe_run(&mut self, new_run: bool) -> Result<(), Error> {
-        if let Some(run) = self.status.run.clone().filter(|r| r.succeeded.is_none()) {
-            // One Job per table, or one for the whole set.
-            let wanted: Vec<String> = if build::exports_as_one_set(self.export) {
-                vec![build::set_job_name(self.export, &run.id)]
-            } else {
-                let tables = self.export.spec.source.all_tables();
-                tables
-                    .iter()
-                    .map(|t| build::job_name(self.export, t, &run.id))
-                    .collect()
-            };
-            if new_run {
-                self.obs.run_jobs = vec![JobPhase::Active; wanted.len()];
-            } else {
-                let selector = format!("{},{LABEL_RUN}={}", self.selector(), run.id);
-                let listed = self
-                    .api::<Job>()
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .map_err(Error::Observe)?;
-                self.obs.run_jobs = wanted
-                    .iter()
-                    .map(|want| {
-                        listed
-                            .items
-                            .iter()
-                            .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                            .map(crate::reconcile::job::job_phase)
-                            .unwrap_or(JobPhase::Missing)
-                    })
-                    .collect();
-                self.finish_run(&run.id);
-            }
-            self.requeue = Duration::from_secs(60);
-        }
-        self.obs.run = self.status.run.clone();
-        Ok(())
-    }
-
-    /// Records the run's outcome once every Job of it finished.
-    fn finish_run(&mut self, id: &str) {
-        let Some(ok) = run_outcome(&self.obs.run_jobs) else {
-            return;
+    async fn observe_run(&self, found: Found, new_run: bool) -> Result<Found, Error> {
+        let Some(run) = found.status.run.clone().filter(|r| r.succeeded.is_none()) else {
+            return Ok(found);
         };
-        if self.obs.run_jobs.contains(&JobPhase::Missing) {
-            return;
-        }
-        let r = self.status.run.as_mut().expect("run exists");
-        r.succeeded = Some(ok);
-        r.completion_time = Some(time_string(self.now));
-        let (type_, reason) = if ok {
-            (EventType::Normal, "ExportSucceeded")
+        // One Job per table, or one for the whole set.
+        let wanted: Vec<String> = if build::exports_as_one_set(self.export) {
+            vec![build::set_job_name(self.export, &run.id)]
         } else {
-            (EventType::Warning, "ExportFailed")
+            let tables = self.export.spec.source.all_tables();
+            tables
+                .iter()
+                .map(|t| build::job_name(self.export, t, &run.id))
+                .collect()
         };
-        self.events.push(Event {
-            type_,
-            reason: reason.into(),
-            note: Some(format!("run {id}")),
-            action: "Export".into(),
-            secondary: None,
-        });
+        let run_jobs = if new_run {
+            vec![JobPhase::Active; wanted.len()]
+        } else {
+            let selector = format!("{},{LABEL_RUN}={}", self.selector(), run.id);
+            let listed = self
+                .api::<Job>()
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(Error::Observe)?;
+            wanted
+                .iter()
+                .map(|want| {
+                    listed
+                        .items
+                        .iter()
+                        .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
+                        .map(crate::reconcile::job::job_phase)
+                        .unwrap_or(JobPhase::Missing)
+                })
+                .collect()
+        };
+        let found = Found {
+            obs: ExportObservation {
+                run_jobs,
+                ..found.obs
+            },
+            requeue: Duration::from_secs(60),
+            ..found
+        };
+        let found = match new_run {
+            true => found,
+            false => finish_run(found, run, self.now),
+        };
+        Ok(Found {
+            obs: ExportObservation {
+                run: found.status.run.clone(),
+                ..found.obs
+            },
+            ..found
+        })
     }
 
     /// OneShot: summaries and outcomes from the export pods' termination messages.
-    async fn observe_export_pods(&mut self) -> Result<(), Error> {
+    async fn observe_export_pods(
+        &self,
+        old: &ArchiveExportStatus,
+        found: Found,
+    ) -> Result<Found, Error> {
         let listed = self.owned_pods().await?;
-        let found = read_pods(&listed);
-        self.obs.last_outcome = found.newest.map(|n| n.outcome);
+        let pods = read_pods(&listed);
         // Why the newest attempt failed: of the current run (a scheduled export's last run is
         // its newest pod).
-        let run_id = self.status.run.as_ref().map(|r| r.id.clone());
+        let run_id = found.status.run.as_ref().map(|r| r.id.clone());
         let scheduled = self.export.spec.schedule.is_some();
         let attempts = listed.iter().filter(|p| {
             scheduled || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
         });
-        self.obs.pod_failure = newest_failure(attempts).map(|f| Problem::of_pod("export", &f));
-        self.status.tables =
-            merge_summaries(std::mem::take(&mut self.status.tables), found.summaries);
-        self.status.last_export = self
-            .status
-            .tables
-            .iter()
-            .max_by(|a, b| a.time.cmp(&b.time))
-            .cloned();
-        self.observe_run_progress(&listed).await;
-        Ok(())
+        let tables = merge_summaries(found.status.tables, pods.summaries);
+        let last_export = tables.iter().max_by(|a, b| a.time.cmp(&b.time)).cloned();
+        let found = Found {
+            obs: ExportObservation {
+                last_outcome: pods.newest.map(|n| n.outcome),
+                pod_failure: newest_failure(attempts).map(|f| Problem::of_pod("export", &f)),
+                ..found.obs
+            },
+            status: ArchiveExportStatus {
+                tables,
+                last_export,
+                ..found.status
+            },
+            ..found
+        };
+        Ok(self.observe_run_progress(old, found, &listed).await)
     }
 
     /// OneShot: the running export pods' `/status` progress (a Job's or a CronJob's run),
     /// summed over their tables; once none runs, the operation `Complete` (rows of the tables'
     /// summaries) or `Failed`. Comes back every [`progress::REQUEUE_WHILE_RUNNING`] meanwhile.
-    async fn observe_run_progress(&mut self, pods: &[Pod]) {
+    async fn observe_run_progress(
+        &self,
+        old: &ArchiveExportStatus,
+        found: Found,
+        pods: &[Pod],
+    ) -> Found {
         let running: Vec<&Pod> = pods
             .iter()
             .filter(|p| is_running_export(p))
@@ -440,66 +511,62 @@ impl<'a> ExportRound<'a> {
             }
         }
         // What this round starts from (a new run starts from nothing).
-        let old = self.status.progress.as_ref();
+        let current = found.status.progress.as_ref();
         let new = if !reports.is_empty() {
             progress::export_progress(&reports)
         } else if !running.is_empty() {
             // Started, its listener not up yet: nothing new to say.
-            old.cloned()
+            current.cloned()
         } else {
-            let succeeded = match self.status.run.as_ref().and_then(|r| r.succeeded) {
+            let succeeded = match found.status.run.as_ref().and_then(|r| r.succeeded) {
                 Some(ok) => ok,
-                None => self.obs.last_outcome.as_ref().is_some_and(|o| o.succeeded),
+                None => found.obs.last_outcome.as_ref().is_some_and(|o| o.succeeded),
             };
             let tables = self.export.spec.source.all_tables();
-            let rows = self
+            let rows = found
                 .status
                 .tables
                 .iter()
                 .filter(|s| tables.iter().any(|t| t.qualified() == s.table))
                 .map(|s| s.row_count)
                 .sum::<Option<i64>>();
-            progress::ended(old, succeeded, rows)
+            progress::ended(current, succeeded, rows)
         };
-        if !running.is_empty() {
-            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
-        }
-        self.set_progress(new);
-    }
-
-    /// `status.progress`, its time moved only when its figures did.
-    fn set_progress(&mut self, new: Option<OperationProgress>) {
-        if progress::is_running(new.as_ref()) {
-            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
-        }
-        self.status.progress = progress::stamp(self.old.progress.as_ref(), new, self.now);
+        let requeue = match running.is_empty() {
+            true => found.requeue,
+            false => found.requeue.min(progress::REQUEUE_WHILE_RUNNING),
+        };
+        with_progress(Found { requeue, ..found }, old, new, self.now)
     }
 
     /// Continuous: the writers' Deployments, pods and each ready pod's `/status`.
-    async fn observe_writers(&mut self, deployments: &[Deployment]) -> Result<(), Error> {
-        let suspended = self.obs.suspended;
+    async fn observe_writers(
+        &self,
+        old: &ArchiveExportStatus,
+        found: Found,
+        deployments: &[Deployment],
+    ) -> Result<Found, Error> {
+        let suspended = found.obs.suspended;
         let tables = self.export.spec.source.all_tables().len() as i32;
-        self.obs.writers = writer_counts(deployments, if suspended { 0 } else { tables });
         let listed = self.owned_pods().await?;
-        if !suspended {
-            self.obs.pod_failure = pod_failure::first_failure(&listed, build::CONTAINER, self.now)
-                .map(|f| Problem::of_pod("writer", &f));
-        }
+        let pod_failure = match suspended {
+            true => found.obs.pod_failure.clone(),
+            false => pod_failure::first_failure(&listed, build::CONTAINER, self.now)
+                .map(|f| Problem::of_pod("writer", &f)),
+        };
         let (writers, monitor, reports) = probe_writers(self.ctx, &listed).await;
         let writers = crate::export::slots::merge_writers(
             self.export,
-            &self.old.writers,
+            &old.writers,
             writers,
             monitor,
             suspended,
         );
-        self.events.extend(crate::export::slots::slot_events(
-            &self.old.writers,
-            &writers,
-        ));
-        if suspended {
-            self.obs.suspended_slots = crate::export::slots::suspended_slots(self.export, &writers);
-        }
+        let slot_events = crate::export::slots::slot_events(&old.writers, &writers);
+        let suspended_slots = match suspended {
+            true => crate::export::slots::suspended_slots(self.export, &writers),
+            false => found.obs.suspended_slots.clone(),
+        };
         self.ctx.metrics.set_retained_wal(
             &self.ns,
             &self.export.name_any(),
@@ -507,42 +574,37 @@ impl<'a> ExportRound<'a> {
                 .iter()
                 .filter_map(|w| Some((w.slot.clone()?, w.retained_wal_bytes?))),
         );
-        self.obs.writers_with_snapshot = writers
-            .iter()
-            .filter(|w| w.last_snapshot_at.is_some())
-            .count();
-        if let Some(newest) = newest_snapshot(&writers) {
-            self.status.last_export = Some(newest);
-        }
-        self.status.writers = writers;
-        self.requeue = Duration::from_secs(30);
         // The writers' baseline or compaction; while none answers, what was last seen.
-        let new = if reports.is_empty() {
-            self.status.progress.clone()
-        } else {
-            progress::export_progress(&reports)
+        let new = match reports.is_empty() {
+            true => found.status.progress.clone(),
+            false => progress::export_progress(&reports),
         };
-        self.set_progress(new);
-        Ok(())
-    }
-
-    /// The conditions the observation asks for, merged into the old ones.
-    fn conditions(&mut self) {
-        let desired = export_conditions(&self.obs);
-        self.status.conditions = conditions::merge(
-            &self.old.conditions,
-            &desired,
-            &EXPORT_TYPES,
-            self.now,
-            self.export.metadata.generation,
-        );
+        let found = Found {
+            obs: ExportObservation {
+                writers: writer_counts(deployments, if suspended { 0 } else { tables }),
+                pod_failure,
+                suspended_slots,
+                writers_with_snapshot: writers
+                    .iter()
+                    .filter(|w| w.last_snapshot_at.is_some())
+                    .count(),
+                ..found.obs
+            },
+            status: ArchiveExportStatus {
+                last_export: newest_snapshot(&writers).or(found.status.last_export),
+                writers,
+                ..found.status
+            },
+            events: found.events.into_iter().chain(slot_events).collect(),
+            requeue: Duration::from_secs(30),
+        };
+        Ok(with_progress(found, old, new, self.now))
     }
 
     /// The failing gauge and each table's last success.
-    fn record_metrics(&self) {
+    fn record_metrics(&self, status: &ArchiveExportStatus) {
         let (ns, name) = (self.ns.as_str(), self.export.name_any());
-        let failing = self
-            .status
+        let failing = status
             .conditions
             .iter()
             .any(|c| c.type_ == conditions::LAST_EXPORT_SUCCEEDED && c.status == Status::False);
@@ -551,7 +613,7 @@ impl<'a> ExportRound<'a> {
             .export_failing
             .with_label_values(&[ns, name.as_str()])
             .set(if failing { 1.0 } else { 0.0 });
-        for t in &self.status.tables {
+        for t in &status.tables {
             if let Some(ts) = t
                 .time
                 .as_deref()
@@ -563,81 +625,101 @@ impl<'a> ExportRound<'a> {
     }
 
     /// Status (only when changed), with the Events of this round and of failure transitions.
-    async fn write_status(&mut self, applier: &Applier<'_>) -> Result<(), Error> {
-        self.events.extend(crate::reconcile::status::export_events(
-            &self.old.conditions,
-            &self.status.conditions,
-        ));
+    async fn write_status(
+        &self,
+        status: &ArchiveExportStatus,
+        events: &[Event],
+    ) -> Result<(), Error> {
         let export = self.export;
-        applier
+        self.applier
             .report(
                 &self.api::<ArchiveExport>(),
                 export,
                 export.status.as_ref(),
-                &self.status,
-                &self.events,
+                status,
+                events,
             )
             .await
     }
 }
 
-/// Applies the export's children; returns its writer Deployments as they now are. The Leases
-/// and the exporter's rights on them go first: a new pod finds them.
-async fn apply_children(
-    set: &mut ChildSet<'_>,
-    children: &ExportChildren,
-) -> Result<Vec<Deployment>, Error> {
-    if let Some(pvc) = &children.pvc {
-        set.apply(pvc).await?;
+/// Records the run's outcome once every Job of it finished, with its Event.
+fn finish_run(found: Found, run: RunStatus, now: Timestamp) -> Found {
+    let Some(ok) = run_outcome(&found.obs.run_jobs) else {
+        return found;
+    };
+    if found.obs.run_jobs.contains(&JobPhase::Missing) {
+        return found;
     }
-    for cj in &children.cron_jobs {
-        set.apply(cj).await?;
+    let (type_, reason) = if ok {
+        (EventType::Normal, "ExportSucceeded")
+    } else {
+        (EventType::Warning, "ExportFailed")
+    };
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(format!("run {}", run.id)),
+        action: "Export".into(),
+        secondary: None,
+    };
+    Found {
+        status: ArchiveExportStatus {
+            run: Some(RunStatus {
+                succeeded: Some(ok),
+                completion_time: Some(time_string(now)),
+                ..run
+            }),
+            ..found.status
+        },
+        events: found.events.into_iter().chain([event]).collect(),
+        ..found
     }
-    if let Some(la) = &children.lease_access {
-        if let Some(sa) = &la.service_account {
-            set.apply(sa).await?;
-        }
-        set.apply(&la.role).await?;
-        set.apply(&la.role_binding).await?;
-        for l in &la.leases {
-            set.apply(l).await?;
-        }
-    }
-    let mut deployments = vec![];
-    for d in &children.deployments {
-        deployments.push(set.apply(d).await?);
-    }
-    if let Some(m) = &children.slot_monitor {
-        set.apply(m).await?;
-    }
-    for j in &children.jobs {
-        set.apply(j).await?;
-    }
-    Ok(deployments)
 }
 
-/// Deletes the children not wanted any more (mode, schedule or tables changed). Jobs are left
-/// to their TTL.
-async fn prune_children(
-    set: &mut ChildSet<'_>,
-    children: &ExportChildren,
-    (ctx, export): (&Context, &ArchiveExport),
-) -> Result<(), Error> {
-    let ns = &export.namespace().ok_or(Error::NoNamespace)?;
-    set.prune::<CronJob>(ns).await?;
-    let deployments_pruned = set.prune::<Deployment>(ns).await?;
-    // After the Deployments, so no exporter outlives its Lease rights. Only where some can be
-    // stale: a continuous export (its tables changed) or one that just left that mode.
-    if children.lease_access.is_some() || deployments_pruned > 0 {
-        if children.lease_access.is_none() {
-            lease_rights::ensure(ctx, ns, export).await?;
-        }
-        set.prune::<Lease>(ns).await?;
-        set.prune::<RoleBinding>(ns).await?;
-        set.prune::<Role>(ns).await?;
-        set.prune::<ServiceAccount>(ns).await?;
+/// `status.progress`, its time moved only when its figures did; a running operation brings
+/// the export back every [`progress::REQUEUE_WHILE_RUNNING`].
+fn with_progress(
+    found: Found,
+    old: &ArchiveExportStatus,
+    new: Option<OperationProgress>,
+    now: Timestamp,
+) -> Found {
+    let requeue = match progress::is_running(new.as_ref()) {
+        true => found.requeue.min(progress::REQUEUE_WHILE_RUNNING),
+        false => found.requeue,
+    };
+    Found {
+        status: ArchiveExportStatus {
+            progress: progress::stamp(old.progress.as_ref(), new, now),
+            ..found.status
+        },
+        requeue,
+        ..found
     }
-    Ok(())
+}
+
+/// The status of what the round found: its conditions merged into the old ones, this round's
+/// Events with those of failure transitions, the requeue.
+fn status(
+    export: &ArchiveExport,
+    old: &ArchiveExportStatus,
+    found: Found,
+    now: Timestamp,
+) -> (ArchiveExportStatus, Vec<Event>, Duration) {
+    let status = ArchiveExportStatus {
+        conditions: conditions::merge(
+            &old.conditions,
+            &export_conditions(&found.obs),
+            &EXPORT_TYPES,
+            now,
+            export.metadata.generation,
+        ),
+        ..found.status
+    };
+    let transitions = crate::reconcile::status::export_events(&old.conditions, &status.conditions);
+    let events = found.events.into_iter().chain(transitions).collect();
+    (status, events, found.requeue)
 }
 
 fn export_started(run: &str, jobs: usize) -> Event {
@@ -648,64 +730,6 @@ fn export_started(run: &str, jobs: usize) -> Event {
         action: "CreateJobs".into(),
         secondary: None,
     }
-}
-
-/// Ready writers (one per Deployment at most) of `desired`, and whether one's rollout is stuck.
-fn writer_counts(deployments: &[Deployment], desired: i32) -> WriterCounts {
-    let ready = deployments
-        .iter()
-        .map(|d| {
-            d.status
-                .as_ref()
-                .and_then(|s| s.available_replicas)
-                .unwrap_or(0)
-                .min(1)
-        })
-        .sum();
-    let stalled = deployments.iter().any(|d| {
-        d.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.type_.as_deref() == Some("Progressing")
-                        && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
-                })
-            })
-    });
-    WriterCounts {
-        ready,
-        desired,
-        stalled,
-    }
-}
-
-/// Each pod's `/status`: the writers' (by table, at most 32), the slot monitor's, and the
-/// writers' progress.
-async fn probe_writers(
-    ctx: &Context,
-    pods: &[Pod],
-) -> (Vec<WriterStatus>, Option<SlotReport>, Vec<ProgressReport>) {
-    let mut writers: Vec<WriterStatus> = vec![];
-    let mut monitor = None;
-    let mut reports = vec![];
-    for pod in pods.iter().take(progress::MAX_PROBED_PODS) {
-        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-            continue;
-        };
-        let Ok(body) = ctx.prober.get(&ip, 8080, "/status").await else {
-            continue;
-        };
-        if let Some(w) = observe::parse_writer_status(&body) {
-            reports.extend(observe::parse_export_progress(&body));
-            writers.push(w);
-        } else if let Some(m) = observe::parse_slot_monitor(&body) {
-            monitor = Some(m);
-        }
-    }
-    writers.sort_by(|a, b| a.table.cmp(&b.table));
-    writers.truncate(32);
-    (writers, monitor, reports)
 }
 
 /// An export pod whose exporter is still running (it may answer `/status`).
@@ -719,23 +743,6 @@ fn is_running_export(pod: &Pod) -> bool {
                 c.name == build::CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
             })
         })
-}
-
-/// The newest snapshot of any writer, for the printer columns.
-fn newest_snapshot(writers: &[WriterStatus]) -> Option<ExportSummary> {
-    let w = writers
-        .iter()
-        .filter(|w| w.last_snapshot_at.is_some())
-        .max_by(|a, b| a.last_snapshot_at.cmp(&b.last_snapshot_at))?;
-    Some(ExportSummary {
-        table: w.table.clone(),
-        key_prefix: None,
-        position: w.head_position.clone(),
-        row_count: None,
-        epoch: w.epoch,
-        time: w.last_snapshot_at.clone(),
-        pod: None,
-    })
 }
 
 #[cfg(test)]

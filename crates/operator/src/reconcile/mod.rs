@@ -18,6 +18,7 @@ pub mod probe;
 pub mod progress;
 pub mod runner;
 pub mod status;
+pub mod step;
 pub mod validate;
 
 /// What the controllers apply: any Kubernetes object they can serialise and read back.

@@ -1,5 +1,5 @@
-//! The ArchiveSource controller: dereference (`exportRef`, the Secrets, keys and CA bundles
-//! the engines mount) → validate → build → apply (server-side apply, one field manager; a
+//! The ArchiveSource controller, as steps that take and return values: dereference
+//! (`exportRef`, the Secrets, keys and CA bundles the engines mount) → validate → build → apply (server-side apply, one field manager; a
 //! refused child is a condition) → observe (StatefulSet, engine pods' failures, engines'
 //! `/status`) → status, with Events on failure and re-baseline transitions.
 
@@ -15,6 +15,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::Event;
 
 use crate::builders::LABEL_SOURCE;
 use crate::builders::engine_config::{ResolvedArchive, resolve, source_id};
@@ -27,6 +28,7 @@ use crate::reconcile::dereference::{self, Missing};
 use crate::reconcile::pod_failure;
 use crate::reconcile::progress;
 use crate::reconcile::status::source_events;
+use crate::reconcile::step::Blocked;
 use crate::source::conditions::{
     DEFAULT_MAX_REBASELINES_PER_HOUR, SOURCE_TYPES, SourceObservation, source_conditions,
 };
@@ -67,75 +69,62 @@ async fn failed_create(
 pub async fn reconcile(source: Arc<ArchiveSource>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = source.namespace().ok_or(Error::NoNamespace)?;
     let applier = Applier::new(&ctx, "source", MANAGER_SOURCE);
-    let mut round = SourceRound::new(&source, &ctx, ns);
+    let round = Round::new(&source, &ctx, &applier, ns);
+    let old = source.status.clone().unwrap_or_default();
     // Nothing is built while something is missing or the spec cannot work. The ArchiveExport
     // watch brings an export that appears; Secrets and ConfigMaps are looked at again after
     // RECHECK.
-    let export = round.dereference().await?;
-    if let Some(archive) = round.validate(export.as_ref()) {
-        let applied = round.build_and_apply(&applier, &archive).await;
-        if let Some(sts) = round.settle(applied)? {
-            round.observe_stateful_set(&sts).await?;
-            round.observe_engines().await?;
+    let resolved = round.dereference().await?;
+    let seen = match resolved.and_then(|export| round.validate(export.as_ref())) {
+        Err(blocked) => Err(blocked),
+        Ok(archive) => {
+            let children = build::children(&source, &archive, &ctx.build);
+            match round.apply(children).await {
+                Err(Error::Rejected(r)) => Err(Blocked::rejected(&r)),
+                sts => Ok(round.observe(&old, &sts?).await?),
+            }
         }
-    }
-    round.conditions();
-    round.write_status(&applier).await?;
-    Ok(Action::requeue(round.requeue))
+    };
+    let (status, obs, requeue) = status(&source, &old, seen, round.now);
+    round.record_metrics(&status, &obs);
+    let events = source_events(&old.conditions, &status.conditions);
+    round.write_status(&status, &events).await?;
+    Ok(Action::requeue(requeue))
 }
 
-/// One reconcile of a source: what it observed, the status it will write.
-struct SourceRound<'a> {
+/// What one reconcile of a source works with; its steps change none of it.
+struct Round<'a> {
     source: &'a ArchiveSource,
     ctx: &'a Context,
+    applier: &'a Applier<'a>,
     ns: String,
     now: Timestamp,
-    old: ArchiveSourceStatus,
-    status: ArchiveSourceStatus,
-    obs: SourceObservation,
-    requeue: Duration,
 }
 
-impl<'a> SourceRound<'a> {
-    fn new(source: &'a ArchiveSource, ctx: &'a Context, ns: String) -> Self {
-        let old = source.status.clone().unwrap_or_default();
-        let suspended = source.spec.suspend == Some(true);
-        let obs = SourceObservation {
-            blocked: None,
-            pod_failure: None,
-            suspended,
-            desired_replicas: if suspended {
-                0
-            } else {
-                source.spec.replicas.unwrap_or(1)
-            },
-            ready_replicas: 0,
-            rolled_out: false,
-            pods_not_created: None,
-            engines: vec![],
-            rebaselining: false,
-            rebaselines_last_hour: 0,
-            max_per_hour: source
-                .spec
-                .rebaseline
-                .as_ref()
-                .and_then(|r| r.max_per_hour)
-                .map(|m| m as u64)
-                .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR),
-        };
+/// What the StatefulSet and the engines showed this round.
+struct Seen {
+    ready_replicas: i32,
+    rolled_out: bool,
+    pods_not_created: Option<String>,
+    pod_failure: Option<Problem>,
+    scrape: EngineScrape,
+    /// The re-baseline tracker, fed with this round's samples.
+    tracker: RebaselineTracker,
+}
+
+impl<'a> Round<'a> {
+    fn new(
+        source: &'a ArchiveSource,
+        ctx: &'a Context,
+        applier: &'a Applier<'a>,
+        ns: String,
+    ) -> Self {
         Self {
             source,
             ctx,
+            applier,
             ns,
             now: ctx.now(),
-            status: ArchiveSourceStatus {
-                observed_generation: source.metadata.generation,
-                ..old.clone()
-            },
-            old,
-            obs,
-            // Engines are polled for lag and re-baselines.
-            requeue: Duration::from_secs(30),
         }
     }
 
@@ -146,12 +135,8 @@ impl<'a> SourceRound<'a> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
-    fn block(&mut self, reason: &str, message: String) {
-        self.obs.blocked = Some(Problem::new(reason, message));
-    }
-
     /// The export (`exportRef`), then what the engines mount; returns the export.
-    async fn dereference(&mut self) -> Result<Option<ArchiveExport>, Error> {
+    async fn dereference(&self) -> Result<Result<Option<ArchiveExport>, Blocked>, Error> {
         let export = match &self.source.spec.archive.export_ref {
             Some(r) => self
                 .api::<ArchiveExport>()
@@ -160,42 +145,32 @@ impl<'a> SourceRound<'a> {
                 .map_err(Error::Dereference)?,
             None => None,
         };
-        let missing = match (&self.source.spec.archive.export_ref, &export) {
-            (Some(r), None) => Some(Missing::Export {
+        if let (Some(r), None) = (&self.source.spec.archive.export_ref, &export) {
+            // Its watch brings the export once it appears: no recheck.
+            let missing = Missing::Export {
                 name: r.name.clone(),
-            }),
-            _ => {
-                let references = source_references(self.source, export.as_ref());
-                let missing = dereference::check(&self.ctx.client, &self.ns, &references)
-                    .await
-                    .map_err(Error::Dereference)?;
-                if missing.is_some() {
-                    self.requeue = dereference::RECHECK;
-                }
-                missing
-            }
-        };
-        if let Some(missing) = missing {
-            self.block(missing.reason(), missing.message(&self.ns));
+            };
+            return Ok(Err(Blocked {
+                recheck: None,
+                ..Blocked::missing(&missing, &self.ns)
+            }));
         }
-        Ok(export)
+        let references = source_references(self.source, export.as_ref());
+        let missing = dereference::check(&self.ctx.client, &self.ns, &references)
+            .await
+            .map_err(Error::Dereference)?;
+        Ok(match missing {
+            Some(missing) => Err(Blocked::missing(&missing, &self.ns)),
+            None => Ok(export),
+        })
     }
 
-    /// What the schema cannot check, then the archive the engines read; `None`: blocked.
-    fn validate(&mut self, export: Option<&ArchiveExport>) -> Option<ResolvedArchive> {
-        if self.obs.blocked.is_some() {
-            return None;
-        }
-        let checked = validate::source(self.source)
+    /// What the schema cannot check, then the archive the engines read.
+    fn validate(&self, export: Option<&ArchiveExport>) -> Result<ResolvedArchive, Blocked> {
+        validate::source(self.source)
             .and_then(|()| self.token_available())
-            .and_then(|()| resolve(self.source, export));
-        match checked {
-            Ok(archive) => Some(archive),
-            Err(message) => {
-                self.block("InvalidSpec", message);
-                None
-            }
-        }
+            .and_then(|()| resolve(self.source, export))
+            .map_err(Blocked::invalid)
     }
 
     /// `control` and `protectReads` need a token: named, or generated by this operator.
@@ -230,21 +205,16 @@ impl<'a> SourceRound<'a> {
         }
     }
 
-    /// Builds and applies the engines' ConfigMap, Service and StatefulSet (compared against
-    /// the caches); returns the StatefulSet as it now is.
-    async fn build_and_apply(
-        &self,
-        applier: &Applier<'_>,
-        archive: &ResolvedArchive,
-    ) -> Result<StatefulSet, Error> {
+    /// Applies the engines' ConfigMap, Service and StatefulSet (compared against the caches);
+    /// returns the StatefulSet as it now is.
+    async fn apply(&self, children: build::SourceChildren) -> Result<StatefulSet, Error> {
         let caches = &self.ctx.caches;
         cache_ready(&caches.config_maps).await?;
         cache_ready(&caches.services).await?;
         cache_ready(&caches.stateful_sets).await?;
         self.ensure_token_secret().await?;
-        let children = build::children(self.source, archive, &self.ctx.build);
         let mut set = ChildSet::new(
-            applier,
+            self.applier,
             format!("{LABEL_SOURCE}={}", self.source.name_any()),
         );
         set.apply_cached(children.config_map, &caches.config_maps)
@@ -252,10 +222,10 @@ impl<'a> SourceRound<'a> {
         set.apply_cached(children.service, &caches.services).await?;
         // Optional children: applied when wanted, deleted when not.
         let name = self.source.name_any();
-        applier
+        self.applier
             .apply_or_prune(&self.api::<NetworkPolicy>(), &name, children.network_policy)
             .await?;
-        applier
+        self.applier
             .apply_or_prune(
                 &self.api::<PodDisruptionBudget>(),
                 &name,
@@ -272,41 +242,21 @@ impl<'a> SourceRound<'a> {
         }
     }
 
-    /// A child the API server refused is a condition; returns the StatefulSet otherwise.
-    fn settle(
-        &mut self,
-        applied: Result<StatefulSet, Error>,
-    ) -> Result<Option<StatefulSet>, Error> {
-        match applied {
-            Ok(sts) => Ok(Some(sts)),
-            Err(Error::Rejected(r)) => {
-                self.block("ChildRejected", r.to_string());
-                self.requeue = Duration::from_secs(60);
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Replicas ready and rolled out; too few pods: why the StatefulSet controller could not
-    /// create one.
-    async fn observe_stateful_set(&mut self, sts: &StatefulSet) -> Result<(), Error> {
-        let desired = self.obs.desired_replicas;
+    /// The StatefulSet (replicas ready and rolled out; too few pods: why the StatefulSet
+    /// controller could not create one), then the engines' pods and `/status`: failures,
+    /// positions, lag, re-baselines.
+    async fn observe(&self, old: &ArchiveSourceStatus, sts: &StatefulSet) -> Result<Seen, Error> {
+        let (suspended, desired) = (suspended(self.source), desired_replicas(self.source));
         let st = sts.status.clone().unwrap_or_default();
-        self.obs.ready_replicas = st.ready_replicas.unwrap_or(0);
-        self.obs.rolled_out = st.observed_generation.unwrap_or(0)
+        let rolled_out = st.observed_generation.unwrap_or(0)
             >= sts.metadata.generation.unwrap_or(0)
             && st.updated_replicas.unwrap_or(0) >= desired
             && st.replicas <= desired;
-        self.status.ready_replicas = Some(self.obs.ready_replicas);
-        if !self.obs.suspended && sts.status.is_some() && st.replicas < desired {
-            self.obs.pods_not_created = failed_create(&self.ctx.client, &self.ns, sts).await?;
-        }
-        Ok(())
-    }
-
-    /// The engines' pods, `/status`: failures, positions, lag, re-baselines.
-    async fn observe_engines(&mut self) -> Result<(), Error> {
+        let pods_not_created = if !suspended && sts.status.is_some() && st.replicas < desired {
+            failed_create(&self.ctx.client, &self.ns, sts).await?
+        } else {
+            None
+        };
         let name = self.source.name_any();
         let listed = self
             .api::<Pod>()
@@ -319,63 +269,19 @@ impl<'a> SourceRound<'a> {
             crate::reconcile::owned::owned_pods(&self.ctx.client, &self.ns, &uid, listed.items)
                 .await
                 .map_err(Error::Observe)?;
-        if !self.obs.suspended {
-            self.obs.pod_failure = pod_failure::first_failure(&pods, build::CONTAINER, self.now)
-                .map(|f| Problem::of_pod("engine", &f));
-        }
+        let pod_failure = pod_failure::first_failure(&pods, build::CONTAINER, self.now)
+            .filter(|_| !suspended)
+            .map(|f| Problem::of_pod("engine", &f));
         let scrape = scrape_engines(self.ctx, self.source, &self.tracker_key(), &pods).await;
-        self.track_rebaselines(&scrape.rebaselines);
-        let engines = &scrape.engines;
-        self.status.position = engines
-            .iter()
-            .filter_map(|e| e.position.clone())
-            .min_by_key(|p| Lsn::parse(p).unwrap_or_default());
-        self.status.head = engines
-            .iter()
-            .filter_map(|e| e.head.clone())
-            .max_by_key(|p| Lsn::parse(p).unwrap_or_default());
-        // The time of the head, not its age: status changes when the head does, never by
-        // itself (kubectl shows the age in the DATA AGE column).
-        self.status.head_time = engines.iter().filter_map(|e| e.head_time.clone()).max();
-        // Pinned at a point: every engine resolves it alike; the first that has says where.
-        self.status.restored = engines
-            .iter()
-            .filter_map(|e| e.at.clone())
-            .find(|a| a.position.is_some());
-        self.status.rows = scrape
-            .rows
-            .or_else(|| engines.iter().filter_map(|e| e.rows).max());
-        self.observe_lag_and_progress(&scrape);
-        self.obs.engines = scrape.engines;
-        let labels = [self.ns.as_str(), name.as_str()];
-        let metrics = &self.ctx.metrics;
-        // The lag behind the head, not the head's age (which grows on an idle archive).
-        metrics
-            .source_lag
-            .with_label_values(&labels)
-            .set(self.status.lag.as_ref().map_or(0.0, |l| l.seconds as f64));
-        metrics
-            .source_rebaselines_last_hour
-            .with_label_values(&labels)
-            .set(self.obs.rebaselines_last_hour as f64);
-        Ok(())
-    }
-
-    /// `status.lag` from the engines' `behind` (the furthest), and `status.progress` from their
-    /// baseline loads (the engine furthest behind; while none answers, what was last seen).
-    /// Comes back every [`progress::REQUEUE_WHILE_RUNNING`] while a load runs.
-    fn observe_lag_and_progress(&mut self, scrape: &EngineScrape) {
-        let behind: Vec<_> = scrape.engines.iter().filter_map(|e| e.behind).collect();
-        self.status.lag = progress::source_lag(&behind);
-        let new = if scrape.progress.is_empty() {
-            self.old.progress.clone()
-        } else {
-            progress::source_progress(&scrape.progress)
-        };
-        if progress::is_running(new.as_ref()) {
-            self.requeue = self.requeue.min(progress::REQUEUE_WHILE_RUNNING);
-        }
-        self.status.progress = progress::stamp(self.old.progress.as_ref(), new, self.now);
+        let tracker = self.track_rebaselines(old, &scrape.rebaselines);
+        Ok(Seen {
+            ready_replicas: st.ready_replicas.unwrap_or(0),
+            rolled_out,
+            pods_not_created,
+            pod_failure,
+            scrape,
+            tracker,
+        })
     }
 
     /// The re-baseline tracker's key: `namespace/name`.
@@ -384,56 +290,197 @@ impl<'a> SourceRound<'a> {
     }
 
     /// Feeds the engines' re-baseline counters to the tracker (resumed from status after a
-    /// restart) and reads back whether one is under way and how many the last hour saw.
-    fn track_rebaselines(&mut self, samples: &[RebaselineSample]) {
-        let now = self.now;
-        let tracker = {
-            let mut trackers = self.ctx.trackers.locked();
-            let t = trackers.entry(self.tracker_key()).or_insert_with(|| {
-                let r = self.old.rebaselines.clone().unwrap_or_default();
-                RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
-            });
-            t.observe(now, samples);
-            t.clone()
-        };
-        self.obs.rebaselining = tracker.recent(now);
-        self.obs.rebaselines_last_hour = tracker.in_last_hour(now);
-        self.status.rebaselines = Some(RebaselineStatus {
-            total: tracker.total,
-            last_time: tracker.last_time.map(time_string),
+    /// restart); returns it as it now is.
+    fn track_rebaselines(
+        &self,
+        old: &ArchiveSourceStatus,
+        samples: &[RebaselineSample],
+    ) -> RebaselineTracker {
+        let mut trackers = self.ctx.trackers.locked();
+        let t = trackers.entry(self.tracker_key()).or_insert_with(|| {
+            let r = old.rebaselines.clone().unwrap_or_default();
+            RebaselineTracker::resume(r.total, r.last_time.and_then(|t| t.parse().ok()))
         });
+        t.observe(self.now, samples);
+        t.clone()
     }
 
-    fn conditions(&mut self) {
-        let desired = source_conditions(&self.obs);
-        self.status.conditions = conditions::merge(
-            &self.old.conditions,
-            &desired,
-            &SOURCE_TYPES,
-            self.now,
-            self.source.metadata.generation,
-        );
-        let degraded = conditions::is_true(&self.status.conditions, conditions::DEGRADED);
-        self.ctx
-            .metrics
+    /// The lag and re-baseline gauges (from what the engines said) and the degraded one.
+    fn record_metrics(&self, status: &ArchiveSourceStatus, obs: &SourceObservation) {
+        let name = self.source.name_any();
+        let labels = [self.ns.as_str(), name.as_str()];
+        let metrics = &self.ctx.metrics;
+        if obs.blocked.is_none() {
+            // The lag behind the head, not the head's age (which grows on an idle archive).
+            metrics
+                .source_lag
+                .with_label_values(&labels)
+                .set(status.lag.as_ref().map_or(0.0, |l| l.seconds as f64));
+            metrics
+                .source_rebaselines_last_hour
+                .with_label_values(&labels)
+                .set(obs.rebaselines_last_hour as f64);
+        }
+        let degraded = conditions::is_true(&status.conditions, conditions::DEGRADED);
+        metrics
             .source_degraded
-            .with_label_values(&[self.ns.as_str(), self.source.name_any().as_str()])
+            .with_label_values(&labels)
             .set(if degraded { 1.0 } else { 0.0 });
     }
 
     /// Status (only when changed), with Events on its conditions' transitions.
-    async fn write_status(&self, applier: &Applier<'_>) -> Result<(), Error> {
-        let events = source_events(&self.old.conditions, &self.status.conditions);
-        applier
+    async fn write_status(
+        &self,
+        status: &ArchiveSourceStatus,
+        events: &[Event],
+    ) -> Result<(), Error> {
+        self.applier
             .report(
                 &self.api::<ArchiveSource>(),
                 self.source,
                 self.source.status.as_ref(),
-                &self.status,
-                &events,
+                status,
+                events,
             )
             .await
     }
+}
+
+fn suspended(source: &ArchiveSource) -> bool {
+    source.spec.suspend == Some(true)
+}
+
+fn desired_replicas(source: &ArchiveSource) -> i32 {
+    if suspended(source) {
+        0
+    } else {
+        source.spec.replicas.unwrap_or(1)
+    }
+}
+
+/// The status of what the round saw (the engines' positions, lag, progress, re-baselines;
+/// the conditions), the observation it rests on, and the requeue (engines are polled for lag
+/// and re-baselines; faster while a load runs).
+fn status(
+    source: &ArchiveSource,
+    old: &ArchiveSourceStatus,
+    seen: Result<Seen, Blocked>,
+    now: Timestamp,
+) -> (ArchiveSourceStatus, SourceObservation, Duration) {
+    let base = ArchiveSourceStatus {
+        observed_generation: source.metadata.generation,
+        ..old.clone()
+    };
+    let obs = SourceObservation {
+        blocked: None,
+        pod_failure: None,
+        suspended: suspended(source),
+        desired_replicas: desired_replicas(source),
+        ready_replicas: 0,
+        rolled_out: false,
+        pods_not_created: None,
+        engines: vec![],
+        rebaselining: false,
+        rebaselines_last_hour: 0,
+        max_per_hour: source
+            .spec
+            .rebaseline
+            .as_ref()
+            .and_then(|r| r.max_per_hour)
+            .map(|m| m as u64)
+            .unwrap_or(DEFAULT_MAX_REBASELINES_PER_HOUR),
+    };
+    let (status, obs, requeue) = match seen {
+        Err(blocked) => {
+            let requeue = blocked.recheck.unwrap_or(IDLE);
+            let obs = SourceObservation {
+                blocked: Some(blocked.problem),
+                ..obs
+            };
+            (base, obs, requeue)
+        }
+        Ok(seen) => seen_status(base, obs, seen, now),
+    };
+    let conditions = conditions::merge(
+        &old.conditions,
+        &source_conditions(&obs),
+        &SOURCE_TYPES,
+        now,
+        source.metadata.generation,
+    );
+    (
+        ArchiveSourceStatus {
+            conditions,
+            ..status
+        },
+        obs,
+        requeue,
+    )
+}
+
+/// Engines are polled for lag and re-baselines.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// What the StatefulSet and the engines said, into status and the observation. `status.lag`
+/// comes from the engines' `behind` (the furthest), `status.progress` from their baseline
+/// loads (the engine furthest behind; while none answers, what was last seen), which brings
+/// the source back every [`progress::REQUEUE_WHILE_RUNNING`] while a load runs.
+fn seen_status(
+    base: ArchiveSourceStatus,
+    obs: SourceObservation,
+    seen: Seen,
+    now: Timestamp,
+) -> (ArchiveSourceStatus, SourceObservation, Duration) {
+    let engines = &seen.scrape.engines;
+    let behind: Vec<_> = engines.iter().filter_map(|e| e.behind).collect();
+    let new = if seen.scrape.progress.is_empty() {
+        base.progress.clone()
+    } else {
+        progress::source_progress(&seen.scrape.progress)
+    };
+    let requeue = if progress::is_running(new.as_ref()) {
+        IDLE.min(progress::REQUEUE_WHILE_RUNNING)
+    } else {
+        IDLE
+    };
+    let status = ArchiveSourceStatus {
+        ready_replicas: Some(seen.ready_replicas),
+        position: engines
+            .iter()
+            .filter_map(|e| e.position.clone())
+            .min_by_key(|p| Lsn::parse(p).unwrap_or_default()),
+        head: engines
+            .iter()
+            .filter_map(|e| e.head.clone())
+            .max_by_key(|p| Lsn::parse(p).unwrap_or_default()),
+        // The time of the head, not its age: status changes when the head does, never by
+        // itself (kubectl shows the age in the DATA AGE column).
+        head_time: engines.iter().filter_map(|e| e.head_time.clone()).max(),
+        // Pinned at a point: every engine resolves it alike; the first that has says where.
+        restored: engines
+            .iter()
+            .filter_map(|e| e.at.clone())
+            .find(|a| a.position.is_some()),
+        rows: (seen.scrape.rows).or_else(|| engines.iter().filter_map(|e| e.rows).max()),
+        lag: progress::source_lag(&behind),
+        progress: progress::stamp(base.progress.as_ref(), new, now),
+        rebaselines: Some(RebaselineStatus {
+            total: seen.tracker.total,
+            last_time: seen.tracker.last_time.map(time_string),
+        }),
+        ..base
+    };
+    let obs = SourceObservation {
+        ready_replicas: seen.ready_replicas,
+        rolled_out: seen.rolled_out,
+        pods_not_created: seen.pods_not_created,
+        pod_failure: seen.pod_failure,
+        rebaselining: seen.tracker.recent(now),
+        rebaselines_last_hour: seen.tracker.in_last_hour(now),
+        engines: seen.scrape.engines,
+        ..obs
+    };
+    (status, obs, requeue)
 }
 
 /// What the engines' `/status` said.

@@ -3,6 +3,7 @@
 
 pub mod build;
 pub mod conditions;
+pub mod observed;
 pub mod reconcile;
 pub mod seed_head;
 

@@ -1,19 +1,20 @@
-//! The ArchiveSourceSet controller: dereference the shared credentials and CA bundle → select
-//! namespaces → per namespace copy the Secret and the CA ConfigMap (opt-in only) and apply the
-//! ArchiveSource (server-side apply,
+//! The ArchiveSourceSet controller, as steps that take and return values: dereference the
+//! shared credentials and CA bundle → select namespaces → per namespace copy the Secret and the
+//! CA ConfigMap (opt-in only) and apply the ArchiveSource or ArchiveRestore (server-side apply,
 //! one field manager; objects of the same name it does not own are conflicts, never taken over)
 //! → delete what it owns in namespaces that are no longer selected → roll the children's
 //! conditions up into status.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
+use kube::runtime::events::Event;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::crd::archive_restore::ArchiveRestore;
@@ -23,18 +24,19 @@ use crate::crd::archive_source_set::{
 };
 use crate::reconcile::apply::{Applier, ChildSet, NamespacedChild};
 use crate::reconcile::conditions::{self, Problem};
-use crate::reconcile::context::{Context, Error, MANAGER_SOURCE_SET, cache_ready};
+use crate::reconcile::context::{Context, Error, MANAGER_SOURCE_SET};
 use crate::reconcile::status::set_events;
 use crate::source_set::build::{
     LABEL_SOURCE_SET, SharedDigests, ca_copy, ca_copy_name, child_restore, child_source,
     config_map_digest, copy_name, credentials_digest, owned_by, owns, per_namespace_secret,
-    refresh_token, secret_copy, selected_namespaces, shared_ca_name, shares_credentials,
-    stamps_restores, template_uses_shared_ca, token_epoch,
+    refresh_token, secret_copy, shared_ca_name, shares_credentials, stamps_restores,
+    template_uses_shared_ca, token_epoch,
 };
 use crate::source_set::conditions::{
     NamespaceState, SOURCE_SET_TYPES, SetObservation, namespace_state, restore_namespace_state,
     source_set_conditions,
 };
+use crate::source_set::observed::Observed;
 use crate::source_set::seed_head;
 
 const MAX_FAILING: usize = 64;
@@ -52,166 +54,118 @@ pub async fn reconcile(set: Arc<ArchiveSourceSet>, ctx: Arc<Context>) -> Result<
     }
     let applier = Applier::new(&ctx, "source-set", MANAGER_SOURCE_SET);
     let mut children = ChildSet::new(&applier, format!("{LABEL_SOURCE_SET}={}", set.name_any()));
-    let mut round = SetRound::new(&set, &ctx);
-    let shared = Shared {
-        secret: round.dereference().await?,
-        ca: round.dereference_ca().await?,
+    let round = Round {
+        set: &set,
+        ctx: &ctx,
+        applier: &applier,
     };
+    let shared = round.dereference().await?;
     let observed = Observed::from_caches(&set, &ctx).await?;
-    let requeue = round.head_epoch(&shared, &observed).await?;
-    round.keep_selected(&mut children, &observed, &shared);
-    if round.invalid.is_none() {
-        for ns in &observed.selected {
-            round
-                .apply_namespace(&mut children, ns, &observed, &shared)
-                .await?;
-        }
-    }
-    round.prune(&mut children, &observed).await?;
-    round.write_status(&applier, &observed.selected).await?;
+    let (head, requeue) = round.head_epoch(&shared, &observed).await?;
+    let kept = round.keep_selected(&mut children, &observed, &shared);
+    let applied = round.apply_selected(&mut children, &observed, &shared, &head);
+    let owned = kept.with(applied.await?);
+    round.prune(&mut children, &observed, &owned).await?;
+    let (status, events) = status(&set, &observed.selected, &shared, owned, head, ctx.now());
+    round.write_status(&status, &events).await?;
     // Children, namespaces and Secrets trigger reconciles; this is a safety net (and, with
     // OnNewEpoch, the poll of the archive's head).
     Ok(Action::requeue(requeue))
 }
 
-/// What the set copies into every namespace (each only on its opt-in).
+/// What the set copies into every namespace (each only on its opt-in), their digests (roll
+/// the engines when they change), and why the set itself cannot work (a shared object is
+/// missing or unused).
 struct Shared {
     secret: Option<Secret>,
     ca: Option<ConfigMap>,
+    digests: SharedDigests,
+    invalid: Option<Problem>,
 }
 
-/// What the caches hold of the set's world: the selected namespaces and the objects with the
-/// names the set uses (its labelled ArchiveSources, the Secrets' metadata: copies, and the
-/// Secret the template names per namespace).
-struct Observed {
-    selected: Vec<String>,
-    /// ArchiveSources of the set's name (labelled), by namespace.
-    sources: BTreeMap<String, Arc<ArchiveSource>>,
-    /// Secrets of the copy's name, by namespace.
-    copies: BTreeMap<String, Arc<PartialObjectMeta<Secret>>>,
-    /// Namespaces holding the Secret the template names.
-    has_secret: HashSet<String>,
-    /// CA bundle copies (the operator's labelled ConfigMaps of the copy's name), by namespace.
-    ca_copies: BTreeMap<String, Arc<PartialObjectMeta<ConfigMap>>>,
-    /// With a restoreTemplate: the set's ArchiveRestores (one labelled list a reconcile), by
-    /// namespace.
-    restores: BTreeMap<String, Arc<ArchiveRestore>>,
-}
-
-impl Observed {
-    async fn from_caches(set: &ArchiveSourceSet, ctx: &Context) -> Result<Self, Error> {
-        let caches = &ctx.caches;
-        cache_ready(&caches.namespaces).await?;
-        cache_ready(&caches.set_sources).await?;
-        cache_ready(&caches.secrets).await?;
-        let name = set.name_any();
-        let copy = copy_name(set);
-        let has_secret = match per_namespace_secret(set) {
-            Some(n) => caches
-                .secrets
-                .state_filter(|s| s.name_any() == n)
-                .iter()
-                .filter_map(|s| s.namespace())
-                .collect(),
-            None => HashSet::new(),
-        };
-        // The labelled ConfigMaps are cached for the engines anyway; wait for them only when
-        // the set has CA copies to look at.
-        let ca_copies = if shared_ca_name(set).is_some() {
-            cache_ready(&caches.config_maps).await?;
-            let copy = ca_copy_name(set);
-            by_namespace(caches.config_maps.state_filter(|c| c.name_any() == copy))
-        } else {
-            BTreeMap::new()
-        };
-        // Listed (one request) only by a set that stamps restores, or did (its status lists
-        // them): a source set switched from a restoreTemplate prunes them.
-        let stamped = set.status.as_ref().is_some_and(|s| !s.restores.is_empty());
-        let restores = if stamps_restores(set) || stamped {
-            Api::<ArchiveRestore>::all(ctx.client.clone())
-                .list(&ListParams::default().labels(&format!("{LABEL_SOURCE_SET}={name}")))
-                .await
-                .map_err(Error::Observe)?
-                .items
-                .into_iter()
-                .map(Arc::new)
-                .collect()
-        } else {
-            vec![]
-        };
-        Ok(Self {
-            restores: by_namespace(restores),
-            selected: selected_namespaces(set, caches.namespaces.state().iter().map(|n| &**n)),
-            sources: by_namespace(caches.set_sources.state_filter(|s| s.name_any() == name)),
-            copies: by_namespace(caches.secrets.state_filter(|s| s.name_any() == copy)),
-            has_secret,
-            ca_copies,
-        })
-    }
-}
-
-fn by_namespace<K: kube::Resource>(objects: Vec<Arc<K>>) -> BTreeMap<String, Arc<K>> {
-    objects
-        .into_iter()
-        .map(|o| (o.meta().namespace.clone().unwrap_or_default(), o))
-        .collect()
-}
-
-/// One reconcile of a set: its findings per namespace, its children as they now are.
-struct SetRound<'a> {
+/// What one reconcile of a set works with; its steps change none of it.
+struct Round<'a> {
     set: &'a ArchiveSourceSet,
     ctx: &'a Context,
-    /// The set itself cannot work (its credentials Secret is missing).
-    invalid: Option<Problem>,
-    /// Why a selected namespace has no working ArchiveSource, by namespace.
-    problems: BTreeMap<String, Problem>,
-    /// The set's ArchiveSources, by namespace (cached or just applied).
-    children: BTreeMap<String, ArchiveSource>,
-    /// The digests of the shared credentials and CA (roll the engines when they change).
-    digests: SharedDigests,
-    /// The set's ArchiveRestores, by namespace (listed or just applied).
-    restores: BTreeMap<String, ArchiveRestore>,
-    /// The archive's head epoch (restoreTemplate with OnNewEpoch), as last read.
-    head: Option<i64>,
-    /// When `head` was read (now, or the status's time when reused).
-    head_read: Option<String>,
+    applier: &'a Applier<'a>,
 }
 
-impl<'a> SetRound<'a> {
-    fn new(set: &'a ArchiveSourceSet, ctx: &'a Context) -> Self {
+/// The archive's head epoch (restoreTemplate with OnNewEpoch), as last read, and when it was
+/// read (now, or the status's time when reused).
+#[derive(Default)]
+struct Head {
+    epoch: Option<i64>,
+    read: Option<String>,
+}
+
+/// The set's children as they now are, by namespace (cached or just applied), and why a
+/// selected namespace has none that works.
+struct Owned {
+    sources: BTreeMap<String, ArchiveSource>,
+    restores: BTreeMap<String, ArchiveRestore>,
+    problems: BTreeMap<String, Problem>,
+}
+
+/// What applying one namespace came to: its child as applied (when something was sent), or
+/// why it has none that works (a namespace's last problem is the one it reports).
+#[derive(Default)]
+struct NamespaceApplied {
+    source: Option<ArchiveSource>,
+    restore: Option<ArchiveRestore>,
+    problem: Option<Problem>,
+}
+
+impl NamespaceApplied {
+    fn failed(reason: &str, message: String) -> Self {
         Self {
-            set,
-            ctx,
-            invalid: None,
-            problems: BTreeMap::new(),
-            children: BTreeMap::new(),
-            digests: SharedDigests::default(),
-            restores: BTreeMap::new(),
-            head: None,
-            head_read: None,
+            problem: Some(Problem::new(reason, message)),
+            ..Self::default()
         }
     }
+}
 
+impl Owned {
+    /// With what each namespace's apply came to.
+    fn with(self, applied: Vec<(String, NamespaceApplied)>) -> Owned {
+        let mut owned = self;
+        for (ns, a) in applied {
+            if let Some(s) = a.source {
+                owned.sources.insert(ns.clone(), s);
+            }
+            if let Some(r) = a.restore {
+                owned.restores.insert(ns.clone(), r);
+            }
+            if let Some(p) = a.problem {
+                owned.problems.insert(ns, p);
+            }
+        }
+        owned
+    }
+}
+
+impl Round<'_> {
     /// With `refresh: OnNewEpoch`, the archive's head epoch: read from the store (one
     /// manifest a table) unless the last read is younger than [`HEAD_RECHECK`]. A failed read
-    /// keeps the last epoch (nothing re-runs) and is logged. Returns the requeue.
+    /// keeps the last epoch (nothing re-runs) and is logged. Returns it with the requeue.
     async fn head_epoch(
-        &mut self,
+        &self,
         shared: &Shared,
         observed: &Observed,
-    ) -> Result<Duration, Error> {
+    ) -> Result<(Head, Duration), Error> {
         let idle = Duration::from_secs(300);
         let Some(t) = self.set.spec.restore_template.as_ref().filter(|t| {
             t.refresh == Some(RefreshPolicy::OnNewEpoch) && self.set.spec.template.is_none()
         }) else {
-            return Ok(idle);
+            return Ok((Head::default(), idle));
         };
         let old = self.set.status.clone().unwrap_or_default();
-        self.head = old.head_epoch;
-        self.head_read = old.head_epoch_read_time.clone();
+        let last = Head {
+            epoch: old.head_epoch,
+            read: old.head_epoch_read_time.clone(),
+        };
         if observed.selected.is_empty() {
             // Nothing to refresh: no store read.
-            return Ok(idle);
+            return Ok((last, idle));
         }
         let now = self.ctx.now();
         let fresh = old
@@ -222,10 +176,10 @@ impl<'a> SetRound<'a> {
                 now.duration_since(t).as_secs() < HEAD_RECHECK.as_secs() as i64 && now >= t
             });
         if fresh {
-            return Ok(HEAD_RECHECK);
+            return Ok((last, HEAD_RECHECK));
         }
         let Some(s3) = t.spec.archive.s3.as_ref() else {
-            return Ok(idle);
+            return Ok((last, idle));
         };
         // Only the credentials the set shares (opt-in): never a Secret of a selected
         // namespace, which is the tenant's; without sharing, the operator's own identity.
@@ -240,23 +194,43 @@ impl<'a> SetRound<'a> {
                 .map_err(|e| e.to_string())?;
             seed_head::read_head_epoch(&store, &keys).await
         };
-        match tokio::time::timeout(Duration::from_secs(20), read).await {
-            Ok(Ok(head)) => {
-                self.head = head.or(self.head);
-                self.head_read = Some(conditions::time_string(now));
-            }
+        let head = match tokio::time::timeout(Duration::from_secs(20), read).await {
+            Ok(Ok(head)) => Head {
+                epoch: head.or(last.epoch),
+                read: Some(conditions::time_string(now)),
+            },
             Ok(Err(e)) => {
-                tracing::warn!(set = %self.set.name_any(), error = %e, "reading the seed archive's head epoch")
+                tracing::warn!(set = %self.set.name_any(), error = %e, "reading the seed archive's head epoch");
+                last
             }
             Err(_) => {
-                tracing::warn!(set = %self.set.name_any(), "reading the seed archive's head epoch timed out")
+                tracing::warn!(set = %self.set.name_any(), "reading the seed archive's head epoch timed out");
+                last
             }
-        }
-        Ok(HEAD_RECHECK)
+        };
+        Ok((head, HEAD_RECHECK))
+    }
+
+    /// The shared credentials and CA bundle (each opt-in only), their digests, and why the set
+    /// cannot work when one is missing (the credentials' problem first).
+    async fn dereference(&self) -> Result<Shared, Error> {
+        let (secret, credentials_problem) = self.dereference_credentials().await?;
+        let (ca, ca_problem) = self.dereference_ca().await?;
+        Ok(Shared {
+            digests: SharedDigests {
+                credentials: secret
+                    .as_ref()
+                    .map(|s| credentials_digest(self.set, &s.data.clone().unwrap_or_default())),
+                ca: ca.as_ref().map(|c| config_map_digest(self.set, c)),
+            },
+            secret,
+            ca,
+            invalid: credentials_problem.or(ca_problem),
+        })
     }
 
     /// The shared credentials (opt-in only); a missing one makes the set invalid.
-    async fn dereference(&mut self) -> Result<Option<Secret>, Error> {
+    async fn dereference_credentials(&self) -> Result<(Option<Secret>, Option<Problem>), Error> {
         let Some(c) = self
             .set
             .spec
@@ -264,31 +238,28 @@ impl<'a> SetRound<'a> {
             .as_ref()
             .filter(|_| shares_credentials(self.set))
         else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let r = &c.secret_ref;
         let secret = Api::<Secret>::namespaced(self.ctx.client.clone(), &r.namespace)
             .get_opt(&r.name)
             .await
             .map_err(Error::Dereference)?;
-        self.digests.credentials = secret
-            .as_ref()
-            .map(|s| credentials_digest(self.set, &s.data.clone().unwrap_or_default()));
-        if secret.is_none() {
-            self.invalid = Some(Problem::new(
+        let problem = secret.is_none().then(|| {
+            Problem::new(
                 "CredentialsNotFound",
                 format!(
                     "the credentials Secret {}/{} (spec.credentials.secretRef) does not exist",
                     r.namespace, r.name
                 ),
-            ));
-        }
-        Ok(secret)
+            )
+        });
+        Ok((secret, problem))
     }
 
     /// The shared CA bundle ConfigMap (opt-in only); a missing one, or one the template does
     /// not name, makes the set invalid.
-    async fn dereference_ca(&mut self) -> Result<Option<ConfigMap>, Error> {
+    async fn dereference_ca(&self) -> Result<(Option<ConfigMap>, Option<Problem>), Error> {
         let Some(c) = self
             .set
             .spec
@@ -296,46 +267,46 @@ impl<'a> SetRound<'a> {
             .as_ref()
             .filter(|c| c.share_to_namespaces)
         else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let r = &c.config_map_ref;
         if !template_uses_shared_ca(self.set) {
-            self.invalid.get_or_insert_with(|| Problem::new(
+            let problem = Problem::new(
                 "CaBundleUnused",
-                format!("spec.caBundle shares ConfigMap {}/{}, but no caBundle.configMap of the template (archive.s3, target.postgres) names {}", r.namespace, r.name, r.name),
-            ));
-            return Ok(None);
+                format!(
+                    "spec.caBundle shares ConfigMap {}/{}, but no caBundle.configMap of the template (archive.s3, target.postgres) names {}",
+                    r.namespace, r.name, r.name
+                ),
+            );
+            return Ok((None, Some(problem)));
         }
         let cm = Api::<ConfigMap>::namespaced(self.ctx.client.clone(), &r.namespace)
             .get_opt(&r.name)
             .await
             .map_err(Error::Dereference)?;
-        self.digests.ca = cm.as_ref().map(|c| config_map_digest(self.set, c));
-        if cm.is_none() {
-            self.invalid.get_or_insert_with(|| {
-                Problem::new(
-                    "CaBundleNotFound",
-                    format!(
-                        "the CA bundle ConfigMap {}/{} (spec.caBundle.configMapRef) does not exist",
-                        r.namespace, r.name
-                    ),
-                )
-            });
-        }
-        Ok(cm)
+        let problem = cm.is_none().then(|| {
+            Problem::new(
+                "CaBundleNotFound",
+                format!(
+                    "the CA bundle ConfigMap {}/{} (spec.caBundle.configMapRef) does not exist",
+                    r.namespace, r.name
+                ),
+            )
+        });
+        Ok((cm, problem))
     }
 
     /// Every selected namespace keeps its ArchiveSource, and its credentials and CA copies
     /// while the set shares them (whether or not this round applies them); the rest is pruned.
-    fn keep_selected(&mut self, children: &mut ChildSet<'_>, observed: &Observed, shared: &Shared) {
-        self.children = observed
-            .sources
-            .iter()
-            .filter(|(_, s)| owned_by(&***s, self.set))
-            .map(|(ns, s)| (ns.clone(), (**s).clone()))
-            .collect();
+    /// Returns the set's children the caches hold.
+    fn keep_selected(
+        &self,
+        children: &mut ChildSet<'_>,
+        observed: &Observed,
+        shared: &Shared,
+    ) -> Owned {
         // An invalid set keeps what it shares: running engines still use the copies.
-        let invalid = self.invalid.is_some();
+        let invalid = shared.invalid.is_some();
         let sharing = shared.secret.is_some() || (invalid && shares_credentials(self.set));
         let sharing_ca = shared.ca.is_some() || (invalid && shared_ca_name(self.set).is_some());
         let (name, copy, ca) = (
@@ -343,12 +314,6 @@ impl<'a> SetRound<'a> {
             copy_name(self.set),
             ca_copy_name(self.set),
         );
-        self.restores = observed
-            .restores
-            .iter()
-            .filter(|(_, r)| owned_by(&***r, self.set))
-            .map(|(ns, r)| (ns.clone(), (**r).clone()))
-            .collect();
         let restores = stamps_restores(self.set);
         for ns in &observed.selected {
             if restores {
@@ -363,105 +328,141 @@ impl<'a> SetRound<'a> {
                 children.keep::<ConfigMap>(ns, &ca);
             }
         }
+        Owned {
+            sources: self.owned(&observed.sources),
+            restores: self.owned(&observed.restores),
+            problems: BTreeMap::new(),
+        }
     }
 
-    fn fail(&mut self, ns: &str, reason: &str, message: String) {
-        self.problems
-            .insert(ns.to_string(), Problem::new(reason, message));
+    /// The objects among `cached` the set owns, by namespace.
+    fn owned<K: kube::Resource + Clone>(
+        &self,
+        cached: &BTreeMap<String, Arc<K>>,
+    ) -> BTreeMap<String, K> {
+        cached
+            .iter()
+            .filter(|(_, c)| owned_by(&***c, self.set))
+            .map(|(ns, c)| (ns.clone(), (**c).clone()))
+            .collect()
+    }
+
+    /// Applies each selected namespace (none while the set is invalid): what each came to.
+    async fn apply_selected(
+        &self,
+        children: &mut ChildSet<'_>,
+        observed: &Observed,
+        shared: &Shared,
+        head: &Head,
+    ) -> Result<Vec<(String, NamespaceApplied)>, Error> {
+        let mut applied = vec![];
+        if shared.invalid.is_none() {
+            for ns in &observed.selected {
+                let found = self.apply_namespace(children, ns, observed, shared, head);
+                applied.push((ns.clone(), found.await?));
+            }
+        }
+        Ok(applied)
     }
 
     /// Copies the Secret (opt-in only) and applies the ArchiveSource of one namespace; objects
     /// of the same names the set does not own are conflicts, never taken over.
     async fn apply_namespace(
-        &mut self,
+        &self,
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
         shared: &Shared,
-    ) -> Result<(), Error> {
+        head: &Head,
+    ) -> Result<NamespaceApplied, Error> {
         let name = self.set.name_any();
         if stamps_restores(self.set) {
-            return self.apply_restore(children, ns, observed, shared).await;
+            return self
+                .apply_restore(children, ns, observed, shared, head)
+                .await;
         }
-        let Some(existing) = self
+        let existing = match self
             .own_child(ns, observed.sources.get(ns), children, observed, shared)
             .await?
-        else {
-            return Ok(());
+        {
+            Ok(existing) => existing,
+            Err(problem) => return Ok(NamespaceApplied::failed(&problem.reason, problem.message)),
         };
-        if let Some(n) =
-            per_namespace_secret(self.set).filter(|_| !observed.has_secret.contains(ns))
-        {
+        let secret_missing = per_namespace_secret(self.set)
+            .filter(|_| !observed.has_secret.contains(ns))
             // Applied anyway: the engines start once the Secret is there.
-            self.fail(ns, "SecretNotFound", format!("template.spec.archive.s3.credentials names Secret {n}, which does not exist in namespace {ns}; create it there, or share a Secret with spec.credentials (shareToNamespaces: true)"));
-        }
-        let desired = child_source(self.set, ns, &self.digests);
-        match children
-            .apply_over(desired, existing.as_ref().map(|s| &s.metadata))
-            .await
-        {
-            Ok(Some(s)) => {
-                self.children.insert(ns.to_string(), s);
-            }
-            Ok(None) => {}
-            Err(e) => self.fail(
-                ns,
-                "ApplyFailed",
-                format!("applying ArchiveSource {ns}/{name}: {e}"),
-            ),
-        }
-        Ok(())
+            .map(|n| Problem::new("SecretNotFound", format!("template.spec.archive.s3.credentials names Secret {n}, which does not exist in namespace {ns}; create it there, or share a Secret with spec.credentials (shareToNamespaces: true)")));
+        let desired = child_source(self.set, ns, &shared.digests);
+        Ok(
+            match children
+                .apply_over(desired, existing.as_ref().map(|s| &s.metadata))
+                .await
+            {
+                Ok(source) => NamespaceApplied {
+                    source,
+                    problem: secret_missing,
+                    ..NamespaceApplied::default()
+                },
+                Err(e) => NamespaceApplied::failed(
+                    "ApplyFailed",
+                    format!("applying ArchiveSource {ns}/{name}: {e}"),
+                ),
+            },
+        )
     }
 
     /// The copies, then the ArchiveRestore of one namespace, with the refresh token its
     /// policy asks for now.
     async fn apply_restore(
-        &mut self,
+        &self,
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
         shared: &Shared,
-    ) -> Result<(), Error> {
+        head: &Head,
+    ) -> Result<NamespaceApplied, Error> {
         let name = self.set.name_any();
-        let Some(existing) = self
+        let existing = match self
             .own_child(ns, observed.restores.get(ns), children, observed, shared)
             .await?
-        else {
-            return Ok(());
-        };
-        let token = refresh_token(self.set, self.head, existing.as_ref());
-        let desired = child_restore(self.set, ns, &self.digests, &token);
-        match children
-            .apply_over(desired, existing.as_ref().map(|r| &r.metadata))
-            .await
         {
-            Ok(Some(r)) => {
+            Ok(existing) => existing,
+            Err(problem) => return Ok(NamespaceApplied::failed(&problem.reason, problem.message)),
+        };
+        let token = refresh_token(self.set, head.epoch, existing.as_ref());
+        let desired = child_restore(self.set, ns, &shared.digests, &token);
+        Ok(
+            match children
+                .apply_over(desired, existing.as_ref().map(|r| &r.metadata))
+                .await
+            {
                 // The applied object has no status yet: keep the observed one for the rollup.
-                let mut r = r;
-                r.status = existing.and_then(|e| e.status).or(r.status);
-                self.restores.insert(ns.to_string(), r);
-            }
-            Ok(None) => {}
-            Err(e) => self.fail(
-                ns,
-                "ApplyFailed",
-                format!("applying ArchiveRestore {ns}/{name}: {e}"),
-            ),
-        }
-        Ok(())
+                Ok(restore) => NamespaceApplied {
+                    restore: restore.map(|r| ArchiveRestore {
+                        status: existing.and_then(|e| e.status).or(r.status.clone()),
+                        ..r
+                    }),
+                    ..NamespaceApplied::default()
+                },
+                Err(e) => NamespaceApplied::failed(
+                    "ApplyFailed",
+                    format!("applying ArchiveRestore {ns}/{name}: {e}"),
+                ),
+            },
+        )
     }
 
     /// The set's child of kind `K` in `ns` as it is (`cached`: from the cache or the labelled
     /// list; one not there is read, in case someone else's has the name), after copying what
-    /// the set shares; `None` (and a problem) when the name is someone else's or a copy failed.
+    /// the set shares; a problem when the name is someone else's or a copy failed.
     async fn own_child<K: NamespacedChild>(
-        &mut self,
+        &self,
         ns: &str,
         cached: Option<&Arc<K>>,
         children: &mut ChildSet<'_>,
         observed: &Observed,
         shared: &Shared,
-    ) -> Result<Option<Option<K>>, Error> {
+    ) -> Result<Result<Option<K>, Problem>, Error> {
         let name = self.set.name_any();
         let existing = match cached {
             Some(c) => Some((**c).clone()),
@@ -472,83 +473,81 @@ impl<'a> SetRound<'a> {
         };
         if existing.as_ref().is_some_and(|c| !owned_by(c, self.set)) {
             let kind = K::kind(&());
-            self.fail(
-                ns,
+            return Ok(Err(Problem::new(
                 "NameConflict",
                 format!(
                     "an {kind} {ns}/{name} exists that this set does not own; rename or delete it"
                 ),
-            );
-            return Ok(None);
+            )));
         }
-        if !self.copy_shared(children, ns, observed, shared).await? {
-            return Ok(None);
-        }
-        Ok(Some(existing))
+        Ok(self
+            .copy_shared(children, ns, observed, shared)
+            .await?
+            .map(|()| existing))
     }
 
-    /// Copies what the set shares (opt-in only) into `ns`; false (and a problem) when a copy
-    /// failed or would overwrite someone else's object.
+    /// Copies what the set shares (opt-in only) into `ns`; a problem when a copy failed or
+    /// would overwrite someone else's object.
     async fn copy_shared(
-        &mut self,
+        &self,
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
         shared: &Shared,
-    ) -> Result<bool, Error> {
+    ) -> Result<Result<(), Problem>, Error> {
         if let Some(secret) = &shared.secret
-            && !self.copy_secret(children, ns, observed, secret).await
+            && let Err(problem) = self.copy_secret(children, ns, observed, secret).await
         {
-            return Ok(false);
+            return Ok(Err(problem));
         }
-        if let Some(ca) = &shared.ca
-            && !self.copy_ca(children, ns, observed, ca).await?
-        {
-            return Ok(false);
+        match &shared.ca {
+            Some(ca) => self.copy_ca(children, ns, observed, ca).await,
+            None => Ok(Ok(())),
         }
-        Ok(true)
     }
 
-    /// Copies the shared credentials into `ns`; false (and a problem) when that failed or a
-    /// Secret of the copy's name is someone else's.
+    /// Copies the shared credentials into `ns`; a problem when that failed or a Secret of
+    /// the copy's name is someone else's.
     async fn copy_secret(
-        &mut self,
+        &self,
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
         secret: &Secret,
-    ) -> bool {
+    ) -> Result<(), Problem> {
         let copy = copy_name(self.set);
         let ours = observed.copies.get(ns);
         if ours.is_some_and(|c| !owned_by(&**c, self.set)) {
-            self.fail(ns, "SecretConflict", format!("a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"));
-            return false;
+            return Err(Problem::new(
+                "SecretConflict",
+                format!(
+                    "a Secret {ns}/{copy} exists that this set does not own; the credentials are not copied over it (rename or delete it)"
+                ),
+            ));
         }
         let desired = secret_copy(self.set, ns, secret);
-        if let Err(e) = children
+        children
             .apply_over(desired, ours.map(|c| &c.metadata))
             .await
-        {
-            self.fail(
-                ns,
-                "CopyFailed",
-                format!("copying the credentials into Secret {ns}/{copy}: {e}"),
-            );
-            return false;
-        }
-        true
+            .map(drop)
+            .map_err(|e| {
+                Problem::new(
+                    "CopyFailed",
+                    format!("copying the credentials into Secret {ns}/{copy}: {e}"),
+                )
+            })
     }
 
-    /// Copies the shared CA bundle into `ns`; false (and a problem) when that failed or a
-    /// ConfigMap of the copy's name is someone else's (the cache holds only labelled ones: one
-    /// that is not cached is read before it is created).
+    /// Copies the shared CA bundle into `ns`; a problem when that failed or a ConfigMap of the
+    /// copy's name is someone else's (the cache holds only labelled ones: one that is not
+    /// cached is read before it is created).
     async fn copy_ca(
-        &mut self,
+        &self,
         children: &mut ChildSet<'_>,
         ns: &str,
         observed: &Observed,
         ca: &ConfigMap,
-    ) -> Result<bool, Error> {
+    ) -> Result<Result<(), Problem>, Error> {
         let copy = ca_copy_name(self.set);
         let existing = match observed.ca_copies.get(ns) {
             Some(c) => Some(c.metadata.clone()),
@@ -559,32 +558,42 @@ impl<'a> SetRound<'a> {
                 .map(|c| c.metadata),
         };
         if existing.as_ref().is_some_and(|m| !owns(m, self.set)) {
-            self.fail(ns, "ConfigMapConflict", format!("a ConfigMap {ns}/{copy} exists that this set does not own; the CA bundle is not copied over it (rename or delete it)"));
-            return Ok(false);
+            return Ok(Err(Problem::new(
+                "ConfigMapConflict",
+                format!(
+                    "a ConfigMap {ns}/{copy} exists that this set does not own; the CA bundle is not copied over it (rename or delete it)"
+                ),
+            )));
         }
         let desired = ca_copy(self.set, ns, ca);
-        if let Err(e) = children.apply_over(desired, existing.as_ref()).await {
-            self.fail(
-                ns,
-                "CopyFailed",
-                format!("copying the CA bundle into ConfigMap {ns}/{copy}: {e}"),
-            );
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(children
+            .apply_over(desired, existing.as_ref())
+            .await
+            .map(drop)
+            .map_err(|e| {
+                Problem::new(
+                    "CopyFailed",
+                    format!("copying the CA bundle into ConfigMap {ns}/{copy}: {e}"),
+                )
+            }))
     }
 
     /// Deletes what the set owns outside the selection (and the copies once sharing is off).
-    async fn prune(&self, children: &mut ChildSet<'_>, observed: &Observed) -> Result<(), Error> {
+    async fn prune(
+        &self,
+        children: &mut ChildSet<'_>,
+        observed: &Observed,
+        owned: &Owned,
+    ) -> Result<(), Error> {
         let name = self.set.name_any();
-        let sources = self
-            .children
+        let sources = owned
+            .sources
             .keys()
             .map(|ns| (ns.clone(), name.clone()))
             .collect();
         children.prune_among::<ArchiveSource>(sources).await?;
         // A restore leaves with its namespace; the database it filled is not touched.
-        let restores = self
+        let restores = owned
             .restores
             .keys()
             .map(|ns| (ns.clone(), name.clone()))
@@ -607,66 +616,79 @@ impl<'a> SetRound<'a> {
         Ok(())
     }
 
-    /// The children's conditions rolled up into status (written only when changed), with
-    /// Events on its conditions' transitions.
+    /// Status (only when changed), with Events on its conditions' transitions.
     async fn write_status(
-        mut self,
-        applier: &Applier<'_>,
-        selected: &[String],
+        &self,
+        status: &ArchiveSourceSetStatus,
+        events: &[Event],
     ) -> Result<(), Error> {
-        let obs = SetObservation {
-            invalid: self.invalid.take(),
-            namespaces: selected
-                .iter()
-                .map(|ns| {
-                    let problem = self.problems.remove(ns);
-                    let state = if stamps_restores(self.set) {
-                        restore_namespace_state(problem, self.restores.get(ns))
-                    } else {
-                        namespace_state(problem, self.children.get(ns))
-                    };
-                    (ns.clone(), state)
-                })
-                .collect(),
-        };
-        let restores = if stamps_restores(self.set) {
-            namespace_restores(
-                &obs,
-                &self.restores,
-                &self.set.status.clone().unwrap_or_default().restores,
-            )
-        } else {
-            vec![]
-        };
-        let old = self.set.status.clone().unwrap_or_default();
-        let generation = self.set.metadata.generation;
-        let status = ArchiveSourceSetStatus {
-            observed_generation: generation,
-            conditions: conditions::merge(
-                &old.conditions,
-                &source_set_conditions(&obs),
-                &SOURCE_SET_TYPES,
-                self.ctx.now(),
-                generation,
-            ),
-            desired_namespaces: Some(selected.len() as i32),
-            ready_namespaces: Some(obs.ready() as i32),
-            failing_namespaces: failing_namespaces(&obs),
-            head_epoch: self.head,
-            head_epoch_read_time: self.head_read.clone(),
-            restores,
-        };
-        let events = set_events(&old.conditions, &status.conditions);
-        applier
+        self.applier
             .report(
                 &Api::<ArchiveSourceSet>::all(self.ctx.client.clone()),
                 self.set,
                 self.set.status.as_ref(),
-                &status,
-                &events,
+                status,
+                events,
             )
             .await
     }
+}
+
+/// The children's conditions rolled up into status, and Events on its conditions'
+/// transitions.
+fn status(
+    set: &ArchiveSourceSet,
+    selected: &[String],
+    shared: &Shared,
+    owned: Owned,
+    head: Head,
+    now: jiff::Timestamp,
+) -> (ArchiveSourceSetStatus, Vec<Event>) {
+    let Owned {
+        sources,
+        restores,
+        mut problems,
+    } = owned;
+    let obs = SetObservation {
+        invalid: shared.invalid.clone(),
+        namespaces: selected
+            .iter()
+            .map(|ns| {
+                let problem = problems.remove(ns);
+                let state = if stamps_restores(set) {
+                    restore_namespace_state(problem, restores.get(ns))
+                } else {
+                    namespace_state(problem, sources.get(ns))
+                };
+                (ns.clone(), state)
+            })
+            .collect(),
+    };
+    let old = set.status.clone().unwrap_or_default();
+    let restores = if stamps_restores(set) {
+        namespace_restores(&obs, &restores, &old.restores)
+    } else {
+        vec![]
+    };
+    let generation = set.metadata.generation;
+    let status = ArchiveSourceSetStatus {
+        observed_generation: generation,
+        conditions: conditions::merge(
+            &old.conditions,
+            &source_set_conditions(&obs),
+            &SOURCE_SET_TYPES,
+            now,
+            generation,
+        ),
+        desired_namespaces: Some(selected.len() as i32),
+        ready_namespaces: Some(obs.ready() as i32),
+        failing_namespaces: failing_namespaces(&obs),
+        head_epoch: head.epoch,
+        head_epoch_read_time: head.read,
+        restores,
+    };
+    let events = set_events(&old.conditions, &status.conditions);
+    (status, events)
 }
 
 /// The failing namespaces for status, bounded in number and size.
