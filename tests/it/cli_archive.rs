@@ -369,10 +369,10 @@ fn each_archive_subcommand_shows_only_its_own_flags() {
         flags_of(&["archive", "reconstruct"]),
         with(&["--allow-partial", "--at", "--key-fields"])
     );
-    assert_eq!(flags_of(&["archive", "inspect"]), with(&["--json"]));
+    assert_eq!(flags_of(&["archive", "inspect"]), with(&["--output"]));
     assert_eq!(
         flags_of(&["archive", "verify"]),
-        with(&["--clock-allowance"])
+        with(&["--clock-allowance", "--output"])
     );
     assert_eq!(
         flags_of(&["archive", "gc"]),
