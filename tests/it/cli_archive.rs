@@ -376,7 +376,12 @@ fn each_archive_subcommand_shows_only_its_own_flags() {
     );
     assert_eq!(
         flags_of(&["archive", "gc"]),
-        with(&["--clock-allowance", "--delete", "--include-listed-epochs"])
+        with(&[
+            "--clock-allowance",
+            "--delete",
+            "--include-listed-epochs",
+            "--output"
+        ])
     );
 }
 
