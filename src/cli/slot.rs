@@ -82,7 +82,7 @@ pub struct SlotStatusArgs {
     /// How often the served figures are refreshed.
     #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
     pub interval: Duration,
-    /// Without --listen: the format of the report on stdout.
+    // Without --listen: the format of the report on stdout.
     #[command(flatten)]
     pub output: super::output::DocumentOutputArgs,
 }

@@ -200,8 +200,8 @@ fn larch_on(db: &Database) -> Command {
 }
 
 /// A row over laredo's 4 MiB protobuf record limit: the error names the table and the row's
-/// key (cut short), and nothing is committed. The summary of an export that works is YAML with
-/// `-o yaml`.
+/// key (cut short), and nothing is committed. The summaries of an export and a restore that
+/// work are YAML with `-o yaml`.
 #[tokio::test]
 async fn a_record_over_the_limit_names_its_table_and_key() {
     let db = new_database().await;
@@ -242,6 +242,24 @@ async fn a_record_over_the_limit_names_its_table_and_key() {
     assert!(out.status.success(), "{out:?}");
     let summary: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["row_count"], 3, "{summary}");
+    // The restore's summary too, back into the same table.
+    let out = larch_on(&db)
+        .args([
+            "restore",
+            "--table",
+            "fine",
+            "--if-exists",
+            "replace",
+            "-o",
+            "yaml",
+        ])
+        .args(["--store", "local", "--path", &path])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let restored: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(restored["position"], summary["position"], "{restored}");
+    assert_eq!(restored["tables"].as_array().map(Vec::len), Some(1));
 }
 
 /// `--follow` through a publication larch did not create (it publishes another table): the
