@@ -117,6 +117,12 @@ for db in restore_copy restore_larch; do psql -q -c "CREATE DATABASE $db"; done
 pg_dump --schema-only -t public.events postgres | psql -q -d restore_copy >/dev/null
 measure "COPY events FROM file (empty table with its key)" psql -d restore_copy -c "COPY public.events FROM '$work/copy/events'"
 restore_copy_secs=$(cat "$work/last")
+# The engine's address from its log: the `larch engine listening` event's `addr` (JSON), or the
+# plain `larch engine listening on ADDR` line of a binary from before that event.
+listen_addr() {
+  sed -n -e '/larch engine listening.*"tls":false/s/.*"addr":"\([^"]*\)".*/\1/p' \
+    -e 's/^larch engine listening on \([^ ]*\)$/\1/p' "$1" | head -1
+}
 restore() { # label, larch binary, database: `larch engine` from start to ready, peak RSS
   echo "$dsn" | sed "s/dbname=postgres/dbname=$3/" > "$work/$3.dsn"
   cat > "$work/$3.yaml" <<YAML
@@ -134,9 +140,9 @@ tables:
 YAML
   local t0 a pid secs
   t0=$(date +%s.%N)
-  LARCH_LOG=warn "$2" engine --config "$work/$3.yaml" --listen 127.0.0.1:0 2>"$work/$3.log" &
+  LARCH_LOG=warn,larch_run::engine=info LARCH_LOG_FORMAT=json "$2" engine --config "$work/$3.yaml" --listen 127.0.0.1:0 2>"$work/$3.log" &
   pid=$!; engine_pids="${engine_pids:-} $pid"
-  until a=$(sed -n 's/.*listening on \(.*\)$/\1/p' "$work/$3.log" | head -1) && [ -n "$a" ] \
+  until a=$(listen_addr "$work/$3.log") && [ -n "$a" ] \
     && curl -sf "http://$a/health/ready" >/dev/null 2>&1; do
     kill -0 "$pid" 2>/dev/null || { cat "$work/$3.log" >&2; exit 1; }
     sleep 0.05
@@ -234,13 +240,13 @@ tables:
     targets:
       - $2
 YAML
-  LARCH_LOG=warn "$larch" engine --config "$work/engine-$1.yaml" --listen 127.0.0.1:0 2>"$work/engine-$1.log" &
+  LARCH_LOG=warn,larch_run::engine=info LARCH_LOG_FORMAT=json "$larch" engine --config "$work/engine-$1.yaml" --listen 127.0.0.1:0 2>"$work/engine-$1.log" &
   engine_pids="${engine_pids:-} $!"
   eval "engine_$1_pid=$!"
 }
 engine memory "{type: memory, index_fields: [tenant]}"
 engine postgres "{type: postgres, connection_file: \"$work/target.dsn\"}"
-engine_addr() { sed -n 's/.*listening on \(.*\)$/\1/p' "$work/engine-$1.log" | head -1; }
+engine_addr() { listen_addr "$work/engine-$1.log"; }
 for kind in memory postgres; do
   for _ in $(seq 1 1200); do
     a=$(engine_addr "$kind"); [ -n "$a" ] && curl -sf "http://$a/health/ready" >/dev/null 2>&1 && break

@@ -5,6 +5,7 @@ use std::io::Write;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
+use super::output::{self, Output, OutputArgs};
 use super::{StoreArgs, parse_formats, parse_list, parse_table_arg};
 use crate::archive::format::Format;
 use crate::archive::manifest::{ArtifactKind, Manifest, format_time};
@@ -89,9 +90,8 @@ pub struct ReconstructArgs {
 pub struct InspectArgs {
     #[command(flatten)]
     pub archive: ArchiveArgs,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -100,6 +100,8 @@ pub struct VerifyArgs {
     pub archive: ArchiveArgs,
     #[command(flatten)]
     pub clock: ClockAllowanceArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -115,6 +117,8 @@ pub struct GcArgs {
     /// killed before its commit). Only when no writer is running on the prefix.
     #[arg(long)]
     pub include_listed_epochs: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// `--at`: a position or an RFC 3339 time (the parser of every `--at`).
@@ -316,7 +320,8 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
     let broken = broken_links(&manifest);
     let reaches_head = crate::archive::position::same(&plan.head_position, &manifest.head_position);
     let restorable = window(&manifest);
-    if args.json {
+    let format = args.output.format();
+    if format != Output::Table {
         let doc = serde_json::json!({
             "table": manifest.table,
             "manifest_version": manifest.manifest_version,
@@ -331,7 +336,7 @@ async fn inspect(args: InspectArgs) -> anyhow::Result<i32> {
             "chain": {"snapshot_epoch": plan.snapshot.as_ref().map(|s| s.epoch), "diffs": plan.diffs.len(), "reaches": plan.head_position, "reaches_head": reaches_head, "broken_links": broken},
             "restorable": restorable,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        output::print(&doc, format, String::new)?;
         return Ok(0);
     }
     println!("table:        {}", manifest.table);
@@ -525,29 +530,80 @@ async fn run_verify(args: VerifyArgs) -> anyhow::Result<i32> {
         args.clock.clock_allowance,
     )
     .await?;
-    for o in &unreferenced {
-        println!("unreferenced: {}", describe_unreferenced(o));
-    }
-    if report.problems.is_empty() {
-        println!(
-            "ok: {} ({} artifacts, {} objects checked, head {})",
-            reader.manifest_key(),
-            manifest.artifacts.len(),
-            report.checked_objects,
-            manifest.head_position
-        );
-        return Ok(0);
-    }
+    let result = VerifyResult {
+        manifest: reader.manifest_key(),
+        ok: report.problems.is_empty(),
+        artifacts: manifest.artifacts.len(),
+        checked_objects: report.checked_objects,
+        head_position: manifest.head_position.clone(),
+        problems: report.problems.clone(),
+        unreferenced: unreferenced.iter().map(UnreferencedView::of).collect(),
+    };
     // The problems are the result: stdout, like `ok` (stderr is for errors that stop it).
-    for p in &report.problems {
-        println!("problem: {p}");
+    output::print(&result, args.output.format(), || {
+        verify_text(&result, &unreferenced)
+    })?;
+    Ok(if result.ok { 0 } else { 1 })
+}
+
+/// What `larch archive verify -o json|yaml` prints.
+#[derive(serde::Serialize)]
+struct VerifyResult {
+    manifest: String,
+    ok: bool,
+    artifacts: usize,
+    checked_objects: usize,
+    head_position: String,
+    problems: Vec<String>,
+    unreferenced: Vec<UnreferencedView>,
+}
+
+/// An object the manifest does not reference, as `verify` and `gc` print it.
+#[derive(serde::Serialize)]
+struct UnreferencedView {
+    key: String,
+    size: u64,
+    epoch: i64,
+    modified: Option<String>,
+    class: String,
+}
+
+impl UnreferencedView {
+    fn of(o: &UnreferencedObject) -> Self {
+        UnreferencedView {
+            key: o.key.clone(),
+            size: o.size,
+            epoch: o.epoch,
+            modified: o.modified.map(|m| m.to_rfc3339()),
+            class: o.class.describe().to_string(),
+        }
     }
-    println!(
+}
+
+fn verify_text(result: &VerifyResult, unreferenced: &[UnreferencedObject]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for o in unreferenced {
+        let _ = writeln!(out, "unreferenced: {}", describe_unreferenced(o));
+    }
+    if result.ok {
+        let _ = writeln!(
+            out,
+            "ok: {} ({} artifacts, {} objects checked, head {})",
+            result.manifest, result.artifacts, result.checked_objects, result.head_position
+        );
+        return out;
+    }
+    for p in &result.problems {
+        let _ = writeln!(out, "problem: {p}");
+    }
+    let _ = writeln!(
+        out,
         "{} problem(s) in {}",
-        report.problems.len(),
-        reader.manifest_key()
+        result.problems.len(),
+        result.manifest
     );
-    Ok(1)
+    out
 }
 
 async fn gc(args: GcArgs) -> anyhow::Result<i32> {
@@ -570,36 +626,73 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         classes.push(Unreferenced::ListedEpoch);
     }
     let (chosen, kept): (Vec<_>, Vec<_>) = found.iter().partition(|o| classes.contains(&o.class));
-    for o in &kept {
-        println!("keep:   {}", describe_unreferenced(o));
-    }
-    let bytes: u64 = chosen.iter().map(|o| o.size).sum();
-    if !args.delete {
-        for o in &chosen {
-            println!("would delete: {}", describe_unreferenced(o));
+    let mut result = GcResult {
+        key_prefix: reader.key_prefix().to_string(),
+        dry_run: !args.delete,
+        kept: kept.iter().map(|o| UnreferencedView::of(o)).collect(),
+        chosen: chosen.iter().map(|o| UnreferencedView::of(o)).collect(),
+        bytes: chosen.iter().map(|o| o.size).sum(),
+        deleted: Vec::new(),
+    };
+    if args.delete {
+        // A writer that committed since: its new objects were judged against an older manifest.
+        let now = reader.try_load_manifest().await?.map(|(_, r)| r);
+        if now.as_deref() != Some(revision.as_str()) {
+            anyhow::bail!(
+                "{} changed while gc ran (a writer is active): nothing deleted; run gc again",
+                reader.manifest_key()
+            );
         }
-        println!(
-            "dry run: {} object(s), {bytes} B would be deleted from {}; pass --delete to delete",
-            chosen.len(),
-            reader.key_prefix()
-        );
-        return Ok(0);
+        let owned: Vec<UnreferencedObject> = chosen.into_iter().cloned().collect();
+        result.deleted = remove(store, &owned, &classes)
+            .await
+            .with_context(|| format!("deleting orphans under {:?}", reader.key_prefix()))?;
     }
-    // A writer that committed since: its new objects were judged against an older manifest.
-    let now = reader.try_load_manifest().await?.map(|(_, r)| r);
-    if now.as_deref() != Some(revision.as_str()) {
-        anyhow::bail!(
-            "{} changed while gc ran (a writer is active): nothing deleted; run gc again",
-            reader.manifest_key()
-        );
-    }
-    let owned: Vec<UnreferencedObject> = chosen.into_iter().cloned().collect();
-    let deleted = remove(store, &owned, &classes)
-        .await
-        .with_context(|| format!("deleting orphans under {:?}", reader.key_prefix()))?;
-    for k in &deleted {
-        println!("deleted: {k}");
-    }
-    println!("deleted {} object(s), {bytes} B", deleted.len());
+    output::print(&result, args.output.format(), || gc_text(&result))?;
     Ok(0)
+}
+
+/// What `larch archive gc -o json|yaml` prints: `chosen` are the objects it deletes (or would,
+/// in a dry run), `kept` the unreferenced ones it leaves.
+#[derive(serde::Serialize)]
+struct GcResult {
+    key_prefix: String,
+    dry_run: bool,
+    kept: Vec<UnreferencedView>,
+    chosen: Vec<UnreferencedView>,
+    bytes: u64,
+    deleted: Vec<String>,
+}
+
+fn gc_text(r: &GcResult) -> String {
+    use std::fmt::Write as _;
+    let describe = |o: &UnreferencedView| {
+        let modified = o.modified.as_deref().unwrap_or("unknown");
+        format!(
+            "{} ({} B, epoch {}, modified {modified}): {}",
+            o.key, o.size, o.epoch, o.class
+        )
+    };
+    let mut out = String::new();
+    for o in &r.kept {
+        let _ = writeln!(out, "keep:   {}", describe(o));
+    }
+    if r.dry_run {
+        for o in &r.chosen {
+            let _ = writeln!(out, "would delete: {}", describe(o));
+        }
+        let _ = writeln!(
+            out,
+            "dry run: {} object(s), {} B would be deleted from {}; pass --delete to delete",
+            r.chosen.len(),
+            r.bytes,
+            r.key_prefix
+        );
+        return out;
+    }
+    for k in &r.deleted {
+        let _ = writeln!(out, "deleted: {k}");
+    }
+    let _ = writeln!(out, "deleted {} object(s), {} B", r.deleted.len(), r.bytes);
+    out
 }

@@ -52,9 +52,10 @@ pub struct EngineArgs {
     #[arg(long)]
     pub check: bool,
     /// On a fatal error, write `{"reason": …, "error": …}` here (on Kubernetes:
-    /// /dev/termination-log, which the operator reads).
-    #[arg(long)]
-    pub termination_log: Option<PathBuf>,
+    /// /dev/termination-log, which the operator reads; the older name of this flag is accepted
+    /// too).
+    #[arg(long, alias = "termination-log")]
+    pub summary_file: Option<PathBuf>,
 }
 
 pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {

@@ -85,8 +85,10 @@ pub struct ExportArgs {
     pub key_fields: Option<String>,
     /// Also write the summary JSON to this file; on a failure, `{"reason": …, "error": …}`
     /// instead (Kubernetes: /dev/termination-log, which the operator reads).
-    #[arg(long)]
+    #[arg(long, alias = "termination-log")]
     pub summary_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: super::output::DocumentOutputArgs,
     /// Replication slot name (default `larch_<schema>_<table>`; with several --table,
     /// `larch_set_<hash of the tables>`).
     #[arg(long)]
@@ -119,8 +121,8 @@ pub struct ExportArgs {
     /// Re-base when the last snapshot is older than this (also on an idle table).
     #[arg(long, value_parser = duration_text)]
     pub max_interval: Option<String>,
-    /// Re-base when a diff reaches this many bytes.
-    #[arg(long)]
+    /// Re-base when a diff reaches this size (bytes, or 64MB, 64MiB, 1Gi, ...).
+    #[arg(long, value_parser = crate::archive::spill::parse_size)]
     pub max_diff_bytes: Option<u64>,
     /// Re-base when a diff reaches this fraction of the last snapshot's size.
     #[arg(long, value_parser = fraction_text)]
@@ -166,7 +168,8 @@ pub struct ExportArgs {
     #[arg(long, default_value = "15s", value_parser = duration_text)]
     pub lease_duration: String,
     /// Memory for buffered changes (--follow: the transaction being received and those waiting
-    /// for the next diff); past it they spill to --spill-dir. Bytes or 64Mi, 1Gi, ...
+    /// for the next diff); past it they spill to --spill-dir. Bytes, or decimal 64MB, 1GB, or
+    /// binary 64MiB (64Mi), 1GiB (1Gi).
     #[arg(long, default_value = "64Mi", value_parser = crate::archive::spill::parse_size)]
     pub buffer_memory: u64,
     /// Directory for spilled changes (default: $TMPDIR/larch-spill).
@@ -325,10 +328,11 @@ pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     super::init_tracing();
     let source = SourceConnection {
         dsn,
-        hint: connection.hint(),
+        cleanup: connection.cleanup_command(),
     };
+    let format = args.output.format();
     if let Some(summary) = crate::export::run::run(request, source).await? {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        super::output::print(&summary, format, String::new)?;
     }
     Ok(0)
 }

@@ -4,6 +4,7 @@ pub mod archive;
 pub mod engine;
 pub mod export;
 pub mod operator;
+pub mod output;
 pub mod restore;
 pub mod slot;
 pub mod status;
@@ -297,7 +298,7 @@ impl Command {
         };
         match self {
             Command::Export(a) | Command::Archive(archive::ArchiveCommand::Export(a)) => export(a),
-            Command::Engine(a) => a.termination_log.clone(),
+            Command::Engine(a) => a.summary_file.clone(),
             Command::Restore(a) => a.summary_file.clone().or_else(|| {
                 let request = larch_contract::restore_request::RestoreRequest::from_json(
                     a.request.as_deref()?,
@@ -468,12 +469,25 @@ impl ConnectionArgs {
         }
     }
 
-    /// How to pass the same connection to another command, without the secret itself.
-    pub fn hint(&self) -> String {
-        match (&self.connection_file, &self.connection) {
-            (Some(f), _) => format!("--connection-file {}", f.display()),
-            (None, Some(_)) => "--connection '<the same connection string>'".into(),
-            (None, None) => "(with LARCH_PG_DSN set)".into(),
+    /// `larch export cleanup` with the same connection, as a command that can be pasted
+    /// into the same shell, without the secret itself.
+    pub fn cleanup_command(&self) -> crate::export::run::CleanupCommand {
+        let (flags, note) = match (&self.connection_file, &self.connection) {
+            (Some(f), _) => (format!(" --connection-file {}", f.display()), String::new()),
+            (None, Some(_)) => (
+                " --connection-file FILE".to_string(),
+                " (FILE: a file holding the connection string this export was given with \
+                 --connection, which is not repeated here)"
+                    .to_string(),
+            ),
+            (None, None) => (
+                String::new(),
+                " (in a shell where LARCH_PG_DSN holds the same connection string)".to_string(),
+            ),
+        };
+        crate::export::run::CleanupCommand {
+            command: format!("larch export cleanup{flags}"),
+            note,
         }
     }
 }

@@ -53,8 +53,10 @@ pub struct RestoreArgs {
     pub spill_dir: Option<PathBuf>,
     /// Also write the summary JSON to this file; on a failure, `{"reason": …, "error": …}`
     /// instead (Kubernetes: /dev/termination-log, which the operator reads).
-    #[arg(long)]
+    #[arg(long, alias = "termination-log")]
     pub summary_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: super::output::DocumentOutputArgs,
 }
 
 impl RestoreArgs {
@@ -94,12 +96,11 @@ pub async fn run(args: RestoreArgs) -> anyhow::Result<i32> {
     };
     let dsn = connection.dsn()?;
     let summary = crate::restore::run(&request, dsn).await?;
-    let text = serde_json::to_string_pretty(&summary)?;
     if let Some(path) = &request.summary_file {
         // Compact: a Kubernetes termination message holds 4096 bytes.
         std::fs::write(path, format!("{}\n", serde_json::to_string(&summary)?))
             .with_context(|| format!("writing --summary-file {}", path.display()))?;
     }
-    println!("{text}");
+    super::output::print(&summary, args.output.format(), String::new)?;
     Ok(0)
 }

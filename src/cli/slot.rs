@@ -60,9 +60,11 @@ pub struct CleanupArgs {
     /// cleanup fails.
     #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
     pub wait: Duration,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
+    /// Also write the JSON report to this file (compact, one line).
+    #[arg(long, alias = "termination-log")]
     pub summary_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: super::output::DocumentOutputArgs,
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +82,9 @@ pub struct SlotStatusArgs {
     /// How often the served figures are refreshed.
     #[arg(long, default_value = "10s", value_parser = parse_duration_arg)]
     pub interval: Duration,
+    // Without --listen: the format of the report on stdout.
+    #[command(flatten)]
+    pub output: super::output::DocumentOutputArgs,
 }
 
 pub async fn run(command: ExportCommand) -> anyhow::Result<i32> {
@@ -146,7 +151,13 @@ async fn run_cleanup(args: CleanupArgs) -> anyhow::Result<i32> {
         std::fs::write(path, format!("{text}\n"))
             .with_context(|| format!("writing --summary-file {}", path.display()))?;
     }
-    println!("{text}");
+    // JSON stays one line, as cleanup always printed it.
+    match args.output.format() {
+        super::output::Output::Yaml => {
+            super::output::print(&report, super::output::Output::Yaml, String::new)?
+        }
+        _ => println!("{text}"),
+    }
     Ok(0)
 }
 
@@ -187,15 +198,13 @@ async fn slot_status(args: SlotStatusArgs) -> anyhow::Result<i32> {
                 _ => eprintln!("{}: does not exist", r.name),
             }
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&SlotsStatus {
-                server: watcher.server(),
-                observed_at: Some(now_string()),
-                slots: reports,
-                last_error: None,
-            })?
-        );
+        let status = SlotsStatus {
+            server: watcher.server(),
+            observed_at: Some(now_string()),
+            slots: reports,
+            last_error: None,
+        };
+        super::output::print(&status, args.output.format(), String::new)?;
         return Ok(0);
     };
     super::init_tracing();

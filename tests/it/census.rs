@@ -458,8 +458,8 @@ fn crd_and_operator_refuse_what_they_cannot_do() {
              &["no Kubernetes client configuration", "/nonexistent/.kube/config"],
              &["status"])
             .env("HOME", "/nonexistent"),
-        case("status-bad-output", 2, &["invalid value 'yaml' for '--output <OUTPUT>'"],
-             &["status", "-o", "yaml"]),
+        case("status-bad-output", 2, &["invalid value 'xml' for '--output <OUTPUT>'"],
+             &["status", "-o", "xml"]),
         case("status-unknown-kind", 2,
              &["`deployment/web`: unknown kind `deployment` (archiveexport, archivesource"],
              &["status", "deployment/web"]),

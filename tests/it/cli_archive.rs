@@ -369,14 +369,19 @@ fn each_archive_subcommand_shows_only_its_own_flags() {
         flags_of(&["archive", "reconstruct"]),
         with(&["--allow-partial", "--at", "--key-fields"])
     );
-    assert_eq!(flags_of(&["archive", "inspect"]), with(&["--json"]));
+    assert_eq!(flags_of(&["archive", "inspect"]), with(&["--output"]));
     assert_eq!(
         flags_of(&["archive", "verify"]),
-        with(&["--clock-allowance"])
+        with(&["--clock-allowance", "--output"])
     );
     assert_eq!(
         flags_of(&["archive", "gc"]),
-        with(&["--clock-allowance", "--delete", "--include-listed-epochs"])
+        with(&[
+            "--clock-allowance",
+            "--delete",
+            "--include-listed-epochs",
+            "--output"
+        ])
     );
 }
 

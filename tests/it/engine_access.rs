@@ -378,17 +378,14 @@ async fn the_token_never_reaches_the_log() {
         .args(["--allow-control", "--protect-reads", "--token-file"])
         .arg(&token_file)
         .env("LARCH_LOG", "trace")
+        .env("LARCH_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
     let addr: std::net::SocketAddr = eventually(30, "the engine's address", || {
         let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        async move {
-            text.lines()
-                .find_map(|l| l.strip_prefix("larch engine listening on "))
-                .map(|a| a.parse().unwrap())
-        }
+        async move { text.lines().find_map(crate::engine_support::listening_addr) }
     })
     .await;
     wait_ready(addr).await;

@@ -206,7 +206,7 @@ fn bad_configs_name_the_file_and_the_field() {
 }
 
 /// A configuration error is one no restart fixes: exit 2, and the reason in
-/// `--termination-log` for the operator.
+/// `--summary-file` (the operator passes its older name, `--termination-log`).
 #[test]
 fn the_cli_reports_config_errors_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,10 +217,22 @@ fn the_cli_reports_config_errors_and_exits_2() {
     )
     .unwrap();
     let termination = dir.path().join("termination-log");
+    for flag in ["--summary-file", "--termination-log"] {
+        let _ = std::fs::remove_file(&termination);
+        let out = larch()
+            .args(["engine", "--config"])
+            .arg(&path)
+            .arg(flag)
+            .arg(&termination)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(termination.exists(), "{flag}");
+    }
     let out = larch()
         .args(["engine", "--config"])
         .arg(&path)
-        .arg("--termination-log")
+        .arg("--summary-file")
         .arg(&termination)
         .output()
         .unwrap();

@@ -39,6 +39,9 @@ impl CliEngine {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
             .args(["engine", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
+            // The address is an info event in JSON (a caller may ask for more).
+            .env("LARCH_LOG", "info")
+            .env("LARCH_LOG_FORMAT", "json")
             .envs(env.iter().copied())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -51,8 +54,8 @@ impl CliEngine {
                     .next()
                     .expect("the engine prints its address")
                     .unwrap();
-                if let Some(a) = line.strip_prefix("larch engine listening on ") {
-                    break a.parse::<SocketAddr>().unwrap();
+                if let Some(a) = listening_addr(&line) {
+                    break a;
                 }
             };
             // Keep draining so the child never blocks on a full pipe.
@@ -193,4 +196,14 @@ pub fn metric(body: &str, sample: &str) -> Option<f64> {
         .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The plain listener's address from the engine's `larch engine listening` event (a JSON log
+/// line: `"fields":{"message":"larch engine listening","addr":"127.0.0.1:PORT","tls":false}`).
+pub fn listening_addr(line: &str) -> Option<SocketAddr> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = &v["fields"];
+    (fields["message"] == larch::engine::LISTENING && fields["tls"] == false)
+        .then(|| fields["addr"].as_str()?.parse().ok())
+        .flatten()
 }

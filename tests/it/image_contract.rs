@@ -207,7 +207,10 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
     let version = Command::new(&binary).arg("--version").output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
-        format!("larch {} (commit 0123456789ab)", env!("CARGO_PKG_VERSION"))
+        format!(
+            "larch {} (commit 0123456789ab, debug build)",
+            env!("CARGO_PKG_VERSION")
+        )
     );
 
     let ldd = Command::new("ldd").arg(&binary).output().expect("ldd");

@@ -9,6 +9,7 @@ mod bounded_memory;
 mod bounded_memory_postgres;
 mod census;
 mod cli_archive;
+mod cli_conventions;
 #[cfg(feature = "crashpoints")]
 mod crash_safety;
 mod docs_claims;

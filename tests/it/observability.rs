@@ -414,12 +414,14 @@ async fn log_flags_choose_the_level_and_the_format() {
     };
     let lines_of = |flags: &[&str], env_level: &str| {
         let (mut child, log) = run(flags, env_level);
-        // The engine logs "engine started" at info once it serves; give it the time to.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        // The engine logs its address at info once it serves (nothing at `error`: then the
+        // wait runs out and the lines are what a quiet engine logged meanwhile).
+        let wait = if env_level == "error" { 2 } else { 30 };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(wait);
         while std::time::Instant::now() < deadline
             && !std::fs::read_to_string(&log)
                 .unwrap_or_default()
-                .contains("larch engine listening on")
+                .contains(larch::engine::LISTENING)
         {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -431,7 +433,6 @@ async fn log_flags_choose_the_level_and_the_format() {
         std::fs::read_to_string(&log)
             .unwrap()
             .lines()
-            .filter(|l| !l.starts_with("larch engine listening on"))
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
@@ -442,6 +443,12 @@ async fn log_flags_choose_the_level_and_the_format() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
         assert!(v["level"].is_string(), "{l}");
     }
+    // The listener's address is an event like the others, its `addr` a socket address.
+    assert!(
+        json.iter()
+            .any(|l| crate::engine_support::listening_addr(l).is_some_and(|a| a.port() != 0)),
+        "{json:?}"
+    );
     // --log-format text (before the command) and --log-level info over LARCH_LOG=error.
     let text = lines_of(&["--log-format", "text", "--log-level", "info"], "error");
     assert!(
@@ -450,6 +457,11 @@ async fn log_flags_choose_the_level_and_the_format() {
         "{text:?}"
     );
     assert!(text.iter().all(|l| !l.starts_with('{')), "{text:?}");
+    assert!(
+        text.iter()
+            .any(|l| l.contains("larch engine listening") && l.contains("addr=127.0.0.1:")),
+        "{text:?}"
+    );
     // LARCH_LOG=error alone keeps the info lines out.
     let quiet = lines_of(&[], "error");
     assert!(

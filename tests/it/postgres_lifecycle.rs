@@ -121,7 +121,8 @@ async fn follow_says_what_it_leaves_and_cleanup_drops_only_what_larch_created() 
             "replication slot {slot} (persistent: a restart resumes from it"
         )) && stderr.contains("of WAL on the server")
             && stderr.contains(&format!(
-                "larch export cleanup (with LARCH_PG_DSN set) --slot {slot} --publication {slot}"
+                "\n  larch export cleanup --slot {slot} --publication {slot} (in a shell where \
+                 LARCH_PG_DSN holds the same connection string)"
             )),
         "{stderr}"
     );

@@ -240,15 +240,17 @@ async fn an_oversized_manifest_is_refused_in_bounded_memory() {
     let mut engine = Command::new(env!("CARGO_BIN_EXE_larch"))
         .args(["engine", "--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
-        .env("LARCH_LOG", "warn")
+        // Warnings, and the info event with the listener's address.
+        .env("LARCH_LOG", "warn,larch_run::engine=info")
+        .env("LARCH_LOG_FORMAT", "json")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(engine.stderr.take().unwrap()).lines();
     let addr: SocketAddr = loop {
         let line = lines.next().expect("the engine exited").unwrap();
-        if let Some(a) = line.strip_prefix("larch engine listening on ") {
-            break a.trim().parse().unwrap();
+        if let Some(a) = crate::engine_support::listening_addr(&line) {
+            break a;
         }
     };
     std::thread::spawn(move || lines.for_each(drop));

@@ -244,6 +244,11 @@ pub fn tag(kind: &str, parts: &[&str]) -> String {
     format!("{kind}-{}", hex::encode(&h.finalize()[..8]))
 }
 
+/// The spellings [`parse_size`] accepts, for its errors.
+pub const SIZE_SPELLINGS: &str = "use a number of bytes (1048576), decimal kB/MB/GB/TB \
+    (64MB = 64,000,000 bytes; also k, M, G, T) or binary KiB/MiB/GiB/TiB (64MiB = 64 × 2^20 \
+    bytes; also Ki, Mi, Gi, Ti)";
+
 /// Parses a byte size: a plain number of bytes (`B` optional), or with a Kubernetes quantity
 /// suffix (`Ki` ... `Ei`, `k` ... `E`), `KiB` ... `EiB`, or the SI `kB`/`KB` ... `EB`.
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -268,13 +273,13 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "Ei" | "EiB" => 1 << 60,
         other => {
             return Err(format!(
-                "{s:?}: unknown size unit {other:?} (use bytes, Ki/KiB ... Ei/EiB, or k/kB ... E/EB)"
+                "{s:?}: unknown size unit {other:?}; {SIZE_SPELLINGS}"
             ));
         }
     };
     let value: f64 = num
         .parse()
-        .map_err(|_| format!("{s:?}: expected a size such as 64Mi or 2Gi"))?;
+        .map_err(|_| format!("{s:?} is not a size; {SIZE_SPELLINGS}"))?;
     let bytes = value * factor as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err(format!("{s:?}: size out of range"));

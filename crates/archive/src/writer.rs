@@ -526,6 +526,26 @@ impl ArchiveWriter {
         })
     }
 
+    /// A record refused by its format (over laredo's size limit), naming the table and the
+    /// row's key; other errors as they are.
+    pub(crate) fn naming_the_row(&self, e: ArchiveError, row: Option<&Row>) -> ArchiveError {
+        self.naming_the_key(e, &laredo_row_key(row, &self.key_fields))
+    }
+
+    /// [`Self::naming_the_row`] for a record whose key is known.
+    pub(crate) fn naming_the_key(&self, e: ArchiveError, key: &str) -> ArchiveError {
+        match e {
+            ArchiveError::Invalid(text) if text.contains(crate::format::RECORD_LIMIT) => {
+                ArchiveError::Invalid(format!(
+                    "table {}, row with key {}: {text}",
+                    self.config.table,
+                    shortened(key)
+                ))
+            }
+            other => other,
+        }
+    }
+
     /// Encodes the buffered changes (a TRUNCATE first) into `uploads`; returns their count.
     async fn stream_diff(&self, uploads: &mut [Upload]) -> Result<i64> {
         let mut count = 0;
@@ -540,7 +560,8 @@ impl ArchiveWriter {
             let (_, e) = item?;
             let change = self.change(e.action, e.old, e.new);
             for (_, enc, _) in uploads.iter_mut() {
-                enc.change(&change)?;
+                enc.change(&change)
+                    .map_err(|e| self.naming_the_key(e, &change.key))?;
             }
             count += 1;
             send_chunks(uploads).await?;
@@ -578,4 +599,14 @@ fn spill_tag(stores: &[Arc<dyn Store>], key_prefix: &str) -> String {
         "archive",
         &parts.iter().map(String::as_str).collect::<Vec<_>>(),
     )
+}
+
+/// A key value cut to a length an error line can carry.
+fn shortened(key: &str) -> String {
+    const SHOWN: usize = 64;
+    if key.chars().count() <= SHOWN {
+        return format!("{key:?}");
+    }
+    let head: String = key.chars().take(SHOWN).collect();
+    format!("{head:?}… ({} bytes)", key.len())
 }

@@ -53,6 +53,7 @@ use larch_archive::source::{
 };
 use larch_archive::value::Row;
 use larch_core::locks::MutexExt;
+use ownership::PublicationRecord;
 use snapshot::CreatedSlot;
 
 /// Opens a session on the source database as larch does: its settings and the timeouts of a
@@ -157,13 +158,18 @@ impl PostgresSource {
         result
     }
 
+    /// The configured publication and its larch owner record (`None`: it does not exist).
+    pub async fn publication_record(&self) -> anyhow::Result<Option<PublicationRecord>> {
+        let c = self.inner.client().await?;
+        ownership::publication(&c, &self.inner.config.publication_name).await
+    }
+
     /// Drops the configured publication when larch created it for this slot and owner and the slot is
     /// gone (or temporary, ending with its session): what a temporary slot's export, or an
     /// earlier one killed mid-run, left behind. A persistent slot keeps its publication.
     /// Returns whether it dropped one.
     pub async fn drop_publication_if_unused(&self) -> anyhow::Result<bool> {
-        let client = self.inner.client().await?;
-        let c = &self.inner.config;
+        let (client, c) = (self.inner.client().await?, &self.inner.config);
         lifecycle::drop_publication_of_gone_slot(
             &client,
             &c.publication_name,

@@ -412,15 +412,31 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
     }
     let have_list: Vec<&String> = have.iter().collect();
     bail!(
-        "publication {name} already exists and publishes {} instead of exactly {:?}; larch does not \
-         rewrite a publication it did not create: choose another publication name or drop it",
+        "publication {name} already exists and publishes {} instead of exactly {:?}; it is {}, \
+         and larch does not rewrite a publication it did not create for this slot: give this \
+         export another publication name (--publication) or slot name (--slot)",
         if all_tables {
             "ALL TABLES".to_string()
         } else {
             format!("{have_list:?}")
         },
-        wanted
+        wanted,
+        whose(comment.as_deref())
     )
+}
+
+/// Whose a publication is, by its comment: the larch record's slot and owner, or not larch's.
+fn whose(comment: Option<&str>) -> String {
+    match comment.and_then(OwnerRecord::parse) {
+        Some(OwnerRecord {
+            slot,
+            owner: Some(owner),
+        }) => format!("recorded as created for replication slot {slot} by {owner}"),
+        Some(OwnerRecord { slot, owner: None }) => format!(
+            "recorded as created for replication slot {slot} by a larch version that recorded no owner"
+        ),
+        None => "not created by larch (it has no larch owner record)".to_string(),
+    }
 }
 
 /// Fails when the publication sends only some columns of a table (PostgreSQL 15 column lists):

@@ -35,9 +35,8 @@ pub struct StatusArgs {
     /// Only this namespace (default: every namespace; for one object: the kubeconfig's).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
-    /// `table` (one screen) or `json`.
-    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
-    pub output: String,
+    #[command(flatten)]
+    pub output: crate::cli::output::OutputArgs,
     /// Warning Events to show (newest first; for one object: its Events of every type).
     #[arg(long, default_value_t = 10)]
     pub events: usize,
@@ -64,7 +63,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     if let Some((kind, name)) = object {
         let ns = args.namespace.as_deref().unwrap_or(&home_namespace);
-        return object::run(&client, ns, (kind, name), &args.output, args.events)
+        return object::run(&client, ns, (kind, name), args.output.format(), args.events)
             .await
             .with_context(|| cluster.clone());
     }
@@ -76,11 +75,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
     )
     .await
     .with_context(|| cluster.clone())?;
-    if args.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&overview)?);
-    } else {
-        print!("{}", render(&overview));
-    }
+    crate::cli::output::print(&overview, args.output.format(), || render(&overview))?;
     Ok(0)
 }
 

@@ -76,7 +76,7 @@ pub async fn run(
     client: &kube::Client,
     namespace: &str,
     (kind, name): (&'static str, &str),
-    output: &str,
+    output: crate::cli::output::Output,
     events: usize,
 ) -> anyhow::Result<i32> {
     let mut view = match kind {
@@ -114,11 +114,7 @@ pub async fn run(
     };
     view.kind = kind.to_string();
     read_events(client, &mut view, events).await?;
-    if output == "json" {
-        println!("{}", serde_json::to_string_pretty(&view)?);
-    } else {
-        print!("{}", render_object(&view));
-    }
+    crate::cli::output::print(&view, output, || render_object(&view))?;
     Ok(0)
 }
 

@@ -65,8 +65,8 @@ pub fn encode_change(out: &mut Vec<u8>, change: &Change) -> Result<()> {
     .map_err(|e| ArchiveError::Invalid(format!("encoding change: {e}")))?;
     if out.len() - start + 1 > MAX_JSONL_LINE {
         return Err(ArchiveError::Invalid(format!(
-            "a change record for key {:?} exceeds the 16 MiB JSONL line limit laredo can read",
-            change.key
+            "a change record of {} bytes exceeds the 16 MiB JSONL line limit laredo can read",
+            out.len() - start
         )));
     }
     out.push(b'\n');

@@ -16,6 +16,9 @@ use super::value::Row;
 
 /// laredo's JSONL line limit (its reader's scanner buffer).
 pub const MAX_JSONL_LINE: usize = 16 * 1024 * 1024;
+/// How the errors of a record over a format's size limit end (the writer adds the table and
+/// the row's key to them).
+pub const RECORD_LIMIT: &str = "limit laredo can read";
 /// laredo's protobuf per-record read limit (protodelim default).
 pub const MAX_PROTOBUF_RECORD: usize = 4 * 1024 * 1024;
 /// What larch accepts when reading protobuf (more than it ever writes).

@@ -119,6 +119,9 @@ pub struct S3Store {
     client: Client,
     bucket: String,
     prefix: String,
+    /// The configured endpoint (an S3-compatible server), named in errors of calls that got
+    /// no answer.
+    endpoint: Option<String>,
 }
 
 impl fmt::Debug for S3Store {
@@ -297,13 +300,15 @@ impl S3Store {
             .force_path_style(path_style)
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
-        if let Some(ep) = endpoint.filter(|e| !e.is_empty()) {
+        let endpoint = endpoint.filter(|e| !e.is_empty());
+        if let Some(ep) = &endpoint {
             s3 = s3.endpoint_url(ep);
         }
         Ok(S3Store {
             client: Client::from_conf(s3.build()),
             bucket,
             prefix,
+            endpoint,
         })
     }
 
@@ -338,7 +343,26 @@ impl S3Store {
         E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
     {
         tracing::debug!(key = %self.uri(key), op, error = %DisplayErrorContext(&err), "S3 call failed");
-        ArchiveError::storage(self.uri(key), format!("S3 {op}: {}", summary(&err)))
+        // The URI names the bucket; a request that got no answer also names where it went.
+        let at = match (&err, &self.endpoint) {
+            (SdkError::ServiceError(_), _) | (_, None) => String::new(),
+            (_, Some(ep)) => format!(" (endpoint {})", without_userinfo(ep)),
+        };
+        ArchiveError::storage(self.uri(key), format!("S3 {op}{at}: {}", summary(&err)))
+    }
+}
+
+/// An endpoint URL without any `user:password@` (never printed).
+fn without_userinfo(endpoint: &str) -> String {
+    match endpoint.split_once("://") {
+        Some((scheme, rest)) => {
+            let host_start = rest.find('/').unwrap_or(rest.len());
+            match rest[..host_start].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => endpoint.to_string(),
+            }
+        }
+        None => endpoint.to_string(),
     }
 }
 

@@ -63,7 +63,8 @@ impl ArchiveWriter {
                 for row in batch.drain(..) {
                     bytes += row.as_str().len() as u64;
                     for (_, enc, _) in uploads.iter_mut() {
-                        enc.row(&row)?;
+                        enc.row(&row)
+                            .map_err(|e| self.naming_the_row(e, Some(&row)))?;
                     }
                 }
                 count += n as i64;

@@ -345,13 +345,17 @@ impl RunningEngine {
     }
 }
 
+/// The message of the event that gives a listener's address (its `addr` field).
+pub const LISTENING: &str = "larch engine listening";
+
 /// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly; or until a source cannot
 /// go on, then stops and fails with its error.
 pub async fn run(config: &EngineConfig, serving: &Serving) -> anyhow::Result<()> {
     let engine = start_serving(config, serving).await?;
-    eprintln!("larch engine listening on {}", engine.addr);
+    // A log event like any other (scripts read `addr`, the port `--listen :0` picked).
+    tracing::info!(addr = %engine.addr, tls = false, "{LISTENING}");
     if let Some(a) = engine.tls_addr {
-        eprintln!("larch engine listening on {a} (TLS)");
+        tracing::info!(addr = %a, tls = true, "{LISTENING}");
     }
     let failure = tokio::select! {
         () = wait_for_signal() => {

@@ -36,10 +36,30 @@ const DEFAULT_FOLLOW_LISTEN: &str = "127.0.0.1:8080";
 pub const EXIT_LEASE_LOST: i32 = failure::EXIT_LEASE_LOST;
 
 /// The source database of an export: its connection string (never logged, never part of a
-/// request) and how to name the same connection to another command (`larch export cleanup`).
+/// request) and the `larch export cleanup` command that reaches the same database.
 pub struct SourceConnection {
     pub dsn: String,
-    pub hint: String,
+    pub cleanup: CleanupCommand,
+}
+
+/// `larch export cleanup` with the export's connection flags (never the connection string),
+/// and what the reader must know to run it.
+#[derive(Clone, Debug, Default)]
+pub struct CleanupCommand {
+    /// `larch export cleanup [--connection-file F]`: pasteable as is.
+    pub command: String,
+    /// A sentence after the command (` (…)`), or empty.
+    pub note: String,
+}
+
+impl CleanupCommand {
+    /// The whole line for a slot and its publication.
+    pub fn line(&self, slot: &str, publication: &str) -> String {
+        format!(
+            "{} --slot {slot} --publication {publication}{}",
+            self.command, self.note
+        )
+    }
 }
 
 /// Runs `request`: returns the summary of a one-shot export (also written to its summary
@@ -76,7 +96,7 @@ pub async fn run(
         let writer = follow_writer(&request, &table, &key_prefix)?;
         return follow(
             &request,
-            &connection.hint,
+            &connection.cleanup,
             config,
             table,
             store,

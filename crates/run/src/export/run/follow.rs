@@ -74,7 +74,7 @@ fn diff_interval(request: &ExportRequest) -> anyhow::Result<Duration> {
 /// cannot be written).
 pub(super) async fn follow(
     request: &ExportRequest,
-    hint: &str,
+    hint: &super::CleanupCommand,
     config: PostgresConfig,
     table: TableId,
     store: Arc<dyn Store>,
@@ -144,7 +144,7 @@ async fn until_stopped(
     stop_tx: tokio::sync::watch::Sender<bool>,
     lease: Option<&LeaderElector>,
     summary_file: Option<&std::path::Path>,
-    hint: &str,
+    hint: &super::CleanupCommand,
     source: &PostgresSource,
 ) -> anyhow::Result<()> {
     let kept = async {
@@ -178,8 +178,9 @@ async fn until_stopped(
 }
 
 /// Says what the export leaves on the source database and how to drop it. A temporary slot
-/// vanished with its session, so its publication goes too.
-async fn left_behind(hint: &str, source: &PostgresSource) {
+/// vanished with its session, so its publication goes too. A publication that is not this
+/// export's (another slot's or owner's, or not larch's) is never offered for dropping.
+async fn left_behind(hint: &super::CleanupCommand, source: &PostgresSource) {
     let c = source.config();
     let server = c.describe();
     if c.slot_mode == SlotMode::Temporary {
@@ -194,8 +195,10 @@ async fn left_behind(hint: &str, source: &PostgresSource) {
                 }
             ),
             Err(e) => eprintln!(
-                "larch export: the temporary slot {} ended with the session; publication {} may be left on {server} ({e:#}); drop it with: larch export cleanup {hint} --slot {} --publication {}",
-                c.slot_name, c.publication_name, c.slot_name, c.publication_name
+                "larch export: the temporary slot {} ended with the session; publication {} may be left on {server} ({e:#}); drop it with: {}",
+                c.slot_name,
+                c.publication_name,
+                hint.line(&c.slot_name, &c.publication_name)
             ),
         }
         return;
@@ -211,12 +214,37 @@ async fn left_behind(hint: &str, source: &PostgresSource) {
         },
         Err(e) => format!("; its WAL could not be read ({e:#})"),
     };
+    if let Some(why) = foreign_publication(source).await {
+        eprintln!(
+            "larch export: publication {} on {server} is not this export's: {why}. larch neither \
+             created nor changed it and will not drop it; give this export another publication \
+             (--publication) or slot (--slot) name. Replication slot {}{held}.",
+            c.publication_name, c.slot_name
+        );
+        return;
+    }
     eprintln!(
         "larch export: left on {server}: replication slot {} (persistent: a restart resumes from it{held}) and publication {}. \
-         PostgreSQL keeps WAL for the slot until it is dropped; when this export is not coming back, drop both with:\n  \
-         larch export cleanup {hint} --slot {} --publication {}",
-        c.slot_name, c.publication_name, c.slot_name, c.publication_name
+         PostgreSQL keeps WAL for the slot until it is dropped; when this export is not coming back, drop both with:\n  {}",
+        c.slot_name,
+        c.publication_name,
+        hint.line(&c.slot_name, &c.publication_name)
     );
+}
+
+/// Why the publication is not this export's to drop (by its larch record), or `None` when it
+/// is, or does not exist, or cannot be read.
+async fn foreign_publication(source: &PostgresSource) -> Option<String> {
+    let c = source.config();
+    let record = source.publication_record().await.ok()??;
+    larch_postgres::ownership::check(
+        Some(&record),
+        &c.publication_name,
+        &c.slot_name,
+        &c.owner,
+        false,
+    )
+    .err()
 }
 
 async fn acquire_logging_holder(e: &LeaderElector) {
