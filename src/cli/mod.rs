@@ -163,6 +163,15 @@ pub enum Command {
     /// on PATH).
     #[command(after_help = env_section(&[KUBE]))]
     Status(status::StatusArgs),
+    /// The logs of the pods the operator runs for one object (`KIND/NAME`): the newest pod's, or
+    /// every pod's with `--all`; `-f` follows (also `kubectl larch logs`).
+    #[command(after_help = env_section(&[KUBE]))]
+    Logs(status::LogsArgs),
+    /// Start a new run of a OneShot ArchiveExport or an ArchiveRestore now (`KIND/NAME`): sets
+    /// its `larch.dev/run-requested` annotation to the current time (also `kubectl larch
+    /// run-now`).
+    #[command(after_help = env_section(&[KUBE]))]
+    RunNow(status::RunNowArgs),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -278,6 +287,7 @@ fn prints_a_result(command: &Command) -> bool {
     match command {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
+        Command::Logs(_) | Command::RunNow(_) => true,
         Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
     }
 }
@@ -318,6 +328,8 @@ impl Command {
                 | Command::Engine(_)
                 | Command::Restore(_)
                 | Command::Status(_)
+                | Command::Logs(_)
+                | Command::RunNow(_)
         )
     }
 }
@@ -355,6 +367,8 @@ pub fn main() -> i32 {
             Command::Restore(a) => restore::run(*a).await,
             Command::Crd => Ok(operator::crd()),
             Command::Status(a) => status::run(a).await,
+            Command::Logs(a) => status::logs(a).await,
+            Command::RunNow(a) => status::run_now(a).await,
             Command::Operator(args) => {
                 init_tracing();
                 operator::operator(args).await

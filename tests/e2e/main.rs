@@ -29,5 +29,6 @@ mod restore;
 mod seed_restores;
 mod slot_collisions;
 mod source_cleanup;
+mod status_actions;
 mod status_command;
 mod support;

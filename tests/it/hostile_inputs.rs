@@ -307,6 +307,45 @@ async fn a_slow_row_filter_is_cut_by_the_snapshot_age_and_sessions_carry_their_t
     assert_eq!(defaults, ["1min", "10s", "1min", "on"]);
 }
 
+/// Creating a slot waits for the write transactions running on the primary to end (the slot is
+/// consistent only after them). That wait queues no writer, so a transaction longer than
+/// `--lock-timeout` delays the export instead of failing it (it failed with "lock timeout").
+#[tokio::test]
+async fn a_write_transaction_longer_than_the_lock_timeout_delays_the_slot_without_failing_it() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE t (id int8 PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a');",
+        )
+        .await
+        .unwrap();
+    let (holder, conn) = tokio_postgres::connect(&db.dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    holder
+        .batch_execute("BEGIN; INSERT INTO t VALUES (2, 'b');")
+        .await
+        .unwrap();
+    let commit_later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        holder.batch_execute("COMMIT").await.unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (dsn, path) = (db.dsn.clone(), dir.path().to_path_buf());
+    let (code, err, _) = tokio::task::spawn_blocking(move || {
+        export(&dsn, "t", &path, &["--lock-timeout", "1s"], None, "info")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    commit_later.await.unwrap();
+    // The snapshot came after the commit it waited for: the row is in the archive.
+    let (_, rows) = rows(local(&dir.path().join("store")), "public.t/").await;
+    let ids: BTreeSet<i64> = rows.iter().filter_map(|r| r["id"].as_i64()).collect();
+    assert_eq!(ids, BTreeSet::from([1, 2]), "{rows:?}");
+}
+
 /// Finding 1: `CAST(email AS int)` on a masked table made the server quote the raw email in its
 /// error, which became the termination message (then the ArchiveExport's condition).
 #[tokio::test]

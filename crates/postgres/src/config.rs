@@ -75,20 +75,31 @@ pub fn millis(d: Duration) -> u128 {
 impl SessionLimits {
     /// The startup options (`-c name=value`) of a session of kind `session`.
     pub fn options(&self, session: Session) -> String {
-        let (statement, idle) = match session {
+        let (statement, lock, idle) = match session {
             Session::Catalog => (
                 millis(self.statement_timeout),
+                millis(self.lock_timeout),
                 millis(self.idle_in_transaction_timeout),
             ),
-            Session::Snapshot => (millis(self.snapshot_max_age), millis(self.snapshot_max_age)),
+            Session::Snapshot => (
+                millis(self.snapshot_max_age),
+                millis(self.lock_timeout),
+                millis(self.snapshot_max_age),
+            ),
             // The slot's session keeps its exported snapshot in an open transaction while the
-            // baseline copies: the snapshot's age bounds it.
-            Session::Replication => (0, millis(self.snapshot_max_age)),
+            // baseline copies: the snapshot's age bounds it. Its only lock wait is the slot's
+            // creation waiting for the write transactions running on the primary to end, which
+            // queues no writer: the snapshot's age bounds that too, not `lock_timeout` (a batch
+            // job's transaction longer than it would fail every export started meanwhile).
+            Session::Replication => (
+                0,
+                millis(self.snapshot_max_age),
+                millis(self.snapshot_max_age),
+            ),
         };
         format!(
-            "-c statement_timeout={statement} -c lock_timeout={} \
-             -c idle_in_transaction_session_timeout={idle}",
-            millis(self.lock_timeout)
+            "-c statement_timeout={statement} -c lock_timeout={lock} \
+             -c idle_in_transaction_session_timeout={idle}"
         )
     }
 }
@@ -365,7 +376,7 @@ mod tests {
         );
         assert_eq!(
             limits.options(Session::Replication),
-            "-c statement_timeout=0 -c lock_timeout=1500 -c idle_in_transaction_session_timeout=3600000"
+            "-c statement_timeout=0 -c lock_timeout=3600000 -c idle_in_transaction_session_timeout=3600000"
         );
         // larch's settings come after the connection string's own, so they win.
         let mut c = PostgresConfig::new(
@@ -383,7 +394,7 @@ mod tests {
             "{options}"
         );
         let replication = c.replication(0, None).unwrap();
-        assert!(format!("{replication:?}").contains("statement_timeout=0 -c lock_timeout=1500"));
+        assert!(format!("{replication:?}").contains("statement_timeout=0 -c lock_timeout=3600000"));
     }
 
     #[test]

@@ -7,11 +7,12 @@
 //! gets a screen: a list refused with 403 becomes a note, and a namespaced kind refused in every
 //! namespace is listed in the kubeconfig's namespace instead.
 
+mod act;
 mod lines;
 mod object;
 mod render;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -22,6 +23,7 @@ use kube::core::NamespaceResourceScope;
 use serde::de::DeserializeOwned;
 
 use crate::operator::crd::{ArchiveExport, ArchiveRestore, ArchiveSource, ArchiveSourceSet};
+pub use act::{LogsArgs, RunNowArgs, logs, run_now};
 pub use lines::Overview;
 use lines::{export_line, restore_line, source_line, source_set_line, warning_lines};
 pub use render::render;
@@ -56,7 +58,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
         .map(object::kind_of)
         .transpose()
         .map_err(bad_input)?;
-    let config = config(&args).await?;
+    let config = config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let home_namespace = config.default_namespace.clone();
     // Errors name the cluster: a wrong context or a closed port says which server it tried.
     let cluster = format!("the cluster at {}", config.cluster_url);
@@ -81,17 +83,15 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<i32> {
 
 /// The client configuration: `--kubeconfig` (else `KUBECONFIG`, `~/.kube/config`, in-cluster)
 /// and `--context`.
-async fn config(args: &StatusArgs) -> anyhow::Result<Config> {
+async fn config(kubeconfig: Option<&Path>, context: Option<&str>) -> anyhow::Result<Config> {
     let options = KubeConfigOptions {
-        context: args.context.clone(),
+        context: context.map(str::to_string),
         ..Default::default()
     };
-    let which = args
-        .context
-        .as_ref()
+    let which = context
         .map(|c| format!(" (context {c})"))
         .unwrap_or_default();
-    match &args.kubeconfig {
+    match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))
@@ -101,7 +101,7 @@ async fn config(args: &StatusArgs) -> anyhow::Result<Config> {
                 .with_context(|| format!("kubeconfig {}{which}", path.display()))
                 .map_err(bad_input)
         }
-        None if args.context.is_some() => Config::from_kubeconfig(&options)
+        None if context.is_some() => Config::from_kubeconfig(&options)
             .await
             .with_context(|| format!("kubeconfig (KUBECONFIG or ~/.kube/config){which}"))
             .map_err(bad_input),
