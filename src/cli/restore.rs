@@ -55,6 +55,10 @@ pub struct RestoreArgs {
     /// instead (Kubernetes: /dev/termination-log, which the operator reads).
     #[arg(long)]
     pub summary_file: Option<PathBuf>,
+    /// HTTP listener for /status (each table's progress), /metrics and /health/* while the
+    /// restore runs, e.g. 127.0.0.1:8080 (port 0: any free port).
+    #[arg(long)]
+    pub listen: Option<String>,
 }
 
 impl RestoreArgs {
@@ -79,6 +83,7 @@ impl RestoreArgs {
             buffer_memory: Some(self.buffer_memory),
             spill_dir: self.spill_dir.clone(),
             summary_file: self.summary_file.clone(),
+            listen: self.listen.clone(),
         })
     }
 }

@@ -36,6 +36,7 @@ use crate::restore::conditions::{
     without_credentials,
 };
 use crate::restore::dereference::restore_references;
+use crate::restore::progress;
 use crate::restore::validate;
 use larch_contract::restore_request::RestoreSummary;
 
@@ -160,6 +161,8 @@ impl<'a> RestoreRound<'a> {
         let mut set = ChildSet::new(applier, selector);
         set.apply(&job).await?;
         self.status.database_wait = None;
+        // The last run's progress is not this one's.
+        self.status.progress = None;
         self.status.run = Some(RunStatus {
             id: id.clone(),
             token,
@@ -253,6 +256,13 @@ impl<'a> RestoreRound<'a> {
             .map(|f| Problem::of_pod("restore", &f))
             // A retry that has not failed yet: the database is unavailable as far as we know.
             .or_else(|| self.old.database_wait.as_ref().map(DatabaseWait::problem));
+        let summary = pods.iter().find_map(summary_of);
+        let old = self.old.progress.as_ref();
+        self.status.progress =
+            progress::of_run(self.ctx, &pods, &phase, old, summary.as_ref(), self.now).await;
+        if matches!(phase, JobPhase::Active) {
+            self.requeue = progress::REQUEUE_WHILE_RUNNING;
+        }
         let succeeded = match phase {
             JobPhase::Active => return Ok(()),
             JobPhase::Succeeded => self.record_summary(&pods, &name),
