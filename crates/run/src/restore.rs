@@ -239,6 +239,10 @@ async fn archived_columns(
     Ok(columns)
 }
 
+/// Rows of a table after which the pause point `restore.rows` holds its restore (tests read
+/// its progress there).
+const PAUSE_AFTER_ROWS: u64 = 10_000;
+
 /// Bytes of COPY text sent at once.
 const COPY_CHUNK: usize = 256 << 10;
 
@@ -278,6 +282,9 @@ async fn load(
         rows += 1;
         for p in counted {
             p.add(1, (buf.len() - before) as u64);
+        }
+        if rows == PAUSE_AFTER_ROWS {
+            larch_archive::crashpoint::pause_point(larch_archive::crashpoint::RESTORE_ROWS).await;
         }
         if buf.len() >= COPY_CHUNK {
             sink.send(Bytes::from(std::mem::take(&mut buf)))
