@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn rates_are_human_numbers() {
-        assert_eq!(rows_rate(254_457.6876), "254.5k rows/s");
+        assert_eq!(rows_rate(254_457.687_6), "254.5k rows/s");
         assert_eq!(rows_rate(999.4), "999 rows/s");
         assert_eq!(rows_rate(999_999.0), "1.0M rows/s");
         assert_eq!(rows_rate(1_234_567.0), "1.2M rows/s");
