@@ -10,7 +10,7 @@ use crate::reconcile::job::JobPhase;
 pub use crate::reconcile::progress::REQUEUE_WHILE_RUNNING;
 use crate::reconcile::progress::{self, Runner};
 use crate::restore::build;
-use larch_contract::restore_request::RestoreSummary;
+use crate::restore::reconcile::summary_of;
 use larch_core::progress::ProgressReport;
 
 /// The `progress` of a restore pod's `/status`; `None` before it planned its tables (or when
@@ -20,14 +20,13 @@ pub fn parse_restore_progress(body: &str) -> Option<ProgressReport> {
 }
 
 /// `status.progress` of a run in `phase`, from `old` (the last written), the running pod's
-/// `/status` (probed while the Job is active) and, once it succeeded, its `summary`; its time
-/// stamped with `now` when the figures moved.
+/// `/status` (probed while the Job is active) and, once it succeeded, its pods' summary; its
+/// time stamped with `now` when the figures moved.
 pub async fn of_run(
     ctx: &Context,
     pods: &[Pod],
     phase: &JobPhase,
     old: Option<&OperationProgress>,
-    summary: Option<&RestoreSummary>,
     now: jiff::Timestamp,
 ) -> Option<OperationProgress> {
     let new = match phase {
@@ -37,6 +36,7 @@ pub async fn of_run(
             None => old.cloned(),
         },
         JobPhase::Succeeded => {
+            let summary = pods.iter().find_map(summary_of);
             let rows = summary.map(|s| s.tables.iter().map(|t| t.rows as i64).sum::<i64>());
             progress::ended(old, true, rows).or_else(|| rows.map(complete))
         }

@@ -219,7 +219,8 @@ impl<'a> RestoreRound<'a> {
             self.obs.restored = self.restored_line();
             return Ok(());
         }
-        self.requeue = Duration::from_secs(15);
+        // A running Job's progress is read this often.
+        self.requeue = progress::REQUEUE_WHILE_RUNNING;
         let attempt = self.old.database_wait.as_ref().map_or(0, |w| w.attempts);
         let name = build::attempt_job_name(self.restore, &run.id, attempt);
         let job = self
@@ -256,13 +257,8 @@ impl<'a> RestoreRound<'a> {
             .map(|f| Problem::of_pod("restore", &f))
             // A retry that has not failed yet: the database is unavailable as far as we know.
             .or_else(|| self.old.database_wait.as_ref().map(DatabaseWait::problem));
-        let summary = pods.iter().find_map(summary_of);
         let old = self.old.progress.as_ref();
-        self.status.progress =
-            progress::of_run(self.ctx, &pods, &phase, old, summary.as_ref(), self.now).await;
-        if matches!(phase, JobPhase::Active) {
-            self.requeue = progress::REQUEUE_WHILE_RUNNING;
-        }
+        self.status.progress = progress::of_run(self.ctx, &pods, &phase, old, self.now).await;
         let succeeded = match phase {
             JobPhase::Active => return Ok(()),
             JobPhase::Succeeded => self.record_summary(&pods, &name),
@@ -496,7 +492,7 @@ pub fn database_backoff(attempts: i32) -> Duration {
 }
 
 /// The summary in the termination message of a pod's restore container that exited 0.
-fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
+pub(crate) fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     statuses
         .iter()
