@@ -35,7 +35,9 @@ pub mod env_help {
     pub const LOG: &str =
         "  LARCH_LOG           log filter (tracing syntax: info, debug, larch=debug; default
                       info) when --log-level is not given; logs go to stderr
-  LARCH_LOG_FORMAT    --log-format: json or text (default: text on a terminal, else json)";
+  LARCH_LOG_FORMAT    --log-format: json or text (default: text on a terminal, else json)
+  LARCH_PROGRESS_INTERVAL
+                      how often a copy, restore or load logs its progress (default 10s)";
     /// Shown only in builds with the test-only `crashpoints` feature, where it works.
     #[cfg(feature = "crashpoints")]
     pub const CRASH: &str =
@@ -264,12 +266,27 @@ pub fn init_tracing() {
     });
     let lines = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| BarSafeStderr);
     let keep = || tracing_subscriber::filter::filter_fn(keep_line);
     let _ = match format {
         LogFormat::Json => lines.json().finish().with(keep()).try_init(),
         LogFormat::Text => lines.with_ansi(terminal).finish().with(keep()).try_init(),
     };
+}
+
+/// stderr for log lines: each is written with the progress bars cleared and drawn again after,
+/// so a line never tears a bar (the formatter writes a line in one `write_all`).
+struct BarSafeStderr;
+
+impl std::io::Write for BarSafeStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        larch_core::progress::suspend_bars(|| std::io::stderr().write_all(buf))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// Drops the PostgreSQL driver's lines above info (they may carry statement parameters).

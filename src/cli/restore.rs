@@ -57,6 +57,10 @@ pub struct RestoreArgs {
     pub summary_file: Option<PathBuf>,
     #[command(flatten)]
     pub output: super::output::DocumentOutputArgs,
+    /// HTTP listener for /status (each table's progress), /metrics and /health/* while the
+    /// restore runs, e.g. 127.0.0.1:8080 (port 0: any free port).
+    #[arg(long)]
+    pub listen: Option<String>,
 }
 
 impl RestoreArgs {
@@ -81,6 +85,7 @@ impl RestoreArgs {
             buffer_memory: Some(self.buffer_memory),
             spill_dir: self.spill_dir.clone(),
             summary_file: self.summary_file.clone(),
+            listen: self.listen.clone(),
         })
     }
 }

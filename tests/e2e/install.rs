@@ -209,7 +209,11 @@ fn s44_chart_overrides_extras_and_scoped_monitors() {
     let docs = rendered(e, &monitors);
     let sm = find(&docs, "ServiceMonitor", "larch");
     assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true, "{sm}");
-    for (component, label) in [("export", "archive_export"), ("engine", "archive_source")] {
+    for (component, label) in [
+        ("export", "archive_export"),
+        ("engine", "archive_source"),
+        ("restore", "archive_restore"),
+    ] {
         let pm = find(&docs, "PodMonitor", &format!("larch-{component}"));
         assert_eq!(pm["spec"]["namespaceSelector"]["any"], true, "{pm}");
         let relabel = &pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0];

@@ -107,6 +107,11 @@ fn s27_archive_restore_completes_into_a_second_database() {
     let position = &exported["status"]["lastExport"]["position"];
     assert_eq!(&status["position"], position, "{status}");
     assert!(status["durationSeconds"].as_f64().is_some(), "{status}");
+    // status.progress: read from the pod's /status while it ran, then Complete with the rows.
+    let progress = &status["progress"];
+    assert_eq!(progress["phase"], "Complete", "{status}");
+    assert_eq!(progress["rows"].as_i64(), Some(rows), "{status}");
+    assert_eq!(progress["percent"], "100%", "{status}");
     let first_run = status["run"]["id"].as_str().unwrap().to_string();
     e.wait_for(NS, "RestoreStarted and RestoreSucceeded Events", 60, || {
         let reasons = event_reasons(e, "events-back");

@@ -42,6 +42,7 @@ mod postgres_tls;
 mod quickstart;
 mod restore_command;
 mod restore_copy;
+mod restore_progress;
 mod s3_protocol;
 mod s3_tls;
 mod schema_changes;

@@ -362,6 +362,7 @@ async fn metrics_page_lists_every_scraped_metric() {
     let sources: String = [
         "crates/run/src/export",
         "crates/run/src/engine",
+        "crates/run/src/restore",
         "crates/operator/src",
         "crates/core/src/telemetry.rs",
     ]

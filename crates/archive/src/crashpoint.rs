@@ -22,6 +22,8 @@ pub const SPILL_AFTER_RUN: &str = "spill.after-run";
 pub const BASELINE_BEFORE_LOCK: &str = "baseline.before-lock";
 /// Pause point: an export's baseline has copied 10 000 rows (its progress is read meanwhile).
 pub const EXPORT_BASELINE_ROWS: &str = "export.baseline-rows";
+/// Pause point: a restore has copied 10 000 rows of a table (its progress is read meanwhile).
+pub const RESTORE_ROWS: &str = "restore.rows";
 
 #[cfg(feature = "crashpoints")]
 pub use armed::{crash_point, pause_point};
@@ -95,7 +97,10 @@ mod armed {
             return;
         };
         if armed_point == point && hits.fetch_add(1, Ordering::Relaxed) == 0 {
-            eprintln!("LARCH_PAUSE_AT: pausing {ms} ms at {point}");
+            // Around a progress bar's frames, not through one.
+            larch_core::progress::suspend_bars(|| {
+                eprintln!("LARCH_PAUSE_AT: pausing {ms} ms at {point}")
+            });
             tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
         }
     }

@@ -47,6 +47,10 @@ pub struct RestoreRequest {
     /// `--summary-file`: the summary (or the failure) also goes there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary_file: Option<PathBuf>,
+    /// `--listen`: the HTTP listener of `/status` (progress) and `/metrics` while it runs
+    /// (`$(POD_IP):8080` in a pod, which Kubernetes expands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 impl RestoreRequest {

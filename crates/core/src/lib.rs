@@ -8,6 +8,7 @@ pub mod duration;
 pub mod failure;
 pub mod locks;
 pub mod progress;
+pub mod progress_line;
 pub mod retry;
 pub mod serve;
 pub mod telemetry;

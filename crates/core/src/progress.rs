@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use crate::progress_line as line;
+
 /// How often the log line is written while an operation runs.
 pub const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -156,7 +158,8 @@ pub fn compute(rows: u64, bytes: u64, total: Option<u64>, elapsed: Duration) -> 
     }
 }
 
-/// A short human rendering: `120000 of ~200000 rows (60.0%), 12.3 MiB, 40000 rows/s, ETA 2s`.
+/// A short human rendering for the log:
+/// `120000 of ~200000 rows (60.0%), 3.0 MiB, 40.0k rows/s, 1.0 MiB/s in 3.0s, ETA 2s`.
 pub fn describe(r: &ProgressReport) -> String {
     let mut s = format!("{} ", r.rows);
     if let Some(t) = r.total_rows {
@@ -169,25 +172,29 @@ pub fn describe(r: &ProgressReport) -> String {
     if r.bytes > 0 {
         s.push_str(&format!(", {}", crate::units::format_bytes(r.bytes)));
     }
-    s.push_str(&format!(
-        ", {:.0} rows/s in {:.1}s",
-        r.rows_per_second, r.elapsed_seconds
-    ));
+    s.push_str(&format!(", {}", line::rows_rate(r.rows_per_second)));
+    if r.bytes > 0 {
+        s.push_str(&format!(", {}", line::bytes_rate(r.bytes_per_second)));
+    }
+    s.push_str(&format!(" in {:.1}s", r.elapsed_seconds));
     if !r.done
         && let Some(eta) = r.eta_seconds
     {
-        s.push_str(&format!(", ETA {}", format_seconds(eta)));
+        s.push_str(&format!(", ETA {}", line::format_seconds(eta)));
     }
     s
 }
 
-fn format_seconds(s: f64) -> String {
-    let s = s.round() as u64;
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-    }
+/// Every bar of the process, one line each: operations running at once (the tables of a
+/// multi-table export or restore) never draw over each other.
+static BARS: std::sync::LazyLock<indicatif::MultiProgress> = std::sync::LazyLock::new(|| {
+    indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr())
+});
+
+/// Runs `write` (a log line to stderr) with the bars cleared, then draws them again: a line
+/// written while bars are shown does not tear them.
+pub fn suspend_bars<R>(write: impl FnOnce() -> R) -> R {
+    BARS.suspend(write)
 }
 
 /// Reports an operation while it runs: a log line every [`LOG_EVERY`] (and one at the end, with
@@ -199,8 +206,9 @@ pub struct Reporter {
 }
 
 impl Reporter {
+    /// Logs every `LARCH_PROGRESS_INTERVAL` (a duration, `10s` by default).
     pub fn start(progress: Arc<Progress>) -> Reporter {
-        Reporter::start_every(progress, LOG_EVERY)
+        Reporter::start_every(progress, log_interval())
     }
 
     pub fn start_every(progress: Arc<Progress>, every: Duration) -> Reporter {
@@ -240,6 +248,7 @@ impl Reporter {
         if let Some(bar) = &self.bar {
             update_bar(bar, &r);
             bar.finish_and_clear();
+            remove_bar(bar);
         }
         log(&r, if succeeded { "done" } else { "failed" });
     }
@@ -251,8 +260,21 @@ impl Drop for Reporter {
         if let Some(bar) = &self.bar
             && !bar.is_finished()
         {
-            bar.abandon();
+            bar.finish_and_clear();
+            remove_bar(bar);
         }
+    }
+}
+
+/// `LARCH_PROGRESS_INTERVAL`, else [`LOG_EVERY`] (also when it does not parse: progress is
+/// not worth failing a run for, the warning says why).
+pub fn log_interval() -> Duration {
+    match std::env::var("LARCH_PROGRESS_INTERVAL") {
+        Ok(text) => crate::duration::parse_positive(&text).unwrap_or_else(|e| {
+            tracing::warn!("LARCH_PROGRESS_INTERVAL {text:?}: {e}; logging progress every 10s");
+            LOG_EVERY
+        }),
+        Err(_) => LOG_EVERY,
     }
 }
 
@@ -273,25 +295,21 @@ fn log(r: &ProgressReport, stage: &str) {
 }
 
 fn bar_for(p: &Progress) -> indicatif::ProgressBar {
-    let bar =
-        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {pos}/{len} rows ({per_sec}, ETA {eta}) {msg}",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
-    );
+    let bar = BARS.add(indicatif::ProgressBar::hidden());
+    bar.set_style(indicatif::ProgressStyle::with_template("{msg}").expect("a valid template"));
     bar.set_prefix(format!("{} of {}", p.operation, p.subject));
+    update_bar(&bar, &p.report());
     bar
 }
 
+/// The bar's line, rendered whole so it fits the terminal (indicatif's `{per_sec}` and
+/// `{len}` would print `254457.6876/s` and `0/0` before the first row).
 fn update_bar(bar: &indicatif::ProgressBar, r: &ProgressReport) {
-    bar.set_length(r.total_rows.unwrap_or(0).max(r.rows));
-    bar.set_position(r.rows);
-    if r.bytes > 0 {
-        bar.set_message(crate::units::format_bytes(r.bytes));
-    }
+    bar.set_message(line::render(&bar.prefix(), r, line::stderr_width()));
+}
+
+fn remove_bar(bar: &indicatif::ProgressBar) {
+    BARS.remove(bar);
 }
 
 #[cfg(test)]
@@ -353,11 +371,9 @@ mod tests {
         let mut r = compute(120_000, 3 << 20, Some(200_000), Duration::from_secs(3));
         assert_eq!(
             describe(&r),
-            "120000 of ~200000 rows (60.0%), 3.0 MiB, 40000 rows/s in 3.0s, ETA 2s"
+            "120000 of ~200000 rows (60.0%), 3.0 MiB, 40.0k rows/s, 1.0 MiB/s in 3.0s, ETA 2s"
         );
         r.done = true;
         assert!(!describe(&r).contains("ETA"));
-        assert_eq!(format_seconds(3725.0), "1h02m");
-        assert_eq!(format_seconds(125.0), "2m05s");
     }
 }

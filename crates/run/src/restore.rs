@@ -41,6 +41,10 @@ use larch_archive::reader::ArchiveReader;
 use larch_archive::spill::{Spill, SpillConfig, tag};
 use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
+use larch_core::progress::{Progress, Reporter};
+
+pub mod status;
+pub use status::RestoreProgress;
 
 pub use larch_contract::restore_request::{
     IfExists, RestoreRequest, RestoreSummary, TableRestored,
@@ -235,6 +239,10 @@ async fn archived_columns(
     Ok(columns)
 }
 
+/// Rows of a table after which the pause point `restore.rows` holds its restore (tests read
+/// its progress there).
+const PAUSE_AFTER_ROWS: u64 = 10_000;
+
 /// Bytes of COPY text sent at once.
 const COPY_CHUNK: usize = 256 << 10;
 
@@ -244,6 +252,7 @@ async fn load(
     planned: &Planned,
     columns: &[CopyColumn],
     spill: &SpillConfig,
+    counted: [&Progress; 2],
 ) -> anyhow::Result<u64> {
     let table = &planned.table;
     let list: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
@@ -267,9 +276,16 @@ async fn load(
     let mut buf = Vec::with_capacity(COPY_CHUNK + 4096);
     let mut rows = 0u64;
     while let Some(row) = head.rows.recv().await {
+        let before = buf.len();
         encode_row(&row, columns, &mut buf)
             .with_context(|| format!("table {table}: row {}", rows + 1))?;
         rows += 1;
+        for p in counted {
+            p.add(1, (buf.len() - before) as u64);
+        }
+        if rows == PAUSE_AFTER_ROWS {
+            larch_archive::crashpoint::pause_point(larch_archive::crashpoint::RESTORE_ROWS).await;
+        }
         if buf.len() >= COPY_CHUNK {
             sink.send(Bytes::from(std::mem::take(&mut buf)))
                 .await
@@ -313,7 +329,13 @@ pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<Restor
     if let Some(dir) = &request.spill_dir {
         spill.dir = dir.clone();
     }
-    restore(RestoreInputs {
+    let progress = RestoreProgress::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(listen) = &request.listen {
+        let addr = status::serve(listen, progress.clone(), stop_rx).await?;
+        tracing::info!("restore: status on http://{addr}");
+    }
+    let inputs = RestoreInputs {
         store,
         tables,
         formats,
@@ -321,8 +343,11 @@ pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<Restor
         if_exists: request.if_exists,
         dsn,
         spill,
-    })
-    .await
+    };
+    let result = restore_reporting(inputs, &progress).await;
+    progress.finish(result.is_ok());
+    stop_tx.send_replace(true);
+    result
 }
 
 /// Each table of `request` and the key prefix of its archive, checked.
@@ -359,8 +384,60 @@ pub fn parse_table(s: &str) -> Result<TableId, String> {
 
 /// Runs a restore to its commit, or rolls everything back and returns why.
 pub async fn restore(request: RestoreInputs) -> anyhow::Result<RestoreSummary> {
+    restore_reporting(request, &RestoreProgress::new()).await
+}
+
+/// Whether each planned table exists in the destination, refusing one that exists with
+/// `--if-exists fail`, an existing one lacking an archived column, or a new one without columns.
+async fn check_destinations(
+    client: &tokio_postgres::Client,
+    planned: &[Planned],
+    if_exists: IfExists,
+) -> anyhow::Result<Vec<bool>> {
+    let mut existing = Vec::new();
+    for p in planned {
+        let found = exists(client, &p.table).await?;
+        if found && if_exists == IfExists::Fail {
+            return Err(invalid(anyhow::anyhow!(
+                "table {} already exists in the target database (--if-exists fail): nothing was \
+                 restored; pass --if-exists replace to replace its rows",
+                p.table
+            )));
+        }
+        if found {
+            archived_columns(client, p).await?;
+        } else if p.manifest.columns.is_empty() {
+            return Err(invalid(anyhow::anyhow!(
+                "table {}: the archive records no columns to create the table from",
+                p.table
+            )));
+        }
+        existing.push(found);
+    }
+    Ok(existing)
+}
+
+/// The rows a table's restore expects: its snapshot's `row_count` (exact without diffs, an
+/// estimate with them); unknown without a snapshot.
+fn expected_rows(p: &Planned) -> Option<u64> {
+    p.plan.snapshot.as_ref().map(|s| s.row_count.max(0) as u64)
+}
+
+/// [`restore`], its progress counted in `progress` (for `/status` and `/metrics`) and
+/// reported per table: a log line every `LARCH_PROGRESS_INTERVAL` and at the end, a bar on a
+/// terminal.
+pub async fn restore_reporting(
+    request: RestoreInputs,
+    progress: &RestoreProgress,
+) -> anyhow::Result<RestoreSummary> {
     let started = Instant::now();
     let (point, planned) = plan_tables(&request).await?;
+    let expected: Vec<(String, Option<u64>)> = planned
+        .iter()
+        .map(|p| (p.table.to_string(), expected_rows(p)))
+        .collect();
+    let counters = progress.plan(&expected);
+    let overall = progress.overall().expect("planned");
     let dsn = larch_postgres::connection::PgDsn::parse(&request.dsn)
         .context("restore: the target connection string")?;
     let (mut client, connection) = dsn
@@ -373,32 +450,13 @@ pub async fn restore(request: RestoreInputs) -> anyhow::Result<RestoreSummary> {
             tracing::warn!(error = %e, "restore: the target connection ended");
         }
     });
-    let mut existing = Vec::new();
-    for p in &planned {
-        let found = exists(&client, &p.table).await?;
-        if found && request.if_exists == IfExists::Fail {
-            return Err(invalid(anyhow::anyhow!(
-                "table {} already exists in the target database (--if-exists fail): nothing was \
-                 restored; pass --if-exists replace to replace its rows",
-                p.table
-            )));
-        }
-        if found {
-            archived_columns(&client, p).await?;
-        } else if p.manifest.columns.is_empty() {
-            return Err(invalid(anyhow::anyhow!(
-                "table {}: the archive records no columns to create the table from",
-                p.table
-            )));
-        }
-        existing.push(found);
-    }
+    let existing = check_destinations(&client, &planned, request.if_exists).await?;
     let tx = client
         .transaction()
         .await
         .context("restore: BEGIN on the target database")?;
     let mut restored = Vec::new();
-    for (p, found) in planned.iter().zip(existing) {
+    for ((p, found), counter) in planned.iter().zip(existing).zip(counters) {
         let action = if found {
             tx.batch_execute(&format!("TRUNCATE {}", qualified(&p.table)))
                 .await
@@ -412,7 +470,10 @@ pub async fn restore(request: RestoreInputs) -> anyhow::Result<RestoreSummary> {
             "created"
         };
         let columns = archived_columns(tx.client(), p).await?;
-        let rows = load(&tx, p, &columns, &request.spill).await?;
+        let reporter = Reporter::start(counter.clone());
+        let loaded = load(&tx, p, &columns, &request.spill, [&counter, &overall]).await;
+        reporter.finish(loaded.is_ok());
+        let rows = loaded?;
         let last = p.plan.diffs.last().or(p.plan.snapshot.as_ref());
         tracing::info!(table = %p.table, rows, position = %p.plan.head_position, action, "table restored (not committed yet)");
         restored.push(TableRestored {

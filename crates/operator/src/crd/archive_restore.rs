@@ -12,6 +12,7 @@ use super::archive_export::RunStatus;
 use super::archive_source::ArchiveRef;
 use super::common::{CaBundleRef, Condition, SecretKeyRef, TableRef, conditions_schema};
 use super::common_pod::{PodOverrides, Resources};
+use super::progress::OperationProgress;
 
 /// Set to a new value (a timestamp, say) to run the restore again, as for ArchiveExports.
 pub use super::archive_export::RUN_REQUESTED_ANNOTATION;
@@ -33,6 +34,7 @@ pub const REFRESH_REQUESTED_ANNOTATION: &str = "larch.dev/refresh-requested";
     doc = "Restores tables of a laredo-compatible archive into a PostgreSQL database, once (a Job running `larch restore`).",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Position", type_ = "string", json_path = ".status.position"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress.percent"),
     printcolumn(name = "Completed", type_ = "date", json_path = ".status.run.completionTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 40").message("name must be at most 40 characters (child names append a suffix)"),
@@ -162,6 +164,10 @@ pub struct ArchiveRestoreStatus {
     /// yet): it is tried again, with backoff, until the database is up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database_wait: Option<DatabaseWait>,
+    /// The run's rows copied so far, from its pod's `/status` (every table's, against their
+    /// snapshots' row counts); `Complete` or `Failed` once the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<OperationProgress>,
 }
 
 /// A run waiting for its database.

@@ -11,14 +11,16 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 pub struct OperationProgress {
     /// `Copying` (an export's baseline from PostgreSQL), `Compacting` (an export folding its
-    /// archive into a new epoch), `Loading` (an engine's baseline), then `Complete` or
-    /// `Failed` once the operation ended.
+    /// archive into a new epoch), `Loading` (an engine's baseline), `Restoring` (an
+    /// ArchiveRestore's tables into PostgreSQL), then `Complete` or `Failed` once the operation
+    /// ended.
     #[schemars(length(max = 16))]
     pub phase: String,
     /// Rows copied (or loaded) so far.
     pub rows: i64,
     /// Rows expected in all: the catalog's estimate (`pg_class.reltuples`) for an export's
-    /// baseline, the manifest's `row_count` for an engine or a compaction. Absent when unknown.
+    /// baseline, the manifest's `row_count` for an engine, a compaction or a restore. Absent
+    /// when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_rows: Option<i64>,
     /// Bytes read so far (the rows' JSON text), where the operation counts them.

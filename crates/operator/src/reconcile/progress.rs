@@ -19,6 +19,7 @@ pub const MAX_PROBED_PODS: usize = 32;
 pub const COPYING: &str = "Copying";
 pub const COMPACTING: &str = "Compacting";
 pub const LOADING: &str = "Loading";
+pub const RESTORING: &str = "Restoring";
 pub const COMPLETE: &str = "Complete";
 pub const FAILED: &str = "Failed";
 
@@ -29,6 +30,8 @@ pub enum Runner {
     Export,
     /// An engine: `Loading` a baseline.
     Engine,
+    /// A restore pod: `Restoring` tables into PostgreSQL.
+    Restore,
 }
 
 /// Whether `progress` is an operation still running (not `Complete` nor `Failed`).
@@ -82,6 +85,7 @@ pub fn to_status(r: &ProgressReport, runner: Runner, pods: usize) -> OperationPr
     let phase = match (r.done, runner, r.operation.as_str()) {
         (true, _, _) => COMPLETE,
         (false, Runner::Engine, _) => LOADING,
+        (false, Runner::Restore, _) => RESTORING,
         (false, Runner::Export, "compaction") => COMPACTING,
         (false, Runner::Export, _) => COPYING,
     };

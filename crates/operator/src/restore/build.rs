@@ -91,6 +91,8 @@ pub fn restore_request(restore: &ArchiveRestore, archive: &ResolvedArchive) -> R
         buffer_memory: None,
         spill_dir: Some(SPILL_DIR.into()),
         summary_file: Some(TERMINATION_LOG.into()),
+        // Its progress on /status, which the operator reads into status.progress.
+        listen: Some(pod::listen_arg()),
     }
 }
 
@@ -118,12 +120,17 @@ fn pod_template(
     ]);
     volumes.extend(access.volumes);
     mounts.extend(access.mounts);
+    // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it.
+    let mut env = vec![pod::pod_ip_env()];
+    env.extend(access.env);
     let container = Container {
         name: CONTAINER.into(),
         image: Some(ctx.image.clone()),
         command: Some(vec!["larch".into()]),
         args: Some(restore_args(&restore_request(restore, archive))),
-        env: (!access.env.is_empty()).then_some(access.env),
+        env: Some(env),
+        // Serves /status and /metrics while it runs; no probes: a Job's pod is not a backend.
+        ports: Some(vec![pod::http_port()]),
         volume_mounts: Some(mounts),
         resources: pod::resources(spec.resources.as_ref()),
         security_context: Some(pod::container_security()),

@@ -3,6 +3,7 @@
 pub mod build;
 pub mod conditions;
 pub mod dereference;
+pub mod progress;
 pub mod reconcile;
 pub mod validate;
 

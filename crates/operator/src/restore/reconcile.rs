@@ -24,6 +24,7 @@ use crate::crd::archive_export::{ArchiveExport, RunStatus};
 use crate::crd::archive_restore::{
     ArchiveRestore, ArchiveRestoreStatus, DatabaseWait, RUN_REQUESTED_ANNOTATION, RestoredTable,
 };
+use crate::crd::progress::OperationProgress;
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_RESTORE};
@@ -38,13 +39,14 @@ use crate::restore::conditions::{
     restore_conditions, without_credentials,
 };
 use crate::restore::dereference::restore_references;
+use crate::restore::progress;
 use crate::restore::validate;
 use larch_contract::restore_request::RestoreSummary;
 
 /// The requeue of a restore with nothing under way.
 const IDLE: Duration = Duration::from_secs(300);
-/// The requeue while a run's Job runs (its watch usually comes first).
-const RUNNING: Duration = Duration::from_secs(15);
+/// The requeue while a run's Job runs: how often its progress is read.
+const RUNNING: Duration = progress::REQUEUE_WHILE_RUNNING;
 
 pub async fn reconcile(restore: Arc<ArchiveRestore>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = restore.namespace().ok_or(Error::NoNamespace)?;
@@ -88,6 +90,8 @@ struct Found {
     pod_failure: Option<Problem>,
     /// The summary of a run that just succeeded.
     summary: Option<RestoreSummary>,
+    /// The run's progress status records (none for a run started this round).
+    progress: Option<OperationProgress>,
     /// What happened to the run, for its Event.
     change: Change,
     requeue: Duration,
@@ -124,6 +128,7 @@ impl Found {
             database_wait: old.database_wait.clone(),
             pod_failure: None,
             summary: None,
+            progress: old.progress.clone(),
             change: Change::None,
             requeue: IDLE,
         }
@@ -243,6 +248,8 @@ impl<'a> Round<'a> {
             return Ok(Found {
                 run: Some(run),
                 database_wait: None,
+                // The last run's progress is not this one's.
+                progress: None,
                 change: Change::Started,
                 requeue: RUNNING,
                 ..kept
@@ -286,8 +293,11 @@ impl<'a> Round<'a> {
             .map(|f| Problem::of_pod("restore", &f))
             // A retry that has not failed yet: the database is unavailable as far as we know.
             .or_else(|| old.database_wait.as_ref().map(DatabaseWait::problem));
+        let progress =
+            progress::of_run(self.ctx, &pods, &phase, old.progress.as_ref(), self.now).await;
         let running = Found {
             pod_failure,
+            progress,
             requeue: RUNNING,
             ..kept
         };
@@ -471,6 +481,7 @@ fn status(
             observed_generation: restore.metadata.generation,
             run: run.clone(),
             database_wait: found.database_wait.clone(),
+            progress: found.progress.clone(),
             ..old.clone()
         },
         found.summary.as_ref(),
@@ -625,7 +636,7 @@ pub fn database_backoff(attempts: i32) -> Duration {
 }
 
 /// The summary in the termination message of a pod's restore container that exited 0.
-fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
+pub(crate) fn summary_of(pod: &Pod) -> Option<RestoreSummary> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     statuses
         .iter()

@@ -23,7 +23,17 @@ async fn restore_reconcile(
     r: &crate::crd::ArchiveRestore,
     script: Vec<Expect>,
 ) -> (Vec<Value>, kube::runtime::controller::Action) {
-    let (ctx, handle, clock) = context(Arc::default());
+    restore_reconcile_probed(now, r, script, Arc::default()).await
+}
+
+/// [`restore_reconcile`] with the pods' HTTP answers of `prober`.
+async fn restore_reconcile_probed(
+    now: Timestamp,
+    r: &crate::crd::ArchiveRestore,
+    script: Vec<Expect>,
+    prober: Arc<FakeProber>,
+) -> (Vec<Value>, kube::runtime::controller::Action) {
+    let (ctx, handle, clock) = context(prober);
     *clock.locked() = now;
     let mut full = restore_references();
     full.extend(script);
@@ -316,4 +326,75 @@ async fn a_restore_waits_for_its_database_and_recovers_by_itself() {
     assert!(st["databaseWait"].is_null(), "{st}");
     assert_eq!(cond(st, "Ready")["status"], "True");
     assert_eq!(bodies[3]["reason"], "RestoreSucceeded");
+}
+
+/// A restore pod's `/status` while it copies: `rows` of `total` at 5 000 rows/s.
+fn restoring(rows: u64, total: u64) -> String {
+    let rate = 5_000.0;
+    json!({"state": "RESTORING", "tables": [], "progress": {
+        "operation": "restore", "subject": "sales.invoices", "rows": rows, "bytes": rows * 50,
+        "total_rows": total, "percent": rows as f64 * 100.0 / total as f64,
+        "rows_per_second": rate, "bytes_per_second": rate * 50.0,
+        "eta_seconds": (total - rows) as f64 / rate, "elapsed_seconds": rows as f64 / rate,
+        "started_at": "2027-01-15T08:00:05Z", "done": false}})
+    .to_string()
+}
+
+/// While its Job runs, an ArchiveRestore's `status.progress` is its pod's `/status` (phase
+/// `Restoring`, rows against the snapshots' row counts, rate, ETA), read every 10 s; once the
+/// Job completed, `Complete` with the summary's rows.
+#[tokio::test]
+async fn a_running_restore_shows_its_pods_progress_then_complete() {
+    let r = invoices_restore();
+    let run = crate::restore::build::run_id(&r, None);
+    let running = restore_with_status(
+        &r,
+        &json!({"run": {"id": run, "startTime": "2027-01-15T08:00:00Z"}}),
+    );
+    let pod = json!({"metadata": {"name": format!("invoices-yesterday-{run}-x"), "namespace": "data"},
+        "status": {"phase": "Running", "podIP": "10.0.0.7", "containerStatuses": [{"name": "restore",
+            "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+            "state": {"running": {"startedAt": "2027-01-15T08:00:05Z"}}}]}});
+    let prober = Arc::new(FakeProber::default());
+    prober.set("10.0.0.7", "/status", &restoring(10_000, 40_000));
+    let object = serde_json::to_value(&r).unwrap();
+    let mut script = restore_observed(&run, "Unknown", vec![pod.clone()]);
+    script.push(expect_status(RESTORE_STATUS, object.clone()));
+    let (bodies, action) = restore_reconcile_probed(t(1), &running, script, prober.clone()).await;
+    let st = &bodies[2]["status"];
+    let p = &st["progress"];
+    assert_eq!(p["phase"], "Restoring", "{st}");
+    assert_eq!(
+        (&p["rows"], &p["expectedRows"]),
+        (&json!(10_000), &json!(40_000))
+    );
+    assert_eq!(p["percent"], "25%");
+    assert_eq!(
+        (&p["rowsPerSecond"], &p["etaSeconds"]),
+        (&json!(5_000), &json!(6))
+    );
+    assert_eq!(p["bytes"], 500_000);
+    assert_eq!(p["pods"], 1);
+    assert_eq!(p["updatedTime"], "2027-01-15T08:01:00Z");
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(10))
+    );
+
+    // The Job completed: the summary's rows, whatever the last read said.
+    let copying = restore_with_status(&r, st);
+    let summary = r#"{"position":"0/16B3748","at":"0/16B3748","tables":[{"table":"sales.invoices","rows":40012,"position":"0/16B0000","archived_at":"2027-01-15T07:00:00Z","action":"created"}],"duration_seconds":8.0}"#;
+    let mut script = restore_observed(&run, "Complete", vec![restore_pod(&run, 0, summary)]);
+    script.extend([
+        expect_status(RESTORE_STATUS, object),
+        expect(Method::POST, EVENTS_POST, None),
+    ]);
+    let (bodies, _) = restore_reconcile(t(2), &copying, script).await;
+    let p = &bodies[2]["status"]["progress"];
+    assert_eq!(p["phase"], "Complete", "{p}");
+    assert_eq!(
+        (&p["rows"], &p["percent"]),
+        (&json!(40_012), &json!("100%"))
+    );
+    assert_eq!(p["etaSeconds"], 0);
 }
