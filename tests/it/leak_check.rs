@@ -13,9 +13,10 @@ use larch::source::archive::{ArchiveReplayOptions, ArchiveReplaySource};
 use serde_json::Value;
 
 use crate::engine_support::{eventually, get, get_json};
-use crate::masking::{Files, export_local, follow_masked, larch, local, setup};
+use crate::masking::{Files, export_local, export_once, follow_masked, larch, local, setup};
 use crate::postgres_continuous::listening;
 use crate::support::postgres::{Database, new_database};
+use crate::support::seaweedfs::seaweedfs;
 
 /// `phone` is kept: the free-text column a raw value can be copied into.
 const RULES: &str = r#"
@@ -225,5 +226,63 @@ async fn a_raw_value_in_a_diff_is_found() {
     assert!(
         report["objects"].as_u64().unwrap() >= 2,
         "snapshot and diff read: {report}"
+    );
+}
+
+#[tokio::test]
+async fn an_s3_archive_is_checked_and_the_result_recorded_there() {
+    let db = new_database().await;
+    setup(&db).await;
+    // The raw email of one user copied into the kept column, lower-cased from a mixed-case
+    // original.
+    db.client
+        .batch_execute(
+            "UPDATE users SET email = 'Mixed.Case@Acme-Corp.com' WHERE id = 7000000003;
+             UPDATE users SET phone = 'mixed.case@acme-corp.com' WHERE id = 7000000008;",
+        )
+        .await
+        .unwrap();
+    let files = Files::new(RULES);
+    let weed = seaweedfs();
+    let bucket = weed.new_bucket().await;
+    let s3 = [
+        "--store",
+        "s3",
+        "--bucket",
+        &bucket,
+        "--endpoint",
+        weed.endpoint(),
+        "--region",
+        "us-east-1",
+    ];
+    let (code, _, err) = export_once(&db, &files, "users", &s3);
+    assert_eq!(code, 0, "{err}");
+    let out = larch()
+        .args(["archive", "leak-check", "--table", "users", "--json"])
+        .args(s3)
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("AWS_ACCESS_KEY_ID", "larch-test-key")
+        .env("AWS_SECRET_ACCESS_KEY", "larch-test-secret")
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(found(&report, "email"), (1, vec!["phone".to_string()]));
+    let store = weed.s3_store(&bucket, "").await;
+    let bytes = larch::archive::store::Store::get(&store, "public.users/manifest.json")
+        .await
+        .unwrap()
+        .unwrap()
+        .bytes;
+    let m: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(m["transform"]["leak_check"]["found"], 1, "{m}");
+    assert_eq!(
+        m["transform"]["leak_check"]["columns"]["email"]["found"], 1,
+        "{m}"
     );
 }
