@@ -285,4 +285,38 @@ async fn an_s3_archive_is_checked_and_the_result_recorded_there() {
         m["transform"]["leak_check"]["columns"]["email"]["found"], 1,
         "{m}"
     );
+
+    // The columns a rules file masks, printed only (--no-record leaves the manifest as it was).
+    let out = larch()
+        .args([
+            "archive",
+            "leak-check",
+            "--table",
+            "users",
+            "--json",
+            "--no-record",
+        ])
+        .args(s3)
+        .arg("--transform")
+        .arg(files.rules())
+        .env("LARCH_PG_DSN", &db.dsn)
+        .env("AWS_ACCESS_KEY_ID", "larch-test-key")
+        .env("AWS_SECRET_ACCESS_KEY", "larch-test-secret")
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    let columns: Vec<&str> = report["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["column"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["bio", "email", "id", "name", "ssn", "token"]);
+    let again = larch::archive::store::Store::get(&store, "public.users/manifest.json")
+        .await
+        .unwrap()
+        .unwrap()
+        .bytes;
+    assert_eq!(again, bytes, "--no-record writes nothing");
 }
