@@ -34,6 +34,12 @@ pub enum ArchiveCommand {
     /// A dry run unless --delete.
     #[command(after_help = super::env_section(&[super::env_help::S3]))]
     Gc(GcArgs),
+    /// Look for the raw values of every masked column (read from the source database) in
+    /// every object of the archive's current epoch; print the count per column (never the
+    /// values) and record the result in the manifest. Exit 0 when clean, 1 when raw values
+    /// were found, 2 on bad input.
+    #[command(after_help = super::env_section(&[super::env_help::S3]))]
+    LeakCheck(Box<super::leak_check::LeakCheckArgs>),
     /// `larch export` under laredo's name (`laredo archive export`): the same flags, but as in
     /// laredo `--table` is the table's name as it is (dots included) in `--schema` (default public).
     Export(Box<super::export::ExportArgs>),
@@ -143,7 +149,7 @@ impl ArchiveArgs {
 
     /// A reader on an existing archive. Creates nothing: a missing local root or manifest is an
     /// error naming what was tried and which archives the store does hold.
-    async fn reader(&self) -> anyhow::Result<ArchiveReader> {
+    pub(super) async fn reader(&self) -> anyhow::Result<ArchiveReader> {
         if self.store.store == StoreKind::Local
             && let Some(path) = &self.store.path
             && !path.is_dir()
@@ -227,6 +233,7 @@ pub async fn run(cmd: ArchiveCommand) -> anyhow::Result<i32> {
         ArchiveCommand::Inspect(a) => inspect(a).await,
         ArchiveCommand::Verify(a) => run_verify(a).await,
         ArchiveCommand::Gc(a) => gc(a).await,
+        ArchiveCommand::LeakCheck(a) => super::leak_check::run(*a).await,
         ArchiveCommand::Export(mut a) => {
             // laredo's `--table` is the table's name as it is (`--table a.b` is `public."a.b"`):
             // `--schema` defaults to `public` here, which makes `--table` literal.
@@ -395,6 +402,32 @@ fn print_columns(manifest: &Manifest) {
     }
 }
 
+/// The manifest's `transform.leak_check`, and whether it holds at the current head.
+fn print_leak_check(manifest: &Manifest, check: Option<&crate::archive::masking::LeakCheckRecord>) {
+    let Some(c) = check else {
+        println!("leak check:   none (larch archive leak-check)");
+        return;
+    };
+    let verdict = match (
+        c.found,
+        c.passed_at(manifest.epoch, &manifest.head_position),
+    ) {
+        (0, true) => "passed".to_string(),
+        (0, false) => "passed at an earlier head (run it again for the current one)".to_string(),
+        (n, _) => format!("FAILED: {n} raw values found"),
+    };
+    println!(
+        "leak check:   {verdict}: epoch {} at {}, {} columns, {} values checked, {} found, {} (larch {})",
+        c.epoch,
+        c.position,
+        c.columns.len(),
+        c.values_checked,
+        c.found,
+        c.checked_at,
+        c.larch_version
+    );
+}
+
 fn print_transform(manifest: &Manifest) {
     match &manifest.transform {
         Some(t) => {
@@ -416,6 +449,7 @@ fn print_transform(manifest: &Manifest) {
             for (column, how) in &t.columns {
                 println!("  {column:<24} {how}");
             }
+            print_leak_check(manifest, t.leak_check.as_ref());
         }
         None => println!("transform:    none (raw rows)"),
     }

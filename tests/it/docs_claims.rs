@@ -16,7 +16,14 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
     ("export", &["cleanup", "slot-status"]),
     (
         "archive",
-        &["export", "inspect", "verify", "reconstruct", "gc"],
+        &[
+            "export",
+            "inspect",
+            "verify",
+            "reconstruct",
+            "gc",
+            "leak-check",
+        ],
     ),
 ];
 

@@ -25,6 +25,7 @@ mod gc_race;
 mod hostile_inputs;
 mod image_contract;
 mod laredo_hocon;
+mod leak_check;
 mod masking;
 mod masking_fakes;
 mod masking_key_rotation;

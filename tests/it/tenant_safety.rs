@@ -333,6 +333,7 @@ fn record(
             .map(|(c, t)| (c.to_string(), t.to_string()))
             .collect::<BTreeMap<_, _>>(),
         undeclared_columns: undeclared_columns.iter().map(|c| c.to_string()).collect(),
+        leak_check: None,
     }
 }
 

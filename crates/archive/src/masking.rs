@@ -27,6 +27,39 @@ pub struct TransformRecord {
     /// Absent in archives written before larch recorded it (their columns count as declared).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub undeclared_columns: Vec<String>,
+    /// The last `larch archive leak-check` of this epoch (counts only, never a value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leak_check: Option<LeakCheckRecord>,
+}
+
+/// The manifest's `transform.leak_check`: which raw values of the masked columns were looked
+/// for in the epoch's objects, at which position, and how many were found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LeakCheckRecord {
+    /// The epoch and head position the check read up to.
+    pub epoch: i64,
+    pub position: String,
+    /// Column → raw values looked for and found (never the values).
+    pub columns: BTreeMap<String, LeakCheckColumn>,
+    pub values_checked: u64,
+    pub found: u64,
+    /// RFC 3339 time the check finished.
+    pub checked_at: String,
+    pub larch_version: String,
+}
+
+/// One column's figures in a [`LeakCheckRecord`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LeakCheckColumn {
+    pub values_checked: u64,
+    pub found: u64,
+}
+
+impl LeakCheckRecord {
+    /// Whether the check passed at exactly this manifest's epoch and head.
+    pub fn passed_at(&self, epoch: i64, head: &str) -> bool {
+        self.found == 0 && self.epoch == epoch && crate::position::same(&self.position, head)
+    }
 }
 
 impl TransformRecord {

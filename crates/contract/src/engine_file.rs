@@ -50,6 +50,9 @@ pub struct SourceFile {
     /// Refuse an archive whose manifest records no masking transform covering every column.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub require_transformed: bool,
+    /// Also refuse one without a passed `larch archive leak-check` at its head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_leak_check: bool,
 }
 
 /// `sources.*.type`: laredo calls an archive source `file`, larch `archive`; the same source.

@@ -66,6 +66,9 @@ pub struct ArchiveReplayOptions {
     pub at: Option<PointInTime>,
     /// Refuse an archive whose manifest records no masking transform (`require_transformed`).
     pub require_transformed: bool,
+    /// Also require a passed `larch archive leak-check` at the manifest's epoch and head
+    /// (`require_leak_check`; implies `require_transformed`).
+    pub require_leak_check: bool,
 }
 
 impl ArchiveReplayOptions {
@@ -80,6 +83,7 @@ impl ArchiveReplayOptions {
             spill: SpillConfig::default(),
             at: None,
             require_transformed: false,
+            require_leak_check: false,
         }
     }
 }

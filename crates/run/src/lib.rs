@@ -7,5 +7,6 @@
 pub mod archive_source;
 pub mod engine;
 pub mod export;
+pub mod leak_check;
 pub mod reasons;
 pub mod restore;

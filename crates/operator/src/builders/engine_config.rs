@@ -155,6 +155,7 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
         state_path: Some(state_path.into()),
         group: archive.group,
         require_transformed: spec.require_transformed.unwrap_or(false),
+        require_leak_check: spec.require_leak_check.unwrap_or(false),
     };
     let tables = archive
         .tables

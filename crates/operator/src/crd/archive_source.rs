@@ -68,6 +68,10 @@ pub struct ArchiveSourceSpec {
     /// each new epoch (a dev seed must never load raw production rows; docs/masking.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub require_transformed: Option<bool>,
+    /// With `requireTransformed`: also refuse an archive whose manifest records no passed
+    /// `larch archive leak-check` at its epoch and head (docs/masking.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_leak_check: Option<bool>,
     /// How often the archive is polled when following (e.g. `5s`, `1m30s`; Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), pattern(larch_core::duration::CRD_PATTERN))]

@@ -20,7 +20,7 @@ impl ArchiveReplaySource {
     /// every column it serves (`TransformRecord::uncovered`); else an error tagged
     /// `ArchiveNotTransformed` naming the table and the uncovered columns.
     pub(super) fn check_transformed(&self, m: &Manifest) -> anyhow::Result<()> {
-        if !self.opts.require_transformed {
+        if !self.opts.require_transformed && !self.opts.require_leak_check {
             return Ok(());
         }
         let (id, key, table) = (&self.opts.id, self.reader.manifest_key(), &self.opts.table);
@@ -44,7 +44,36 @@ impl ArchiveReplaySource {
                 t.undeclared,
             );
         }
+        if self.opts.require_leak_check {
+            self.check_leak_check(m, t)?;
+        }
         Ok(())
+    }
+
+    /// `require_leak_check`: `transform.leak_check` records a check that found nothing at the
+    /// manifest's epoch and head.
+    fn check_leak_check(
+        &self,
+        m: &Manifest,
+        t: &larch_archive::masking::TransformRecord,
+    ) -> anyhow::Result<()> {
+        let (id, key, table) = (&self.opts.id, self.reader.manifest_key(), &self.opts.table);
+        let why = match &t.leak_check {
+            None => "records no leak check (run `larch archive leak-check`)".to_string(),
+            Some(c) if c.found > 0 => format!(
+                "records a failed leak check: {} raw values found at {} (epoch {})",
+                c.found, c.position, c.epoch
+            ),
+            Some(c) if !c.passed_at(m.epoch, &m.head_position) => format!(
+                "records a leak check at {} (epoch {}), not at its head {} (epoch {}): run                  `larch archive leak-check` again",
+                c.position, c.epoch, m.head_position, m.epoch
+            ),
+            Some(_) => return Ok(()),
+        };
+        larch_core::failure::bail!(
+            larch_core::failure::Reason::ArchiveNotTransformed,
+            "source {id}: require_leak_check: the archive {key} (table {table}) {why}: refusing              to load its rows",
+        );
     }
 
     /// Sends one diff's changes as events, streamed; `false` when the consumer went away.

@@ -94,6 +94,8 @@ pub struct SourceConfig {
     pub targets: Vec<TargetConfig>,
     /// Refuse an archive whose manifest records no masking transform.
     pub require_transformed: bool,
+    /// Also refuse one without a passed leak check at its head.
+    pub require_leak_check: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -317,6 +319,7 @@ impl SourceSettings {
             table,
             targets,
             require_transformed: s.require_transformed,
+            require_leak_check: s.require_leak_check,
         }
     }
 }

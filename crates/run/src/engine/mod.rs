@@ -134,6 +134,7 @@ async fn build_source(
     opts.poll_interval = sc.poll_interval;
     opts.state_path = sc.state_path.clone();
     opts.require_transformed = sc.require_transformed;
+    opts.require_leak_check = sc.require_leak_check;
     let archive = Arc::new(ArchiveReplaySource::new(reader, opts));
     let mut memory = None;
     let mut pipelines = Vec::new();

@@ -192,6 +192,7 @@ fn transform_record(
             .filter(|c| !rules.columns.contains_key(&c.name))
             .map(|c| c.name.clone())
             .collect(),
+        leak_check: None,
     }
 }
 

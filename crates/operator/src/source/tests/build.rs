@@ -383,3 +383,15 @@ fn require_transformed_reaches_the_engine_config_the_engine_reads() {
     let file: larch_contract::engine_file::EngineFile = serde_saphyr::from_str(&text).unwrap();
     assert!(file.sources.values().all(|s| s.require_transformed));
 }
+
+#[test]
+fn require_leak_check_reaches_the_engine_config_the_engine_reads() {
+    let (mut s, r) = resolved("source-s3-postgres", None);
+    let yaml = |s: &ArchiveSource| engine_config::engine_yaml(&engine_config::engine_config(s, &r));
+    assert!(!yaml(&s).contains("require_leak_check"));
+    s.spec.require_transformed = Some(true);
+    s.spec.require_leak_check = Some(true);
+    let text = yaml(&s);
+    let file: larch_contract::engine_file::EngineFile = serde_saphyr::from_str(&text).unwrap();
+    assert!(file.sources.values().all(|s| s.require_leak_check));
+}

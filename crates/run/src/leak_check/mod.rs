@@ -1,0 +1,450 @@
+//! `larch archive leak-check`: looks for every raw value of every masked column (read from the
+//! source database) in every object of an archive's current epoch, in the spellings a value can
+//! take, and reports how many were found per column — never the values.
+//!
+//! Memory stays bounded: pass 1 streams the raw values into a keyed Bloom filter (a fixed
+//! number of bits per value, capped); pass 2 reads the epoch's objects and keeps only the
+//! pieces the filter flags (candidates: leaks, or rare false positives); pass 3 streams the raw
+//! values again and confirms candidates by exact comparison.
+
+mod filter;
+mod raw;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use larch_archive::manifest::{ArtifactKind, Manifest, format_time, now_utc};
+use larch_archive::masking::{LeakCheckColumn, LeakCheckRecord};
+use larch_archive::model::{TableId, effective_key_fields};
+use larch_archive::reader::ArchiveReader;
+use serde::Serialize;
+
+use filter::{KeyedFilter, pieces, spellings};
+
+/// Candidates held at most (each an archive string the filter flagged): past it the check
+/// stops with an error rather than grow.
+const MAX_CANDIDATES: usize = 1_000_000;
+/// Field names kept per candidate (enough to say where a value leaked).
+const MAX_FIELDS: usize = 8;
+
+/// A masked column to check, with the transform it went through.
+#[derive(Clone, Debug, Serialize)]
+pub struct MaskedColumn {
+    pub name: String,
+    pub transform: String,
+}
+
+/// One column's result.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ColumnReport {
+    pub column: String,
+    pub transform: String,
+    pub values_checked: u64,
+    pub found: u64,
+    pub occurrences: u64,
+    /// The archive fields the found values were in.
+    pub found_in: BTreeSet<String>,
+}
+
+/// The whole check's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct LeakReport {
+    pub table: String,
+    pub epoch: i64,
+    pub position: String,
+    pub objects: u64,
+    pub records: u64,
+    pub candidates: u64,
+    pub filter_bytes: usize,
+    pub values_checked: u64,
+    pub found: u64,
+    pub columns: Vec<ColumnReport>,
+    #[serde(skip)]
+    pub elapsed: Duration,
+}
+
+impl LeakReport {
+    /// The manifest's record of this check.
+    pub fn record(&self, larch_version: &str) -> LeakCheckRecord {
+        LeakCheckRecord {
+            epoch: self.epoch,
+            position: self.position.clone(),
+            columns: self
+                .columns
+                .iter()
+                .map(|c| {
+                    let figures = LeakCheckColumn {
+                        values_checked: c.values_checked,
+                        found: c.found,
+                    };
+                    (c.column.clone(), figures)
+                })
+                .collect(),
+            values_checked: self.values_checked,
+            found: self.found,
+            checked_at: format_time(&now_utc()),
+            larch_version: larch_version.to_string(),
+        }
+    }
+}
+
+/// The masked columns the manifest's transform records (every column whose transform is not
+/// `keep`); an error when it records none.
+pub fn masked_columns(manifest: &Manifest) -> anyhow::Result<Vec<MaskedColumn>> {
+    let Some(t) = &manifest.transform else {
+        bail!(
+            "the manifest of table {} records no transform (a raw archive): nothing is masked \
+             to check; pass --transform FILE to name the masked columns",
+            manifest.table
+        );
+    };
+    let columns: Vec<MaskedColumn> = t
+        .columns
+        .iter()
+        .filter(|(_, tr)| tr.as_str() != "keep")
+        .map(|(c, tr)| MaskedColumn {
+            name: c.clone(),
+            transform: tr.clone(),
+        })
+        .collect();
+    if columns.is_empty() {
+        bail!("the transform of table {} masks no column", manifest.table);
+    }
+    Ok(columns)
+}
+
+/// Runs the check of `manifest`'s current epoch against the raw values of `columns` read
+/// through `client`.
+pub async fn check(
+    client: &tokio_postgres::Client,
+    reader: &ArchiveReader,
+    manifest: &Manifest,
+    columns: &[MaskedColumn],
+    min_length: usize,
+) -> anyhow::Result<LeakReport> {
+    let started = Instant::now();
+    let table: TableId = manifest
+        .table
+        .parse()
+        .map_err(|e| anyhow::anyhow!("the manifest's table {:?}: {e}", manifest.table))?;
+    let names: Vec<String> = columns.iter().map(|c| c.name.clone()).collect();
+    let mut reports: Vec<ColumnReport> = columns
+        .iter()
+        .map(|c| ColumnReport {
+            column: c.name.clone(),
+            transform: c.transform.clone(),
+            ..ColumnReport::default()
+        })
+        .collect();
+    let filter = build_filter(client, &table, &names, manifest, min_length, &mut reports).await?;
+    let filter_bytes = filter.bytes();
+    let scan = scan_archive(reader, manifest, Arc::new(filter)).await?;
+    if !scan.candidates.is_empty() {
+        confirm(
+            client,
+            &table,
+            &names,
+            &scan.candidates,
+            min_length,
+            &mut reports,
+        )
+        .await?;
+    }
+    Ok(LeakReport {
+        table: table.to_string(),
+        epoch: manifest.epoch,
+        position: manifest.head_position.clone(),
+        objects: scan.objects,
+        records: scan.records,
+        candidates: scan.candidates.len() as u64,
+        filter_bytes,
+        values_checked: reports.iter().map(|c| c.values_checked).sum(),
+        found: reports.iter().map(|c| c.found).sum(),
+        columns: reports,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Pass 1: every spelling of every raw value into a filter sized by the archive's row count.
+async fn build_filter(
+    client: &tokio_postgres::Client,
+    table: &TableId,
+    names: &[String],
+    manifest: &Manifest,
+    min_length: usize,
+    reports: &mut [ColumnReport],
+) -> anyhow::Result<KeyedFilter> {
+    let rows: i64 = epoch_artifacts(manifest)
+        .map(|a| a.row_count + a.change_count)
+        .sum();
+    let expected = (rows.max(0) as u64).saturating_mul(names.len() as u64 * 3);
+    let mut filter = KeyedFilter::with_capacity(expected);
+    let mut scratch = Vec::new();
+    raw::for_each_value(client, table, names, |i, v| {
+        spellings(v, min_length, &mut scratch);
+        if !scratch.is_empty() {
+            reports[i].values_checked += 1;
+        }
+        for s in &scratch {
+            filter.insert(s);
+        }
+    })
+    .await?;
+    Ok(filter)
+}
+
+fn epoch_artifacts(m: &Manifest) -> impl Iterator<Item = &larch_archive::manifest::Artifact> {
+    m.artifacts.iter().filter(move |a| a.epoch == m.epoch)
+}
+
+/// An archive string the filter flagged: how often, and in which fields.
+#[derive(Default)]
+struct Candidate {
+    occurrences: u64,
+    fields: BTreeSet<String>,
+}
+
+struct Scan {
+    filter: Arc<KeyedFilter>,
+    candidates: HashMap<String, Candidate>,
+    objects: u64,
+    records: u64,
+}
+
+impl Scan {
+    /// Looks up every string and number of a record (JSON object), nested values included.
+    fn record(&mut self, json: &str, key: &str) -> larch_archive::Result<()> {
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+            larch_archive::ArchiveError::Invalid(format!("{key}: a record that is not JSON: {e}"))
+        })?;
+        self.records += 1;
+        if let serde_json::Value::Object(fields) = value {
+            for (name, v) in &fields {
+                self.value(name, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&mut self, field: &str, v: &serde_json::Value) -> larch_archive::Result<()> {
+        match v {
+            serde_json::Value::String(s) => {
+                let mut hits = Vec::new();
+                pieces(s, |p| {
+                    if self.filter.may_contain(p) {
+                        hits.push(p.to_string());
+                    }
+                });
+                for h in hits {
+                    self.candidate(field, h)?;
+                }
+            }
+            serde_json::Value::Number(n) => {
+                let text = n.to_string();
+                if self.filter.may_contain(&text) {
+                    self.candidate(field, text)?;
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    self.value(field, item)?;
+                }
+            }
+            serde_json::Value::Object(map) => {
+                for item in map.values() {
+                    self.value(field, item)?;
+                }
+            }
+            serde_json::Value::Bool(_) | serde_json::Value::Null => {}
+        }
+        Ok(())
+    }
+
+    fn candidate(&mut self, field: &str, text: String) -> larch_archive::Result<()> {
+        if self.candidates.len() >= MAX_CANDIDATES && !self.candidates.contains_key(&text) {
+            return Err(larch_archive::ArchiveError::Invalid(format!(
+                "more than {MAX_CANDIDATES} distinct strings of the archive match raw values: \
+                 the masking leaks at scale (or --min-length is too small)"
+            )));
+        }
+        let c = self.candidates.entry(text).or_default();
+        c.occurrences += 1;
+        if c.fields.len() < MAX_FIELDS {
+            c.fields.insert(field.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Pass 2: every snapshot and diff of the current epoch, through the filter.
+async fn scan_archive(
+    reader: &ArchiveReader,
+    manifest: &Manifest,
+    filter: Arc<KeyedFilter>,
+) -> anyhow::Result<Scan> {
+    let mut scan = Scan {
+        filter,
+        candidates: HashMap::new(),
+        objects: 0,
+        records: 0,
+    };
+    let key_fields = effective_key_fields(&[], &manifest.columns);
+    for artifact in epoch_artifacts(manifest) {
+        let key = reader.artifact_key(artifact, reader.choose_format(artifact)?.0);
+        let what = format!("reading {key}");
+        scan = match artifact.kind {
+            ArtifactKind::Snapshot => {
+                reader
+                    .fold_rows(artifact, key_fields.clone(), scan, move |s, r| {
+                        s.record(r.row.as_str(), &key)
+                    })
+                    .await
+            }
+            ArtifactKind::Diff => {
+                reader
+                    .fold_changes(artifact, scan, move |s, c| {
+                        for row in [&c.old, &c.new].into_iter().flatten() {
+                            s.record(row.as_str(), &key)?;
+                        }
+                        Ok(())
+                    })
+                    .await
+            }
+        }
+        .context(what)?;
+        scan.objects += 1;
+    }
+    Ok(scan)
+}
+
+/// Pass 3: the raw values again; a candidate equal to one of a value's spellings is a leak.
+/// A column masked with `fake` draws plausible values, which may equal another row's raw
+/// value: a match in that column itself is not counted.
+async fn confirm(
+    client: &tokio_postgres::Client,
+    table: &TableId,
+    names: &[String],
+    candidates: &HashMap<String, Candidate>,
+    min_length: usize,
+    reports: &mut [ColumnReport],
+) -> anyhow::Result<()> {
+    let mut scratch = Vec::new();
+    raw::for_each_value(client, table, names, |i, v| {
+        spellings(v, min_length, &mut scratch);
+        let report = &mut reports[i];
+        let fake = report.transform.starts_with("fake");
+        let mut found = false;
+        for s in &scratch {
+            let Some(c) = candidates.get(s) else { continue };
+            if fake && c.fields.iter().all(|f| *f == report.column) {
+                continue;
+            }
+            found = true;
+            report.occurrences += c.occurrences;
+            report.found_in.extend(c.fields.iter().cloned());
+        }
+        report.found += u64::from(found);
+    })
+    .await?;
+    Ok(())
+}
+
+/// Writes `record` into the manifest's `transform.leak_check` with the manifest's
+/// compare-and-swap, only if the archive is still at the epoch and head that were checked.
+pub async fn record(
+    reader: &ArchiveReader,
+    checked: &Manifest,
+    record: LeakCheckRecord,
+) -> anyhow::Result<()> {
+    let key = reader.manifest_key();
+    let (mut m, revision) = reader
+        .try_load_manifest()
+        .await?
+        .with_context(|| format!("{key} is gone"))?;
+    if m.epoch != checked.epoch
+        || !larch_archive::position::same(&m.head_position, &checked.head_position)
+    {
+        bail!(
+            "{key} moved on during the check (epoch {} at {}, checked epoch {} at {}): the \
+             result is not recorded; run the check again",
+            m.epoch,
+            m.head_position,
+            checked.epoch,
+            checked.head_position
+        );
+    }
+    let Some(t) = m.transform.as_mut() else {
+        bail!("{key} no longer records a transform: the result is not recorded");
+    };
+    t.leak_check = Some(record);
+    reader
+        .store()
+        .put_cas(&key, bytes::Bytes::from(m.to_json()), &revision)
+        .await
+        .with_context(|| format!("recording the leak check in {key}"))?;
+    Ok(())
+}
+
+/// The columns a rules file masks for `table` (every one it names with a transform other than
+/// `keep`).
+pub fn masked_by_rules(
+    rules: &larch_contract::transform_rules::TransformRules,
+    table: &TableId,
+    origin: &str,
+) -> anyhow::Result<Vec<MaskedColumn>> {
+    let Some(t) = rules.tables.get(&table.to_string()) else {
+        bail!("{origin}: no rules for table {table}");
+    };
+    let columns: Vec<MaskedColumn> = t
+        .columns
+        .iter()
+        .filter(|(_, r)| r.name() != "keep")
+        .map(|(c, r)| MaskedColumn {
+            name: c.clone(),
+            transform: r.record_name(),
+        })
+        .collect();
+    if columns.is_empty() {
+        bail!("{origin}: the rules of table {table} mask no column");
+    }
+    Ok(columns)
+}
+
+/// A per-column table of the result (counts only).
+pub fn table_text(r: &LeakReport) -> String {
+    let mut out = format!(
+        "leak check of {} at {} (epoch {}): {} objects, {} records, {} values checked, {} found \
+         ({:.1}s)\n",
+        r.table,
+        r.position,
+        r.epoch,
+        r.objects,
+        r.records,
+        r.values_checked,
+        r.found,
+        r.elapsed.as_secs_f64()
+    );
+    out.push_str(&format!(
+        "{:<24} {:<14} {:>14} {:>8} {:>11}  FOUND IN\n",
+        "COLUMN", "TRANSFORM", "VALUES CHECKED", "FOUND", "OCCURRENCES"
+    ));
+    for c in &r.columns {
+        let found_in: Vec<&str> = c.found_in.iter().map(String::as_str).collect();
+        out.push_str(&format!(
+            "{:<24} {:<14} {:>14} {:>8} {:>11}  {}\n",
+            c.column,
+            c.transform,
+            c.values_checked,
+            c.found,
+            c.occurrences,
+            if found_in.is_empty() {
+                "-".to_string()
+            } else {
+                found_in.join(", ")
+            }
+        ));
+    }
+    out
+}
