@@ -23,9 +23,8 @@ pub struct LeakCheckArgs {
     /// values (`Bob`, `42`) occur by chance in masked data.
     #[arg(long, default_value_t = 6)]
     pub min_length: usize,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: super::output::OutputArgs,
     /// Do not record the result in the manifest (`transform.leak_check`).
     #[arg(long)]
     pub no_record: bool,
@@ -35,11 +34,9 @@ pub struct LeakCheckArgs {
 pub async fn run(args: LeakCheckArgs) -> anyhow::Result<i32> {
     match check(&args).await {
         Ok(report) => {
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", leak_check::table_text(&report));
-            }
+            super::output::print(&report, args.output.format(), || {
+                leak_check::table_text(&report)
+            })?;
             Ok(if report.found > 0 { 1 } else { 0 })
         }
         Err(e) => {

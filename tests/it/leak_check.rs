@@ -44,7 +44,7 @@ fn leak_check(db: &Database, dir: &Path, format: &str) -> (i32, Value, String) {
             "--table",
             "users",
         ])
-        .args(["--format", format, "--json", "--path"])
+        .args(["--format", format, "-o", "json", "--path"])
         .arg(dir)
         .env("LARCH_PG_DSN", &db.dsn)
         .output()
@@ -258,7 +258,7 @@ async fn an_s3_archive_is_checked_and_the_result_recorded_there() {
     let (code, _, err) = export_once(&db, &files, "users", &s3);
     assert_eq!(code, 0, "{err}");
     let out = larch()
-        .args(["archive", "leak-check", "--table", "users", "--json"])
+        .args(["archive", "leak-check", "--table", "users", "-o", "json"])
         .args(s3)
         .env("LARCH_PG_DSN", &db.dsn)
         .env("AWS_ACCESS_KEY_ID", "larch-test-key")
@@ -293,7 +293,8 @@ async fn an_s3_archive_is_checked_and_the_result_recorded_there() {
             "leak-check",
             "--table",
             "users",
-            "--json",
+            "-o",
+            "json",
             "--no-record",
         ])
         .args(s3)
