@@ -193,6 +193,17 @@ impl Files {
 }
 
 /// A one-shot masked export of `table` into `store_args`; (exit code, stdout, stderr).
+/// Replication slots are cluster-wide: each export of a test gets a name of its own, so tests
+/// exporting the same table from their own databases run side by side.
+pub(crate) fn unique_slot(prefix: &str) -> String {
+    static SLOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        SLOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 pub(crate) fn export_once(
     db: &Database,
     files: &Files,
@@ -201,6 +212,7 @@ pub(crate) fn export_once(
 ) -> (i32, String, String) {
     let out = larch()
         .args(["export", "--table", table, "--format", "jsonl,protobuf"])
+        .args(["--slot", &unique_slot("larch_masking_once")])
         .args(store_args)
         .arg("--transform")
         .arg(files.rules())
@@ -618,6 +630,7 @@ pub(crate) async fn bad_transforms_are_clear_errors_and_export_nothing() {
         cmd.args([
             "export", "--table", table, "--store", "local", "--path", path,
         ])
+        .args(["--slot", &unique_slot("larch_masking_bad")])
         .arg("--transform")
         .arg(files.rules())
         .env("LARCH_PG_DSN", &db.dsn);
@@ -644,13 +657,7 @@ pub(crate) fn export_local(
     path: &str,
     extra: &[&str],
 ) -> (i32, String) {
-    // Replication slots are cluster-wide: a name of its own, so tests run side by side.
-    static SLOTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let slot = format!(
-        "larch_masking_subset_{}_{}",
-        std::process::id(),
-        SLOTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
+    let slot = unique_slot("larch_masking_subset");
     let mut cmd = larch();
     cmd.args([
         "export", "--table", table, "--store", "local", "--path", path,
