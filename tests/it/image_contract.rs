@@ -123,6 +123,28 @@ fn seed_dependencies(debug: &Path) {
     }
 }
 
+/// The larch package's build-script runs and fingerprints in the image context's target: a
+/// previous run's (or a seeded one's) would otherwise stand for this build.rs, and `--version`
+/// would print what an older build.rs wrote.
+fn forget_larch_build_script(debug: &Path) {
+    for dir in ["build", ".fingerprint"] {
+        for entry in std::fs::read_dir(debug.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if is_the_larch_package(&name) {
+                std::fs::remove_dir_all(&path).unwrap();
+            }
+        }
+    }
+}
+
+/// `larch-<hash>`, not a member crate's `larch-archive-<hash>` and the like.
+fn is_the_larch_package(dir_name: &str) -> bool {
+    dir_name
+        .strip_prefix("larch-")
+        .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 #[test]
 fn dockerfile_parsing() {
     let d = "FROM rust AS build\nCOPY a b ./\nCOPY --chown=1:1 src ./src\nFROM base\nCOPY --from=build /out/x /x\n";
@@ -133,6 +155,8 @@ fn dockerfile_parsing() {
     let allow = "*\n!Cargo.toml\n!src\n";
     assert!(ignored(allow, "target") && ignored(allow, ".git") && ignored(allow, "README.md"));
     assert!(!ignored(allow, "Cargo.toml") && !ignored(allow, "src"));
+    assert!(is_the_larch_package("larch-548903e6cd8e0609"));
+    assert!(!is_the_larch_package("larch-archive-548903e6cd8e0609"));
 }
 
 /// Builds the binary from a copy of the Docker build context only. The copy keeps modification
@@ -184,6 +208,7 @@ fn the_docker_build_context_builds_a_binary_the_base_image_can_run() {
         assert!(status.success(), "copying {src}");
     }
     seed_dependencies(&work.join("target/debug"));
+    forget_larch_build_script(&work.join("target/debug"));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let t0 = std::time::Instant::now();
     let out = Command::new(cargo)
