@@ -136,13 +136,33 @@ impl Found {
 }
 
 /// What the schema cannot check, then the archive the pod reads.
-fn validate(
+pub(crate) fn validate(
     restore: &ArchiveRestore,
     export: Option<&ArchiveExport>,
 ) -> Result<ResolvedArchive, Blocked> {
-    validate::restore(restore)
+    let archive = validate::restore(restore)
         .and_then(|()| build::resolve(restore, export))
-        .map_err(Blocked::invalid)
+        .map_err(Blocked::invalid)?;
+    // Applied together (GitOps), the restore would start before its export wrote anything and
+    // fail for an archive that is only not there yet: it waits for the export's first archive.
+    if let Some(export) = export.filter(|e| {
+        e.status
+            .as_ref()
+            .and_then(|s| s.last_export.as_ref())
+            .is_none()
+    }) {
+        return Err(Blocked {
+            problem: Problem::new(
+                "ExportNotReady",
+                format!(
+                    "ArchiveExport {} has written no archive yet: the restore starts once it has",
+                    export.name_any()
+                ),
+            ),
+            recheck: Some(crate::reconcile::dereference::RECHECK),
+        });
+    }
+    Ok(archive)
 }
 
 /// A run the spec and token ask for and status does not record yet, and its Job.

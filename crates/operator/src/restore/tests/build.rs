@@ -40,3 +40,27 @@ fn a_restore_of_a_table_the_export_lacks_is_refused() {
     let err = restore::resolve(&r, Some(&e)).unwrap_err();
     assert!(err.contains("public.nope"), "{err}");
 }
+
+/// A restore applied with its export waits for the export's first archive (ExportNotReady,
+/// looked at again) instead of starting a run that fails for an archive not there yet.
+#[test]
+fn a_restore_waits_for_its_exports_first_archive() {
+    let r = restore_fixture("restore-exportref-tables");
+    let mut e = export_fixture("export-scheduled-tables");
+    e.status = None;
+    let blocked = crate::restore::reconcile::validate(&r, Some(&e)).unwrap_err();
+    assert_eq!(blocked.problem.reason, "ExportNotReady");
+    assert!(
+        blocked
+            .problem
+            .message
+            .contains("has written no archive yet"),
+        "{:?}",
+        blocked.problem
+    );
+    assert!(blocked.recheck.is_some());
+    e.status = Some(serde_json::from_value(serde_json::json!({
+        "lastExport": {"table": "public.invoices", "epoch": 1, "position": "0/16B3748", "rowCount": 3}
+    })).unwrap());
+    assert!(crate::restore::reconcile::validate(&r, Some(&e)).is_ok());
+}
