@@ -8,9 +8,9 @@
 # adapted with a few lines of Python, only where an example necessarily differs from a real
 # cluster:
 # - the Secrets the examples reference by name keep their names and keys; their values become the
-#   test PostgreSQL's DSN (pg-source/dsn; pg-staging/dsn, the restore example's target, a database
-#   staging_<namespace> of its own, created here empty, so the restore completes) and an S3 key
-#   pair (s3-credentials; SeaweedFS accepts any);
+#   test PostgreSQL's DSN (pg-source/dsn; pg-staging/dsn, the restore example's target, is the
+#   server's `postgres` database, where the restore completes) and an S3 key pair
+#   (s3-credentials; SeaweedFS accepts any);
 # - every S3 location gets the environment's endpoint, path-style addressing and the
 #   s3-credentials Secret (the fake kubelet's pods have no cloud identity); a CA bundle is dropped
 #   (SeaweedFS speaks plain HTTP here);
@@ -26,7 +26,7 @@ ns=${2:-default}
 "$KUBECTL" create --dry-run=client -o json -n "$ns" -f "$here/examples/" |
   LARCH_E2E_NS="$ns" LARCH_E2E_PG_DSN="$LARCH_E2E_PG_DSN" LARCH_E2E_S3_ENDPOINT="$LARCH_E2E_S3_ENDPOINT" \
   python3 -c '
-import json, os, shutil, subprocess, sys
+import json, os, subprocess, sys
 text = sys.stdin.read()
 dec = json.JSONDecoder()
 objs, i = [], 0
@@ -43,16 +43,10 @@ endpoint = os.environ["LARCH_E2E_S3_ENDPOINT"]
 buckets, accounts, out = set(), set(), []
 
 def staging_dsn():
-    # The restore example restores into a database of its own per namespace, created here
-    # (empty, so its `ifExists: Fail` passes once and the restore completes).
-    db = "staging_" + "".join(c if c.isalnum() else "_" for c in ns)
-    dsn = os.environ["LARCH_E2E_PG_DSN"]
-    psql = shutil.which("psql") or "/usr/lib/postgresql/15/bin/psql"
-    found = subprocess.run([psql, "-X", "-At", dsn, "-c", f"SELECT 1 FROM pg_database WHERE datname = $d${db}$d$"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    if found != "1":
-        subprocess.run([psql, "-X", "-q", dsn, "-c", f"CREATE DATABASE {db}"], check=True, capture_output=True)
-    return dsn.replace("dbname=app", f"dbname={db}")
+    # The restore example restores into the `postgres` database, which every
+    # PostgreSQL has and where public.events does not exist: its `ifExists: Fail` passes and
+    # the restore completes (in a second namespace it then refuses the existing table, changing nothing).
+    return os.environ["LARCH_E2E_PG_DSN"].replace("dbname=app", "dbname=postgres")
 
 def s3(loc):
     loc["endpoint"] = endpoint
