@@ -176,6 +176,12 @@ bucket=$(python3 -c 'import json,sys; o=[i for i in json.load(open(sys.argv[1]))
 keys=$("$CURL" -sf "$LARCH_E2E_S3_ENDPOINT/$bucket?list-type=2" | grep -o '<Key>[^<]*</Key>' | sed 's/<[^>]*>//g')
 grep -q manifest <<<"$keys" || fail "no manifest in bucket $bucket: $keys"
 done_step "Job $job completed; bucket $bucket holds $(wc -l <<<"$keys") objects: $(tr '\n' ' ' <<<"$keys" | cut -c1-200)"
+# the restore example (users-staging) starts once the export has written: its run ends before r5
+wait_for 180 "ArchiveRestore users-staging run ended" bash -c '
+  [[ -n "$("$1" get archiverestore -n "$2" users-staging -o jsonpath="{.status.run.succeeded}")" ]]' \
+  _ "$KUBECTL" "$ns"
+[[ "$(kubectl get archiverestore -n "$ns" users-staging -o jsonpath='{.status.run.succeeded}')" == true ]] \
+  || fail "ArchiveRestore users-staging failed: $(kubectl get archiverestore -n "$ns" users-staging -o jsonpath='{.status.conditions}')"
 
 # ---------------------------------------------------------------------------------------------
 step "r3: ArchiveSource users-cache: a StatefulSet with PVC state"
