@@ -56,6 +56,27 @@ where
     serve_with(listener, app, Limits::default(), shutdown).await
 }
 
+/// Binds `listen` (an error names it as `--listen`) and serves `app` in a task of its own until
+/// `shutdown` flips to true; returns the bound address (port 0: the one chosen).
+pub async fn spawn_until(
+    listen: &str,
+    app: Router,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<std::net::SocketAddr> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("--listen {listen}"))?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        let _ = serve(listener, app, stop).await;
+    });
+    Ok(addr)
+}
+
 /// [`serve`] with explicit limits.
 pub async fn serve_with<L>(
     mut listener: L,

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -354,17 +353,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 pub async fn serve(
     listen: &str,
     shared: Arc<Shared>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("--listen {listen}"))?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let stop = async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        };
-        let _ = larch_core::serve::serve(listener, router(shared), stop).await;
-    });
-    Ok(addr)
+    larch_core::serve::spawn_until(listen, router(shared), shutdown).await
 }

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use axum::Router;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -196,19 +195,9 @@ async fn metrics(State(p): State<Arc<RestoreProgress>>) -> Response {
 pub async fn serve(
     listen: &str,
     progress: Arc<RestoreProgress>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("--listen {listen}"))?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let stop = async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        };
-        let _ = larch_core::serve::serve(listener, router(progress), stop).await;
-    });
-    Ok(addr)
+    larch_core::serve::spawn_until(listen, router(progress), shutdown).await
 }
 
 #[cfg(test)]
