@@ -190,6 +190,11 @@ pub struct ExportArgs {
     /// Default: $LARCH_TRANSFORM_KEY.
     #[arg(long, value_name = "FILE")]
     pub transform_key_file: Option<PathBuf>,
+    /// After a one-shot export with --transform: look for every raw value of the masked
+    /// columns in each archive written (`larch archive leak-check`) and record the result in
+    /// its manifest; raw values found fail the export (exit 2, reason LeakFound).
+    #[arg(long)]
+    pub leak_check: bool,
     /// Subsetting (one-shot only): export only the rows this SQL predicate keeps, e.g.
     /// `created_at > CURRENT_TIMESTAMP - interval '90 days'` (parsed: columns, constants,
     /// operators, casts and immutable functions only; then checked with EXPLAIN).
@@ -298,6 +303,7 @@ impl ExportArgs {
             spill_limit: Some(self.spill_limit),
             transform,
             transform_key_file: self.transform_key_file.clone(),
+            leak_check: self.leak_check,
             row_filter: self.row_filter.clone(),
             where_subqueries: self.where_subqueries,
             sample: self.sample,

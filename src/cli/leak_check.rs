@@ -1,13 +1,11 @@
 //! `larch archive leak-check`: raw values of the masked columns looked for in an archive's
 //! current epoch (crate::leak_check), the result recorded in the manifest.
 
-use anyhow::Context;
 use clap::Args;
 
 use super::ConnectionArgs;
 use super::archive::ArchiveArgs;
 use crate::leak_check::{self, LeakReport};
-use crate::source::postgres::PostgresConfig;
 
 #[derive(Args, Debug)]
 pub struct LeakCheckArgs {
@@ -21,7 +19,7 @@ pub struct LeakCheckArgs {
     pub transform: Option<std::path::PathBuf>,
     /// Raw values (each spelling) shorter than this many characters are not looked for: short
     /// values (`Bob`, `42`) occur by chance in masked data.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = leak_check::DEFAULT_MIN_LENGTH)]
     pub min_length: usize,
     #[command(flatten)]
     pub output: super::output::OutputArgs,
@@ -48,35 +46,29 @@ pub async fn run(args: LeakCheckArgs) -> anyhow::Result<i32> {
 
 async fn check(args: &LeakCheckArgs) -> anyhow::Result<LeakReport> {
     let reader = args.archive.reader().await?;
-    let manifest = reader.load_manifest().await?;
-    let table: crate::archive::model::TableId = manifest
-        .table
-        .parse()
-        .map_err(|e| anyhow::anyhow!("the manifest's table {:?}: {e}", manifest.table))?;
     let columns = match &args.transform {
         Some(path) => {
+            let manifest = reader.load_manifest().await?;
+            let table: crate::archive::model::TableId = manifest
+                .table
+                .parse()
+                .map_err(|e| anyhow::anyhow!("the manifest's table {:?}: {e}", manifest.table))?;
             let rules = crate::contract::transform_rules::TransformRules::from_file(path)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            leak_check::masked_by_rules(&rules, &table, &path.display().to_string())?
+            Some(leak_check::masked_by_rules(
+                &rules,
+                &table,
+                &path.display().to_string(),
+            )?)
         }
-        None => leak_check::masked_columns(&manifest)?,
+        None => None,
     };
-    let config = PostgresConfig::new(args.connection.dsn()?, vec![table.clone()], "", "");
-    let client =
-        crate::source::postgres::connect(&config, crate::source::postgres::Session::Snapshot)
-            .await
-            .context("connecting to the source database")?;
-    let report = leak_check::check(
-        &client,
+    leak_check::check_archive(
+        args.connection.dsn()?,
         &reader,
-        &manifest,
-        &columns,
-        args.min_length.max(1),
+        columns,
+        args.min_length,
+        !args.no_record,
     )
-    .await?;
-    if !args.no_record {
-        let record = report.record(env!("LARCH_VERSION"));
-        leak_check::record(&reader, &manifest, record).await?;
-    }
-    Ok(report)
+    .await
 }

@@ -356,6 +356,7 @@ impl Command {
 /// archive export`), `larch engine`, `larch restore` and `larch status` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
+    larch_core::version::set(env!("LARCH_VERSION"));
     let cli = Cli::parse();
     let termination_file = cli.command.termination_file();
     let classified = cli.command.classified();

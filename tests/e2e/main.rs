@@ -17,6 +17,7 @@ mod gitops;
 mod helpers;
 mod install;
 mod invalid_crs;
+mod leak_checked_seeds;
 mod masked_seeds;
 mod monitoring;
 mod multi_tenancy;

@@ -321,3 +321,106 @@ async fn an_s3_archive_is_checked_and_the_result_recorded_there() {
         .bytes;
     assert_eq!(again, bytes, "--no-record writes nothing");
 }
+
+/// `larch export --leak-check`: a clean one-shot export records a passed check in its manifest
+/// (and its summary), a set records one per table, a raw value copied into a kept column fails
+/// the export with reason LeakFound (counts, no value) and records the failed check; the flag
+/// is refused without a transform and with --follow.
+#[tokio::test]
+async fn an_export_with_leak_check_records_a_passed_check_and_fails_on_a_leak() {
+    let db = new_database().await;
+    setup(&db).await;
+    let rules =
+        format!("{RULES}  public.orders:\n    undeclared: keep\n    columns: {{note: hash}}\n");
+    let files = Files::new(&rules);
+    let export = |dir: &Path, tables: &[&str], extra: &[&str]| {
+        let summary = dir.join("summary.json");
+        let mut cmd = larch();
+        cmd.args(["export", "--store", "local", "--leak-check"])
+            .args(tables.iter().flat_map(|t| ["--table", t]))
+            .args(["--slot", &crate::masking::unique_slot("larch_leak_export")])
+            .arg("--path")
+            .arg(dir.join("archive"))
+            .arg("--summary-file")
+            .arg(&summary)
+            .args(extra)
+            .env("LARCH_PG_DSN", &db.dsn);
+        let out = cmd.output().unwrap();
+        let summary: Value = std::fs::read(&summary)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), summary, stderr)
+    };
+    let (rules_file, key_file) = (files.rules(), files.key());
+    let with_rules = [
+        "--transform",
+        rules_file.to_str().unwrap(),
+        "--transform-key-file",
+        key_file.to_str().unwrap(),
+    ];
+
+    let clean = tempfile::tempdir().unwrap();
+    let (code, summary, err) = export(clean.path(), &["users"], &with_rules);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(summary["leak_check"]["found"], 0, "{summary}");
+    let checked = summary["leak_check"]["values_checked"].as_u64().unwrap();
+    assert!(checked >= crate::masking::USERS as u64, "{summary}");
+    let m = manifest(&clean.path().join("archive"));
+    let record = &m["transform"]["leak_check"];
+    assert_eq!(record["found"], 0, "{m}");
+    assert_eq!(record["position"], m["head_position"]);
+    assert_eq!(record["values_checked"], checked);
+    init_requiring_leak_check(&clean.path().join("archive"))
+        .await
+        .unwrap();
+
+    // A set at one position: each table's archive is checked and recorded.
+    let set = tempfile::tempdir().unwrap();
+    let (code, summary, err) = export(set.path(), &["users", "orders"], &with_rules);
+    assert_eq!(code, 0, "{err}");
+    for (i, table) in ["public.users", "public.orders"].iter().enumerate() {
+        let entry = &summary["tables"][i];
+        assert_eq!(entry["table"], *table, "{summary}");
+        assert_eq!(entry["leak_check"]["found"], 0, "{summary}");
+        let m: Value = serde_json::from_slice(
+            &std::fs::read(set.path().join(format!("archive/{table}/manifest.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(m["transform"]["leak_check"]["found"], 0, "{table}: {m}");
+    }
+
+    // A raw email copied into the kept free-text column.
+    db.client
+        .batch_execute("UPDATE users SET phone = 'mail user5@acme-corp.com' WHERE id = 7000000011")
+        .await
+        .unwrap();
+    let leaky = tempfile::tempdir().unwrap();
+    let (code, termination, err) = export(leaky.path(), &["users"], &with_rules);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(termination["reason"], "LeakFound", "{termination}");
+    assert!(err.contains("public.users: email 1 of"), "{err}");
+    assert!(!err.contains("acme-corp"), "no value quoted: {err}");
+    let m = manifest(&leaky.path().join("archive"));
+    assert_eq!(m["transform"]["leak_check"]["found"], 1, "{m}");
+    let refused = init_requiring_leak_check(&leaky.path().join("archive")).await;
+    assert!(refused.is_err(), "a failed check is refused");
+
+    // Refused before anything is written.
+    let none = tempfile::tempdir().unwrap();
+    let (code, _, err) = export(none.path(), &["users"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--leak-check needs --transform"), "{err}");
+    let (code, _, err) = export(
+        none.path(),
+        &["users"],
+        &[&with_rules[..], &["--follow"]].concat(),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--leak-check applies to a one-shot export"),
+        "{err}"
+    );
+    assert!(!none.path().join("archive").exists(), "nothing written");
+}

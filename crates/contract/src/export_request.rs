@@ -122,6 +122,10 @@ pub struct ExportRequest {
     /// `--transform-key-file`: the file holding the hash key (default: `LARCH_TRANSFORM_KEY`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform_key_file: Option<PathBuf>,
+    /// `--leak-check`: after a one-shot export with a transform, check every archive it wrote
+    /// for raw values of the masked columns and record the result in its manifest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leak_check: bool,
     /// `--where`: the row filter of a one-shot export of one table.
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     pub row_filter: Option<String>,

@@ -55,6 +55,10 @@ pub enum Reason {
     /// masking transform, or one that leaves a served column uncovered (raw rows): it loads
     /// nothing.
     ArchiveNotTransformed,
+    /// An export's leak check (`--leak-check`, `spec.transform.leakCheck`) found raw values of
+    /// masked columns in the archive it wrote: the message counts them per column, never
+    /// quoting one.
+    LeakFound,
     /// Anything else: the message says what.
     Failed,
 }
@@ -68,7 +72,7 @@ pub const EXIT_LEASE_LOST: i32 = 3;
 const MAX_ERROR_BYTES: usize = 3072;
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::TableNotFound,
         Reason::ColumnNotFound,
         Reason::DatabaseNotFound,
@@ -83,6 +87,7 @@ impl Reason {
         Reason::LeaseLost,
         Reason::OutOfMemory,
         Reason::ArchiveNotTransformed,
+        Reason::LeakFound,
         Reason::Failed,
     ];
 
@@ -102,6 +107,7 @@ impl Reason {
             Reason::LeaseLost => "LeaseLost",
             Reason::OutOfMemory => "OutOfMemory",
             Reason::ArchiveNotTransformed => "ArchiveNotTransformed",
+            Reason::LeakFound => "LeakFound",
             Reason::Failed => "Failed",
         }
     }

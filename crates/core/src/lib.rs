@@ -14,3 +14,4 @@ pub mod serve;
 pub mod telemetry;
 pub mod tls;
 pub mod units;
+pub mod version;

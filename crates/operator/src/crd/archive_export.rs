@@ -53,6 +53,7 @@ pub const ADOPT_LEGACY_SLOT_ANNOTATION: &str = "larch.dev/adopt-legacy-slot";
     validation = Rule::new("!has(self.schedule) || self.mode == 'OneShot'").message("schedule applies only to mode OneShot"),
     validation = Rule::new("!has(self.continuous) || self.mode == 'Continuous'").message("continuous applies only to mode Continuous"),
     validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.tables) || self.transform.tables.all(t, !has(self.transform.tables[t].where) && !has(self.transform.tables[t].sample))").message("transform.tables[*].where and sample (subsetting) apply only to mode OneShot: the diffs of a continuous export would not respect them"),
+    validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.leakCheck) || !self.transform.leakCheck").message("transform.leakCheck applies only to mode OneShot (and schedules): a continuous archive's head moves with every diff; check it with `larch archive leak-check --no-record`"),
     validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
     validation = Rule::new("!has(self.parallel) || (self.mode == 'OneShot' && has(self.source.tables))").message("parallel applies to mode OneShot with source.tables (one Job exporting every table at one position); a Continuous export runs one Deployment per table"),
 )]
@@ -136,6 +137,12 @@ pub struct ExportTransform {
     /// (default false: no subquery).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub subqueries: bool,
+    /// After each run (OneShot), look for every raw value of the masked columns in the archives
+    /// written and record the result in their manifests (`transform.leak_check`, what
+    /// `requireLeakCheck` asks for); raw values found fail the run with reason `LeakFound`
+    /// (default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leak_check: bool,
 }
 
 impl ExportTransform {

@@ -190,6 +190,7 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
         transform_key_file: transform
             .and_then(|t| t.key_secret_ref.as_ref())
             .map(|_| TRANSFORM_KEY_FILE.into()),
+        leak_check: transform.is_some_and(|t| t.leak_check),
         // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
         listen: Some(pod::listen_arg()),
         ..Default::default()

@@ -142,6 +142,7 @@ mod tests {
             .into(),
             key_secret_ref: None,
             subqueries: false,
+            leak_check: false,
         });
         refuse(
             e,
@@ -166,6 +167,7 @@ mod tests {
                 tables: [(table.clone(), rules)].into(),
                 key_secret_ref: None,
                 subqueries,
+                leak_check: false,
             });
             e
         };

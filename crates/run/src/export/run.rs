@@ -19,6 +19,7 @@ use larch_core::locks::MutexExt;
 use larch_postgres::{PostgresConfig, PostgresSource, SessionLimits, SlotMode, SubqueryTables};
 
 mod follow;
+mod leak_check;
 mod set;
 
 use follow::{follow, follow_writer};
@@ -74,6 +75,7 @@ pub async fn run(
         larch_postgres::ownership::check_owner(owner)
             .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("owner {owner:?}: {e}")))?;
     }
+    leak_check::refuse_unless_checkable(&request)?;
     if tables.len() > 1 {
         return export_set(&request, connection.dsn, tables).await.map(Some);
     }
@@ -89,7 +91,7 @@ pub async fn run(
     // The same rule the readers and the operator apply: no `..`, no leading `/`.
     larch_archive::store::check_key_prefix(&key_prefix)
         .map_err(|e| anyhow::Error::from(e).context("--key-prefix"))?;
-    let mut config = source_config(&request, connection.dsn, &table, subset.as_ref())?;
+    let mut config = source_config(&request, connection.dsn.clone(), &table, subset.as_ref())?;
     config.row_filter_subqueries = subqueries;
     let store = request.store.open().await?;
     if request.follow {
@@ -107,7 +109,25 @@ pub async fn run(
         .map(|()| None);
     }
     let wc = writer_config(&request, &table, &key_prefix)?;
-    let summary = one_shot(&request, config, table, store, wc, masking, subset).await?;
+    let mut summary = one_shot(
+        &request,
+        config,
+        table.clone(),
+        store.clone(),
+        wc,
+        masking,
+        subset,
+    )
+    .await?;
+    if request.leak_check {
+        let written = [(table, key_prefix)];
+        let checked = leak_check::check_written(&request, &connection.dsn, store, &written).await?;
+        summary["leak_check"] = checked
+            .into_iter()
+            .next()
+            .map(|(_, f)| f)
+            .unwrap_or_default();
+    }
     let text = serde_json::to_string_pretty(&summary)?;
     write_summary(&request, &text)?;
     Ok(Some(summary))

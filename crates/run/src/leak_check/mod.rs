@@ -9,6 +9,9 @@
 
 mod filter;
 mod raw;
+mod run;
+
+pub use run::{DEFAULT_MIN_LENGTH, check_archive};
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

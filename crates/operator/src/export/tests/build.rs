@@ -411,10 +411,14 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     let secret = v.secret.as_ref().unwrap();
     assert_eq!(secret.secret_name.as_deref(), Some("seed-key"));
     assert_eq!(secret.items.as_ref().unwrap()[0].key, "hmac");
+    assert!(!r.leak_check, "no leak check unless asked for");
+    e.spec.transform.as_mut().unwrap().leak_check = true;
+    assert!(request_of(&export::export_args(&export::export_request(&e, &t))).leak_check);
     // Without a transform, nothing of it.
     let plain = export_fixture("export-oneshot-s3");
     let r = export::export_request(&plain, &t);
     assert_eq!((r.transform, r.transform_key_file), (None, None));
+    assert!(!r.leak_check);
 }
 
 #[test]

@@ -71,7 +71,7 @@ pub(super) async fn export_set(
     let result = export_at_one_position(
         source.clone(),
         set,
-        store,
+        store.clone(),
         parallel,
         masking.as_deref(),
         &progress,
@@ -84,7 +84,24 @@ pub(super) async fn export_set(
     {
         tracing::warn!(error = %format!("{e:#}"), "could not check for a stale publication");
     }
-    let summary = summary(&result?);
+    let exported = result?;
+    let mut summary = summary(&exported);
+    if request.leak_check {
+        let written: Vec<(TableId, String)> = exported
+            .iter()
+            .map(|e| (e.table.clone(), e.key_prefix.clone()))
+            .collect();
+        let dsn = &source.config().dsn;
+        let checked = super::leak_check::check_written(request, dsn, store, &written).await?;
+        for (entry, (_, figures)) in summary["tables"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+            .zip(checked)
+        {
+            entry["leak_check"] = figures;
+        }
+    }
     if let Some(path) = &request.summary_file {
         // On one line: a termination message keeps 4 KiB, some 25 tables' entries.
         std::fs::write(path, format!("{summary}\n"))
