@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::support::{Env, condition_is, env_with_operator};
+use super::support::{Env, condition, condition_is, env_with_operator};
 
 /// An ArchiveExport of `table` to bucket `bucket` on the environment's SeaweedFS.
 pub fn export_manifest(
@@ -102,6 +102,29 @@ pub fn wait_source_ready(e: &Env, ns: &str, name: &str) -> Value {
 }
 
 /// The pod IPs of a source's engine pods (`name-0`, …).
+/// Waits until `kind` `ns/name` is `Stalled=True` with `reason`; returns the condition's message.
+pub fn wait_stalled(e: &Env, kind: &str, ns: &str, name: &str, reason: &str) -> String {
+    let o = e.wait_for(
+        ns,
+        &format!("{kind} {ns}/{name} Stalled with {reason}"),
+        240,
+        || {
+            let o = e.get(&[kind, name, "-n", ns])?;
+            let stalled = condition(&o, "Stalled")?;
+            (stalled["status"] == "True" && stalled["reason"] == reason).then(|| o.clone())
+        },
+    );
+    assert_eq!(
+        condition(&o, "Ready").map(|c| c["status"].clone()),
+        Some(Value::from("False")),
+        "a stalled {kind} is not ready: {o}"
+    );
+    condition(&o, "Stalled").unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 pub fn engine_ip(e: &Env, ns: &str, name: &str) -> String {
     let pod = get_cr(e, "pod", ns, &format!("{name}-0"));
     pod["status"]["podIP"]

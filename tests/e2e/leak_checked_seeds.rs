@@ -6,9 +6,9 @@
 //! table and column but not the value.
 
 use super::helpers::{
-    engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready,
+    engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready, wait_stalled,
 };
-use super::support::{condition, env_with_operator, serial};
+use super::support::{env_with_operator, serial};
 
 const PLATFORM: &str = "e2e-leak-platform";
 const DEVS: [&str; 2] = ["e2e-leak-a", "e2e-leak-b"];
@@ -57,20 +57,7 @@ fn s30b_require_leak_check_serves_a_checked_seed_and_refuses_the_rest() {
     wait_export_succeeded(e, PLATFORM, "checked", None);
     wait_export_succeeded(e, PLATFORM, "unchecked", None);
 
-    let failed = e.wait_for(
-        PLATFORM,
-        "ArchiveExport leaky Stalled with LeakFound",
-        240,
-        || {
-            let o = e.get(&["archiveexport", "leaky", "-n", PLATFORM])?;
-            let stalled = condition(&o, "Stalled")?;
-            (stalled["status"] == "True" && stalled["reason"] == "LeakFound").then(|| o.clone())
-        },
-    );
-    let message = condition(&failed, "Stalled").unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let message = wait_stalled(e, "archiveexport", PLATFORM, "leaky", "LeakFound");
     assert!(
         message.contains("public.leak_users: email 1 of"),
         "the condition names the table and the column: {message}"
@@ -131,21 +118,13 @@ spec:
         let text = serde_json::Value::Array(rows).to_string();
         assert!(!text.contains("rawleak"), "{ns}: no raw email served");
     }
-    let refused = e.wait_for(
+    let message = wait_stalled(
+        e,
+        "archivesource",
         PLATFORM,
-        "ArchiveSource unchecked-refused Stalled with ArchiveNotTransformed",
-        240,
-        || {
-            let o = e.get(&["archivesource", "unchecked-refused", "-n", PLATFORM])?;
-            let stalled = condition(&o, "Stalled")?;
-            (stalled["status"] == "True" && stalled["reason"] == "ArchiveNotTransformed")
-                .then(|| o.clone())
-        },
+        "unchecked-refused",
+        "ArchiveNotTransformed",
     );
-    let message = condition(&refused, "Stalled").unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .to_string();
     assert!(
         message.contains("leak check") && message.contains("unchecked/"),
         "the condition says why and names the archive: {message}"

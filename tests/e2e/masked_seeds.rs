@@ -6,9 +6,9 @@
 use serde_json::Value;
 
 use super::helpers::{
-    engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready,
+    engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready, wait_stalled,
 };
-use super::support::{OPERATOR_NS, condition, env_with_operator, serial};
+use super::support::{OPERATOR_NS, env_with_operator, serial};
 
 const PLATFORM: &str = "e2e-mask-platform";
 const DEVS: [&str; 3] = ["e2e-mask-a", "e2e-mask-b", "e2e-mask-c"];
@@ -142,26 +142,17 @@ spec:
         served.push((format!("{ns} engine rows"), Value::Array(rows).to_string()));
     }
 
-    let refused = e.wait_for(
+    let message = wait_stalled(
+        e,
+        "archivesource",
         PLATFORM,
-        "ArchiveSource raw-refused Stalled with ArchiveNotTransformed",
-        240,
-        || {
-            let o = e.get(&["archivesource", "raw-refused", "-n", PLATFORM])?;
-            let stalled = condition(&o, "Stalled")?;
-            (stalled["status"] == "True" && stalled["reason"] == "ArchiveNotTransformed")
-                .then(|| o.clone())
-        },
+        "raw-refused",
+        "ArchiveNotTransformed",
     );
-    let message = condition(&refused, "Stalled").unwrap()["message"]
-        .as_str()
-        .unwrap()
-        .to_string();
     assert!(
         message.contains("public.masked_users") && message.contains("raw/"),
         "the condition names the table and the archive: {message}"
     );
-    assert_eq!(condition(&refused, "Ready").unwrap()["status"], "False");
 
     // Everything a developer or a platform team can read, searched for every raw value.
     let mut namespaces = DEVS.to_vec();
