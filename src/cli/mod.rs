@@ -9,6 +9,7 @@ pub mod output;
 pub mod restore;
 pub mod slot;
 pub mod status;
+pub mod transform;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -175,6 +176,10 @@ pub enum Command {
     /// run-now`).
     #[command(after_help = env_section(&[KUBE]))]
     RunNow(status::RunNowArgs),
+    /// Help writing masking rules: `suggest` proposes rules for the columns that look
+    /// sensitive, `preview` prints rows raw beside masked (docs/masking.md).
+    #[command(subcommand)]
+    Transform(transform::TransformCommand),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -305,7 +310,7 @@ fn prints_a_result(command: &Command) -> bool {
     match command {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
-        Command::Logs(_) | Command::RunNow(_) => true,
+        Command::Logs(_) | Command::RunNow(_) | Command::Transform(_) => true,
         Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
     }
 }
@@ -387,6 +392,7 @@ pub fn main() -> i32 {
             Command::Status(a) => status::run(a).await,
             Command::Logs(a) => status::logs(a).await,
             Command::RunNow(a) => status::run_now(a).await,
+            Command::Transform(c) => transform::run(c).await,
             Command::Operator(args) => {
                 init_tracing();
                 operator::operator(args).await
