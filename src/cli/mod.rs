@@ -353,12 +353,13 @@ impl Command {
                 | Command::Status(_)
                 | Command::Logs(_)
                 | Command::RunNow(_)
+                | Command::Transform(_)
         )
     }
 }
 
 /// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
-/// archive export`), `larch engine`, `larch restore` and `larch status` the failure's (see [`crate::failure`]: 2 needs someone
+/// archive export`), `larch engine`, `larch restore`, `larch status` and `larch transform` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     let cli = Cli::parse();
