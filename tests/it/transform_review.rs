@@ -116,7 +116,7 @@ async fn generated_schema(db: &Database) {
         .await
         .unwrap();
     for g in 1..=ROWS {
-        let card = luhn_complete(&format!("4{:014}", 31_415_926_535_89 + g * 7919));
+        let card = luhn_complete(&format!("4{:014}", 3_141_592_653_589 + g * 7919));
         let bban = format!("{:018}", 370_400_440_532_013_000_i64 + g);
         db.client
             .execute(

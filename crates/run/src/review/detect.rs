@@ -162,6 +162,16 @@ pub fn words(name: &str) -> Vec<String> {
 /// the sensitive value (`email_verified`, `ip_count`, `name_id`) holds none.
 pub fn by_name(name: &str) -> Option<Kind> {
     let ws = words(name);
+    let kind_of = |w: &str| {
+        NAME_WORDS
+            .iter()
+            .find(|(names, _)| names.contains(&w))
+            .map(|(_, k)| *k)
+    };
+    // The whole name first: `tax_id`, `first_name`, `e_mail`.
+    if let Some(k) = kind_of(&ws.concat()) {
+        return Some(k);
+    }
     let last = ws.last()?;
     if ws.len() > 1 && ABOUT_WORDS.contains(&last.as_str()) {
         return None;
@@ -169,18 +179,8 @@ pub fn by_name(name: &str) -> Option<Kind> {
     if ws.first().is_some_and(|w| w == "is" || w == "has") {
         return None;
     }
-    let kind_of = |w: &str| {
-        NAME_WORDS
-            .iter()
-            .find(|(names, _)| names.contains(&w))
-            .map(|(_, k)| *k)
-    };
     // `first`/`last`/`given`/`family` mark a name only next to `name`.
     let weak = ["first", "given", "last", "family"];
-    let joined = ws.concat();
-    if let Some(k) = kind_of(&joined) {
-        return Some(k);
-    }
     for (i, w) in ws.iter().enumerate() {
         if weak.contains(&w.as_str()) {
             if ws.get(i + 1).is_some_and(|n| n == "name") {
@@ -385,7 +385,7 @@ fn luhn(digits: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 fn card_prefix(d: &str) -> bool {
@@ -449,6 +449,9 @@ mod tests {
             ("api_token", Kind::Secret),
             ("password", Kind::Secret),
             ("client_secret", Kind::Secret),
+            ("tax_id", Kind::NationalId),
+            ("national_id", Kind::NationalId),
+            ("e_mail", Kind::Email),
         ] {
             assert_eq!(by_name(name), Some(kind), "{name}");
         }
