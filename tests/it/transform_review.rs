@@ -360,6 +360,20 @@ async fn preview_shows_raw_beside_what_the_export_writes_and_changes_nothing() {
     // Bad input: a table the rules do not name.
     let (code, _, err) = preview(&db, &files, "nosuch", 3, &[]);
     assert_eq!(code, 2, "{err}");
+    // A table the catalog says is big is read by TABLESAMPLE, not scanned.
+    db.client
+        .batch_execute("UPDATE pg_class SET reltuples = 5e7 WHERE oid = 'orders'::regclass")
+        .await
+        .unwrap();
+    let (code, json, err) = preview(&db, &files, "orders", 3, &["-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let p: Value = serde_json::from_str(&json).unwrap();
+    let sampling = p["sampling"].as_str().unwrap();
+    assert!(
+        sampling.contains("rows of TABLESAMPLE SYSTEM ("),
+        "{sampling}"
+    );
+    assert!(p["rows"].as_array().unwrap().len() <= 3);
 }
 
 async fn rows_of(dir: &std::path::Path) -> (i64, Vec<Value>) {

@@ -733,7 +733,7 @@ pub struct Masking {
     current: Mutex<Option<Arc<TableTransform>>>,
     /// The columns of the current epoch the rules do not name (`/status`, and the
     /// ArchiveExport's `UnreviewedColumns` condition).
-    unreviewed: Mutex<Vec<crate::review::UnreviewedColumn>>,
+    unreviewed: crate::review::Unreviewed,
 }
 
 impl Masking {
@@ -752,7 +752,7 @@ impl Masking {
             rules,
             key: key.map(Arc::new),
             current: Mutex::new(None),
-            unreviewed: Mutex::new(vec![]),
+            unreviewed: Default::default(),
         })
     }
 
@@ -768,34 +768,13 @@ impl Masking {
             self.key.clone(),
         )?);
         *self.current.locked() = Some(t.clone());
-        self.note_unreviewed(schema);
+        self.unreviewed.note(&self.rules, schema);
         Ok(t)
-    }
-
-    /// Records (and logs, when they change) the columns of `schema` the rules do not name:
-    /// they go through `undeclared` until someone reviews them. Names only, never values.
-    fn note_unreviewed(&self, schema: &larch_postgres::TableSchema) {
-        let found =
-            crate::review::unreviewed(&self.rules, &schema.id, &schema.columns, &schema.key_fields);
-        let mut current = self.unreviewed.locked();
-        if found != *current && !found.is_empty() {
-            let columns: Vec<String> = found
-                .iter()
-                .map(|c| {
-                    format!(
-                        "{} ({} now; suggested: {})",
-                        c.column, c.applied, c.suggestion
-                    )
-                })
-                .collect();
-            tracing::warn!(table = %schema.id, columns = %columns.join(", "), "columns the transform rules do not name go through `undeclared`: review them (larch transform suggest)");
-        }
-        *current = found;
     }
 
     /// The columns of the current epoch the rules do not name.
     pub fn unreviewed(&self) -> Vec<crate::review::UnreviewedColumn> {
-        self.unreviewed.locked().clone()
+        self.unreviewed.current()
     }
 
     /// The transform of the current epoch (None before the first compile).

@@ -8,6 +8,7 @@ pub mod suggest;
 
 use std::sync::{Arc, LazyLock};
 
+use larch_core::locks::MutexExt;
 use serde::Serialize;
 
 use crate::export::transform::{CompileRules, TransformKey};
@@ -230,6 +231,36 @@ pub fn unreviewed(
             }
         })
         .collect()
+}
+
+/// The columns of an export's current epoch its rules do not name, as last compiled.
+#[derive(Debug, Default)]
+pub struct Unreviewed(std::sync::Mutex<Vec<UnreviewedColumn>>);
+
+impl Unreviewed {
+    /// Records the columns of `schema` that `rules` do not name, and logs them (names and
+    /// rules, never values) when they changed.
+    pub fn note(&self, rules: &TransformRules, schema: &larch_postgres::TableSchema) {
+        let found = unreviewed(rules, &schema.id, &schema.columns, &schema.key_fields);
+        let mut current = self.0.locked();
+        if found != *current && !found.is_empty() {
+            let columns: Vec<String> = found
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{} ({} now; suggested: {})",
+                        c.column, c.applied, c.suggestion
+                    )
+                })
+                .collect();
+            tracing::warn!(table = %schema.id, columns = %columns.join(", "), "columns the transform rules do not name go through `undeclared`: review them (larch transform suggest)");
+        }
+        *current = found;
+    }
+
+    pub fn current(&self) -> Vec<UnreviewedColumn> {
+        self.0.locked().clone()
+    }
 }
 
 #[cfg(test)]

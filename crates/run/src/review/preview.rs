@@ -85,6 +85,9 @@ pub async fn preview(
     Ok(Preview {
         table: table.to_string(),
         sampling: match sampling {
+            preview::Sampling::First if schema.key_fields.is_empty() => {
+                format!("the first {} rows", out.len())
+            }
             preview::Sampling::First => format!("the first {} rows by key", out.len()),
             preview::Sampling::Blocks(p) => {
                 format!("{} rows of TABLESAMPLE SYSTEM ({p:.4}%)", out.len())
