@@ -128,10 +128,11 @@ async fn generated_schema(db: &Database) {
     }
 }
 
-fn suggest(db: &Database, extra: &[&str]) -> (i32, String, String) {
+/// `larch transform ARGS` on `db`: (exit code, stdout, stderr).
+fn transform(db: &Database, args: &[std::ffi::OsString]) -> (i32, String, String) {
     let out = larch()
-        .args(["transform", "suggest"])
-        .args(extra)
+        .arg("transform")
+        .args(args)
         .env("LARCH_PG_DSN", &db.dsn)
         .output()
         .unwrap();
@@ -140,6 +141,11 @@ fn suggest(db: &Database, extra: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+fn suggest(db: &Database, extra: &[&str]) -> (i32, String, String) {
+    let args: Vec<std::ffi::OsString> = ["suggest"].iter().chain(extra).map(Into::into).collect();
+    transform(db, &args)
 }
 
 /// `table.column` of every column the rules mask (anything but keep).
@@ -250,28 +256,15 @@ fn preview(
     rows: u32,
     extra: &[&str],
 ) -> (i32, String, String) {
-    let out = larch()
-        .args([
-            "transform",
-            "preview",
-            "--table",
-            table,
-            "--rows",
-            &rows.to_string(),
-        ])
-        .arg("--transform")
-        .arg(files.rules())
-        .arg("--transform-key-file")
-        .arg(files.key())
-        .args(extra)
-        .env("LARCH_PG_DSN", &db.dsn)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut args: Vec<std::ffi::OsString> = ["preview", "--table", table, "--rows"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    args.push(rows.to_string().into());
+    args.extend(["--transform".into(), files.rules().into()]);
+    args.extend(["--transform-key-file".into(), files.key().into()]);
+    args.extend(extra.iter().map(Into::into));
+    transform(db, &args)
 }
 
 /// What would change if anything were written: the rows, slots and publications.
