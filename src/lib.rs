@@ -15,7 +15,7 @@ pub use larch_archive as archive;
 pub use larch_contract as contract;
 pub use larch_core::{duration, locks, progress, telemetry, tls, units};
 pub use larch_operator as operator;
-pub use larch_run::{engine, export, leak_check, restore};
+pub use larch_run::{engine, export, leak_check, restore, review};
 
 /// Failure reasons (the termination-message contract), classified by every layer.
 pub mod failure {

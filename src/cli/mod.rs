@@ -9,6 +9,7 @@ pub mod output;
 pub mod restore;
 pub mod slot;
 pub mod status;
+pub mod transform;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -175,6 +176,10 @@ pub enum Command {
     /// run-now`).
     #[command(after_help = env_section(&[KUBE]))]
     RunNow(status::RunNowArgs),
+    /// Help writing masking rules: `suggest` proposes rules for the columns that look
+    /// sensitive, `preview` prints rows raw beside masked (docs/masking.md).
+    #[command(subcommand)]
+    Transform(transform::TransformCommand),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -305,7 +310,7 @@ fn prints_a_result(command: &Command) -> bool {
     match command {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
-        Command::Logs(_) | Command::RunNow(_) => true,
+        Command::Logs(_) | Command::RunNow(_) | Command::Transform(_) => true,
         Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
     }
 }
@@ -348,12 +353,13 @@ impl Command {
                 | Command::Status(_)
                 | Command::Logs(_)
                 | Command::RunNow(_)
+                | Command::Transform(_)
         )
     }
 }
 
 /// Runs the CLI and returns the process exit code: 0; for `larch export` (also as `larch
-/// archive export`), `larch engine`, `larch restore` and `larch status` the failure's (see [`crate::failure`]: 2 needs someone
+/// archive export`), `larch engine`, `larch restore`, `larch status` and `larch transform` the failure's (see [`crate::failure`]: 2 needs someone
 /// to act, as for invalid arguments, which clap exits with); 1 for the other commands' errors.
 pub fn main() -> i32 {
     larch_core::version::set(env!("LARCH_VERSION"));
@@ -388,6 +394,7 @@ pub fn main() -> i32 {
             Command::Status(a) => status::run(a).await,
             Command::Logs(a) => status::logs(a).await,
             Command::RunNow(a) => status::run_now(a).await,
+            Command::Transform(c) => transform::run(c).await,
             Command::Operator(args) => {
                 init_tracing();
                 operator::operator(args).await

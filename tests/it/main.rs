@@ -53,4 +53,5 @@ mod store_conformance;
 mod support;
 mod target_conformance;
 mod tenant_safety;
+mod transform_review;
 mod writer;

@@ -18,6 +18,7 @@ mod estimate;
 mod lifecycle;
 pub mod ownership;
 mod pgoutput;
+pub mod preview;
 pub mod reasons;
 pub mod row_filter;
 mod schema;

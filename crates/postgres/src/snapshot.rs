@@ -344,7 +344,7 @@ impl Batch {
 /// COPY text lines into rows, written straight as JSON text: keys in the order a row's
 /// canonical text has them (sorted), each escaped once up front, values appended by
 /// [`write_json`] (or by the mask) — no map, no intermediate values.
-struct RowEncoder<'a> {
+pub(crate) struct RowEncoder<'a> {
     schema: &'a TableSchema,
     /// (column index, `"name":`, written as it is) in key order; dropped columns left out.
     order: Vec<(usize, Vec<u8>, bool)>,
@@ -353,7 +353,7 @@ struct RowEncoder<'a> {
 }
 
 impl<'a> RowEncoder<'a> {
-    fn new(
+    pub(crate) fn new(
         schema: &'a TableSchema,
         kinds: &'a HashMap<u32, Kind>,
         mask: Option<Box<dyn ColumnMask>>,
@@ -390,7 +390,7 @@ impl<'a> RowEncoder<'a> {
 
     /// One COPY line. `scratch` is reused across lines, so a row costs one allocation (its
     /// exact-size text).
-    fn row(&self, line: &[u8], scratch: &mut Scratch) -> anyhow::Result<Row> {
+    pub(crate) fn row(&self, line: &[u8], scratch: &mut Scratch) -> anyhow::Result<Row> {
         let Scratch { fields, out } = scratch;
         // One UTF-8 check per line: fields split at tabs (ASCII) are then valid too.
         let line = std::str::from_utf8(line).map_err(|e| {
@@ -473,7 +473,7 @@ pub fn encode_copy_lines(
 
 /// Per-line scratch space of [`RowEncoder::row`]: field byte ranges and the row's text.
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     fields: Vec<(usize, usize)>,
     out: Vec<u8>,
 }

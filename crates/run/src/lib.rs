@@ -10,3 +10,4 @@ pub mod export;
 pub mod leak_check;
 pub mod reasons;
 pub mod restore;
+pub mod review;

@@ -4,7 +4,21 @@ use crate::crd::archive_export::{ExportMode, RunStatus};
 use crate::reconcile::conditions::*;
 use crate::reconcile::job::JobPhase;
 
-pub const EXPORT_TYPES: [&str; 5] = [READY, RECONCILING, STALLED, LAST_EXPORT_SUCCEEDED, DEGRADED];
+pub const EXPORT_TYPES: [&str; 6] = [
+    READY,
+    RECONCILING,
+    STALLED,
+    LAST_EXPORT_SUCCEEDED,
+    DEGRADED,
+    UNREVIEWED_COLUMNS,
+];
+
+/// A masked Continuous export's writers report columns its rules do not name (they go through
+/// `undeclared` until the rules name them).
+pub const UNREVIEWED_COLUMNS: &str = "UnreviewedColumns";
+
+/// Columns listed in `UnreviewedColumns`' message, at most (the rest are counted).
+const UNREVIEWED_LISTED: usize = 10;
 
 /// How a finished export pod ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +60,11 @@ pub struct ExportObservation {
     pub writers_with_snapshot: usize,
     /// Continuous and suspended: what each kept replication slot holds (for Ready's message).
     pub suspended_slots: Vec<String>,
+    /// The spec has a transform (masked export).
+    pub masked: bool,
+    /// Continuous and masked: the columns the writers report their rules do not name, each
+    /// `table.column` with its suggestion; None when no writer answered this round.
+    pub unreviewed: Option<Vec<String>>,
 }
 
 /// Folds the phases of a run's Jobs: `Some(true)` all succeeded, `Some(false)` one failed or
@@ -72,7 +91,54 @@ pub fn export_conditions(o: &ExportObservation) -> Vec<Cond> {
             _ => not_degraded(),
         });
     }
+    out.extend(unreviewed_condition(o));
     out
+}
+
+/// `UnreviewedColumns`: True, naming each `table.column` and its suggested rule, while a
+/// Continuous masked export's writers report columns the rules do not name; False once they
+/// name them all. None (the last one kept) while no writer answers.
+fn unreviewed_condition(o: &ExportObservation) -> Option<Cond> {
+    use Status::*;
+    if !o.masked {
+        return Some(c(
+            UNREVIEWED_COLUMNS,
+            False,
+            "NotMasked",
+            "the export has no transform",
+        ));
+    }
+    if o.mode != ExportMode::Continuous {
+        return Some(c(
+            UNREVIEWED_COLUMNS,
+            False,
+            "NotContinuous",
+            "reported by Continuous exports; review a OneShot export's columns with `larch transform suggest`",
+        ));
+    }
+    let columns = o.unreviewed.as_ref()?;
+    if columns.is_empty() {
+        return Some(c(
+            UNREVIEWED_COLUMNS,
+            False,
+            "AllColumnsReviewed",
+            "the transform rules name every column of the exported tables",
+        ));
+    }
+    let mut listed = columns[..columns.len().min(UNREVIEWED_LISTED)].join("; ");
+    if columns.len() > UNREVIEWED_LISTED {
+        listed.push_str(&format!("; and {} more", columns.len() - UNREVIEWED_LISTED));
+    }
+    Some(c(
+        UNREVIEWED_COLUMNS,
+        True,
+        "UnreviewedColumns",
+        format!(
+            "{} column(s) the transform rules do not name go through `undeclared` until \
+             spec.transform names them: {listed}",
+            columns.len()
+        ),
+    ))
 }
 
 fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {

@@ -185,6 +185,45 @@ pub fn parse_slot_monitor(body: &str) -> Option<SlotReport> {
     serde_json::from_str(body).ok()
 }
 
+/// A column a masked writer's rules do not name, as its `/status` reports it.
+#[derive(Deserialize, Debug)]
+struct UnreviewedJson {
+    table: String,
+    column: String,
+    #[serde(default)]
+    applied: String,
+    #[serde(default)]
+    suggestion: String,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Deserialize, Debug)]
+struct WriterUnreviewedJson {
+    #[allow(dead_code)]
+    table: String,
+    #[serde(default)]
+    unreviewed_columns: Vec<UnreviewedJson>,
+}
+
+/// The columns a masked writer's `/status` reports its rules do not name, each as
+/// `table.column (now: RULE; suggested: RULE, REASON)`; None for a body that is no writer's.
+pub fn parse_unreviewed(body: &str) -> Option<Vec<String>> {
+    let w: WriterUnreviewedJson = serde_json::from_str(body).ok()?;
+    Some(
+        w.unreviewed_columns
+            .into_iter()
+            .map(|u| {
+                let line = format!(
+                    "{}.{} (now: {}; suggested: {}, {})",
+                    u.table, u.column, u.applied, u.suggestion, u.reason
+                );
+                line.chars().take(256).collect()
+            })
+            .collect(),
+    )
+}
+
 #[derive(Deserialize, Debug)]
 struct ExporterProgressJson {
     #[serde(default)]

@@ -255,6 +255,8 @@ impl Found {
             writers: WriterCounts::default(),
             writers_with_snapshot: 0,
             suspended_slots: vec![],
+            masked: export.spec.transform.is_some(),
+            unreviewed: None,
         };
         Found {
             obs,
@@ -554,7 +556,13 @@ impl<'a> Round<'a> {
             false => pod_failure::first_failure(&listed, build::CONTAINER, self.now)
                 .map(|f| Problem::of_pod("writer", &f)),
         };
-        let (writers, monitor, reports) = probe_writers(self.ctx, &listed).await;
+        let probed = probe_writers(self.ctx, &listed).await;
+        let (writers, monitor, reports) = (probed.writers, probed.monitor, probed.reports);
+        // Known when every writer answered, or when one that did reports columns.
+        let answered = writers.len() as i32;
+        let unreviewed = (!suspended
+            && (!probed.unreviewed.is_empty() || (tables > 0 && answered >= tables)))
+            .then_some(probed.unreviewed);
         let writers = crate::export::slots::merge_writers(
             self.export,
             &old.writers,
@@ -588,6 +596,7 @@ impl<'a> Round<'a> {
                     .iter()
                     .filter(|w| w.last_snapshot_at.is_some())
                     .count(),
+                unreviewed,
                 ..found.obs
             },
             status: ArchiveExportStatus {

@@ -41,15 +41,24 @@ pub fn writer_counts(deployments: &[Deployment], desired: i32) -> WriterCounts {
     }
 }
 
-/// Each pod's `/status`: the writers' (by table, at most 32), the slot monitor's, and the
-/// writers' progress.
-pub async fn probe_writers(
-    ctx: &Context,
-    pods: &[Pod],
-) -> (Vec<WriterStatus>, Option<SlotReport>, Vec<ProgressReport>) {
+/// What the pods' `/status` said.
+pub struct Probed {
+    /// The writers' (by table, at most 32).
+    pub writers: Vec<WriterStatus>,
+    /// The slot monitor's (a suspended export).
+    pub monitor: Option<SlotReport>,
+    /// The writers' progress.
+    pub reports: Vec<ProgressReport>,
+    /// The columns the writers' transform rules do not name ([`observe::parse_unreviewed`]).
+    pub unreviewed: Vec<String>,
+}
+
+/// Each pod's `/status`.
+pub async fn probe_writers(ctx: &Context, pods: &[Pod]) -> Probed {
     let mut writers: Vec<WriterStatus> = vec![];
     let mut monitor = None;
     let mut reports = vec![];
+    let mut unreviewed = vec![];
     for pod in pods.iter().take(progress::MAX_PROBED_PODS) {
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
@@ -59,6 +68,7 @@ pub async fn probe_writers(
         };
         if let Some(w) = observe::parse_writer_status(&body) {
             reports.extend(observe::parse_export_progress(&body));
+            unreviewed.extend(observe::parse_unreviewed(&body).unwrap_or_default());
             writers.push(w);
         } else if let Some(m) = observe::parse_slot_monitor(&body) {
             monitor = Some(m);
@@ -66,7 +76,14 @@ pub async fn probe_writers(
     }
     writers.sort_by(|a, b| a.table.cmp(&b.table));
     writers.truncate(32);
-    (writers, monitor, reports)
+    unreviewed.sort();
+    unreviewed.dedup();
+    Probed {
+        writers,
+        monitor,
+        reports,
+        unreviewed,
+    }
 }
 
 /// The newest snapshot of any writer, for the printer columns.

@@ -54,7 +54,13 @@ impl ContinuousExport {
             m.slot.set(&report);
             self.shared.status.locked().slot = Some(report);
         }
+        let unreviewed = self
+            .masking
+            .as_ref()
+            .map(|m| m.unreviewed())
+            .unwrap_or_default();
         let mut s = self.shared.status.locked();
+        s.unreviewed_columns = unreviewed;
         s.state = state.to_string();
         s.epoch = self.writer.epoch();
         s.head_position = self.writer.head().to_string();

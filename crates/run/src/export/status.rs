@@ -57,6 +57,10 @@ pub struct ExportStatus {
     pub progress: Option<larch_core::progress::ProgressReport>,
     /// The restorable window: the oldest snapshot to the head, positions and commit times.
     pub restorable: Option<larch_archive::point_in_time::Window>,
+    /// A masked export: the columns its rules do not name, each with the rule it goes through
+    /// (`undeclared`) and the one suggested (names and rules only, never values).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreviewed_columns: Vec<crate::review::UnreviewedColumn>,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.

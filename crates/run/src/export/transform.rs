@@ -731,6 +731,9 @@ pub struct Masking {
     rules: TransformRules,
     key: Option<Arc<TransformKey>>,
     current: Mutex<Option<Arc<TableTransform>>>,
+    /// The columns of the current epoch the rules do not name (`/status`, and the
+    /// ArchiveExport's `UnreviewedColumns` condition).
+    unreviewed: crate::review::Unreviewed,
 }
 
 impl Masking {
@@ -749,6 +752,7 @@ impl Masking {
             rules,
             key: key.map(Arc::new),
             current: Mutex::new(None),
+            unreviewed: Default::default(),
         })
     }
 
@@ -764,7 +768,13 @@ impl Masking {
             self.key.clone(),
         )?);
         *self.current.locked() = Some(t.clone());
+        self.unreviewed.note(&self.rules, schema);
         Ok(t)
+    }
+
+    /// The columns of the current epoch the rules do not name.
+    pub fn unreviewed(&self) -> Vec<crate::review::UnreviewedColumn> {
+        self.unreviewed.current()
     }
 
     /// The transform of the current epoch (None before the first compile).

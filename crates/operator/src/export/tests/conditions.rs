@@ -4,7 +4,7 @@ use crate::crd::archive_export::{ExportMode, RunStatus};
 use crate::export::conditions::*;
 use crate::reconcile::conditions::*;
 use crate::reconcile::job::JobPhase;
-use crate::reconcile::tests::conditions::{get_cond, status_of};
+use crate::reconcile::tests::conditions::{get_cond, status_of, t};
 
 fn export_obs() -> ExportObservation {
     ExportObservation {
@@ -22,6 +22,8 @@ fn export_obs() -> ExportObservation {
         writers: WriterCounts::default(),
         writers_with_snapshot: 0,
         suspended_slots: vec![],
+        masked: false,
+        unreviewed: None,
     }
 }
 
@@ -262,5 +264,77 @@ fn scheduled_and_continuous() {
     assert_eq!(
         status_of(&export_conditions(&c), STALLED),
         (Status::True, "WriterNotProgressing")
+    );
+}
+
+#[test]
+fn unreviewed_columns_of_a_masked_continuous_export() {
+    use crate::export::observe::parse_unreviewed;
+    let mut o = export_obs();
+    o.mode = ExportMode::Continuous;
+    o.run = None;
+    o.run_jobs = vec![];
+    o.writers = WriterCounts {
+        ready: 1,
+        desired: 1,
+        stalled: false,
+    };
+    // Without a transform there is nothing to review.
+    assert_eq!(
+        status_of(&export_conditions(&o), UNREVIEWED_COLUMNS),
+        (Status::False, "NotMasked")
+    );
+    o.masked = true;
+    // What a writer's `/status` says after `ALTER TABLE users ADD COLUMN phone2 text`.
+    let body = r#"{"table":"public.users","state":"STREAMING","epoch":2,"unreviewed_columns":[{"table":"public.users","column":"phone2","applied":"null","suggestion":"{fake: phone}","reason":"its name suggests phone numbers"}]}"#;
+    o.unreviewed = parse_unreviewed(body);
+    let cs = export_conditions(&o);
+    let cond = get_cond(&cs, UNREVIEWED_COLUMNS);
+    assert_eq!(
+        (cond.status, cond.reason.as_str()),
+        (Status::True, "UnreviewedColumns")
+    );
+    assert!(
+        cond.message.contains(
+            "public.users.phone2 (now: null; suggested: {fake: phone}, its name suggests phone numbers)"
+        ),
+        "{}",
+        cond.message
+    );
+    assert_eq!(
+        status_of(&cs, READY),
+        (Status::True, "Running"),
+        "informational only"
+    );
+    let first = merge(&[], &cs, &EXPORT_TYPES, t(0), Some(1));
+    // A round where no writer answered keeps the last word.
+    o.unreviewed = None;
+    let cs = export_conditions(&o);
+    assert!(cs.iter().all(|c| c.type_ != UNREVIEWED_COLUMNS));
+    let kept = merge(&first, &cs, &EXPORT_TYPES, t(1), Some(1));
+    let k = kept.iter().find(|c| c.type_ == UNREVIEWED_COLUMNS).unwrap();
+    assert_eq!(k.status, Status::True);
+    // The rules now name the column: the writer reports none.
+    o.unreviewed = parse_unreviewed(r#"{"table":"public.users","state":"STREAMING","epoch":3}"#);
+    assert_eq!(
+        status_of(&export_conditions(&o), UNREVIEWED_COLUMNS),
+        (Status::False, "AllColumnsReviewed")
+    );
+    // Many columns: ten listed, the rest counted.
+    let many: Vec<String> = (0..12)
+        .map(|i| format!("public.t.c{i} (now: null)"))
+        .collect();
+    o.unreviewed = Some(many);
+    let cs = export_conditions(&o);
+    let m = &get_cond(&cs, UNREVIEWED_COLUMNS).message;
+    assert!(
+        m.starts_with("12 column(s)") && m.ends_with("; and 2 more"),
+        "{m}"
+    );
+    assert!(parse_unreviewed("<html>").is_none());
+    o.mode = ExportMode::OneShot;
+    assert_eq!(
+        status_of(&export_conditions(&o), UNREVIEWED_COLUMNS).1,
+        "NotContinuous"
     );
 }
