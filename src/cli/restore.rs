@@ -39,6 +39,11 @@ pub struct RestoreArgs {
     /// replace (its rows, in the same transaction; its definition is kept).
     #[arg(long, value_enum, default_value_t = IfExists::Fail)]
     pub if_exists: IfExists,
+    /// COPY streams per table the restore creates, each over its own connection into a
+    /// staging table renamed in the restore's transaction (1 to 16; a table that exists
+    /// loads over one stream). Its key's index is built after the rows either way.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=crate::restore::MAX_SPLIT as i64))]
+    pub split: u16,
     /// The target database: LARCH_PG_DSN, --connection-file or --connection.
     #[command(flatten)]
     pub connection: ConnectionArgs,
@@ -81,6 +86,7 @@ impl RestoreArgs {
             formats,
             at: self.at.clone(),
             if_exists: self.if_exists,
+            split: (self.split > 1).then_some(self.split),
             connection_file: self.connection.connection_file.clone(),
             buffer_memory: Some(self.buffer_memory),
             spill_dir: self.spill_dir.clone(),

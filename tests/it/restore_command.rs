@@ -378,3 +378,130 @@ async fn bad_input_names_what_is_wrong_and_writes_nothing() {
         "{reported}"
     );
 }
+
+/// The key constraint of `table` in `db`: its columns, `None` without one.
+async fn primary_key(db: &Database, table: &str) -> Option<String> {
+    db.client
+        .query_opt(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid = to_regclass($1::text) AND contype = 'p'",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// `--split N`: a table the restore creates loads over N COPY streams into a staging table
+/// renamed in the restore's transaction, keyed after its rows; it equals a single-stream
+/// restore (and the source), a staging table a killed restore left is replaced, and a failure
+/// of another table rolls everything back, the staging table dropped.
+#[tokio::test]
+async fn a_split_restore_equals_a_single_stream_one_and_leaves_nothing_behind() {
+    let source = new_database().await;
+    create_source(&source).await;
+    mutate_source(&source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    export(&source, dir.path(), &archive, "orders");
+    export(&source, dir.path(), &archive, "items");
+    let expected = digest(&source, "orders").await;
+    let staging =
+        larch::restore::staging_table(&larch::archive::model::TableId::new("public", "orders"));
+    let staging = format!("public.{}", staging.table);
+
+    let single = new_database().await;
+    let s = summary(&restore(&single, &archive, &["--table", "orders"]));
+    assert_eq!(s["tables"][0]["streams"], 1);
+    assert_eq!(digest(&single, "orders").await, expected);
+    assert_eq!(
+        primary_key(&single, "orders").await.as_deref(),
+        Some("PRIMARY KEY (id)")
+    );
+
+    let split = new_database().await;
+    // What a restore killed mid-load leaves: its staging table, with rows of its own.
+    split
+        .client
+        .batch_execute(&format!(
+            "CREATE TABLE {staging} (id int8, junk text); INSERT INTO {staging} VALUES (1, 'x')"
+        ))
+        .await
+        .unwrap();
+    let s = summary(&restore(
+        &split,
+        &archive,
+        &["--table", "orders", "--split", "3"],
+    ));
+    assert_eq!(s["tables"][0]["streams"], 3, "{s}");
+    assert_eq!(s["tables"][0]["action"], "created");
+    assert_eq!(s["tables"][0]["rows"], single_rows(&expected));
+    assert_eq!(digest(&split, "orders").await, expected);
+    assert_eq!(
+        primary_key(&split, "orders").await.as_deref(),
+        Some("PRIMARY KEY (id)")
+    );
+    assert!(
+        !table_exists(&split, &staging).await,
+        "the staging table is renamed"
+    );
+
+    // A table that exists loads over one stream in the transaction.
+    let s = summary(&restore(
+        &split,
+        &archive,
+        &[
+            "--table",
+            "orders",
+            "--split",
+            "3",
+            "--if-exists",
+            "replace",
+        ],
+    ));
+    assert_eq!(s["tables"][0]["streams"], 1, "{s}");
+    assert_eq!(s["tables"][0]["action"], "replaced");
+    assert_eq!(digest(&split, "orders").await, expected);
+
+    // orders loads into its staging table, then items (replaced, with a column its rows do
+    // not fit) fails: nothing of orders stays, staging table included.
+    let failing = new_database().await;
+    failing
+        .client
+        .batch_execute("CREATE TABLE items (id int4 PRIMARY KEY, payload int4, tags text[])")
+        .await
+        .unwrap();
+    let err = failed(&restore(
+        &failing,
+        &archive,
+        &[
+            "--table",
+            "orders",
+            "--table",
+            "items",
+            "--split",
+            "2",
+            "--if-exists",
+            "replace",
+        ],
+    ));
+    assert!(err.contains("items"), "{err}");
+    assert!(!table_exists(&failing, "public.orders").await, "{err}");
+    assert!(
+        !table_exists(&failing, &staging).await,
+        "staging dropped: {err}"
+    );
+
+    // Out of range: refused by its flag.
+    let err = failed(&restore(
+        &failing,
+        &archive,
+        &["--table", "orders", "--split", "0"],
+    ));
+    assert!(err.contains("--split"), "{err}");
+}
+
+/// The row count at the start of a [`digest`].
+fn single_rows(digest: &str) -> u64 {
+    digest.split(' ').next().unwrap().parse().unwrap()
+}

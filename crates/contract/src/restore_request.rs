@@ -34,6 +34,9 @@ pub struct RestoreRequest {
     /// `--if-exists`.
     #[serde(default)]
     pub if_exists: IfExists,
+    /// `--split`: COPY streams per table the restore creates (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<u16>,
     /// `--connection-file`: the file holding the target's connection string; without it,
     /// `LARCH_PG_DSN`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +91,13 @@ pub struct TableRestored {
     pub archived_at: String,
     /// `created` or `replaced`.
     pub action: String,
+    /// The COPY streams its rows went through (`--split`; 1 for a table that existed).
+    #[serde(default = "one_stream")]
+    pub streams: u32,
+}
+
+fn one_stream() -> u32 {
+    1
 }
 
 /// What `larch restore` prints (and writes to `--summary-file`) when it is done.

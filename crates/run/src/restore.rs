@@ -23,14 +23,14 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use bytes::Bytes;
-use futures::SinkExt;
 
-use crate::engine::targets::postgres::{create_table_sql, quote_ident};
-use crate::engine::targets::postgres_copy::{CopyColumn, copy_columns, encode_row};
+use crate::engine::targets::postgres::{
+    add_primary_key_sql, create_unkeyed_table_sql, quote_ident,
+};
+use crate::engine::targets::postgres_copy::{CopyColumn, copy_columns};
 use larch_archive::error::ArchiveError;
-use larch_archive::fold::head_rows;
 use larch_archive::format::Format;
 use larch_archive::manifest::{Manifest, format_time};
 use larch_archive::model::{TableId, check_key_fields, effective_key_fields};
@@ -38,13 +38,15 @@ use larch_archive::plan::{Plan, plan_as_of, plan_head, short_chain};
 use larch_archive::point_in_time::{PointInTime, resolve};
 use larch_archive::position::compare;
 use larch_archive::reader::ArchiveReader;
-use larch_archive::spill::{Spill, SpillConfig, tag};
+use larch_archive::spill::SpillConfig;
 use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
 use larch_core::progress::{Progress, Reporter};
 
 pub mod status;
+mod streams;
 pub use status::RestoreProgress;
+pub use streams::{MAX_SPLIT, staging_table};
 
 pub use larch_contract::restore_request::{
     IfExists, RestoreRequest, RestoreSummary, TableRestored,
@@ -62,6 +64,9 @@ pub struct RestoreInputs {
     /// The destination's connection string (never logged).
     pub dsn: String,
     pub spill: SpillConfig,
+    /// COPY streams per table the restore creates (`--split`, 1: one stream in the restore's
+    /// transaction).
+    pub split: usize,
 }
 
 /// Where an export of several tables (or one, by default) writes `table`: `<root><schema>.<table>/`.
@@ -218,7 +223,16 @@ async fn archived_columns(
     client: &tokio_postgres::Client,
     planned: &Planned,
 ) -> anyhow::Result<Vec<CopyColumn>> {
-    let destination = copy_columns(client, &qualified(&planned.table)).await?;
+    archived_columns_of(client, &planned.table, planned).await
+}
+
+/// [`archived_columns`] of the table `destination` (a split load's staging table).
+async fn archived_columns_of(
+    client: &tokio_postgres::Client,
+    destination: &TableId,
+    planned: &Planned,
+) -> anyhow::Result<Vec<CopyColumn>> {
+    let destination = copy_columns(client, &qualified(destination)).await?;
     let mut columns = Vec::new();
     for c in &planned.manifest.columns {
         match destination.iter().find(|d| d.name == c.name) {
@@ -245,72 +259,6 @@ const PAUSE_AFTER_ROWS: u64 = 10_000;
 
 /// Bytes of COPY text sent at once.
 const COPY_CHUNK: usize = 256 << 10;
-
-/// Loads one table's rows (the transaction is the caller's).
-async fn load(
-    tx: &tokio_postgres::Transaction<'_>,
-    planned: &Planned,
-    columns: &[CopyColumn],
-    spill: &SpillConfig,
-    counted: [&Progress; 2],
-) -> anyhow::Result<u64> {
-    let table = &planned.table;
-    let list: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
-    let sink = tx
-        .copy_in::<_, Bytes>(&format!(
-            "COPY {} ({}) FROM STDIN",
-            qualified(table),
-            list.join(", ")
-        ))
-        .await
-        .with_context(|| format!("restore: COPY into {table}"))?;
-    futures::pin_mut!(sink);
-    let spill_dir = Spill::open(spill.clone(), &tag("restore", &[&table.to_string()]));
-    let mut head = head_rows(
-        planned.reader.clone(),
-        planned.plan.clone(),
-        planned.key_fields.clone(),
-        spill_dir,
-        spill.memory_limit,
-    );
-    let mut buf = Vec::with_capacity(COPY_CHUNK + 4096);
-    let mut rows = 0u64;
-    while let Some(row) = head.rows.recv().await {
-        let before = buf.len();
-        encode_row(&row, columns, &mut buf)
-            .with_context(|| format!("table {table}: row {}", rows + 1))?;
-        rows += 1;
-        for p in counted {
-            p.add(1, (buf.len() - before) as u64);
-        }
-        if rows == PAUSE_AFTER_ROWS {
-            larch_archive::crashpoint::pause_point(larch_archive::crashpoint::RESTORE_ROWS).await;
-        }
-        if buf.len() >= COPY_CHUNK {
-            sink.send(Bytes::from(std::mem::take(&mut buf)))
-                .await
-                .with_context(|| format!("restore: COPY into {table}"))?;
-        }
-    }
-    match head.verdict.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(anyhow::Error::new(e).context(format!("table {table}"))),
-        Err(_) => bail!("table {table}: the archive reader stopped"),
-    }
-    if !buf.is_empty() {
-        sink.send(Bytes::from(buf))
-            .await
-            .with_context(|| format!("restore: COPY into {table}"))?;
-    }
-    let copied = sink
-        .finish()
-        .await
-        .with_context(|| format!("restore: COPY into {table}"))?;
-    if copied != rows {
-        bail!("table {table}: sent {rows} rows, PostgreSQL copied {copied}");
-    }
-    Ok(rows)
-}
 
 /// Runs `request` into the database at `dsn` (from the request's connection file, or as the
 /// caller got it): opens its archives, checks its tables and key prefixes, then [`restore`].
@@ -343,6 +291,7 @@ pub async fn run(request: &RestoreRequest, dsn: String) -> anyhow::Result<Restor
         if_exists: request.if_exists,
         dsn,
         spill,
+        split: request.split.unwrap_or(1).clamp(1, MAX_SPLIT).into(),
     };
     let result = restore_reporting(inputs, &progress).await;
     progress.finish(result.is_ok());
@@ -440,53 +389,38 @@ pub async fn restore_reporting(
     let overall = progress.overall().expect("planned");
     let dsn = larch_postgres::connection::PgDsn::parse(&request.dsn)
         .context("restore: the target connection string")?;
-    let (mut client, connection) = dsn
-        .config
-        .connect(dsn.tls()?)
-        .await
-        .context("restore: connecting to the target database")?;
-    let connection = tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::warn!(error = %e, "restore: the target connection ended");
-        }
-    });
+    let (mut client, connection) = streams::connect(&dsn).await?;
     let existing = check_destinations(&client, &planned, request.if_exists).await?;
-    let tx = client
-        .transaction()
-        .await
-        .context("restore: BEGIN on the target database")?;
-    let mut restored = Vec::new();
-    for ((p, found), counter) in planned.iter().zip(existing).zip(counters) {
-        let action = if found {
-            tx.batch_execute(&format!("TRUNCATE {}", qualified(&p.table)))
-                .await
-                .with_context(|| format!("restore: TRUNCATE {}", p.table))?;
-            "replaced"
-        } else {
-            let sql = create_table_sql(&p.table, &p.manifest.columns, &p.key_fields);
-            tx.batch_execute(&sql)
-                .await
-                .with_context(|| format!("restore: creating table {} ({sql})", p.table))?;
-            "created"
-        };
-        let columns = archived_columns(tx.client(), p).await?;
-        let reporter = Reporter::start(counter.clone());
-        let loaded = load(&tx, p, &columns, &request.spill, [&counter, &overall]).await;
-        reporter.finish(loaded.is_ok());
-        let rows = loaded?;
-        let last = p.plan.diffs.last().or(p.plan.snapshot.as_ref());
-        tracing::info!(table = %p.table, rows, position = %p.plan.head_position, action, "table restored (not committed yet)");
-        restored.push(TableRestored {
-            table: p.table.to_string(),
-            rows,
-            position: p.plan.head_position.clone(),
-            archived_at: last.map(|a| format_time(&a.created_at)).unwrap_or_default(),
-            action: action.to_string(),
-        });
+    let split = request.split.max(1);
+    // The split tables' staging tables, made (and left from a killed restore dropped) before
+    // the transaction: the streams' connections must see them.
+    let mut staged = Vec::new();
+    if split > 1 {
+        for (p, _) in planned.iter().zip(&existing).filter(|(_, found)| !**found) {
+            staged.push(stage(&client, p).await?);
+        }
     }
-    tx.commit()
-        .await
-        .context("restore: COMMIT on the target database")?;
+    let loaded = load_all(
+        &mut client,
+        &dsn,
+        &planned,
+        &existing,
+        &request,
+        split,
+        |i| [counters[i].clone(), overall.clone()],
+    )
+    .await;
+    if loaded.is_err() {
+        for t in &staged {
+            let dropped = client
+                .batch_execute(&format!("DROP TABLE IF EXISTS {}", qualified(t)))
+                .await;
+            if let Err(e) = dropped {
+                tracing::warn!(table = %t, error = %e, "restore: could not drop a staging table");
+            }
+        }
+    }
+    let restored = loaded?;
     drop(client);
     let _ = connection.await;
     Ok(RestoreSummary {
@@ -495,4 +429,141 @@ pub async fn restore_reporting(
         tables: restored,
         duration_seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
     })
+}
+
+/// Drops a staging table an earlier, killed restore of `p` left and makes a new one.
+async fn stage(client: &tokio_postgres::Client, p: &Planned) -> anyhow::Result<TableId> {
+    let staging = streams::staging_table(&p.table);
+    let sql = format!(
+        "DROP TABLE IF EXISTS {}; {}",
+        qualified(&staging),
+        create_unkeyed_table_sql(&staging, &p.manifest.columns, &p.key_fields)
+    );
+    client
+        .batch_execute(&sql)
+        .await
+        .with_context(|| format!("restore: creating the staging table of {} ({sql})", p.table))?;
+    Ok(staging)
+}
+
+/// Every table in one transaction: created (split, its staging table renamed) or emptied,
+/// loaded, keyed; committed at the end.
+async fn load_all(
+    client: &mut tokio_postgres::Client,
+    dsn: &larch_postgres::connection::PgDsn,
+    planned: &[Planned],
+    existing: &[bool],
+    request: &RestoreInputs,
+    split: usize,
+    counted: impl Fn(usize) -> [std::sync::Arc<Progress>; 2],
+) -> anyhow::Result<Vec<TableRestored>> {
+    let tx = client
+        .transaction()
+        .await
+        .context("restore: BEGIN on the target database")?;
+    let mut restored = Vec::new();
+    for (i, (p, found)) in planned.iter().zip(existing).enumerate() {
+        let [counter, overall] = counted(i);
+        let reporter = Reporter::start(counter.clone());
+        let loaded = load_table(
+            &tx,
+            dsn,
+            p,
+            *found,
+            &request.spill,
+            [&counter, &overall],
+            split,
+        )
+        .await;
+        reporter.finish(loaded.is_ok());
+        let (rows, streams) = loaded?;
+        let action = if *found { "replaced" } else { "created" };
+        let last = p.plan.diffs.last().or(p.plan.snapshot.as_ref());
+        tracing::info!(table = %p.table, rows, streams, position = %p.plan.head_position, action, "table restored (not committed yet)");
+        restored.push(TableRestored {
+            table: p.table.to_string(),
+            rows,
+            position: p.plan.head_position.clone(),
+            archived_at: last.map(|a| format_time(&a.created_at)).unwrap_or_default(),
+            action: action.to_string(),
+            streams: streams as u32,
+        });
+    }
+    tx.commit()
+        .await
+        .context("restore: COMMIT on the target database")?;
+    Ok(restored)
+}
+
+/// One table into `tx`: an existing one emptied and loaded over one stream; a new one
+/// created without its key, loaded (over `split` streams into its staging table, renamed
+/// here), then keyed. Returns the rows and the streams used.
+async fn load_table(
+    tx: &tokio_postgres::Transaction<'_>,
+    dsn: &larch_postgres::connection::PgDsn,
+    p: &Planned,
+    found: bool,
+    spill: &SpillConfig,
+    counted: [&Progress; 2],
+    split: usize,
+) -> anyhow::Result<(u64, usize)> {
+    let table = &p.table;
+    if !found && split > 1 {
+        let staging = streams::staging_table(table);
+        let columns = archived_columns_of(tx.client(), &staging, p).await?;
+        let rows = streams::load_split(dsn, p, &columns, spill, counted, split).await?;
+        let sql = format!(
+            "ALTER TABLE {} RENAME TO {}; {}",
+            qualified(&staging),
+            quote_ident(&table.table),
+            add_primary_key_sql(table, &p.key_fields)
+        );
+        tx.batch_execute(&sql)
+            .await
+            .with_context(|| format!("restore: keying table {table} ({sql})"))?;
+        return Ok((rows, split));
+    }
+    let sql = if found {
+        if split > 1 {
+            tracing::info!(table = %table, "restore: the table exists, so it loads over one stream in the restore's transaction (--split applies to tables the restore creates)");
+        }
+        format!("TRUNCATE {}", qualified(table))
+    } else {
+        create_unkeyed_table_sql(table, &p.manifest.columns, &p.key_fields)
+    };
+    tx.batch_execute(&sql)
+        .await
+        .with_context(|| format!("restore: {sql}"))?;
+    let columns = archived_columns(tx.client(), p).await?;
+    // Created or emptied in this transaction: FREEZE writes the rows already frozen (no
+    // later vacuum rewrites them); PostgreSQL allows it on plain tables only.
+    let freeze = plain_table(tx.client(), table).await?;
+    let sink = tx
+        .copy_in::<_, Bytes>(&streams::copy_sql(table, &columns, freeze))
+        .await
+        .with_context(|| format!("restore: COPY into {table}"))?;
+    let (sender, receiver) = streams::channel();
+    let (produced, copied) = tokio::join!(
+        streams::produce(p, &columns, spill, counted, vec![sender]),
+        streams::consume(sink, receiver, table)
+    );
+    let rows = streams::outcome(table, produced, vec![copied])?;
+    if !found {
+        tx.batch_execute(&add_primary_key_sql(table, &p.key_fields))
+            .await
+            .with_context(|| format!("restore: keying table {table}"))?;
+    }
+    Ok((rows, 1))
+}
+
+/// Whether `table` is a plain table (not partitioned, not foreign): COPY FREEZE's condition.
+async fn plain_table(client: &tokio_postgres::Client, table: &TableId) -> anyhow::Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1::text)",
+            &[&qualified(table)],
+        )
+        .await
+        .with_context(|| format!("restore: looking up table {table}"))?;
+    Ok(row.get(0))
 }

@@ -60,6 +60,11 @@ pub struct ArchiveRestoreSpec {
     /// (its rows, keeping its definition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_exists: Option<IfExists>,
+    /// COPY streams per table the restore creates, each over its own connection (default 1;
+    /// a table that exists loads over one stream). docs/restore.md, "Split restore".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub split: Option<u16>,
     /// Retries of the Job's pod (default 2); a failure no retry fixes fails at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 10))]

@@ -87,6 +87,7 @@ pub fn restore_request(restore: &ArchiveRestore, archive: &ResolvedArchive) -> R
             IfExists::Fail => RequestIfExists::Fail,
             IfExists::Replace => RequestIfExists::Replace,
         },
+        split: restore.spec.split,
         connection_file: Some(TARGET_DSN_FILE.into()),
         buffer_memory: None,
         spill_dir: Some(SPILL_DIR.into()),

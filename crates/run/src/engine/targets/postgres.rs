@@ -92,10 +92,42 @@ pub fn create_table_sql(
     columns: &[ColumnDefinition],
     key_fields: &[String],
 ) -> String {
+    let mut defs = column_definitions(columns, key_fields);
+    defs.push(format!("PRIMARY KEY ({})", quoted_list(key_fields)));
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({})",
+        qualified(table),
+        defs.join(", ")
+    )
+}
+
+/// `CREATE TABLE` for the archive's columns without its key: a bulk load builds the key's
+/// index once, after the data ([`add_primary_key_sql`]), instead of row by row.
+pub fn create_unkeyed_table_sql(
+    table: &TableId,
+    columns: &[ColumnDefinition],
+    key_fields: &[String],
+) -> String {
+    format!(
+        "CREATE TABLE {} ({})",
+        qualified(table),
+        column_definitions(columns, key_fields).join(", ")
+    )
+}
+
+/// The key [`create_table_sql`] declares, added to a loaded table.
+pub fn add_primary_key_sql(table: &TableId, key_fields: &[String]) -> String {
+    format!(
+        "ALTER TABLE {} ADD PRIMARY KEY ({})",
+        qualified(table),
+        quoted_list(key_fields)
+    )
+}
+
+fn column_definitions(columns: &[ColumnDefinition], key_fields: &[String]) -> Vec<String> {
     let mut cols: Vec<&ColumnDefinition> = columns.iter().collect();
     cols.sort_by_key(|c| c.ordinal_position);
-    let mut defs: Vec<String> = cols
-        .iter()
+    cols.iter()
         .map(|c| {
             let not_null = if !c.nullable || key_fields.contains(&c.name) {
                 " NOT NULL"
@@ -108,20 +140,15 @@ pub fn create_table_sql(
                 sql_type(&c.type_name)
             )
         })
-        .collect();
-    defs.push(format!(
-        "PRIMARY KEY ({})",
-        key_fields
-            .iter()
-            .map(|k| quote_ident(k))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    format!(
-        "CREATE TABLE IF NOT EXISTS {} ({})",
-        qualified(table),
-        defs.join(", ")
-    )
+        .collect()
+}
+
+fn quoted_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|k| quote_ident(k))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The net effect of the changes since the last checkpoint that are not written yet.
