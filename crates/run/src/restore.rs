@@ -455,12 +455,22 @@ pub async fn restore_reporting(
         .transaction()
         .await
         .context("restore: BEGIN on the target database")?;
+    // One TRUNCATE of every replaced table: PostgreSQL truncates a table a foreign key
+    // references only with the referencing tables in the same statement.
+    let replaced: Vec<String> = planned
+        .iter()
+        .zip(&existing)
+        .filter(|(_, found)| **found)
+        .map(|(p, _)| qualified(&p.table))
+        .collect();
+    if !replaced.is_empty() {
+        tx.batch_execute(&format!("TRUNCATE {}", replaced.join(", ")))
+            .await
+            .with_context(|| format!("restore: TRUNCATE {}", replaced.join(", ")))?;
+    }
     let mut restored = Vec::new();
     for ((p, found), counter) in planned.iter().zip(existing).zip(counters) {
         let action = if found {
-            tx.batch_execute(&format!("TRUNCATE {}", qualified(&p.table)))
-                .await
-                .with_context(|| format!("restore: TRUNCATE {}", p.table))?;
             "replaced"
         } else {
             let sql = create_table_sql(&p.table, &p.manifest.columns, &p.key_fields);

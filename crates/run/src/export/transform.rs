@@ -25,12 +25,12 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 
 use crate::export::fake::{FakeKind, Generate};
+use hash::{hash_int, hash_text, hash_uuid};
 use larch_archive::masking::TransformRecord;
 use larch_archive::model::{ColumnDefinition, TableId};
 use larch_archive::value::{Row, Value, raw};
 pub use larch_contract::transform_rules::{ColumnRule, TableRules, TransformError, TransformRules};
 use larch_core::locks::MutexExt;
-use hash::{hash_int, hash_text, hash_uuid};
 use larch_postgres::{ColumnMask, Treatment, write_string};
 
 /// Shortest key accepted (bytes).

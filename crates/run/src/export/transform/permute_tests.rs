@@ -189,5 +189,12 @@ fn a_value_not_a_uuid_is_refused() {
         write(&key(), HashFormat::Uuid, "not-a-uuid", &mut out),
         Err("a value is not a uuid")
     );
-    assert!(permute_uuid(&key(), "0123456789abcdef0123456789abcdeg", Direction::Forward).is_none());
+    assert!(
+        permute_uuid(
+            &key(),
+            "0123456789abcdef0123456789abcdeg",
+            Direction::Forward
+        )
+        .is_none()
+    );
 }

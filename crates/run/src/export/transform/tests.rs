@@ -646,7 +646,11 @@ fn permute_compiles_records_its_version_and_is_pinned() {
     let o = orders
         .apply(Row::parse(r#"{"id":1,"user_email":"alice.smith@example.com"}"#).unwrap())
         .unwrap();
-    assert_eq!(o.to_map()["user_email"].get(), got.1, "one value, one output in every table");
+    assert_eq!(
+        o.to_map()["user_email"].get(),
+        got.1,
+        "one value, one output in every table"
+    );
     let no_key = rules.compile(
         &TableId::new("public", "users"),
         &users(),
@@ -659,7 +663,12 @@ fn permute_compiles_records_its_version_and_is_pinned() {
         "t",
     )
     .unwrap()
-    .compile(&TableId::new("public", "users"), &users(), &["id".into()], Some(key()));
+    .compile(
+        &TableId::new("public", "users"),
+        &users(),
+        &["id".into()],
+        Some(key()),
+    );
     assert!(
         date.unwrap_err()
             .0
