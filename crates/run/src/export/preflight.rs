@@ -197,7 +197,7 @@ fn not_null(info: &TableInfo, problems: &mut Vec<Problem>) {
                 info,
                 "NOT NULL",
                 "NOT NULL",
-                &[c.name.clone()],
+                std::slice::from_ref(&c.name),
                 why.into(),
             ));
         }
