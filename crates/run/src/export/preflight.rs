@@ -410,3 +410,93 @@ pub fn table_text(r: &PreflightReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, ty: &str, default: Option<&str>) -> ColumnDefinition {
+        ColumnDefinition {
+            name: name.into(),
+            type_name: ty.into(),
+            default_value: default.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    fn rule(yaml: &str) -> ColumnRule {
+        let text = format!("tables:\n  public.t:\n    columns: {{c: {yaml}}}\n");
+        let rules = TransformRules::parse(&text, "test").unwrap();
+        rules.tables["public.t"].columns["c"].clone()
+    }
+
+    #[test]
+    fn which_rules_can_make_two_values_one() {
+        let text = col("email", "text", None);
+        let int = col("id", "int8", None);
+        assert_eq!(collides(&ColumnRule::Permute, &text, false), None);
+        assert_eq!(collides(&ColumnRule::Keep, &text, true), None);
+        assert_eq!(collides(&ColumnRule::Hash, &int, false), None);
+        assert!(
+            collides(&ColumnRule::Hash, &text, false)
+                .unwrap()
+                .contains("use permute")
+        );
+        assert!(collides(&ColumnRule::Hash, &col("t", "uuid", None), false).is_some());
+        assert!(collides(&rule("{fake: city}"), &text, false).is_some());
+        assert!(collides(&rule("{redact: x}"), &text, false).is_some());
+        // NULLs differ in a UNIQUE constraint unless NULLS NOT DISTINCT.
+        assert_eq!(collides(&ColumnRule::Null, &text, false), None);
+        assert!(collides(&ColumnRule::Null, &text, true).is_some());
+        // A dropped column restores as its default: NULL, or one constant.
+        assert_eq!(collides(&ColumnRule::Drop, &text, false), None);
+        assert!(
+            collides(
+                &ColumnRule::Drop,
+                &col("c", "text", Some("'x'::text")),
+                false
+            )
+            .is_some()
+        );
+    }
+
+    #[test]
+    fn which_rules_keep_references_joining() {
+        let (i8a, i8b, i4) = (
+            col("a", "int8", None),
+            col("b", "int8", None),
+            col("c", "int4", None),
+        );
+        let (t, v, u) = (
+            col("t", "text", None),
+            col("v", "varchar", None),
+            col("u", "uuid", None),
+        );
+        use ColumnRule as R;
+        assert!(
+            joins(&R::Hash, &i8a, &R::Permute, &i8b),
+            "one permutation per type"
+        );
+        assert!(
+            !joins(&R::Hash, &i4, &R::Hash, &i8b),
+            "int4 and int8 permute differently"
+        );
+        assert!(joins(&R::Permute, &v, &R::Permute, &t));
+        assert!(!joins(&R::Hash, &t, &R::Permute, &t));
+        assert!(!joins(&R::Permute, &t, &R::Permute, &u));
+        assert!(joins(&R::Keep, &u, &R::Keep, &u));
+        assert!(!joins(&R::Keep, &u, &R::Permute, &u));
+        assert!(joins(
+            &rule("{fake: email}"),
+            &t,
+            &rule("{fake: email}"),
+            &v
+        ));
+        assert!(!joins(
+            &rule("{fake: email}"),
+            &t,
+            &rule("{fake: city}"),
+            &t
+        ));
+    }
+}
