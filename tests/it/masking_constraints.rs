@@ -205,6 +205,13 @@ async fn a_permuted_export_restores_with_every_constraint_and_the_check_passes_i
     .unwrap();
     assert_eq!(m["transform"]["permute"], "larch-permute-1");
     assert_eq!(m["transform"]["columns"]["email"], "permute");
+    let out = larch()
+        .args(["archive", "inspect", "--table", "accounts", "--path"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("permuted columns: larch-permute-1"), "{text}");
 }
 
 #[tokio::test]
