@@ -446,6 +446,9 @@ fn print_transform(manifest: &Manifest) {
                 }),
                 t.undeclared
             );
+            if let Some(permute) = &t.permute {
+                println!("  permuted columns: {permute} (unique in, unique out)");
+            }
             for (column, how) in &t.columns {
                 println!("  {column:<24} {how}");
             }

@@ -183,6 +183,11 @@ pub struct ExportArgs {
     /// written; the rules are checked against the table first (an error exports nothing).
     #[arg(long, value_name = "FILE", conflicts_with = "transform_rules")]
     pub transform: Option<PathBuf>,
+    /// Export nothing: read the tables' constraints (PRIMARY KEY, UNIQUE, NOT NULL, CHECK,
+    /// FOREIGN KEY) from the source and report those the --transform can break (a table on
+    /// stderr, the report as -o on stdout). Exit 0: none; 1: some; 2: bad input.
+    #[arg(long)]
+    pub check: bool,
     /// The rules of --transform as text (YAML or JSON), e.g. from the operator.
     #[arg(long, value_name = "RULES")]
     pub transform_rules: Option<String>,
@@ -322,6 +327,9 @@ pub const EXIT_LEASE_LOST: i32 = crate::export::run::EXIT_LEASE_LOST;
 pub async fn run(args: ExportArgs) -> anyhow::Result<i32> {
     if let Some(command) = args.command {
         return super::slot::run(command).await;
+    }
+    if args.check {
+        return super::export_check::run(&args).await;
     }
     let request = args.request()?;
     let connection = super::ConnectionArgs {

@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod engine;
 pub mod export;
+mod export_check;
 pub mod leak_check;
 pub mod operator;
 pub mod output;

@@ -27,6 +27,7 @@ mod image_contract;
 mod laredo_hocon;
 mod leak_check;
 mod masking;
+mod masking_constraints;
 mod masking_fakes;
 mod masking_key_rotation;
 mod masking_subsets;

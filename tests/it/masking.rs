@@ -606,7 +606,7 @@ pub(crate) async fn bad_transforms_are_clear_errors_and_export_nothing() {
             "tables: {public.orders: {columns: {total: keep}}}",
             true,
             "column \"id\" (undeclared) is a key field; `null` would give every row the same \
-             identity: name it in `columns` with hash or keep",
+             identity: name it in `columns` with hash, permute or keep",
         ),
         (
             "tables: {public.users: {columns: {email: hash}}}",

@@ -334,6 +334,7 @@ fn record(
             .collect::<BTreeMap<_, _>>(),
         undeclared_columns: undeclared_columns.iter().map(|c| c.to_string()).collect(),
         leak_check: None,
+        permute: None,
     }
 }
 

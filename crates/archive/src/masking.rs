@@ -16,6 +16,10 @@ pub struct TransformRecord {
     /// in archives of version 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash: Option<String>,
+    /// The version of the unique (`permute`) transform (`larch-permute-1`); absent when no
+    /// column is permuted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permute: Option<String>,
     /// What a column not declared (one added later included) goes through.
     #[serde(default)]
     pub undeclared: String,

@@ -54,7 +54,8 @@ pub struct TableRules {
     pub sample: Option<SampleRule>,
 }
 
-/// One column's transform: `keep`, `null`, `drop`, `hash`, or `{redact: <constant>}`. Read
+/// One column's transform: `keep`, `null`, `drop`, `hash`, `permute`, `{redact: <constant>}` or
+/// `{fake: KIND}`. Read
 /// through a JSON value so a bare YAML `null` means the transform `null`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
@@ -69,6 +70,9 @@ pub enum ColumnRule {
     Redact(serde_json::Value),
     /// A realistic value of this kind picked by the keyed hash of the value.
     Fake(FakeKind),
+    /// A keyed, format-preserving permutation: unique in, unique out (a `UNIQUE` column stays
+    /// unique), reversible only with the key.
+    Permute,
 }
 
 impl TryFrom<serde_json::Value> for ColumnRule {
@@ -82,9 +86,10 @@ impl TryFrom<serde_json::Value> for ColumnRule {
                 "null" => Ok(ColumnRule::Null),
                 "drop" => Ok(ColumnRule::Drop),
                 "hash" => Ok(ColumnRule::Hash),
+                "permute" => Ok(ColumnRule::Permute),
                 other => Err(format!(
-                    "unknown transform {other:?}: expected keep, null, drop, hash, {{redact: \
-                     VALUE}} or {{fake: KIND}}"
+                    "unknown transform {other:?}: expected keep, null, drop, hash, permute, \
+                     {{redact: VALUE}} or {{fake: KIND}}"
                 )),
             },
             J::Object(m) if m.len() == 1 && m.contains_key("redact") => Ok(ColumnRule::Redact(
@@ -100,8 +105,8 @@ impl TryFrom<serde_json::Value> for ColumnRule {
                 )),
             },
             other => Err(format!(
-                "a transform is keep, null, drop, hash, {{redact: VALUE}} or {{fake: KIND}}, not \
-                 {other}"
+                "a transform is keep, null, drop, hash, permute, {{redact: VALUE}} or {{fake: \
+                 KIND}}, not {other}"
             )),
         }
     }
@@ -125,7 +130,7 @@ impl schemars::JsonSchema for ColumnRule {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         // A string or a one-key object: not structural, so the API server keeps it as given.
         schemars::json_schema!({
-            "description": "keep, null, drop, hash, {redact: VALUE} or {fake: KIND}",
+            "description": "keep, null, drop, hash, permute, {redact: VALUE} or {fake: KIND}",
             "x-kubernetes-preserve-unknown-fields": true
         })
     }
@@ -140,6 +145,7 @@ impl ColumnRule {
             ColumnRule::Hash => "hash",
             ColumnRule::Redact(_) => "redact",
             ColumnRule::Fake(_) => "fake",
+            ColumnRule::Permute => "permute",
         }
     }
 
@@ -153,7 +159,10 @@ impl ColumnRule {
 
     /// Whether the rule needs the key.
     pub fn keyed(&self) -> bool {
-        matches!(self, ColumnRule::Hash | ColumnRule::Fake(_))
+        matches!(
+            self,
+            ColumnRule::Hash | ColumnRule::Fake(_) | ColumnRule::Permute
+        )
     }
 }
 

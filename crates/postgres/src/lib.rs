@@ -42,7 +42,7 @@ pub use estimate::estimate_from_catalog;
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use ownership::owner_comment;
 pub use row_filter::{SubqueryTables, check_row_filter, check_row_filter_with};
-pub use schema::TableSchema;
+pub use schema::{TableSchema, discover};
 pub use schema_change::SchemaChange;
 pub use snapshot::encode_copy_lines;
 pub use types::{Kind, to_json, write_string};

@@ -461,6 +461,19 @@ async fn load_all(
         .transaction()
         .await
         .context("restore: BEGIN on the target database")?;
+    // One TRUNCATE of every replaced table: PostgreSQL truncates a table a foreign key
+    // references only with the referencing tables in the same statement.
+    let replaced: Vec<String> = planned
+        .iter()
+        .zip(existing)
+        .filter(|(_, found)| **found)
+        .map(|(p, _)| qualified(&p.table))
+        .collect();
+    if !replaced.is_empty() {
+        tx.batch_execute(&format!("TRUNCATE {}", replaced.join(", ")))
+            .await
+            .with_context(|| format!("restore: TRUNCATE {}", replaced.join(", ")))?;
+    }
     let mut restored = Vec::new();
     for (i, (p, found)) in planned.iter().zip(existing).enumerate() {
         let [counter, overall] = counted(i);
@@ -523,17 +536,16 @@ async fn load_table(
             .with_context(|| format!("restore: keying table {table} ({sql})"))?;
         return Ok((rows, split));
     }
-    let sql = if found {
-        if split > 1 {
-            tracing::info!(table = %table, "restore: the table exists, so it loads over one stream in the restore's transaction (--split applies to tables the restore creates)");
-        }
-        format!("TRUNCATE {}", qualified(table))
-    } else {
-        create_unkeyed_table_sql(table, &p.manifest.columns, &p.key_fields)
-    };
-    tx.batch_execute(&sql)
-        .await
-        .with_context(|| format!("restore: {sql}"))?;
+    if found && split > 1 {
+        tracing::info!(table = %table, "restore: the table exists, so it loads over one stream in the restore's transaction (--split applies to tables the restore creates)");
+    }
+    // An existing table was emptied with the others at the transaction's start.
+    if !found {
+        let sql = create_unkeyed_table_sql(table, &p.manifest.columns, &p.key_fields);
+        tx.batch_execute(&sql)
+            .await
+            .with_context(|| format!("restore: {sql}"))?;
+    }
     let columns = archived_columns(tx.client(), p).await?;
     // Created or emptied in this transaction: FREEZE writes the rows already frozen (no
     // later vacuum rewrites them); PostgreSQL allows it on plain tables only.

@@ -262,6 +262,9 @@ impl ContinuousExport {
             Some(r) if r == t.record() => None,
             Some(r) if r.key_id != t.record().key_id => Some("the hash key changed"),
             Some(r) if r.hash != t.record().hash => Some("the hash algorithm changed"),
+            Some(r) if r.permute.is_some() && r.permute != t.record().permute => {
+                Some("the permute algorithm changed")
+            }
             Some(_) => Some("the transform rules changed"),
             None => Some("the archive was not written with this transform"),
         };

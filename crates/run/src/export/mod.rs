@@ -4,6 +4,7 @@
 pub mod continuous;
 pub mod fake;
 pub mod lease;
+pub mod preflight;
 pub mod run;
 pub mod set;
 pub mod slot;

@@ -422,7 +422,7 @@ async fn lease_elector(request: &ExportRequest, name: &str) -> anyhow::Result<Le
 
 /// `[schema.]name` (with `schema`: the name as it is) for each table; a table named twice is
 /// an error.
-fn table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
+pub fn table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
     if request.tables.is_empty() {
         bail!("no table to export: give --table");
     }

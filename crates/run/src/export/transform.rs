@@ -25,6 +25,7 @@ use serde_json::value::RawValue;
 use sha2::Sha256;
 
 use crate::export::fake::{FakeKind, Generate};
+use hash::{hash_int, hash_text, hash_uuid};
 use larch_archive::masking::TransformRecord;
 use larch_archive::model::{ColumnDefinition, TableId};
 use larch_archive::value::{Row, Value, raw};
@@ -77,7 +78,9 @@ impl CompileRules for TransformRules {
             ColumnRule::Keep => Op::Keep,
             ColumnRule::Drop => Op::Drop,
             ColumnRule::Redact(v) => Op::Redact(raw(v.to_string())),
-            ColumnRule::Null | ColumnRule::Hash | ColumnRule::Fake(_) => Op::Null,
+            ColumnRule::Null | ColumnRule::Hash | ColumnRule::Fake(_) | ColumnRule::Permute => {
+                Op::Null
+            }
         };
         let record = transform_record(rules, columns, &ops, key.as_ref());
         let identity = ops.values().all(|o| matches!(o, Op::Keep)) && matches!(unknown, Op::Keep);
@@ -126,7 +129,7 @@ fn check_columns_exist(
 }
 
 /// Column `c`'s op under its rule (or the undeclared policy). A key field must keep its
-/// identity, so only hash or keep apply to it.
+/// identity, so only hash, permute or keep apply to it.
 fn compile_column(
     name: &str,
     rules: &TableRules,
@@ -146,9 +149,9 @@ fn compile_column(
         )
     {
         let fix = if declared {
-            "use hash or keep"
+            "use hash, permute or keep"
         } else {
-            "name it in `columns` with hash or keep (`undeclared` defaults to null)"
+            "name it in `columns` with hash, permute or keep (`undeclared` defaults to null)"
         };
         return err(format!(
             "transform of table {name}: column {:?}{what} is a key field; `{}` would give \
@@ -175,10 +178,12 @@ fn transform_record(
 ) -> TransformRecord {
     let uses_key = ops
         .values()
-        .any(|o| matches!(o, Op::Hash(..) | Op::Fake(..)));
+        .any(|o| matches!(o, Op::Hash(..) | Op::Fake(..) | Op::Permute(..)));
+    let permutes = ops.values().any(|o| matches!(o, Op::Permute(..)));
     TransformRecord {
         key_id: uses_key.then(|| key.map(|k| k.id.clone())).flatten(),
         hash: uses_key.then(|| HASH_ALGORITHM.to_string()),
+        permute: permutes.then(|| permute::PERMUTE_ALGORITHM.to_string()),
         undeclared: rules.undeclared.record_name(),
         columns: columns
             .iter()
@@ -339,6 +344,8 @@ enum Op {
     Hash(Arc<TransformKey>, HashFormat),
     /// A fake of this kind, at most this many characters (0: no limit).
     Fake(Arc<TransformKey>, FakeKind, i64),
+    /// A keyed format-preserving permutation ([`permute`]): unique in, unique out.
+    Permute(Arc<TransformKey>, HashFormat),
 }
 
 /// How a hash keeps a column's type.
@@ -411,6 +418,10 @@ impl Op {
                 }
                 Op::Redact(raw(v.to_string()))
             }
+            ColumnRule::Permute => {
+                let format = permute::format_of(c, sql_type)?;
+                Op::Permute(permute::key_for(key)?.clone(), format)
+            }
             ColumnRule::Hash => {
                 let Some(format) = HashFormat::of(c) else {
                     return Err(format!(
@@ -466,13 +477,18 @@ impl Op {
             Op::Drop => return Ok(None),
             Op::Null => return Ok(Some(raw("null"))),
             Op::Redact(v) => return Ok(Some(v.clone())),
-            Op::Hash(..) | Op::Fake(..) => {}
+            Op::Hash(..) | Op::Fake(..) | Op::Permute(..) => {}
         }
         // Hashes and fakes read the value's text: a string's content, else its JSON (a
         // number); uuids and text must be strings.
         let text: Cow<'_, str> = match json.as_bytes().first() {
             Some(b'"') => serde_json::from_str(json).map_err(|_| "a value is not text")?,
-            _ if matches!(self, Op::Hash(_, HashFormat::Uuid | HashFormat::Text)) => {
+            _ if matches!(
+                self,
+                Op::Hash(_, HashFormat::Uuid | HashFormat::Text)
+                    | Op::Permute(_, HashFormat::Uuid | HashFormat::Text)
+            ) =>
+            {
                 return Err("a value is not text");
             }
             _ => Cow::Borrowed(json),
@@ -493,6 +509,7 @@ impl Op {
             Op::Keep | Op::Drop => {}
             Op::Null => out.extend_from_slice(b"null"),
             Op::Redact(v) => out.extend_from_slice(v.get().as_bytes()),
+            Op::Permute(key, format) => permute::write(key, *format, text, out)?,
             Op::Hash(key, HashFormat::Int(bits)) => {
                 let n: i64 = text.parse().map_err(|_| "a value is not an integer")?;
                 use std::io::Write as _;
@@ -512,92 +529,6 @@ impl Op {
         }
         Ok(())
     }
-}
-
-/// A keyed permutation of the `bits`-bit signed integers keeping the sign: non-negative
-/// values map onto `[0, 2^(bits-1))`, negative ones onto `[-2^(bits-1), 0)`.
-fn hash_int(key: &TransformKey, n: i64, bits: u32) -> i64 {
-    let magnitude_bits = bits - 1;
-    if n >= 0 {
-        key.permute(n as u64, magnitude_bits) as i64
-    } else {
-        // -1 → 0, -2 → 1, …, the most negative value → the largest magnitude.
-        let m = (-(n + 1)) as u64;
-        -(key.permute(m, magnitude_bits) as i64) - 1
-    }
-}
-
-/// A uuid from the keyed hash of the value's canonical (lowercase) text, version 4 bits set.
-fn hash_uuid(key: &TransformKey, value: &str) -> String {
-    // PostgreSQL writes uuids in lowercase, so the copy is only for text from elsewhere.
-    let canonical = if value.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(value.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(value)
-    };
-    let t = key.tag(b"uuid", canonical.as_bytes());
-    let mut b: [u8; 16] = t[..16].try_into().expect("16 bytes");
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let mut text = *b"00000000-0000-0000-0000-000000000000";
-    for (bytes, at) in [(0..4, 0), (4..6, 9), (6..8, 14), (8..10, 19), (10..16, 24)] {
-        let digits = 2 * bytes.len();
-        hex::encode_to_slice(&b[bytes], &mut text[at..at + digits]).expect("two digits a byte");
-    }
-    String::from_utf8(text.to_vec()).expect("hex digits and dashes")
-}
-
-/// Text of the same length and shape; an email (`local@domain`) keeps that shape, its domain
-/// hashed on its own (its last label, the TLD, kept).
-fn hash_text(key: &TransformKey, value: &str) -> String {
-    if let Some((local, domain)) = value.split_once('@')
-        && !local.is_empty()
-        && !domain.is_empty()
-        && !domain.contains('@')
-    {
-        let local = shape(
-            local,
-            &key.stream(b"email-local", value.as_bytes(), local.len()),
-        );
-        let (labels, tld) = match domain.rsplit_once('.') {
-            Some((labels, tld)) if !labels.is_empty() => (labels, Some(tld)),
-            _ => (domain, None),
-        };
-        let labels = shape(
-            labels,
-            &key.stream(
-                b"email-domain",
-                domain.to_ascii_lowercase().as_bytes(),
-                labels.len(),
-            ),
-        );
-        return match tld {
-            Some(tld) => format!("{local}@{labels}.{tld}"),
-            None => format!("{local}@{labels}"),
-        };
-    }
-    shape(value, &key.stream(b"text", value.as_bytes(), value.len()))
-}
-
-/// Replaces each letter by a letter of the same case and each digit by a digit, chosen by
-/// `bytes` (one per character); other characters stay (so separators keep the shape).
-fn shape(value: &str, bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(value.len());
-    for (c, b) in value
-        .chars()
-        .zip(bytes.iter().copied().chain(std::iter::repeat(0)))
-    {
-        out.push(if c.is_ascii_uppercase() {
-            (b'A' + b % 26) as char
-        } else if c.is_ascii_digit() {
-            (b'0' + b % 10) as char
-        } else if c.is_alphabetic() {
-            (b'a' + b % 26) as char
-        } else {
-            c
-        });
-    }
-    out
 }
 
 /// One table's compiled transform: applied by the exporter at [`TableTransform::apply`], the
@@ -796,5 +727,7 @@ impl Masking {
     }
 }
 
+mod hash;
+mod permute;
 #[cfg(test)]
 mod tests;

@@ -592,3 +592,86 @@ tables:
         "{err}"
     );
 }
+
+/// `permute`: allowed on key fields, recorded with its algorithm's version, the same value
+/// alike in two tables (joins), pinned so a change of the algorithm cannot go unnoticed.
+#[test]
+fn permute_compiles_records_its_version_and_is_pinned() {
+    let rules = TransformRules::parse(
+        "tables:\n  public.users:\n    undeclared: keep\n    columns: {id: permute, email: \
+         permute, token: permute, note: permute}\n  public.orders:\n    columns: {id: keep, user_email: \
+         permute}\n",
+        "test.yaml",
+    )
+    .unwrap();
+    let t = rules
+        .compile(
+            &TableId::new("public", "users"),
+            &users(),
+            &["id".into()],
+            Some(key()),
+        )
+        .unwrap();
+    assert_eq!(t.record().permute.as_deref(), Some("larch-permute-1"));
+    assert_eq!(t.record().hash.as_deref(), Some(HASH_ALGORITHM));
+    assert_eq!(t.record().columns["email"], "permute");
+    let row = Row::parse(
+        r#"{"id":42,"email":"alice.smith@example.com","note":"ORD-000123","token":"6F9619FF-8B86-D011-B42D-00CF4FC964FF"}"#,
+    )
+    .unwrap();
+    let m = t.apply(row).unwrap().to_map();
+    let got = (
+        m["id"].get().to_string(),
+        m["email"].get().to_string(),
+        m["note"].get().to_string(),
+        m["token"].get().to_string(),
+    );
+    // Integers: the hash's permutation.
+    assert_eq!(got.0, hash_int(&key(), 42, 64).to_string());
+    let pinned = (
+        got.0.clone(),
+        r#""bqbcy.eveoq@dymynnr.com""#.to_string(),
+        r#""BSS-586481""#.to_string(),
+        r#""c8dfc697-a464-bb58-ab12-74fbd0c635df""#.to_string(),
+    );
+    assert_eq!(got, pinned);
+    let orders = rules
+        .compile(
+            &TableId::new("public", "orders"),
+            &[col("id", "int4", true), col("user_email", "varchar", false)],
+            &["id".into()],
+            Some(key()),
+        )
+        .unwrap();
+    let o = orders
+        .apply(Row::parse(r#"{"id":1,"user_email":"alice.smith@example.com"}"#).unwrap())
+        .unwrap();
+    assert_eq!(
+        o.to_map()["user_email"].get(),
+        got.1,
+        "one value, one output in every table"
+    );
+    let no_key = rules.compile(
+        &TableId::new("public", "users"),
+        &users(),
+        &["id".into()],
+        None,
+    );
+    assert!(no_key.unwrap_err().0.contains("permute needs a key"));
+    let date = TransformRules::parse(
+        "tables:\n  public.users:\n    columns: {id: keep, born: permute}\n",
+        "t",
+    )
+    .unwrap()
+    .compile(
+        &TableId::new("public", "users"),
+        &users(),
+        &["id".into()],
+        Some(key()),
+    );
+    assert!(
+        date.unwrap_err()
+            .0
+            .contains("column \"born\": permute cannot keep the type date"),
+    );
+}
