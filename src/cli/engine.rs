@@ -100,5 +100,6 @@ fn serving(args: &EngineArgs) -> anyhow::Result<Serving> {
         listen: args.listen.clone(),
         access,
         tls,
+        grpc: None,
     })
 }

@@ -102,6 +102,14 @@ pub struct SourceConfig {
 pub struct EngineConfig {
     pub file: String,
     pub sources: Vec<SourceConfig>,
+    /// laredo's gRPC API: its listener and TLS files (`grpc` in the file).
+    pub grpc: Option<GrpcConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcConfig {
+    pub listen: String,
+    pub tls: Option<super::tls::TlsFiles>,
 }
 
 /// The syntax of an engine configuration file, by its name: laredo's HOCON for `.conf` and
@@ -211,9 +219,27 @@ fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
             sources.push(settings.for_table(id, s, table, targets));
         }
     }
+    let grpc = raw.grpc.as_ref().map(validate_grpc).transpose()?;
     Ok(EngineConfig {
         file: String::new(),
         sources,
+        grpc,
+    })
+}
+
+fn validate_grpc(g: &larch_contract::engine_file::GrpcFile) -> Result<GrpcConfig, String> {
+    if g.listen.parse::<std::net::SocketAddr>().is_err() && !g.listen.contains(':') {
+        return Err(format!(
+            "grpc.listen: expected HOST:PORT (e.g. 0.0.0.0:4001), got {:?}",
+            g.listen
+        ));
+    }
+    Ok(GrpcConfig {
+        listen: g.listen.clone(),
+        tls: g.tls.as_ref().map(|t| super::tls::TlsFiles {
+            cert: t.cert_file.clone(),
+            key: t.key_file.clone(),
+        }),
     })
 }
 
