@@ -2,6 +2,7 @@
 
 pub mod archive;
 pub mod engine;
+pub mod engine_client;
 pub mod export;
 pub mod leak_check;
 pub mod operator;
@@ -306,7 +307,8 @@ fn prints_a_result(command: &Command) -> bool {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
         Command::Logs(_) | Command::RunNow(_) => true,
-        Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
+        Command::Engine(a) => a.client.is_some(),
+        Command::Operator(_) | Command::Restore(_) => false,
     }
 }
 

@@ -881,3 +881,99 @@ async fn connect_and_grpc_web_follow_the_token_rules() {
     assert!(String::from_utf8_lossy(trailers).contains("grpc-status:0"));
     engine.stop().await.unwrap();
 }
+
+/// `larch engine <verb> --addr …`: (exit code, stdout, stderr); the process runs off the
+/// runtime's threads so the in-process engine keeps serving.
+async fn cli(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+            .arg("engine")
+            .args(&args)
+            .env_remove("LAREDO_ADDRESS")
+            .env_remove("LARCH_ENGINE_TOKEN")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn the_client_cli_has_laredos_verbs_and_exit_codes() {
+    let (engine, _archive, _dir) = engine(false, true).await;
+    let addr = grpc_addr(&engine).to_string();
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token = token_file.to_str().unwrap();
+    let a = ["--addr", addr.as_str(), "--token-file", token];
+
+    let (code, out, _) = cli(&["ready", "--addr", &addr]).await;
+    assert_eq!((code, out.as_str()), (0, "ready\n"));
+    let (code, out, err) = cli(&[&["query", "count", "public.t"][..], &a].concat()).await;
+    assert_eq!((code, out.as_str()), (0, "3\n"), "{err}");
+    let (code, out, _) = cli(&[&["query", "get", "--pk", "2", "public.t"][..], &a].concat()).await;
+    assert_eq!(code, 0);
+    let row: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(row["v"], "s-2", "{out}");
+    let (code, _, err) = cli(&[&["query", "get", "--pk", "9", "public.t"][..], &a].concat()).await;
+    assert_eq!((code, err.as_str()), (1, "not found\n"));
+    let (code, out, _) =
+        cli(&[&["query", "list", "--limit", "2", "public.t"][..], &a].concat()).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("2 rows (total: 3)\n"), "{out}");
+    let (code, out, _) = cli(&[
+        &["query", "lookup", "--index", "v", "public.t", "s-3"][..],
+        &a,
+    ]
+    .concat())
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("1 rows\n") && out.contains(r#""id": 3.0"#),
+        "{out}"
+    );
+    let (code, out, _) = cli(&[&["tables"][..], &a].concat()).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("public.t") && out.contains("memory"), "{out}");
+    let (code, out, _) = cli(&[&["status"][..], &a].concat()).await;
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("Service State: SERVICE_STATE_STREAMING"),
+        "{out}"
+    );
+    assert!(
+        out.contains("seed:public.t:memory") && out.contains("PIPELINE_STATE_STREAMING"),
+        "{out}"
+    );
+    let (code, out, _) = cli(&[&["status", "-o", "json"][..], &a].concat()).await;
+    assert_eq!(code, 0);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["state"], "SERVICE_STATE_STREAMING");
+    // Errors exit 1 with the Connect code: no token, an unknown table, no engine.
+    let (code, _, err) = cli(&["query", "count", "public.t", "--addr", &addr]).await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: unauthenticated:"), "{err}");
+    let (code, _, err) = cli(&[&["query", "count", "public.nope"][..], &a].concat()).await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: not_found:"), "{err}");
+    engine.stop().await.unwrap();
+    let (code, _, err) = cli(&["ready", "--addr", &addr]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot connect"), "{err}");
+
+    // Not ready (a followed archive that does not exist yet): `ready` exits 1 with the reason.
+    let empty = tempfile::tempdir().unwrap();
+    let waiting = start_engine_serving(&yaml(empty.path()), &serving(false, false)).await;
+    let addr = grpc_addr(&waiting).to_string();
+    let (code, out, _) = cli(&["ready", "--addr", &format!("http://{addr}")]).await;
+    assert_eq!(code, 1);
+    assert_eq!(out, "not ready\n  - not all pipelines are ready\n");
+    waiting.stop().await.unwrap();
+}

@@ -13,7 +13,6 @@ mod serve;
 mod status;
 mod watch;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::Router;
@@ -135,6 +134,6 @@ pub fn router(api: Api) -> Router {
         } else {
             connect.clone()
         };
-        async move { Ok::<_, Infallible>(tower_service::Service::call(&mut app, req).await?) }
+        async move { tower_service::Service::call(&mut app, req).await }
     }))
 }
