@@ -85,7 +85,7 @@ pub enum QueryCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
-    /// The engine's gRPC API: HOST:PORT or http://HOST:PORT (laredo's --address).
+    /// The engine's gRPC API: HOST:PORT or http://HOST:PORT, as laredo's CLI takes it.
     #[arg(
         long,
         alias = "address",

@@ -14,6 +14,8 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
         ],
     ),
     ("export", &["cleanup", "slot-status"]),
+    ("engine", &["status", "ready", "tables", "query"]),
+    ("engine query", &["count", "get", "list", "lookup"]),
     (
         "archive",
         &[

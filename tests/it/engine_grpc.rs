@@ -977,3 +977,41 @@ async fn the_client_cli_has_laredos_verbs_and_exit_codes() {
     assert_eq!(out, "not ready\n  - not all pipelines are ready\n");
     waiting.stop().await.unwrap();
 }
+
+/// laredo's config as written: its `grpc { port }` block serves the API (on every interface,
+/// as laredo-server's `:port`), which the client verbs reach.
+#[tokio::test]
+async fn a_laredo_config_with_its_grpc_block_serves_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+    let mut a = TestArchive::new(store, "public.t/", "public.t");
+    a.snapshot("0/1", &refs(&rows(1..=4, "s"))).await;
+    // A port free a moment ago (laredo's config names a fixed port).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("laredo.conf");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+sources {{ seed {{ type = file, store = local, store_config {{ path = "{}" }}, key_prefix = "public.t/" }} }}
+tables = [{{ source = seed, schema = public, table = t, targets = [{{ type = indexed-memory, lookup_fields = [v] }}] }}]
+grpc {{ port = {port} }}
+"#,
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let engine = crate::engine_support::CliEngine::spawn(&config).await;
+    wait_ready(engine.addr).await;
+    let addr = format!("127.0.0.1:{port}");
+    let (code, out, err) = cli(&["query", "count", "public.t", "--addr", &addr]).await;
+    assert_eq!((code, out.as_str()), (0, "4\n"), "{err}");
+    let (code, out, _) = cli(&["query", "lookup", "public.t", "s-4", "--addr", &addr]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains(r#""id": 4.0"#), "{out}");
+    assert_eq!(engine.stop().await.code(), Some(0));
+}
