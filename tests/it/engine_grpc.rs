@@ -483,7 +483,7 @@ async fn connect_status_rpcs_and_the_refused_ones() {
         ("CreateSnapshot", "larch export"),
         ("StartReplay", "at"),
         ("ReloadAll", "larch export"),
-        ("ResetSource", "larch slot"),
+        ("ResetSource", "larch export cleanup"),
     ] {
         let (status, j) = unary_json(addr, OAM, method, serde_json::json!({})).await;
         assert_eq!(
@@ -1014,4 +1014,115 @@ grpc {{ port = {port} }}
     assert_eq!(code, 0);
     assert!(out.contains(r#""id": 4.0"#), "{out}");
     assert_eq!(engine.stop().await.code(), Some(0));
+}
+
+/// A TLS connection to `addr` as `localhost` offering `alpn`, trusting only `ca`.
+async fn tls_to(
+    addr: SocketAddr,
+    ca: &std::path::Path,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+/// `grpc.tls`: gRPC over HTTP/2 (ALPN h2) and Connect over HTTP/1.1 on the TLS listener, with
+/// the token; certificate trouble stops the engine before it serves.
+#[tokio::test]
+async fn the_grpc_listener_speaks_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+    let mut a = TestArchive::new(store, "public.t/", "public.t");
+    a.snapshot("0/1", &refs(&rows(1..=2, "s"))).await;
+    let certs = tempfile::tempdir().unwrap();
+    crate::postgres_tls::make_certificates(certs.path());
+    let ca = certs.path().join("ca.pem");
+    let mut s = serving(false, true);
+    s.grpc = Some(GrpcConfig {
+        listen: "127.0.0.1:0".into(),
+        tls: Some(larch::engine::tls::TlsFiles {
+            cert: certs.path().join("server.crt"),
+            key: certs.path().join("server.key"),
+        }),
+    });
+    let engine = start_engine_serving(&yaml(dir.path()), &s).await;
+    wait_ready(engine.addr).await;
+    let addr = grpc_addr(&engine);
+
+    // gRPC: a tonic client over the TLS connection (h2 by ALPN).
+    let ca_for = ca.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let ca = ca_for.clone();
+            async move {
+                let tls = tls_to(addr, &ca, b"h2").await;
+                assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut query = LaredoQueryServiceClient::new(channel);
+    let count = pb::CountRowsRequest {
+        schema: "public".into(),
+        table: "t".into(),
+    };
+    let refused = query.count_rows(count.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        query
+            .count_rows(with_token(count.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .count,
+        2
+    );
+
+    // Connect over HTTP/1.1 on the same TLS port.
+    let tls = tls_to(addr, &ca, b"http/1.1").await;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("/{QUERY}/CountRows"))
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Full::new(Bytes::from(r#"{"schema":"public","table":"t"}"#)))
+        .unwrap();
+    let response = sender.send_request(req).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], br#"{"count":"2"}"#);
+    engine.stop().await.unwrap();
+
+    // A key that does not match the certificate: refused before anything serves.
+    let config =
+        larch::engine::config::EngineConfig::parse("engine.yaml", &yaml(dir.path())).unwrap();
+    s.grpc.as_mut().unwrap().tls.as_mut().unwrap().key = certs.path().join("other-ca.key");
+    let err = larch::engine::start_serving(&config, &s)
+        .await
+        .err()
+        .unwrap();
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("grpc.tls") && err.contains("does not match"),
+        "{err}"
+    );
 }

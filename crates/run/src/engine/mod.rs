@@ -311,7 +311,10 @@ pub async fn start_serving(
 
 /// The gRPC listener's TLS: the HTTP API's rules, offering HTTP/2 (gRPC) and HTTP/1.1.
 fn grpc_tls_config(files: &tls::TlsFiles) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let mut config = (*files.server_config()?).clone();
+    let mut config = (*files
+        .server_config()
+        .context("grpc.tls (the gRPC API's cert_file and key_file)")?)
+    .clone();
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -15,12 +15,12 @@ pub fn unimplemented_reason(rpc: &str) -> Option<&'static str> {
             "larch's engine re-baselines when its archive does: write a new baseline with `larch export` (the engine follows it), or restart the engine to reload the archive"
         }
         "ResetSource" => {
-            "larch's engine reads archives, not replication slots: reset a slot with `larch slot drop` and re-export with `larch export`"
+            "larch's engine reads archives, not replication slots: drop an export's slot with `larch export cleanup` and re-export with `larch export`"
         }
         "DrainReplication" => "larch's engine has no replication fan-out to drain",
         "CreateSnapshot" | "ListSnapshots" | "InspectSnapshot" | "RestoreSnapshot"
         | "DeleteSnapshot" | "PruneSnapshots" => {
-            "larch's engine keeps no snapshots of its own: the archive is the snapshot (`larch export` writes it, `larch archive list|describe|prune` manage it, `larch restore` loads one into PostgreSQL)"
+            "larch's engine keeps no snapshots of its own: the archive is the snapshot (`larch export` writes it, `larch archive inspect|verify|gc` manage it, `larch restore` loads one into PostgreSQL)"
         }
         "ListDeadLetters" | "ReplayDeadLetters" | "PurgeDeadLetters" => {
             "larch's engine has no dead letters: a change that fails marks its pipeline ERROR and is retried (see GetStatus, /status)"
