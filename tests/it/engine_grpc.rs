@@ -1126,3 +1126,66 @@ async fn the_grpc_listener_speaks_tls() {
         "{err}"
     );
 }
+
+/// `larch engine --grpc-listen ADDR` serves the API without a `grpc` in the file, and logs
+/// where (`larch engine gRPC API listening`, its `addr`).
+#[tokio::test]
+async fn grpc_listen_serves_the_api_and_logs_its_address() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+    let mut a = TestArchive::new(store, "public.t/", "public.t");
+    a.snapshot("0/1", &refs(&rows(1..=5, "s"))).await;
+    let config = dir.path().join("engine.yaml");
+    std::fs::write(&config, yaml(dir.path())).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+        .args([
+            "engine",
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .env("LARCH_LOG", "info")
+        .env("LARCH_LOG_FORMAT", "json")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let addr = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let addr = loop {
+            let line = lines
+                .next()
+                .expect("the engine logs its gRPC address")
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["fields"]["message"] == larch::engine::GRPC_LISTENING {
+                break v["fields"]["addr"].as_str().unwrap().to_string();
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        addr
+    })
+    .await
+    .unwrap();
+    let count = crate::engine_support::eventually(30, "5 rows over gRPC", || {
+        let addr = addr.clone();
+        async move {
+            let (code, out, _) = cli(&["query", "count", "public.t", "--addr", &addr]).await;
+            (code == 0 && out == "5\n").then_some(())
+        }
+    });
+    count.await;
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -227,12 +227,7 @@ pub async fn start_serving(
         Some((_, files)) => Some(files.server_config()?),
         None => None,
     };
-    let grpc_tls = match serving.grpc.as_ref().or(config.grpc.as_ref()) {
-        Some(config::GrpcConfig {
-            tls: Some(files), ..
-        }) => Some(grpc_tls_config(files)?),
-        _ => None,
-    };
+    let grpc = grpc_plan(config, serving)?;
     let shared = build(config).await?;
     let listen = &serving.listen;
     let listener = tokio::net::TcpListener::bind(listen)
@@ -266,21 +261,7 @@ pub async fn start_serving(
     servers.push(tokio::spawn(async move {
         larch_core::serve::serve(listener, plain_app, async move { stop.cancelled().await }).await
     }));
-    let grpc = serving.grpc.as_ref().or(config.grpc.as_ref());
-    let grpc_addr = match grpc {
-        Some(g) => Some(
-            start_grpc(
-                g,
-                grpc_tls,
-                &shared,
-                &serving.access,
-                &shutdown,
-                &mut servers,
-            )
-            .await?,
-        ),
-        None => None,
-    };
+    let grpc_addr = start_grpc(grpc, &shared, &serving.access, &shutdown, &mut servers).await?;
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));
     let runners = spawn_runners(&shared, &shutdown, &failed, &fatal);
@@ -309,41 +290,59 @@ pub async fn start_serving(
     })
 }
 
-/// The gRPC listener's TLS: the HTTP API's rules, offering HTTP/2 (gRPC) and HTTP/1.1.
-fn grpc_tls_config(files: &tls::TlsFiles) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let mut config = (*files
-        .server_config()
-        .context("grpc.tls (the gRPC API's cert_file and key_file)")?)
-    .clone();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+/// The gRPC API to serve (`Serving::grpc`, else the configuration's), its TLS files read.
+struct GrpcPlan {
+    listen: String,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Reads the gRPC listener's certificate and key (the HTTP API's rules, offering HTTP/2 for
+/// gRPC and HTTP/1.1): errors before anything is opened.
+fn grpc_plan(config: &EngineConfig, serving: &Serving) -> anyhow::Result<Option<GrpcPlan>> {
+    let Some(g) = serving.grpc.as_ref().or(config.grpc.as_ref()) else {
+        return Ok(None);
+    };
+    let tls = match &g.tls {
+        Some(files) => {
+            let mut c = (*files
+                .server_config()
+                .context("grpc.tls (the gRPC API's cert_file and key_file)")?)
+            .clone();
+            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
+    Ok(Some(GrpcPlan {
+        listen: g.listen.clone(),
+        tls,
+    }))
 }
 
 /// Binds the gRPC API's listener and serves it until `shutdown` (which also ends its streams).
 async fn start_grpc(
-    g: &config::GrpcConfig,
-    tls_config: Option<Arc<rustls::ServerConfig>>,
+    plan: Option<GrpcPlan>,
     shared: &Arc<Shared>,
     access: &access::ApiAccess,
     shutdown: &CancellationToken,
     servers: &mut Vec<JoinHandle<std::io::Result<()>>>,
-) -> anyhow::Result<SocketAddr> {
-    let tcp = tokio::net::TcpListener::bind(&g.listen)
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(plan) = plan else {
+        return Ok(None);
+    };
+    let tcp = tokio::net::TcpListener::bind(&plan.listen)
         .await
-        .with_context(|| format!("listening on {} (gRPC API)", g.listen))?;
+        .with_context(|| format!("listening on {} (gRPC API)", plan.listen))?;
     let addr = tcp.local_addr()?;
     let api = grpc::Api::new(shared.clone(), Arc::new(access.clone()), shutdown.clone());
     let app = grpc::router(api);
     let stop = shutdown.clone();
     let until = async move { stop.cancelled().await };
-    servers.push(match tls_config {
-        Some(c) => {
-            let listener = tls::TlsListener::new(tcp, c)?;
-            tokio::spawn(grpc::serve(listener, app, until))
-        }
+    servers.push(match plan.tls {
+        Some(c) => tokio::spawn(grpc::serve(tls::TlsListener::new(tcp, c)?, app, until)),
         None => tokio::spawn(grpc::serve(tcp, app, until)),
     });
-    Ok(addr)
+    Ok(Some(addr))
 }
 
 /// Runs each source's pipelines until `shutdown`; the first error no retry fixes is kept in
