@@ -186,7 +186,7 @@ fn grpc_addr(e: &RunningEngine) -> SocketAddr {
 }
 
 #[tokio::test]
-async fn connect_unary_queries_over_http1_in_proto_and_json() {
+async fn connect_unary_get_count_and_pages_in_proto() {
     let (engine, _archive, _dir) = engine(false, false).await;
     let addr = grpc_addr(&engine);
     let (schema, t) = table("public", "t");
@@ -256,6 +256,14 @@ async fn connect_unary_queries_over_http1_in_proto_and_json() {
     assert_eq!(field(&second.rows[0], "id"), &Kind::NumberValue(3.0));
     assert!(second.next_page_token.is_empty());
 
+    engine.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_lookups_and_errors() {
+    let (engine, _archive, _dir) = engine(false, false).await;
+    let addr = grpc_addr(&engine);
+    let (schema, t) = table("public", "t");
     // Lookups through the index field (laredo's lookup fields), by name or by default.
     for index_name in ["v", ""] {
         let found: pb::LookupResponse = unary(
@@ -328,6 +336,13 @@ async fn connect_unary_queries_over_http1_in_proto_and_json() {
     );
     assert!(e["message"].as_str().unwrap().contains("public.t"), "{e}");
 
+    engine.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_json_bodies_use_proto3_json() {
+    let (engine, _archive, _dir) = engine(false, false).await;
+    let addr = grpc_addr(&engine);
     // JSON bodies, proto3's JSON mapping (int64 as strings, camelCase names accepted).
     let (status, j) = unary_json(
         addr,
@@ -358,7 +373,7 @@ async fn connect_unary_queries_over_http1_in_proto_and_json() {
 }
 
 #[tokio::test]
-async fn connect_status_rpcs_and_the_refused_ones() {
+async fn connect_status_rpcs() {
     let (engine, _archive, _dir) = engine(false, false).await;
     let addr = grpc_addr(&engine);
     let (status, j) = unary_json(addr, OAM, "GetStatus", serde_json::json!({})).await;
@@ -429,6 +444,13 @@ async fn connect_status_rpcs_and_the_refused_ones() {
     assert_eq!((s.row_count, s.target_type.as_str()), (3, "memory"));
     assert_eq!(s.state, pb::PipelineState::Streaming as i32);
 
+    engine.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_source_table_and_schema_rpcs() {
+    let (engine, _archive, _dir) = engine(false, false).await;
+    let addr = grpc_addr(&engine);
     let sources: pb::GetSourceInfoResponse = unary(
         addr,
         OAM,
@@ -477,6 +499,13 @@ async fn connect_status_rpcs_and_the_refused_ones() {
     assert_eq!(names, ["id", "v"]);
     assert!(schema.columns[0].is_primary_key && schema.columns[0].not_null);
 
+    engine.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_refuses_what_larch_has_no_counterpart_for() {
+    let (engine, _archive, _dir) = engine(false, false).await;
+    let addr = grpc_addr(&engine);
     // What larch has no counterpart for: UNIMPLEMENTED, naming the larch way.
     for (method, hint) in [
         ("ListDeadLetters", "dead letters"),
@@ -537,8 +566,8 @@ async fn next<T>(s: &mut tonic::Streaming<T>) -> T {
 }
 
 #[tokio::test]
-async fn grpc_clients_from_the_contract_query_watch_and_subscribe() {
-    let (engine, mut archive, _dir) = engine(true, true).await;
+async fn grpc_clients_from_the_contract_query_under_the_token_rules() {
+    let (engine, _archive, _dir) = engine(true, true).await;
     let channel = grpc_channel(grpc_addr(&engine)).await;
     let mut query = LaredoQueryServiceClient::new(channel.clone());
     let mut oam = LaredoOamServiceClient::new(channel);
@@ -589,6 +618,15 @@ async fn grpc_clients_from_the_contract_query_watch_and_subscribe() {
         .unwrap_err();
     assert_eq!(unimplemented.code(), tonic::Code::Unimplemented);
 
+    engine.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn grpc_streams_subscribe_and_watch() {
+    let (engine, mut archive, _dir) = engine(true, true).await;
+    let channel = grpc_channel(grpc_addr(&engine)).await;
+    let mut query = LaredoQueryServiceClient::new(channel.clone());
+    let mut oam = LaredoOamServiceClient::new(channel);
     // Subscribe: the rows first, then each change the engine applies.
     let mut changes = query
         .subscribe(with_token(pb::SubscribeRequest {
