@@ -228,7 +228,8 @@ fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
 }
 
 fn validate_grpc(g: &larch_contract::engine_file::GrpcFile) -> Result<GrpcConfig, String> {
-    if g.listen.parse::<std::net::SocketAddr>().is_err() && !g.listen.contains(':') {
+    let port = g.listen.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+    if !matches!(port, Some(Ok(_))) {
         return Err(format!(
             "grpc.listen: expected HOST:PORT (e.g. 0.0.0.0:4001), got {:?}",
             g.listen
@@ -573,5 +574,42 @@ mod tests {
         );
         let ok = EngineConfig::parse("e.yaml", &yaml("1h30m")).unwrap();
         assert_eq!(ok.sources[0].poll_interval, Duration::from_secs(5400));
+    }
+
+    #[test]
+    fn grpc_is_a_listener_and_optional_tls_files() {
+        let yaml = |grpc: &str| {
+            format!(
+                "sources:\n  s:\n    type: archive\n    store: {{type: local, path: /tmp/x}}\ntables:\n  - {{source: s, schema: public, table: t, targets: [{{type: memory}}]}}\n{grpc}"
+            )
+        };
+        assert_eq!(EngineConfig::parse("e.yaml", &yaml("")).unwrap().grpc, None);
+        let c = EngineConfig::parse(
+            "e.yaml",
+            &yaml("grpc: {listen: \"0.0.0.0:4001\", tls: {cert_file: /c.pem, key_file: /k.pem}}"),
+        )
+        .unwrap();
+        let g = c.grpc.unwrap();
+        assert_eq!(g.listen, "0.0.0.0:4001");
+        assert_eq!(g.tls.unwrap().key, std::path::PathBuf::from("/k.pem"));
+        for (grpc, want) in [
+            (
+                "grpc: {listen: \"4001\"}",
+                "e.yaml: grpc.listen: expected HOST:PORT",
+            ),
+            (
+                "grpc: {listen: \"h:x\"}",
+                "e.yaml: grpc.listen: expected HOST:PORT",
+            ),
+            (
+                "grpc: {port: 4001}",
+                "e.yaml: grpc.port: unknown field `port`",
+            ),
+        ] {
+            let e = EngineConfig::parse("e.yaml", &yaml(grpc))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(want), "{grpc}: {e}");
+        }
     }
 }
