@@ -85,7 +85,8 @@ pub enum QueryCommand {
 
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
-    /// The engine's gRPC API: HOST:PORT or http://HOST:PORT, as laredo's CLI takes it.
+    /// The engine's gRPC API: HOST:PORT or http://HOST:PORT, as laredo's CLI takes it, or
+    /// https://HOST:PORT for a TLS listener (grpc.tls).
     #[arg(
         long,
         alias = "address",
@@ -93,6 +94,9 @@ pub struct ClientArgs {
         default_value = "localhost:4001"
     )]
     pub addr: String,
+    /// PEM CA bundle to trust for an https:// address (default: the system's roots).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
     /// File holding the API bearer token (else $LARCH_ENGINE_TOKEN, if set).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -104,18 +108,55 @@ pub struct ClientArgs {
 /// A Connect client of one engine.
 struct Client {
     authority: String,
+    /// For an https:// address: the connector and the name the certificate must carry.
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     token: Option<String>,
+}
+
+/// A TLS client trusting `ca_file`, else the system's roots; offers HTTP/1.1.
+fn tls_connector(ca_file: Option<&PathBuf>) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    let roots = match ca_file {
+        Some(f) => larch_core::tls::read_ca_bundle("--ca-file", f)?.roots,
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            roots
+        }
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config,
+    )))
 }
 
 impl Client {
     fn new(args: &ClientArgs) -> anyhow::Result<Client> {
         let addr = args.addr.trim_end_matches('/');
-        if addr.starts_with("https://") {
-            anyhow::bail!(
-                "--addr {addr}: TLS is not supported by this client yet: use http://HOST:PORT (or a local port-forward)"
-            );
-        }
-        let authority = addr.strip_prefix("http://").unwrap_or(addr).to_string();
+        let (authority, tls) = match addr.strip_prefix("https://") {
+            Some(a) => {
+                let host = a.rsplit_once(':').map_or(a, |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| anyhow::anyhow!("--addr {addr}: {e}"))?;
+                (
+                    a.to_string(),
+                    Some((tls_connector(args.ca_file.as_ref())?, name)),
+                )
+            }
+            None => (
+                addr.strip_prefix("http://").unwrap_or(addr).to_string(),
+                None,
+            ),
+        };
         let token = match &args.token_file {
             Some(f) => Some(
                 std::fs::read_to_string(f)
@@ -125,7 +166,11 @@ impl Client {
             ),
             None => std::env::var(crate::engine::access::TOKEN_ENV).ok(),
         };
-        Ok(Client { authority, token })
+        Ok(Client {
+            authority,
+            tls,
+            token,
+        })
     }
 
     /// One unary call with a proto body; an error answer becomes `code: message`.
@@ -138,8 +183,24 @@ impl Client {
         let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to {}: {e}", self.authority))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-        tokio::spawn(conn);
+        let mut sender = match &self.tls {
+            Some((connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("TLS with {}: {e}", self.authority))?;
+                let (sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+                tokio::spawn(conn);
+                sender
+            }
+            None => {
+                let (sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
         let mut request = http::Request::post(format!("/{service}/{method}"))
             .header(http::header::HOST, &self.authority)
             .header(http::header::CONTENT_TYPE, wire::UNARY_PROTO)

@@ -1148,6 +1148,32 @@ async fn the_grpc_listener_speaks_tls() {
     assert_eq!(response.status(), 200);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], br#"{"count":"2"}"#);
+    // The client verbs over TLS, trusting the test CA.
+    let https = format!("https://localhost:{}", addr.port());
+    let ca_file = ca.to_str().unwrap();
+    let token_file = certs.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let with = [
+        "--addr",
+        &https,
+        "--ca-file",
+        ca_file,
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ];
+    let (code, out, err) = cli(&[&["query", "count", "public.t"][..], &with].concat()).await;
+    assert_eq!((code, out.as_str()), (0, "2\n"), "{err}");
+    let untrusted = certs.path().join("other-ca.pem");
+    let (code, _, err) = cli(&[
+        "ready",
+        "--addr",
+        &https,
+        "--ca-file",
+        untrusted.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, 1);
+    assert!(err.contains("TLS with localhost"), "{err}");
     engine.stop().await.unwrap();
 
     // A key that does not match the certificate: refused before anything serves.
