@@ -44,6 +44,28 @@ pub enum EngineClient {
     /// Reads a memory table: count, get, list, lookup.
     #[command(subcommand)]
     Query(QueryCommand),
+    /// Pauses a source (the engine needs --allow-control and the token).
+    Pause {
+        #[arg(long)]
+        source: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resumes a paused source.
+    Resume {
+        #[arg(long)]
+        source: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// laredo's re-baseline on demand: larch answers unimplemented with its way (exit 1).
+    Reload {
+        #[arg(long)]
+        source: String,
+        table: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -277,6 +299,40 @@ async fn dispatch(command: EngineClient) -> anyhow::Result<i32> {
         }
         EngineClient::Tables { client } => tables(&client).await,
         EngineClient::Query(q) => query(q).await,
+        EngineClient::Pause { source, client } => {
+            let req = pb::PauseSyncRequest { source_id: source };
+            let _: pb::PauseSyncResponse =
+                Client::new(&client)?.call(OAM, "PauseSync", &req).await?;
+            println!("paused");
+            Ok(0)
+        }
+        EngineClient::Resume { source, client } => {
+            let req = pb::ResumeSyncRequest { source_id: source };
+            let _: pb::ResumeSyncResponse =
+                Client::new(&client)?.call(OAM, "ResumeSync", &req).await?;
+            println!("resumed");
+            Ok(0)
+        }
+        EngineClient::Reload {
+            source,
+            table,
+            client,
+        } => {
+            let (schema, table) = split_table(&table)?;
+            let req = pb::ReloadTableRequest {
+                source_id: source,
+                schema,
+                table,
+            };
+            let r: pb::ReloadTableResponse =
+                Client::new(&client)?.call(OAM, "ReloadTable", &req).await?;
+            if r.accepted {
+                println!("{}", r.message);
+                return Ok(0);
+            }
+            eprintln!("reload failed: {}", r.message);
+            Ok(1)
+        }
     }
 }
 

@@ -14,7 +14,12 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
         ],
     ),
     ("export", &["cleanup", "slot-status"]),
-    ("engine", &["status", "ready", "tables", "query"]),
+    (
+        "engine",
+        &[
+            "status", "ready", "tables", "query", "pause", "resume", "reload",
+        ],
+    ),
     ("engine query", &["count", "get", "list", "lookup"]),
     (
         "archive",

@@ -880,6 +880,21 @@ async fn connect_and_grpc_web_follow_the_token_rules() {
     .await
     .unwrap();
     assert_eq!(paused.state, pb::ServiceState::Paused as i32);
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let with = [
+        "--addr",
+        &addr.to_string(),
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]
+    .map(String::from);
+    let with: Vec<&str> = with.iter().map(String::as_str).collect();
+    let (code, out, err) = cli(&[&["resume", "--source", "seed"][..], &with].concat()).await;
+    assert_eq!((code, out.as_str()), (0, "resumed\n"), "{err}");
+    let (code, out, err) = cli(&[&["pause", "--source", "seed"][..], &with].concat()).await;
+    assert_eq!((code, out.as_str()), (0, "paused\n"), "{err}");
     let http_status = crate::engine_support::request_with(
         engine.addr,
         "GET",
@@ -994,6 +1009,16 @@ async fn the_client_cli_has_laredos_verbs_and_exit_codes() {
     assert_eq!(code, 0);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["state"], "SERVICE_STATE_STREAMING");
+    // Control is off on this engine; reload has no larch counterpart.
+    let (code, _, err) = cli(&[&["pause", "--source", "seed"][..], &a].concat()).await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: permission_denied:"), "{err}");
+    let (code, _, err) = cli(&[&["reload", "--source", "seed", "public.t"][..], &a].concat()).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("error: unimplemented: ReloadTable:"),
+        "{err}"
+    );
     // Errors exit 1 with the Connect code: no token, an unknown table, no engine.
     let (code, _, err) = cli(&["query", "count", "public.t", "--addr", &addr]).await;
     assert_eq!(code, 1);
