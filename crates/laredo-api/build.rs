@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds(fds)?;
     pbjson_build::Builder::new()
         .register_descriptors(&descriptors)?
+        // As Connect servers do: a newer client's fields are skipped, not an error.
+        .ignore_unknown_fields()
         .build(&[".laredo.v1"])?;
     Ok(())
 }

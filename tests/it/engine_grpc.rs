@@ -352,6 +352,15 @@ async fn connect_json_bodies_use_proto3_json() {
     )
     .await;
     assert_eq!((status, &j), (200, &serde_json::json!({"count": "3"})));
+    // A field a newer client knows and this contract does not is skipped, as Connect does.
+    let (status, j) = unary_json(
+        addr,
+        QUERY,
+        "CountRows",
+        serde_json::json!({"schema": "public", "table": "t", "consistency": "strong"}),
+    )
+    .await;
+    assert_eq!((status, &j), (200, &serde_json::json!({"count": "3"})));
     let (status, j) = unary_json(
         addr,
         QUERY,
