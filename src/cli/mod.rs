@@ -151,7 +151,8 @@ pub enum Command {
     Archive(archive::ArchiveCommand),
     /// Export a PostgreSQL table into an archive (one base snapshot, a new epoch).
     Export(Box<export::ExportArgs>),
-    /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
+    /// Replay archives into live targets (memory tables over HTTP and gRPC, PostgreSQL); with a
+    /// verb (status, ready, tables, query, …), a client of a running engine's gRPC API.
     Engine(engine::EngineArgs),
     /// Restore tables of an archive into a PostgreSQL database, at the head or as of a point,
     /// in one transaction, and exit (docs/restore.md).
