@@ -10,6 +10,7 @@ use crate::engine::config::EngineConfig;
 use crate::engine::tls::TlsFiles;
 
 #[derive(Args, Debug)]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 #[command(after_help = super::env_section(&[
     super::env_help::S3_CONFIG,
     "  (a postgres target's connection_env: the variable the configuration names)",
@@ -18,9 +19,12 @@ use crate::engine::tls::TlsFiles;
     super::env_help::CRASH,
 ]))]
 pub struct EngineArgs {
-    /// Engine configuration (YAML; see docs/engine.md).
-    #[arg(long)]
-    pub config: PathBuf,
+    /// A client of a running engine's gRPC API (laredo's CLI verbs) instead of an engine.
+    #[command(subcommand)]
+    pub client: Option<super::engine_client::EngineClient>,
+    /// Engine configuration (YAML, or laredo's HOCON; see docs/engine.md).
+    #[arg(long, required = true)]
+    pub config: Option<PathBuf>,
     /// Address of the HTTP listener (health, status, metrics, tables). Loopback by default: pass
     /// an address such as 0.0.0.0:8080 to serve other machines.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -48,6 +52,11 @@ pub struct EngineArgs {
     /// PEM private key of the TLS listener (tls.key).
     #[arg(long, value_name = "FILE", requires = "tls_listen")]
     pub tls_key: Option<PathBuf>,
+    /// Serve laredo's gRPC API (Connect, gRPC, gRPC-Web; docs/laredo.md) on this address, e.g.
+    /// 0.0.0.0:4001, with the HTTP API's token rules. Overrides the configuration's grpc
+    /// listener (its TLS files, if any, still apply).
+    #[arg(long, value_name = "ADDR")]
+    pub grpc_listen: Option<String>,
     /// Validate the configuration, check that each table's archive exists, and exit.
     #[arg(long)]
     pub check: bool,
@@ -59,8 +68,18 @@ pub struct EngineArgs {
 }
 
 pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
+    if let Some(client) = args.client {
+        return super::engine_client::run(client).await;
+    }
     super::init_tracing();
-    let config = EngineConfig::load(&args.config)?;
+    let path = args.config.clone().expect("clap requires --config");
+    let mut config = EngineConfig::load(&path)?;
+    if let Some(listen) = &args.grpc_listen {
+        config.grpc = Some(crate::engine::config::GrpcConfig {
+            listen: listen.clone(),
+            tls: config.grpc.and_then(|g| g.tls),
+        });
+    }
     let serving = serving(&args)?;
     if args.check {
         if let Some((_, files)) = &serving.tls {
@@ -69,7 +88,7 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
         crate::engine::check_archives(&config).await?;
         println!(
             "{}: ok ({} source(s))",
-            args.config.display(),
+            path.display(),
             config.sources.len()
         );
         return Ok(0);
@@ -100,5 +119,6 @@ fn serving(args: &EngineArgs) -> anyhow::Result<Serving> {
         listen: args.listen.clone(),
         access,
         tls,
+        grpc: None,
     })
 }

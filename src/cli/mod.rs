@@ -2,6 +2,7 @@
 
 pub mod archive;
 pub mod engine;
+pub mod engine_client;
 pub mod export;
 mod export_check;
 pub mod leak_check;
@@ -152,7 +153,8 @@ pub enum Command {
     Archive(archive::ArchiveCommand),
     /// Export a PostgreSQL table into an archive (one base snapshot, a new epoch).
     Export(Box<export::ExportArgs>),
-    /// Replay archives into live targets (memory tables over HTTP, PostgreSQL).
+    /// Replay archives into live targets (memory tables over HTTP and gRPC, PostgreSQL); with a
+    /// verb (status, ready, tables, query, …), a client of a running engine's gRPC API.
     Engine(engine::EngineArgs),
     /// Restore tables of an archive into a PostgreSQL database, at the head or as of a point,
     /// in one transaction, and exit (docs/restore.md).
@@ -312,7 +314,8 @@ fn prints_a_result(command: &Command) -> bool {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
         Command::Logs(_) | Command::RunNow(_) | Command::Transform(_) => true,
-        Command::Engine(_) | Command::Operator(_) | Command::Restore(_) => false,
+        Command::Engine(a) => a.client.is_some(),
+        Command::Operator(_) | Command::Restore(_) => false,
     }
 }
 

@@ -15,6 +15,13 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
     ),
     ("export", &["cleanup", "slot-status"]),
     (
+        "engine",
+        &[
+            "status", "ready", "tables", "query", "pause", "resume", "reload",
+        ],
+    ),
+    ("engine query", &["count", "get", "list", "lookup"]),
+    (
         "archive",
         &[
             "export",

@@ -51,6 +51,7 @@ fn serving_with(control: bool, protect_reads: bool, protect_status: bool) -> Ser
             token: Some(Token::new(TOKEN, "test").unwrap()),
         },
         tls: None,
+        grpc: None,
     }
 }
 

@@ -288,6 +288,7 @@ async fn pause_holds_changes_until_resume() {
             token: Some(Token::new(token, "test").unwrap()),
         },
         tls: None,
+        grpc: None,
     };
     let engine = start_engine_serving(&local_yaml(dir.path(), ""), &serving).await;
     let addr = engine.addr;

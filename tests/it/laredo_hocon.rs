@@ -139,12 +139,13 @@ fn unsupported_laredo_keys_are_refused_by_name() {
     let archive = r#"type = archive, store = local, store_config { path = "/srv/a" }"#;
     let table = "tables = [{ source = s, schema = public, table = t, targets = [{ type = indexed-memory }] }]";
     for (text, want) in [
-        // laredo's own server config: a PostgreSQL source, an indexed-memory target, gRPC
+        // laredo's own server config: a PostgreSQL source, an indexed-memory target, gRPC (served
+        // since issue 40: the source is what is refused)
         (
             "sources { pg { type = postgresql, connection = \"postgresql://u@db/app\", slot_mode = ephemeral } }\n\
              tables = [{ source = pg, schema = public, table = users, targets = [{ type = indexed-memory, lookup_fields = [name] }] }]\n\
              grpc { port = 4001 }",
-            "grpc: not supported: larch serves HTTP only",
+            "sources.pg.type: \"postgresql\" is a PostgreSQL source key",
         ),
         (
             "sources { pg { type = postgresql, connection = \"postgresql://u@db/app\" } }",

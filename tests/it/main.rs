@@ -16,6 +16,7 @@ mod docs_claims;
 mod engine_access;
 mod engine_config;
 mod engine_follow;
+mod engine_grpc;
 mod engine_memory;
 mod engine_operability;
 mod engine_postgres;

@@ -111,6 +111,7 @@ async fn the_engine_listeners_cut_a_half_sent_request() {
                 key: certs.path().join("server.key"),
             },
         )),
+        grpc: None,
     };
     let engine =
         crate::engine_support::start_engine_serving(&local_yaml(dir.path(), ""), &serving).await;

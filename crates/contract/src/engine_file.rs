@@ -18,6 +18,28 @@ pub struct EngineFile {
     pub sources: BTreeMap<String, SourceFile>,
     #[serde(default)]
     pub tables: Vec<TableFile>,
+    /// laredo's gRPC API (Connect, gRPC, gRPC-Web) on a listener of its own; none without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<GrpcFile>,
+}
+
+/// `grpc`: where the engine serves laredo's gRPC API.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcFile {
+    /// `HOST:PORT` (laredo's `grpc { port = N }` is `0.0.0.0:N`).
+    pub listen: String,
+    /// Serve it over TLS (HTTP/2 by ALPN) with this certificate and key (PEM files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GrpcTlsFile>,
+}
+
+/// `grpc.tls`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcTlsFile {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// `sources.<id>`.

@@ -170,6 +170,7 @@ pub fn engine_config(source: &ArchiveSource, archive: &ResolvedArchive) -> Engin
     EngineFile {
         sources: BTreeMap::from([(id, src)]),
         tables,
+        grpc: None,
     }
 }
 

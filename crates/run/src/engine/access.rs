@@ -131,12 +131,20 @@ impl ApiAccess {
     }
 
     fn authorized(&self, req: &Request) -> bool {
+        self.authorizes(
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+        )
+    }
+
+    /// Whether an `Authorization` header's value (HTTP or gRPC metadata) is `Bearer <token>`.
+    pub fn authorizes(&self, authorization: Option<&[u8]>) -> bool {
         let Some(token) = &self.token else {
             return false;
         };
-        req.headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        authorization
+            .and_then(|v| v.strip_prefix(b"Bearer "))
             .is_some_and(|presented| token.matches(presented))
     }
 }
@@ -155,11 +163,13 @@ fn refuse(status: StatusCode, message: &str) -> Response {
     r
 }
 
+/// Why a request without the right token is refused.
+pub const UNAUTHORIZED: &str = "missing or wrong bearer token (Authorization: Bearer <token>)";
+/// Why a control request is refused when control is off.
+pub const CONTROL_DISABLED: &str = "control endpoints are disabled: start the engine with --allow-control and a token (ArchiveSource spec.access.control)";
+
 fn unauthorized() -> Response {
-    refuse(
-        StatusCode::UNAUTHORIZED,
-        "missing or wrong bearer token (Authorization: Bearer <token>)",
-    )
+    refuse(StatusCode::UNAUTHORIZED, UNAUTHORIZED)
 }
 
 /// Middleware of the tables API.
@@ -193,10 +203,7 @@ pub async fn guard_control(
     next: Next,
 ) -> Response {
     if !access.control {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "control endpoints are disabled: start the engine with --allow-control and a token (ArchiveSource spec.access.control)",
-        );
+        return refuse(StatusCode::FORBIDDEN, CONTROL_DISABLED);
     }
     if !access.authorized(&req) {
         return unauthorized();

@@ -102,6 +102,14 @@ pub struct SourceConfig {
 pub struct EngineConfig {
     pub file: String,
     pub sources: Vec<SourceConfig>,
+    /// laredo's gRPC API: its listener and TLS files (`grpc` in the file).
+    pub grpc: Option<GrpcConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcConfig {
+    pub listen: String,
+    pub tls: Option<super::tls::TlsFiles>,
 }
 
 /// The syntax of an engine configuration file, by its name: laredo's HOCON for `.conf` and
@@ -211,9 +219,28 @@ fn validate(raw: EngineFile) -> Result<EngineConfig, String> {
             sources.push(settings.for_table(id, s, table, targets));
         }
     }
+    let grpc = raw.grpc.as_ref().map(validate_grpc).transpose()?;
     Ok(EngineConfig {
         file: String::new(),
         sources,
+        grpc,
+    })
+}
+
+fn validate_grpc(g: &larch_contract::engine_file::GrpcFile) -> Result<GrpcConfig, String> {
+    let port = g.listen.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+    if !matches!(port, Some(Ok(_))) {
+        return Err(format!(
+            "grpc.listen: expected HOST:PORT (e.g. 0.0.0.0:4001), got {:?}",
+            g.listen
+        ));
+    }
+    Ok(GrpcConfig {
+        listen: g.listen.clone(),
+        tls: g.tls.as_ref().map(|t| super::tls::TlsFiles {
+            cert: t.cert_file.clone(),
+            key: t.key_file.clone(),
+        }),
     })
 }
 
@@ -547,5 +574,42 @@ mod tests {
         );
         let ok = EngineConfig::parse("e.yaml", &yaml("1h30m")).unwrap();
         assert_eq!(ok.sources[0].poll_interval, Duration::from_secs(5400));
+    }
+
+    #[test]
+    fn grpc_is_a_listener_and_optional_tls_files() {
+        let yaml = |grpc: &str| {
+            format!(
+                "sources:\n  s:\n    type: archive\n    store: {{type: local, path: /tmp/x}}\ntables:\n  - {{source: s, schema: public, table: t, targets: [{{type: memory}}]}}\n{grpc}"
+            )
+        };
+        assert_eq!(EngineConfig::parse("e.yaml", &yaml("")).unwrap().grpc, None);
+        let c = EngineConfig::parse(
+            "e.yaml",
+            &yaml("grpc: {listen: \"0.0.0.0:4001\", tls: {cert_file: /c.pem, key_file: /k.pem}}"),
+        )
+        .unwrap();
+        let g = c.grpc.unwrap();
+        assert_eq!(g.listen, "0.0.0.0:4001");
+        assert_eq!(g.tls.unwrap().key, std::path::PathBuf::from("/k.pem"));
+        for (grpc, want) in [
+            (
+                "grpc: {listen: \"4001\"}",
+                "e.yaml: grpc.listen: expected HOST:PORT",
+            ),
+            (
+                "grpc: {listen: \"h:x\"}",
+                "e.yaml: grpc.listen: expected HOST:PORT",
+            ),
+            (
+                "grpc: {port: 4001}",
+                "e.yaml: grpc.port: unknown field `port`",
+            ),
+        ] {
+            let e = EngineConfig::parse("e.yaml", &yaml(grpc))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(want), "{grpc}: {e}");
+        }
     }
 }

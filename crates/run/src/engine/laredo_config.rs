@@ -53,10 +53,6 @@ const TOP_LEVEL_REFUSED: &[(&str, &str)] = &[
         "laredo's engine snapshots are not supported: larch's engine rebuilds from the archive on start (a PostgreSQL target resumes from its checkpoint)",
     ),
     (
-        "grpc",
-        "larch serves HTTP only (`larch engine --listen ADDR`: /tables, /status, /health, /metrics); there is no gRPC API",
-    ),
-    (
         "fanout",
         "replication fan-out is not supported by larch's engine",
     ),
@@ -132,7 +128,7 @@ pub fn translate(doc: &Value) -> Result<Value, String> {
     let root = object(doc, "the configuration")?;
     for (key, _) in root {
         match key.as_str() {
-            "sources" | "tables" => {}
+            "sources" | "tables" | "grpc" => {}
             other => return Err(refusal(other, other, TOP_LEVEL_REFUSED, "sources, tables")),
         }
     }
@@ -152,7 +148,30 @@ pub fn translate(doc: &Value) -> Result<Value, String> {
             tables.push(translate_table(&format!("tables[{i}]"), table)?);
         }
     }
-    Ok(serde_json::json!({"sources": sources, "tables": tables}))
+    let mut out = serde_json::json!({"sources": sources, "tables": tables});
+    if let Some(g) = root.get("grpc") {
+        out["grpc"] = translate_grpc(g)?;
+    }
+    Ok(out)
+}
+
+/// `grpc { port = N, tls { cert_file, key_file } }`: laredo's API on every interface's port N,
+/// as laredo-server listens (`:N`); `tls` is larch's addition.
+fn translate_grpc(grpc: &Value) -> Result<Value, String> {
+    let obj = object(grpc, "grpc")?;
+    check_keys("grpc", obj, &["port", "tls"], &[])?;
+    let port = obj
+        .get("port")
+        .and_then(Value::as_u64)
+        .filter(|p| (1..=65535).contains(p))
+        .ok_or_else(|| "grpc.port: expected a port number from 1 to 65535".to_string())?;
+    let mut out = serde_json::json!({"listen": format!("0.0.0.0:{port}")});
+    if let Some(tls) = obj.get("tls") {
+        let t = object(tls, "grpc.tls")?;
+        check_keys("grpc.tls", t, &["cert_file", "key_file"], &[])?;
+        out["tls"] = tls.clone();
+    }
+    Ok(out)
 }
 
 fn translate_source(path: &str, source: &Value) -> Result<Value, String> {
@@ -394,8 +413,8 @@ mod tests {
                 "sources.s.colour: unknown key (expected one of: type, store,",
             ),
             (
-                "grpc { port = 4001 }",
-                "grpc: not supported: larch serves HTTP only",
+                "grpc { port = 0 }",
+                "grpc.port: expected a port number from 1 to 65535",
             ),
             (
                 "tables = [{ source = s, ttl { field = x } }]",
@@ -421,5 +440,18 @@ mod tests {
             let err = tr(text).unwrap_err();
             assert!(err.starts_with(want), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn the_grpc_block_is_the_grpc_listener() {
+        let v = tr(r#"grpc { port = 4001, tls { cert_file = "/c.pem", key_file = "/k.pem" } }"#)
+            .unwrap();
+        assert_eq!(
+            v["grpc"],
+            serde_json::json!({"listen": "0.0.0.0:4001",
+                "tls": {"cert_file": "/c.pem", "key_file": "/k.pem"}})
+        );
+        let e = tr("grpc { port = 4001, reflection = true }").unwrap_err();
+        assert!(e.starts_with("grpc.reflection: unknown key"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 pub mod access;
 pub mod column_mismatch;
 pub mod config;
+pub mod grpc;
 pub mod http;
 pub mod laredo_config;
 pub mod metrics;
@@ -179,6 +180,8 @@ pub struct Serving {
     /// Serve the whole API over TLS on this address; the plain listener then serves only
     /// `/health/*`, `/status` and `/metrics` (probes, scrapes).
     pub tls: Option<(String, tls::TlsFiles)>,
+    /// laredo's gRPC API (`--grpc-listen`); else the configuration's `grpc`, if any.
+    pub grpc: Option<config::GrpcConfig>,
 }
 
 impl Serving {
@@ -196,6 +199,8 @@ pub struct RunningEngine {
     pub addr: SocketAddr,
     /// The TLS listener's address, when there is one.
     pub tls_addr: Option<SocketAddr>,
+    /// The gRPC API's address, when it is served.
+    pub grpc_addr: Option<SocketAddr>,
     pub shared: Arc<Shared>,
     shutdown: CancellationToken,
     runners: Vec<JoinHandle<()>>,
@@ -222,6 +227,7 @@ pub async fn start_serving(
         Some((_, files)) => Some(files.server_config()?),
         None => None,
     };
+    let grpc = grpc_plan(config, serving)?;
     let shared = build(config).await?;
     let listen = &serving.listen;
     let listener = tokio::net::TcpListener::bind(listen)
@@ -255,6 +261,7 @@ pub async fn start_serving(
     servers.push(tokio::spawn(async move {
         larch_core::serve::serve(listener, plain_app, async move { stop.cancelled().await }).await
     }));
+    let grpc_addr = start_grpc(grpc, &shared, &serving.access, &shutdown, &mut servers).await?;
     let failed = CancellationToken::new();
     let fatal = Arc::new(std::sync::Mutex::new(None));
     let runners = spawn_runners(&shared, &shutdown, &failed, &fatal);
@@ -265,12 +272,14 @@ pub async fn start_serving(
         control = serving.access.control,
         protect_reads = serving.access.protect_reads,
         protect_status = serving.access.protect_status,
+        grpc_addr = grpc_addr.map(|a| a.to_string()),
         sources = shared.runners.len(),
         "engine started"
     );
     Ok(RunningEngine {
         addr,
         tls_addr,
+        grpc_addr,
         shared,
         shutdown,
         runners,
@@ -279,6 +288,61 @@ pub async fn start_serving(
         servers,
         ticker,
     })
+}
+
+/// The gRPC API to serve (`Serving::grpc`, else the configuration's), its TLS files read.
+struct GrpcPlan {
+    listen: String,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Reads the gRPC listener's certificate and key (the HTTP API's rules, offering HTTP/2 for
+/// gRPC and HTTP/1.1): errors before anything is opened.
+fn grpc_plan(config: &EngineConfig, serving: &Serving) -> anyhow::Result<Option<GrpcPlan>> {
+    let Some(g) = serving.grpc.as_ref().or(config.grpc.as_ref()) else {
+        return Ok(None);
+    };
+    let tls = match &g.tls {
+        Some(files) => {
+            let mut c = (*files
+                .server_config()
+                .context("grpc.tls (the gRPC API's cert_file and key_file)")?)
+            .clone();
+            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Some(Arc::new(c))
+        }
+        None => None,
+    };
+    Ok(Some(GrpcPlan {
+        listen: g.listen.clone(),
+        tls,
+    }))
+}
+
+/// Binds the gRPC API's listener and serves it until `shutdown` (which also ends its streams).
+async fn start_grpc(
+    plan: Option<GrpcPlan>,
+    shared: &Arc<Shared>,
+    access: &access::ApiAccess,
+    shutdown: &CancellationToken,
+    servers: &mut Vec<JoinHandle<std::io::Result<()>>>,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(plan) = plan else {
+        return Ok(None);
+    };
+    let tcp = tokio::net::TcpListener::bind(&plan.listen)
+        .await
+        .with_context(|| format!("listening on {} (gRPC API)", plan.listen))?;
+    let addr = tcp.local_addr()?;
+    let api = grpc::Api::new(shared.clone(), Arc::new(access.clone()), shutdown.clone());
+    let app = grpc::router(api);
+    let stop = shutdown.clone();
+    let until = async move { stop.cancelled().await };
+    servers.push(match plan.tls {
+        Some(c) => tokio::spawn(grpc::serve(tls::TlsListener::new(tcp, c)?, app, until)),
+        None => tokio::spawn(grpc::serve(tcp, app, until)),
+    });
+    Ok(Some(addr))
 }
 
 /// Runs each source's pipelines until `shutdown`; the first error no retry fixes is kept in
@@ -348,6 +412,8 @@ impl RunningEngine {
 
 /// The message of the event that gives a listener's address (its `addr` field).
 pub const LISTENING: &str = "larch engine listening";
+/// The message of the event that gives the gRPC API's address (its `addr` field).
+pub const GRPC_LISTENING: &str = "larch engine gRPC API listening";
 
 /// `larch engine`: runs until SIGTERM or SIGINT, then stops cleanly; or until a source cannot
 /// go on, then stops and fails with its error.
@@ -357,6 +423,9 @@ pub async fn run(config: &EngineConfig, serving: &Serving) -> anyhow::Result<()>
     tracing::info!(addr = %engine.addr, tls = false, "{LISTENING}");
     if let Some(a) = engine.tls_addr {
         tracing::info!(addr = %a, tls = true, "{LISTENING}");
+    }
+    if let Some(a) = engine.grpc_addr {
+        tracing::info!(addr = %a, "{GRPC_LISTENING}");
     }
     let failure = tokio::select! {
         () = wait_for_signal() => {

@@ -409,7 +409,13 @@ pub struct MemoryTarget {
     live: RwLock<TableData>,
     aside: Mutex<Option<(TableData, Vec<ColumnDefinition>)>>,
     meta: Mutex<Meta>,
+    /// Every applied change, for the gRPC API's Subscribe and WatchStatus (sent only while
+    /// someone listens; a listener that falls [`CHANGE_FEED`] behind is told and dropped).
+    changes: tokio::sync::broadcast::Sender<Arc<ChangeEvent>>,
 }
+
+/// Changes a slow subscriber may be behind before its stream ends.
+pub const CHANGE_FEED: usize = 1024;
 
 impl MemoryTarget {
     pub fn new(table: TableId, index_fields: Vec<String>) -> MemoryTarget {
@@ -422,7 +428,54 @@ impl MemoryTarget {
             next: Mutex::new((key_fields, Vec::new())),
             aside: Mutex::new(None),
             meta: Mutex::new(Meta::default()),
+            changes: tokio::sync::broadcast::channel(CHANGE_FEED).0,
         }
+    }
+
+    /// The changes applied from now on.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Arc<ChangeEvent>> {
+        self.changes.subscribe()
+    }
+
+    /// The key fields of the live table.
+    pub fn key_fields(&self) -> Arc<[String]> {
+        self.live.read_locked().key_fields.clone()
+    }
+
+    /// The columns of the live table (its archive's, as of its last baseline).
+    pub fn columns(&self) -> Vec<ColumnDefinition> {
+        self.meta.locked().columns.clone()
+    }
+
+    /// Distinct values held by each index field's index, in `index_fields` order.
+    pub fn index_entries(&self) -> Vec<usize> {
+        self.live
+            .read_locked()
+            .indexes
+            .iter()
+            .map(HashMap::len)
+            .collect()
+    }
+
+    /// A page as row texts and the next cursor: [`MemoryTarget::page`]'s parameters.
+    pub fn page_texts(
+        &self,
+        params: &[(String, String)],
+    ) -> Result<(Vec<String>, Option<String>), QueryError> {
+        let PageQuery {
+            limit,
+            after,
+            filters,
+        } = self.page_query(params)?;
+        let data = self.live.read_locked();
+        let mut out = data.page_rows(after.as_ref(), &filters, limit);
+        let next = if out.len() > limit {
+            out.truncate(limit);
+            out.last().map(|(k, _)| encode_cursor(&self.table, k))
+        } else {
+            None
+        };
+        Ok((out.iter().map(|(_, r)| data.text(r)).collect(), next))
     }
 
     pub fn table(&self) -> &TableId {
@@ -703,6 +756,9 @@ impl Target for MemoryTarget {
 
     async fn apply(&self, change: &ChangeEvent) -> anyhow::Result<()> {
         self.live.write_locked().apply(change);
+        if self.changes.receiver_count() > 0 {
+            let _ = self.changes.send(Arc::new(change.clone()));
+        }
         Ok(())
     }
 
