@@ -21,6 +21,10 @@ pub struct EngineArgs {
     /// Engine configuration (YAML; see docs/engine.md).
     #[arg(long)]
     pub config: PathBuf,
+    /// Refuse the laredo HOCON keys larch ignores with a warning (laredo-server's own blocks such
+    /// as `fanout`, `health`, `observability`, `snapshot`; see docs/laredo.md) instead.
+    #[arg(long)]
+    pub strict_config: bool,
     /// Address of the HTTP listener (health, status, metrics, tables). Loopback by default: pass
     /// an address such as 0.0.0.0:8080 to serve other machines.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -60,7 +64,7 @@ pub struct EngineArgs {
 
 pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
     super::init_tracing();
-    let config = EngineConfig::load(&args.config)?;
+    let config = EngineConfig::load_with(&args.config, args.strict_config)?;
     let serving = serving(&args)?;
     if args.check {
         if let Some((_, files)) = &serving.tls {
