@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::Context;
 use larch_archive::ArchiveError;
 use larch_archive::manifest::{ArtifactKind, Manifest};
-use larch_archive::model::effective_key_fields;
 use larch_archive::reader::ArchiveReader;
 use larch_archive::value::Row;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -217,7 +216,8 @@ async fn decode(
     manifest: &Manifest,
     queue: SyncSender<Batch>,
 ) -> anyhow::Result<u64> {
-    let key_fields = effective_key_fields(&[], &manifest.columns);
+    // No row identity is needed here: no key fields spares computing one per row.
+    let key_fields: Vec<String> = Vec::new();
     let mut objects = 0;
     let mut sending = Sending {
         queue,
