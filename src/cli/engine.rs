@@ -25,6 +25,10 @@ pub struct EngineArgs {
     /// Engine configuration (YAML, or laredo's HOCON; see docs/engine.md).
     #[arg(long, required = true)]
     pub config: Option<PathBuf>,
+    /// Refuse the laredo HOCON keys larch ignores with a warning (laredo-server's own blocks such
+    /// as `fanout`, `health`, `observability`, `snapshot`; see docs/laredo.md) instead.
+    #[arg(long)]
+    pub strict_config: bool,
     /// Address of the HTTP listener (health, status, metrics, tables). Loopback by default: pass
     /// an address such as 0.0.0.0:8080 to serve other machines.
     #[arg(long, default_value = "127.0.0.1:8080")]
@@ -73,7 +77,7 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<i32> {
     }
     super::init_tracing();
     let path = args.config.clone().expect("clap requires --config");
-    let mut config = EngineConfig::load(&path)?;
+    let mut config = EngineConfig::load_with(&path, args.strict_config)?;
     if let Some(listen) = &args.grpc_listen {
         config.grpc = Some(crate::engine::config::GrpcConfig {
             listen: listen.clone(),

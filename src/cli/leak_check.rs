@@ -30,6 +30,8 @@ pub struct LeakCheckArgs {
 
 /// Exit 0 when no raw value was found, 1 when some were, 2 on bad input or a failure.
 pub async fn run(args: LeakCheckArgs) -> anyhow::Result<i32> {
+    // on stderr, apart from the report: --log-level debug times each pass
+    super::init_tracing();
     match check(&args).await {
         Ok(report) => {
             super::output::print(&report, args.output.format(), || {

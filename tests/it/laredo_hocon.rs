@@ -1,6 +1,7 @@
 //! `larch engine --config FILE.conf`: laredo's HOCON, written the way laredo's configuration
-//! reference and archive-source guide write it, means the same engine as larch's YAML; keys larch
-//! does not support are refused by name; the engine serves from such a file.
+//! reference and archive-source guide write it, means the same engine as larch's YAML; keys that
+//! would change the data served are refused by name; laredo-server's own blocks are ignored with
+//! a warning, or refused under `--strict-config`; the engine serves from such a file.
 
 use std::path::Path;
 
@@ -132,7 +133,7 @@ tables:
     );
 }
 
-/// What larch does not do is refused with the key's path, never ignored.
+/// What larch does not do and would change the data served is refused with the key's path.
 #[test]
 fn unsupported_laredo_keys_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,8 +169,10 @@ fn unsupported_laredo_keys_are_refused_by_name() {
             "tables[0].targets[0].type: \"replication-fanout\" is not supported",
         ),
         (
-            &format!("sources {{ s {{ {archive} }} }}\n{table}\nhealth {{ http_port = 8080 }}"),
-            "health: not supported: health endpoints are on `larch engine --listen ADDR`",
+            &format!(
+                "sources {{ s {{ {archive} }} }}\ntables = [{{ source = s, schema = public, table = t, ttl {{ mode = field, field = expires_at }} }}]\nhealth {{ http_port = 8080 }}"
+            ),
+            "tables[0].ttl: not supported: row expiry (ttl)",
         ),
         (
             &format!(
@@ -244,6 +247,102 @@ tables = [
     let mut ids: Vec<i64> = rows.iter().map(|r| r["id"].as_i64().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, want, "the head of {}", case["head"]);
+    let seven = get_json(engine.addr, "/tables/public.events/rows?title=seven").await;
+    assert_eq!(seven["rows"].as_array().unwrap().len(), 1, "{seven}");
+    assert_eq!(seven["rows"][0]["id"], 7, "{seven}");
+    assert_eq!(engine.stop().await.code(), Some(0));
+}
+
+/// laredo's own e2e server config shape (an indexed-memory target with lookup fields), on an
+/// archive source, with every laredo-server block larch ignores: `--check` warns once per key,
+/// the engine serves, and `--strict-config` exits 2 naming the first such key.
+#[tokio::test]
+async fn laredo_server_blocks_are_warned_about_and_ignored_unless_strict() {
+    let (_, fixture, _) = cases().into_iter().find(|c| c.0 == "writer-jsonl").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("laredo.conf");
+    std::fs::write(
+        &config,
+        r#"
+sources {
+  seed {
+    type = archive
+    store = local
+    store_config { path = ${LARCH_TEST_ARCHIVE} }
+    key_prefix = "public.events/"
+  }
+}
+
+tables = [
+  {
+    source = seed
+    schema = public
+    table = events
+    targets = [
+      {
+        type = indexed-memory
+        lookup_fields = [title]
+      }
+    ]
+    validation { post_baseline_row_count = true, on_mismatch = warn }
+  }
+]
+
+snapshot { enabled = true, store = local, store_config { path = /var/lib/laredo/snapshots }, schedule = "every 6h" }
+fanout { grpc { port = 4002 } }
+health { http_port = 8080, readiness_path = "/health/ready", liveness_path = "/health/live" }
+observability {
+  metrics { type = prometheus, port = 9090, path = "/metrics" }
+  logging { type = structured, level = info }
+}
+"#,
+    )
+    .unwrap();
+    let archive = fixture.join("archive");
+    let larch = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_larch"))
+            .args(["engine", "--check", "--log-format", "text"])
+            .args(extra)
+            .arg("--config")
+            .arg(&config)
+            .env("LARCH_TEST_ARCHIVE", &archive)
+            .output()
+            .unwrap()
+    };
+    let check = larch(&[]);
+    assert!(check.status.success(), "{check:?}");
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    let file = config.display();
+    for key in [
+        "fanout",
+        "health",
+        "observability",
+        "snapshot",
+        "tables[0].validation",
+    ] {
+        let warning = format!("{file}: {key}: ignored: ");
+        assert_eq!(
+            stderr.matches(&warning).count(),
+            1,
+            "{warning} in\n{stderr}"
+        );
+    }
+    assert_eq!(stderr.matches("WARN").count(), 5, "{stderr}");
+
+    let strict = larch(&["--strict-config"]);
+    assert_eq!(strict.status.code(), Some(2), "{strict:?}");
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{file}: fanout: not supported: replication fan-out is not supported by larch's engine (refused by --strict-config"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("ignored"), "{stderr}");
+
+    let engine =
+        CliEngine::spawn_with_env(&config, &[("LARCH_TEST_ARCHIVE", archive.as_os_str())]).await;
+    wait_ready(engine.addr).await;
     let seven = get_json(engine.addr, "/tables/public.events/rows?title=seven").await;
     assert_eq!(seven["rows"].as_array().unwrap().len(), 1, "{seven}");
     assert_eq!(seven["rows"][0]["id"], 7, "{seven}");

@@ -131,6 +131,11 @@ impl Syntax {
 
 impl EngineConfig {
     pub fn load(path: &Path) -> Result<EngineConfig, ConfigError> {
+        EngineConfig::load_with(path, false)
+    }
+
+    /// `load`; `strict_config` refuses the laredo keys larch would ignore with a warning.
+    pub fn load_with(path: &Path, strict_config: bool) -> Result<EngineConfig, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -138,7 +143,9 @@ impl EngineConfig {
         })?;
         match Syntax::of(path) {
             Syntax::Yaml => EngineConfig::parse(&file, &text),
-            Syntax::LaredoHocon => EngineConfig::parse_hocon(&file, &text, path.parent()),
+            Syntax::LaredoHocon => {
+                EngineConfig::parse_hocon_with(&file, &text, path.parent(), strict_config)
+            }
         }
     }
 
@@ -152,18 +159,30 @@ impl EngineConfig {
     }
 
     /// Parses laredo's HOCON (archive sources, memory targets; see `laredo_config`), then
-    /// validates it as YAML is. `base_dir` resolves `include`s.
+    /// validates it as YAML is. `base_dir` resolves `include`s. laredo-server's own blocks are
+    /// ignored with a warning.
     pub fn parse_hocon(
         file: &str,
         text: &str,
         base_dir: Option<&Path>,
+    ) -> Result<EngineConfig, ConfigError> {
+        EngineConfig::parse_hocon_with(file, text, base_dir, false)
+    }
+
+    /// `parse_hocon`; `strict_config` refuses the keys it would ignore.
+    pub fn parse_hocon_with(
+        file: &str,
+        text: &str,
+        base_dir: Option<&Path>,
+        strict_config: bool,
     ) -> Result<EngineConfig, ConfigError> {
         let err = |message: String| ConfigError {
             file: file.to_string(),
             message,
         };
         let doc = super::laredo_config::parse_hocon(text, base_dir).map_err(err)?;
-        let larch = super::laredo_config::translate(&doc).map_err(err)?;
+        let translation = super::laredo_config::translate(&doc, strict_config).map_err(err)?;
+        let larch = translation.config;
         // serde_json names no path of its own; YAML's errors start with one
         let raw: EngineFile = serde_path_to_error::deserialize(larch).map_err(|e| {
             match e.path().to_string().as_str() {
@@ -171,7 +190,10 @@ impl EngineConfig {
                 path => err(format!("{path}: {}", e.inner())),
             }
         })?;
-        EngineConfig::from_raw(file, raw)
+        let config = EngineConfig::from_raw(file, raw)?;
+        // Only a configuration that loads warns, so a refused one prints its error alone.
+        super::laredo_config::warn_ignored(file, &translation.ignored);
+        Ok(config)
     }
 
     fn from_raw(file: &str, raw: EngineFile) -> Result<EngineConfig, ConfigError> {

@@ -1,7 +1,9 @@
 //! laredo's HOCON engine configuration (what `laredo-server --config` reads), for archive (`file`)
 //! sources and memory targets, translated into larch's engine configuration (the YAML shape of
-//! `docs/engine.md`), which is then validated as YAML is. Keys larch does not support are refused
-//! by name with what to use instead; `docs/laredo.md` maps every laredo key and flag.
+//! `docs/engine.md`), which is then validated as YAML is. Keys that would change the data served
+//! and larch does not support are refused by name with what to use instead; laredo-server's own
+//! operational blocks are ignored with a warning (refused under `--strict-config`);
+//! `docs/laredo.md` maps every laredo key and flag.
 
 use serde_json::{Map, Value};
 
@@ -66,6 +68,34 @@ const TOP_LEVEL_REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
+/// laredo-server's own operational blocks: they do not change which rows the engine serves, so
+/// larch ignores them with a warning (`--strict-config` refuses them, with the message of
+/// `TOP_LEVEL_REFUSED` where it has one).
+const TOP_LEVEL_IGNORED: &[(&str, &str)] = &[
+    // Engine snapshots only speed up laredo's restart; the rows served come from the source.
+    (
+        "snapshot",
+        "laredo-server's own snapshots of its engine (a faster restart); larch's engine rebuilds from the archive on start and a PostgreSQL target resumes from its checkpoint",
+    ),
+    // The listener of replication-fanout targets, which are refused on their own.
+    (
+        "fanout",
+        "the listener of laredo-server's replication-fanout targets; larch has no fan-out (such a target is refused)",
+    ),
+    (
+        "health",
+        "laredo-server's health listener; larch serves /health/live and /health/ready on `larch engine --listen ADDR`",
+    ),
+    (
+        "observability",
+        "laredo-server's metrics and logging settings; larch serves /metrics on `larch engine --listen ADDR` under laredo's metric names, and logs per LARCH_LOG / --log-level",
+    ),
+    (
+        "otel",
+        "OpenTelemetry export settings; larch serves Prometheus metrics at /metrics on `larch engine --listen ADDR`",
+    ),
+];
+
 const SOURCE_KEYS: &[&str] = &[
     "type",
     "store",
@@ -109,13 +139,15 @@ const STORE_CONFIG_REFUSED: &[(&str, &str)] = &[(
     "inline credentials are not accepted (neither does laredo-server): use the ambient AWS chain, or access_key_id_file and secret_access_key_file",
 )];
 const TABLE_KEYS: &[&str] = &["source", "schema", "table", "targets"];
-const TABLE_REFUSED: &[(&str, &str)] = &[
-    ("ttl", "row expiry (ttl) is not supported by larch's engine"),
-    (
-        "validation",
-        "row-count validation is not supported by larch's engine; `larch archive verify` checks an archive's record counts and checksums",
-    ),
-];
+// ttl deletes rows: the data served would differ.
+const TABLE_REFUSED: &[(&str, &str)] =
+    &[("ttl", "row expiry (ttl) is not supported by larch's engine")];
+/// `validation` only checks row counts (laredo-server does not even read it); it removes no row.
+const TABLE_IGNORED: &[(&str, &str)] = &[(
+    "validation",
+    "row-count validation is not done by larch's engine (laredo-server does not read this block either); `larch archive verify` checks an archive's record counts and checksums",
+)];
+// Each of these decides which changes a target keeps: the rows served would differ.
 const TARGET_COMMON_REFUSED: &[(&str, &str)] = &[
     ("buffer", PIPELINE),
     ("error_handling", PIPELINE),
@@ -123,15 +155,35 @@ const TARGET_COMMON_REFUSED: &[(&str, &str)] = &[
     ("transforms", PIPELINE),
 ];
 
+/// A laredo key larch ignores: its path (`observability`, `tables[0].validation`) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ignored {
+    pub path: String,
+    pub why: &'static str,
+}
+
+/// larch's engine configuration (a JSON tree in the YAML's shape) and the keys left out of it.
+#[derive(Debug)]
+pub struct Translation {
+    pub config: Value,
+    pub ignored: Vec<Ignored>,
+}
+
 /// Translates a laredo HOCON configuration (as a JSON tree) into larch's engine configuration.
-pub fn translate(doc: &Value) -> Result<Value, String> {
+/// `strict` refuses the keys larch would otherwise ignore.
+pub fn translate(doc: &Value, strict: bool) -> Result<Translation, String> {
+    let mut keys = Keys {
+        strict,
+        ignored: Vec::new(),
+    };
     let root = object(doc, "the configuration")?;
-    for (key, _) in root {
-        match key.as_str() {
-            "sources" | "tables" | "grpc" => {}
-            other => return Err(refusal(other, other, TOP_LEVEL_REFUSED, "sources, tables")),
-        }
-    }
+    keys.check(
+        "",
+        root,
+        &["sources", "tables", "grpc"],
+        TOP_LEVEL_REFUSED,
+        TOP_LEVEL_IGNORED,
+    )?;
     let mut sources = Map::new();
     if let Some(s) = root.get("sources") {
         for (id, source) in object(s, "sources")? {
@@ -145,14 +197,41 @@ pub fn translate(doc: &Value) -> Result<Value, String> {
             return Err("tables: expected a list of table blocks ([{ source = …, schema = …, table = …, targets = [...] }])".into());
         };
         for (i, table) in items.iter().enumerate() {
-            tables.push(translate_table(&format!("tables[{i}]"), table)?);
+            tables.push(translate_table(&mut keys, &format!("tables[{i}]"), table)?);
         }
     }
-    let mut out = serde_json::json!({"sources": sources, "tables": tables});
+    let mut config = serde_json::json!({"sources": sources, "tables": tables});
     if let Some(g) = root.get("grpc") {
-        out["grpc"] = translate_grpc(g)?;
+        config["grpc"] = translate_grpc(g)?;
     }
-    Ok(out)
+    Ok(Translation {
+        config,
+        ignored: keys.ignored,
+    })
+}
+
+/// Logs one warning for each ignored key of `file` not yet warned about by this process (a
+/// configuration loaded twice warns once); returns how many it logged.
+pub fn warn_ignored(file: &str, ignored: &[Ignored]) -> usize {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<(String, String)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut logged = 0;
+    for key in ignored {
+        if warned.insert((file.to_string(), key.path.clone())) {
+            tracing::warn!(
+                file,
+                key = %key.path,
+                "{file}: {}: ignored: {} (--strict-config refuses it)",
+                key.path,
+                key.why
+            );
+            logged += 1;
+        }
+    }
+    logged
 }
 
 /// `grpc { port = N, tls { cert_file, key_file } }`: laredo's API on every interface's port N,
@@ -227,10 +306,13 @@ fn translate_source(path: &str, source: &Value) -> Result<Value, String> {
     Ok(Value::Object(out))
 }
 
-fn translate_table(path: &str, table: &Value) -> Result<Value, String> {
+fn translate_table(keys: &mut Keys, path: &str, table: &Value) -> Result<Value, String> {
     let obj = object(table, path)?;
-    check_keys(path, obj, TABLE_KEYS, TABLE_REFUSED)?;
+    keys.check(path, obj, TABLE_KEYS, TABLE_REFUSED, TABLE_IGNORED)?;
     let mut out = obj.clone();
+    for (key, _) in TABLE_IGNORED {
+        out.remove(*key);
+    }
     if let Some(targets) = obj.get("targets") {
         let Value::Array(items) = targets else {
             return Err(format!(
@@ -308,17 +390,55 @@ fn check_keys(
     allowed: &[&str],
     refused: &[(&str, &str)],
 ) -> Result<(), String> {
-    for key in obj.keys() {
-        if !allowed.contains(&key.as_str()) {
-            return Err(refusal(
-                &format!("{path}.{key}"),
-                key,
-                refused,
-                &allowed.join(", "),
-            ));
-        }
+    Keys {
+        strict: true,
+        ignored: Vec::new(),
     }
-    Ok(())
+    .check(path, obj, allowed, refused, &[])
+}
+
+/// The keys ignored so far, and whether ignoring is allowed at all.
+struct Keys {
+    strict: bool,
+    ignored: Vec<Ignored>,
+}
+
+impl Keys {
+    /// Refuses every key of `obj` that is neither `allowed` nor (unless strict) `ignorable`,
+    /// naming it and saying why; records the ignored ones. `path` is "" at the root.
+    fn check(
+        &mut self,
+        path: &str,
+        obj: &Map<String, Value>,
+        allowed: &[&str],
+        refused: &[(&str, &str)],
+        ignorable: &[(&str, &'static str)],
+    ) -> Result<(), String> {
+        for key in obj.keys() {
+            if allowed.contains(&key.as_str()) {
+                continue;
+            }
+            let key_path = match path {
+                "" => key.clone(),
+                _ => format!("{path}.{key}"),
+            };
+            let Some((_, why)) = ignorable.iter().find(|(k, _)| k == key) else {
+                return Err(refusal(&key_path, key, refused, &allowed.join(", ")));
+            };
+            if self.strict {
+                let reasons: Vec<(&str, &str)> = refused.iter().chain(ignorable).copied().collect();
+                let refusal = refusal(&key_path, key, &reasons, &allowed.join(", "));
+                return Err(format!(
+                    "{refusal} (refused by --strict-config; without it larch ignores this key with a warning)"
+                ));
+            }
+            self.ignored.push(Ignored {
+                path: key_path,
+                why,
+            });
+        }
+        Ok(())
+    }
 }
 
 fn refusal(path: &str, key: &str, refused: &[(&str, &str)], allowed: &str) -> String {
@@ -333,7 +453,7 @@ mod tests {
     use super::*;
 
     fn tr(text: &str) -> Result<Value, String> {
-        translate(&parse_hocon(text, None)?)
+        Ok(translate(&parse_hocon(text, None)?, false)?.config)
     }
 
     /// docs/laredo.md names every key this translation knows, accepted or refused.
@@ -346,6 +466,8 @@ mod tests {
             TABLE_REFUSED,
             TARGET_COMMON_REFUSED,
             TOP_LEVEL_REFUSED,
+            TOP_LEVEL_IGNORED,
+            TABLE_IGNORED,
         ];
         let keys = SOURCE_KEYS
             .iter()
@@ -453,5 +575,119 @@ mod tests {
         );
         let e = tr("grpc { port = 4001, reflection = true }").unwrap_err();
         assert!(e.starts_with("grpc.reflection: unknown key"), "{e}");
+    }
+
+    /// laredo's e2e server config shape with laredo-server's own blocks, on an archive source.
+    const SERVER_BLOCKS: &str = r#"
+        sources { s { type = file, store = local, store_config { path = "/a" } } }
+        tables = [{ source = s, schema = public, table = t,
+                    targets = [{ type = indexed-memory, lookup_fields = [name] }],
+                    validation { post_baseline_row_count = true, on_mismatch = warn } }]
+        fanout { grpc { port = 4002 } }
+        health { http_port = 8080, readiness_path = "/health/ready" }
+        observability { metrics { type = prometheus, port = 9090 }, logging { level = info } }
+        otel { endpoint = "http://collector:4317" }
+        snapshot { enabled = true, store = local, schedule = "every 6h" }
+    "#;
+
+    #[test]
+    fn server_only_blocks_are_ignored_and_listed() {
+        let got = translate(&parse_hocon(SERVER_BLOCKS, None).unwrap(), false).unwrap();
+        let paths: Vec<&str> = got.ignored.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "fanout",
+                "health",
+                "observability",
+                "otel",
+                "snapshot",
+                "tables[0].validation"
+            ]
+        );
+        assert!(
+            got.ignored[0].why.contains("replication-fanout"),
+            "{:?}",
+            got.ignored[0]
+        );
+        // the same engine as without them
+        let bare = tr(
+            r#"sources { s { type = file, store = local, store_config { path = "/a" } } }
+            tables = [{ source = s, schema = public, table = t,
+                        targets = [{ type = indexed-memory, lookup_fields = [name] }] }]"#,
+        )
+        .unwrap();
+        assert_eq!(got.config, bare);
+    }
+
+    #[test]
+    fn strict_config_refuses_what_would_be_ignored_and_the_rest_stays_refused() {
+        let doc = parse_hocon(SERVER_BLOCKS, None).unwrap();
+        let err = translate(&doc, true).unwrap_err();
+        assert_eq!(
+            err,
+            "fanout: not supported: replication fan-out is not supported by larch's engine (refused by --strict-config; without it larch ignores this key with a warning)"
+        );
+        let validation = "sources { s { type = file } }\ntables = [{ source = s, validation { on_mismatch = warn } }]";
+        let err = translate(&parse_hocon(validation, None).unwrap(), true).unwrap_err();
+        assert!(
+            err.starts_with("tables[0].validation: not supported: row-count validation")
+                && err.ends_with(
+                    "(refused by --strict-config; without it larch ignores this key with a warning)"
+                ),
+            "{err}"
+        );
+        // keys that change the rows served are refused either way
+        for text in [
+            "tables = [{ source = s, ttl { field = x } }]",
+            "tables = [{ targets = [{ type = indexed-memory, transforms = [] }] }]",
+        ] {
+            let doc = parse_hocon(text, None).unwrap();
+            assert!(translate(&doc, false).is_err(), "{text}");
+        }
+    }
+
+    /// A writer the test reads back, for the warnings.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_ignored_key_is_warned_about_once() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let ignored = translate(&parse_hocon(SERVER_BLOCKS, None).unwrap(), false)
+            .unwrap()
+            .ignored;
+        let logged = tracing::subscriber::with_default(subscriber, || {
+            [
+                warn_ignored("warn-once.conf", &ignored),
+                warn_ignored("warn-once.conf", &ignored),
+            ]
+        });
+        assert_eq!(logged, [6, 0]);
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        for key in &ignored {
+            let line = format!("warn-once.conf: {}: ignored: ", key.path);
+            assert_eq!(text.matches(&line).count(), 1, "{line} in\n{text}");
+        }
+        assert!(text.contains("WARN"), "{text}");
+        assert!(
+            text.contains("observability: ignored: laredo-server's metrics and logging settings"),
+            "{text}"
+        );
     }
 }

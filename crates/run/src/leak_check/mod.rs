@@ -4,12 +4,13 @@
 //!
 //! Memory stays bounded: pass 1 streams the raw values into a keyed Bloom filter (a fixed
 //! number of bits per value, capped); pass 2 reads the epoch's objects and keeps only the
-//! pieces the filter flags (candidates: leaks, or rare false positives); pass 3 streams the raw
-//! values again and confirms candidates by exact comparison.
+//! pieces the filter flags (candidates: leaks, or rare false positives), on every core; pass 3
+//! streams the raw values again and confirms candidates by exact comparison.
 
 mod filter;
 mod raw;
 mod run;
+mod scan;
 
 pub use run::{DEFAULT_MIN_LENGTH, check_archive};
 
@@ -18,19 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use larch_archive::manifest::{ArtifactKind, Manifest, format_time, now_utc};
+use larch_archive::manifest::{Manifest, format_time, now_utc};
 use larch_archive::masking::{LeakCheckColumn, LeakCheckRecord};
-use larch_archive::model::{TableId, effective_key_fields};
+use larch_archive::model::TableId;
 use larch_archive::reader::ArchiveReader;
 use serde::Serialize;
 
-use filter::{KeyedFilter, pieces, spellings};
-
-/// Candidates held at most (each an archive string the filter flagged): past it the check
-/// stops with an error rather than grow.
-const MAX_CANDIDATES: usize = 1_000_000;
-/// Field names kept per candidate (enough to say where a value leaked).
-const MAX_FIELDS: usize = 8;
+use filter::{KeyedFilter, Spellings};
+use scan::{Candidate, scan_archive};
 
 /// A masked column to check, with the transform it went through.
 #[derive(Clone, Debug, Serialize)]
@@ -143,7 +139,10 @@ pub async fn check(
         .collect();
     let filter = build_filter(client, &table, &names, manifest, min_length, &mut reports).await?;
     let filter_bytes = filter.bytes();
-    let scan = scan_archive(reader, manifest, Arc::new(filter)).await?;
+    tracing::debug!(elapsed = ?started.elapsed(), filter_bytes, "leak check: raw values read");
+    let scan = scan_archive(reader, manifest, Arc::new(filter), min_length).await?;
+    let candidates = scan.candidates.len();
+    tracing::debug!(elapsed = ?started.elapsed(), candidates, "leak check: archive scanned");
     if !scan.candidates.is_empty() {
         confirm(
             client,
@@ -184,13 +183,13 @@ async fn build_filter(
         .sum();
     let expected = (rows.max(0) as u64).saturating_mul(names.len() as u64 * 3);
     let mut filter = KeyedFilter::with_capacity(expected);
-    let mut scratch = Vec::new();
+    let mut spellings = Spellings::default();
     raw::for_each_value(client, table, names, |i, v| {
-        spellings(v, min_length, &mut scratch);
-        if !scratch.is_empty() {
+        spellings.of(v, min_length);
+        if !spellings.is_empty() {
             reports[i].values_checked += 1;
         }
-        for s in &scratch {
+        for s in spellings.iter() {
             filter.insert(s);
         }
     })
@@ -200,126 +199,6 @@ async fn build_filter(
 
 fn epoch_artifacts(m: &Manifest) -> impl Iterator<Item = &larch_archive::manifest::Artifact> {
     m.artifacts.iter().filter(move |a| a.epoch == m.epoch)
-}
-
-/// An archive string the filter flagged: how often, and in which fields.
-#[derive(Default)]
-struct Candidate {
-    occurrences: u64,
-    fields: BTreeSet<String>,
-}
-
-struct Scan {
-    filter: Arc<KeyedFilter>,
-    candidates: HashMap<String, Candidate>,
-    objects: u64,
-    records: u64,
-}
-
-impl Scan {
-    /// Looks up every string and number of a record (JSON object), nested values included.
-    fn record(&mut self, json: &str, key: &str) -> larch_archive::Result<()> {
-        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
-            larch_archive::ArchiveError::Invalid(format!("{key}: a record that is not JSON: {e}"))
-        })?;
-        self.records += 1;
-        if let serde_json::Value::Object(fields) = value {
-            for (name, v) in &fields {
-                self.value(name, v)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn value(&mut self, field: &str, v: &serde_json::Value) -> larch_archive::Result<()> {
-        match v {
-            serde_json::Value::String(s) => {
-                let mut hits = Vec::new();
-                pieces(s, |p| {
-                    if self.filter.may_contain(p) {
-                        hits.push(p.to_string());
-                    }
-                });
-                for h in hits {
-                    self.candidate(field, h)?;
-                }
-            }
-            serde_json::Value::Number(n) => {
-                let text = n.to_string();
-                if self.filter.may_contain(&text) {
-                    self.candidate(field, text)?;
-                }
-            }
-            serde_json::Value::Array(items) => {
-                for item in items {
-                    self.value(field, item)?;
-                }
-            }
-            serde_json::Value::Object(map) => {
-                for item in map.values() {
-                    self.value(field, item)?;
-                }
-            }
-            serde_json::Value::Bool(_) | serde_json::Value::Null => {}
-        }
-        Ok(())
-    }
-
-    fn candidate(&mut self, field: &str, text: String) -> larch_archive::Result<()> {
-        if self.candidates.len() >= MAX_CANDIDATES && !self.candidates.contains_key(&text) {
-            return Err(larch_archive::ArchiveError::Invalid(format!(
-                "more than {MAX_CANDIDATES} distinct strings of the archive match raw values: \
-                 the masking leaks at scale (or --min-length is too small)"
-            )));
-        }
-        let c = self.candidates.entry(text).or_default();
-        c.occurrences += 1;
-        if c.fields.len() < MAX_FIELDS {
-            c.fields.insert(field.to_string());
-        }
-        Ok(())
-    }
-}
-
-/// Pass 2: every snapshot and diff of the current epoch, through the filter.
-async fn scan_archive(
-    reader: &ArchiveReader,
-    manifest: &Manifest,
-    filter: Arc<KeyedFilter>,
-) -> anyhow::Result<Scan> {
-    let mut scan = Scan {
-        filter,
-        candidates: HashMap::new(),
-        objects: 0,
-        records: 0,
-    };
-    let key_fields = effective_key_fields(&[], &manifest.columns);
-    for artifact in epoch_artifacts(manifest) {
-        let key = reader.artifact_key(artifact, reader.choose_format(artifact)?.0);
-        let what = format!("reading {key}");
-        scan = match artifact.kind {
-            ArtifactKind::Snapshot => {
-                reader
-                    .fold_rows(artifact, key_fields.clone(), scan, move |s, r| {
-                        s.record(r.row.as_str(), &key)
-                    })
-                    .await
-            }
-            ArtifactKind::Diff => {
-                reader
-                    .fold_changes(artifact, scan, move |s, c| {
-                        for row in [&c.old, &c.new].into_iter().flatten() {
-                            s.record(row.as_str(), &key)?;
-                        }
-                        Ok(())
-                    })
-                    .await
-            }
-        }
-        .context(what)?;
-        scan.objects += 1;
-    }
-    Ok(scan)
 }
 
 /// Pass 3: the raw values again; a candidate equal to one of a value's spellings is a leak.
@@ -333,13 +212,13 @@ async fn confirm(
     min_length: usize,
     reports: &mut [ColumnReport],
 ) -> anyhow::Result<()> {
-    let mut scratch = Vec::new();
+    let mut spellings = Spellings::default();
     raw::for_each_value(client, table, names, |i, v| {
-        spellings(v, min_length, &mut scratch);
+        spellings.of(v, min_length);
         let report = &mut reports[i];
         let fake = report.transform.starts_with("fake");
         let mut found = false;
-        for s in &scratch {
+        for s in spellings.iter() {
             let Some(c) = candidates.get(s) else { continue };
             if fake && c.fields.iter().all(|f| *f == report.column) {
                 continue;

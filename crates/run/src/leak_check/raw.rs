@@ -26,7 +26,7 @@ pub async fn for_each_value(
         .await
         .map_err(|e| anyhow::anyhow!("reading the masked columns of {table}: {e}"))?;
     futures::pin_mut!(stream);
-    let (mut pending, mut value, mut rows) = (Vec::<u8>::new(), String::new(), 0u64);
+    let (mut pending, mut scratch, mut rows) = (Vec::<u8>::new(), Vec::<u8>::new(), 0u64);
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|e| anyhow::anyhow!("reading the masked columns of {table}: {e}"))?;
@@ -36,8 +36,7 @@ pub async fn for_each_value(
             let line = &pending[start..start + nl];
             for (i, field) in line.split(|b| *b == b'\t').enumerate() {
                 if field != b"\\N" {
-                    unescape(field, &mut value)?;
-                    f(i, &value);
+                    f(i, unescape(field, &mut scratch)?);
                 }
             }
             rows += 1;
@@ -53,40 +52,43 @@ fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// COPY's text format: backslash escapes (`\\`, `\t`, `\n`, `\r`, `\b`, `\f`, `\v`).
-fn unescape(field: &[u8], out: &mut String) -> anyhow::Result<()> {
-    let mut bytes = Vec::with_capacity(field.len());
-    let mut it = field.iter();
-    while let Some(&b) = it.next() {
-        if b != b'\\' {
-            bytes.push(b);
-            continue;
+/// COPY's text format: backslash escapes (`\\`, `\t`, `\n`, `\r`, `\b`, `\f`, `\v`). A field
+/// without any is borrowed as is; one with some is unescaped into `scratch`.
+fn unescape<'a>(field: &'a [u8], scratch: &'a mut Vec<u8>) -> anyhow::Result<&'a str> {
+    let bytes = if memchr::memchr(b'\\', field).is_none() {
+        field
+    } else {
+        scratch.clear();
+        let mut it = field.iter();
+        while let Some(&b) = it.next() {
+            if b != b'\\' {
+                scratch.push(b);
+                continue;
+            }
+            scratch.push(match it.next() {
+                Some(b'n') => b'\n',
+                Some(b't') => b'\t',
+                Some(b'r') => b'\r',
+                Some(b'b') => 8,
+                Some(b'f') => 12,
+                Some(b'v') => 11,
+                Some(&other) => other,
+                None => b'\\',
+            });
         }
-        bytes.push(match it.next() {
-            Some(b'n') => b'\n',
-            Some(b't') => b'\t',
-            Some(b'r') => b'\r',
-            Some(b'b') => 8,
-            Some(b'f') => 12,
-            Some(b'v') => 11,
-            Some(&other) => other,
-            None => b'\\',
-        });
-    }
-    out.clear();
-    out.push_str(
-        std::str::from_utf8(&bytes)
-            .map_err(|_| anyhow::anyhow!("the server sent a value that is not UTF-8"))?,
-    );
-    Ok(())
+        scratch.as_slice()
+    };
+    std::str::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("the server sent a value that is not UTF-8"))
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn copy_text_unescapes() {
-        let mut s = String::new();
-        super::unescape(br"a\tb\\c\nd", &mut s).unwrap();
+        let mut scratch = Vec::new();
+        let s = super::unescape(br"a\tb\\c\nd", &mut scratch).unwrap();
         assert_eq!(s, "a\tb\\c\nd");
+        assert_eq!(super::unescape(b"plain", &mut scratch).unwrap(), "plain");
     }
 }
