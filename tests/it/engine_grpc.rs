@@ -520,7 +520,6 @@ async fn connect_refuses_what_larch_has_no_counterpart_for() {
         ("ListDeadLetters", "dead letters"),
         ("CreateSnapshot", "larch export"),
         ("StartReplay", "at"),
-        ("ReloadAll", "larch export"),
         ("ResetSource", "larch export cleanup"),
     ] {
         let (status, j) = unary_json(addr, OAM, method, serde_json::json!({})).await;
@@ -944,6 +943,80 @@ async fn connect_and_grpc_web_follow_the_token_rules() {
     engine.stop().await.unwrap();
 }
 
+/// ReloadTable (the CLI's `reload`) and ReloadAll load the archive again: a re-baseline the
+/// status counts, every row served again; a table the source does not serve is not found.
+#[tokio::test]
+async fn reload_loads_the_archive_again() {
+    let (engine, _archive, _dir) = engine(true, true).await;
+    let addr = grpc_addr(&engine);
+    let bearer = format!("Bearer {TOKEN}");
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let with = [
+        "--addr".to_string(),
+        addr.to_string(),
+        "--token-file".to_string(),
+        token_file.to_str().unwrap().to_string(),
+    ];
+    let with: Vec<&str> = with.iter().map(String::as_str).collect();
+    let rebaselines = || async {
+        let (_, body) = crate::engine_support::request_with(
+            engine.addr,
+            "GET",
+            "/status",
+            &[&format!("Authorization: {bearer}")],
+        )
+        .await;
+        let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+        j["sources"]["seed"]["rebaselines"].as_u64().unwrap()
+    };
+    assert_eq!(rebaselines().await, 0);
+    let (code, out, err) =
+        cli(&[&["reload", "--source", "seed", "public.t"][..], &with].concat()).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("public.t: reloading"), "{out}");
+    crate::engine_support::eventually(30, "the reload's re-baseline", || async {
+        (rebaselines().await == 1).then_some(())
+    })
+    .await;
+    let all: pb::ReloadAllResponse = unary(
+        addr,
+        OAM,
+        "ReloadAll",
+        &pb::ReloadAllRequest {
+            source_id: "seed".into(),
+        },
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
+    assert!(all.accepted, "{all:?}");
+    crate::engine_support::eventually(30, "the second re-baseline", || async {
+        (rebaselines().await == 2).then_some(())
+    })
+    .await;
+    wait_ready(engine.addr).await;
+    let n: pb::CountRowsResponse = unary(
+        addr,
+        QUERY,
+        "CountRows",
+        &pb::CountRowsRequest {
+            schema: "public".into(),
+            table: "t".into(),
+        },
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(n.count, 3, "every row served again");
+    let (code, _, err) =
+        cli(&[&["reload", "--source", "seed", "public.other"][..], &with].concat()).await;
+    assert_eq!(code, 1);
+    assert!(err.starts_with("error: not_found:"), "{err}");
+    engine.stop().await.unwrap();
+}
+
 /// `larch engine <verb> --addr …`: (exit code, stdout, stderr); the process runs off the
 /// runtime's threads so the in-process engine keeps serving.
 async fn cli(args: &[&str]) -> (i32, String, String) {
@@ -1018,16 +1091,15 @@ async fn the_client_cli_has_laredos_verbs_and_exit_codes() {
     assert_eq!(code, 0);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["state"], "SERVICE_STATE_STREAMING");
-    // Control is off on this engine; reload has no larch counterpart.
-    let (code, _, err) = cli(&[&["pause", "--source", "seed"][..], &a].concat()).await;
-    assert_eq!(code, 1);
-    assert!(err.starts_with("error: permission_denied:"), "{err}");
-    let (code, _, err) = cli(&[&["reload", "--source", "seed", "public.t"][..], &a].concat()).await;
-    assert_eq!(code, 1);
-    assert!(
-        err.starts_with("error: unimplemented: ReloadTable:"),
-        "{err}"
-    );
+    // Control is off on this engine: pause and reload are refused.
+    for verb in [
+        &["pause", "--source", "seed"][..],
+        &["reload", "--source", "seed", "public.t"],
+    ] {
+        let (code, _, err) = cli(&[verb, &a].concat()).await;
+        assert_eq!(code, 1);
+        assert!(err.starts_with("error: permission_denied:"), "{err}");
+    }
     // Errors exit 1 with the Connect code: no token, an unknown table, no engine.
     let (code, _, err) = cli(&["query", "count", "public.t", "--addr", &addr]).await;
     assert_eq!(code, 1);

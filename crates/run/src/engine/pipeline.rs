@@ -137,6 +137,9 @@ pub struct SourceRunner {
     last_error: Mutex<Option<(String, String)>>,
     /// The baseline being loaded, else the last one.
     baseline_progress: Mutex<Option<Arc<Progress>>>,
+    /// A reload asked for over the API (laredo's ReloadTable/ReloadAll): the stream ends and
+    /// a new baseline is loaded from the archive.
+    reload: tokio::sync::Notify,
 }
 
 impl SourceRunner {
@@ -170,7 +173,15 @@ impl SourceRunner {
             ready: AtomicBool::new(false),
             last_error: Mutex::new(None),
             baseline_progress: Mutex::new(None),
+            reload: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Asks for a new baseline from the archive: the stream stops after the change being
+    /// applied and the targets load the archive again (counted as a re-baseline). Asked for
+    /// while a baseline loads, it takes effect once that baseline is done.
+    pub fn request_reload(&self) {
+        self.reload.notify_one();
     }
 
     /// Keeps `e` for `/status`, reduced like a termination message: a target's data error
@@ -665,6 +676,15 @@ impl SourceRunner {
                     drop(rx);
                     let _ = task.await;
                     return StreamEnd::Stopped;
+                }
+                _ = self.reload.notified() => {
+                    // The source's stream ends when its channel closes.
+                    drop(rx);
+                    let _ = task.await;
+                    for p in &self.pipelines {
+                        p.target.discard_pending().await;
+                    }
+                    return StreamEnd::Rebaseline("a reload was requested over the API".into());
                 }
             };
             match ev {

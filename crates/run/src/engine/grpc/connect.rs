@@ -140,6 +140,8 @@ async fn unary(
         (OAM, "GetSourceInfo") => call!(O::get_source_info, api, codec, headers, body),
         (OAM, "PauseSync") => call!(O::pause_sync, api, codec, headers, body),
         (OAM, "ResumeSync") => call!(O::resume_sync, api, codec, headers, body),
+        (OAM, "ReloadTable") => call!(O::reload_table, api, codec, headers, body),
+        (OAM, "ReloadAll") => call!(O::reload_all, api, codec, headers, body),
         (OAM, "ListTables") => call!(O::list_tables, api, codec, headers, body),
         (OAM, "GetTableSchema") => call!(O::get_table_schema, api, codec, headers, body),
         (OAM, m) if oam::unimplemented_reason(m).is_some() => Err(oam::unimplemented(m)),

@@ -11,9 +11,6 @@ use super::{Api, Group, status, watch};
 /// Why an RPC of laredo's has no counterpart in larch, and what to use instead.
 pub fn unimplemented_reason(rpc: &str) -> Option<&'static str> {
     Some(match rpc {
-        "ReloadTable" | "ReloadAll" => {
-            "larch's engine re-baselines when its archive does: write a new baseline with `larch export` (the engine follows it), or restart the engine to reload the archive"
-        }
         "ResetSource" => {
             "larch's engine reads archives, not replication slots: drop an export's slot with `larch export cleanup` and re-export with `larch export`"
         }
@@ -369,15 +366,39 @@ impl LaredoOamService for Api {
 
     async fn reload_table(
         &self,
-        _: Request<pb::ReloadTableRequest>,
+        request: Request<pb::ReloadTableRequest>,
     ) -> Result<Response<pb::ReloadTableResponse>, Status> {
-        Err(unimplemented("ReloadTable"))
+        self.allow(&request, Group::Control)?;
+        let r = request.into_inner();
+        let runner = status::runner(&self.shared, &r.source_id)?;
+        let asked = format!("{}.{}", r.schema, r.table);
+        if runner.table.schema != r.schema || runner.table.table != r.table {
+            return Err(Status::not_found(format!(
+                "source {:?} serves table {}, not {asked}",
+                r.source_id, runner.table
+            )));
+        }
+        runner.request_reload();
+        Ok(Response::new(pb::ReloadTableResponse {
+            accepted: true,
+            message: format!("{asked}: reloading from the archive's latest baseline"),
+        }))
     }
 
     async fn reload_all(
         &self,
-        _: Request<pb::ReloadAllRequest>,
+        request: Request<pb::ReloadAllRequest>,
     ) -> Result<Response<pb::ReloadAllResponse>, Status> {
-        Err(unimplemented("ReloadAll"))
+        self.allow(&request, Group::Control)?;
+        let id = request.into_inner().source_id;
+        let runner = status::runner(&self.shared, &id)?;
+        runner.request_reload();
+        Ok(Response::new(pb::ReloadAllResponse {
+            accepted: true,
+            message: format!(
+                "source {id}: reloading {} from the archive's latest baseline",
+                runner.table
+            ),
+        }))
     }
 }
