@@ -15,6 +15,8 @@ use crate::engine::tls::TlsFiles;
     super::env_help::S3_CONFIG,
     "  (a postgres target's connection_env: the variable the configuration names)",
     "  LARCH_ENGINE_TOKEN: the API token when no --token-file is given",
+    "  LAREDO_ADDRESS: the engine the client verbs (status, ready, tables, query, ...) talk to
+                      when no --addr is given",
     super::env_help::LOG,
     super::env_help::CRASH,
 ]))]

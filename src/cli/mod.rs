@@ -90,6 +90,7 @@ fn all_env() -> String {
                       export: --lease, --lease-identity, --lease-namespace
   LARCH_TRANSFORM_KEY export: the masking hash key when no --transform-key-file is given
   LARCH_ENGINE_TOKEN  engine: the API token when no --token-file is given
+  LAREDO_ADDRESS      engine status|ready|tables|query|...: the engine when no --addr is given
   LARCH_IMAGE, LARCH_NAMESPACE, LARCH_LEADER_ELECTION, LARCH_DISABLE_SOURCE_SETS,
   LARCH_NETWORK_POLICIES, LARCH_POD_RUN_AS_USER, LARCH_EXPORT_LEASE_ROLE,
   LARCH_NO_GENERATED_ENGINE_TOKENS, POD_SERVICE_ACCOUNT
