@@ -49,6 +49,9 @@ run() { # series, database, command...: wall, client CPU, client RSS, server CPU
   local before after
   before=$(server_cpu)
   /usr/bin/time -f "%e %U %S %M" -o "$work/time" "$@" >/dev/null 2>"$work/err" || { cat "$work/err" >&2; exit 1; }
+  # A backend's time reaches the postmaster's children's time when it exits, after its client.
+  until [ "$(psql -At -c "SELECT count(*) FROM pg_stat_activity WHERE datname = '$db'")" = 0 ]; do sleep 0.05; done
+  sleep 0.2
   after=$(server_cpu)
   read -r secs user sys rss < "$work/time"
   [ "$(digest "$db")" = "$source_digest" ] || { echo "$series: the restored table differs from the source" >&2; exit 1; }
