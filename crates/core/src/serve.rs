@@ -13,7 +13,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::serve::Listener;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::sync::watch;
 
 /// How long a client has to send a request's line and headers (the first, and each next one
@@ -30,6 +31,9 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     pub max_head_bytes: usize,
     pub max_body_bytes: usize,
+    /// HTTP/2 beside HTTP/1.1 (prior knowledge in cleartext, ALPN `h2` over TLS): the engine's
+    /// gRPC listener; every other listener speaks HTTP/1.1 only.
+    pub http2: bool,
 }
 
 impl Default for Limits {
@@ -38,6 +42,7 @@ impl Default for Limits {
             header_read_timeout: HEADER_READ_TIMEOUT,
             max_head_bytes: MAX_HEAD_BYTES,
             max_body_bytes: MAX_BODY_BYTES,
+            http2: false,
         }
     }
 }
@@ -116,11 +121,19 @@ where
         let mut app = app.clone();
         async move { tower_service::Service::call(&mut app, req).await }
     });
-    let mut builder = hyper::server::conn::http1::Builder::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_head_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_head_bytes as u32);
+    if !limits.http2 {
+        builder = builder.http1_only();
+    }
     let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
     let stopping = tokio::select! {
         result = conn.as_mut() => {
@@ -162,6 +175,7 @@ mod tests {
             header_read_timeout: Duration::from_millis(300),
             max_head_bytes: 8192,
             max_body_bytes: 100,
+            http2: false,
         };
         let (addr, stop) = started(limits).await;
         let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();

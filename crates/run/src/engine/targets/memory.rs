@@ -469,12 +469,7 @@ impl MemoryTarget {
         } = self.page_query(params)?;
         let data = self.live.read_locked();
         let mut out = data.page_rows(after.as_ref(), &filters, limit);
-        let next = if out.len() > limit {
-            out.truncate(limit);
-            out.last().map(|(k, _)| encode_cursor(&self.table, k))
-        } else {
-            None
-        };
+        let next = self.cut_page(&mut out, limit);
         Ok((out.iter().map(|(_, r)| data.text(r)).collect(), next))
     }
 
@@ -525,12 +520,7 @@ impl MemoryTarget {
         } = self.page_query(params)?;
         let data = self.live.read_locked();
         let mut out = data.page_rows(after.as_ref(), &filters, limit);
-        let next = if out.len() > limit {
-            out.truncate(limit);
-            out.last().map(|(k, _)| encode_cursor(&self.table, k))
-        } else {
-            None
-        };
+        let next = self.cut_page(&mut out, limit);
         // Packed rows lack their field names: room for those too.
         let mut body = String::with_capacity(
             64 + out
@@ -555,6 +545,16 @@ impl MemoryTarget {
             serde_json::to_string(&next).expect("string")
         );
         Ok(body)
+    }
+
+    /// Cuts rows read one past `limit` ([`TableData::page_rows`]) to the page; the cursor of the
+    /// next page when there is one.
+    fn cut_page(&self, rows: &mut Vec<(&SortKey, &PackedRow)>, limit: usize) -> Option<String> {
+        if rows.len() <= limit {
+            return None;
+        }
+        rows.truncate(limit);
+        rows.last().map(|(k, _)| encode_cursor(&self.table, k))
     }
 
     /// Reads `limit`, `after` and the index field filters of a page request.
