@@ -48,8 +48,21 @@ pub async fn create_slot(config: &PostgresConfig) -> anyhow::Result<CreatedSlot>
         }
     );
     let rows = session.simple_query(&sql).await.map_err(|e| {
-        replication_error(config, &e)
-            .context(format!("creating replication slot {}", config.slot_name))
+        let err = replication_error(config, &e);
+        let waited = matches!(&e, pgwire_replication::PgWireError::Server(text)
+            if failure::sqlstate_in(text) == Some("55P03"));
+        if waited {
+            // The slot's creation waits for every write transaction running on the server to
+            // end; that wait counts against the snapshot's age, so name the limit it hit.
+            err.context(format!(
+                "creating replication slot {}: the write transactions running on the server \
+                 did not end within --snapshot-max-age ({}ms)",
+                config.slot_name,
+                crate::config::millis(config.limits.snapshot_max_age)
+            ))
+        } else {
+            err.context(format!("creating replication slot {}", config.slot_name))
+        }
     })?;
     let row = rows
         .first()

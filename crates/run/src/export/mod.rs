@@ -277,11 +277,14 @@ async fn baseline_verdict(
         return;
     }
     let _ = verdict_tx.send(result.map(|_| ()).map_err(|e| {
-        if let SourceError::Other(cause) = &e
-            && let reason = crate::reasons::classify(cause)
-            && reason != failure::Reason::Failed
-        {
-            let _ = reason_slot.set(reason);
+        if let SourceError::Other(cause) = &e {
+            let reason = crate::reasons::classify(cause);
+            // A lock wait that ran out waited for someone else's transaction: retrying can
+            // succeed, so it stays `Failed` instead of becoming an invalid baseline.
+            let waited = failure::sqlstate_in(&format!("{cause:#}")) == Some("55P03");
+            if reason != failure::Reason::Failed || waited {
+                let _ = reason_slot.set(reason);
+            }
         }
         ArchiveError::Invalid(format!("baseline failed: {e:#}"))
     }));
