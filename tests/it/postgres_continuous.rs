@@ -432,3 +432,78 @@ async fn a_failed_final_flush_exits_non_zero_and_loses_nothing() {
     assert_eq!(f.terminate(), 0);
     assert_archive_equals_table(&db, dir.path()).await;
 }
+
+/// A partitioned table follows as one table: its partitions' changes (a row moving between
+/// partitions included) reach its archive, published under the root's name.
+#[tokio::test]
+async fn a_partitioned_table_follows_with_every_partitions_changes() {
+    let db = new_database().await;
+    db.client
+        .batch_execute(
+            "CREATE TABLE items (id int8 PRIMARY KEY, name text, big text) PARTITION BY RANGE (id);
+             CREATE TABLE items_low PARTITION OF items FOR VALUES FROM (MINVALUE) TO (100);
+             CREATE TABLE items_high PARTITION OF items FOR VALUES FROM (100) TO (MAXVALUE);
+             INSERT INTO items SELECT g, 'n' || g, NULL FROM generate_series(1, 150) g;",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let slot = format!("larch_partitioned_{}", db.name);
+    let f = Follow::start(&db, dir.path(), &slot, &["--diff-interval", "200ms"]);
+    f.ready().await;
+    db.client
+        .batch_execute(
+            "INSERT INTO items VALUES (5, 'five again', NULL) ON CONFLICT (id) DO UPDATE SET name = excluded.name;
+             INSERT INTO items VALUES (500, 'high', NULL);
+             DELETE FROM items WHERE id = 120;
+             UPDATE items SET id = 1000 WHERE id = 7;",
+        )
+        .await
+        .unwrap();
+    let addr = f.addr;
+    eventually(30, "a diff", || async move {
+        (get_json(addr, "/status").await["diffs"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(f.terminate(), 0);
+    assert_archive_equals_table(&db, dir.path()).await;
+    let (_, _, rows) = archive_rows(dir.path()).await;
+    assert!(rows.contains_key(&1000) && !rows.contains_key(&7) && !rows.contains_key(&120));
+    let via_root: bool = db
+        .client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(via_root);
+
+    // Someone else's publication that publishes under the partitions' names is refused, with
+    // the fix named.
+    db.client
+        .batch_execute("CREATE PUBLICATION theirs FOR TABLE items")
+        .await
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_larch"))
+        .args(["export", "--follow", "--table", "items", "--store", "local"])
+        .args(["--slot", "larch_theirs", "--publication", "theirs"])
+        .arg("--path")
+        .arg(dir.path().join("theirs"))
+        .env("LARCH_PG_DSN", &db.dsn)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "publication theirs publishes the changes of partitioned table(s) [\"public.items\"]"
+        ) && err.contains("ALTER PUBLICATION \"theirs\" SET (publish_via_partition_root = true)"),
+        "{err}"
+    );
+}

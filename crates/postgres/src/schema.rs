@@ -327,7 +327,8 @@ async fn create_publication(
     }
     client
         .batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE {}; COMMENT ON PUBLICATION {} IS {}",
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true); \
+             COMMENT ON PUBLICATION {} IS {}",
             ident(name),
             wanted_sql.join(", "),
             ident(name),
@@ -366,7 +367,7 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
     let wanted_sql: Vec<String> = config.tables.iter().map(qualified).collect();
     let existing = client
         .query_opt(
-            "SELECT p.puballtables, obj_description(p.oid, 'pg_publication')
+            "SELECT p.puballtables, obj_description(p.oid, 'pg_publication'), p.pubviaroot
                FROM pg_publication p WHERE p.pubname = $1",
             &[name],
         )
@@ -379,7 +380,16 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
     };
     let all_tables: bool = existing.get(0);
     let comment: Option<String> = existing.get(1);
+    let via_root: bool = existing.get(2);
     refuse_foreign_publication(config, comment.as_deref())?;
+    if !via_root {
+        publish_via_root(
+            client,
+            config,
+            comment.as_deref() == Some(owner_comment.as_str()),
+        )
+        .await?;
+    }
     let rows = client
         .query(
             "SELECT format('%s.%s', schemaname, tablename) FROM pg_publication_tables WHERE pubname = $1",
@@ -423,6 +433,49 @@ pub async fn ensure_publication(client: &Client, config: &PostgresConfig) -> any
         wanted,
         whose(comment.as_deref())
     )
+}
+
+/// Without `publish_via_partition_root` a partitioned table's changes are published under its
+/// partitions' names, which are not the exported table: they would be lost. A publication larch
+/// created (before it set the option) gets it; anyone else's is an error naming the fix.
+async fn publish_via_root(
+    client: &Client,
+    config: &PostgresConfig,
+    ours: bool,
+) -> anyhow::Result<()> {
+    let name = &config.publication_name;
+    let tables: Vec<String> = config.tables.iter().map(|t| t.to_string()).collect();
+    let partitioned: Vec<String> = client
+        .query(
+            "SELECT format('%s.%s', n.nspname, c.relname) FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.relkind = 'p' AND format('%s.%s', n.nspname, c.relname) = ANY($1)",
+            &[&tables],
+        )
+        .await
+        .with_context(|| format!("looking up partitioned tables of publication {name}"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if partitioned.is_empty() {
+        return Ok(());
+    }
+    if !ours || !config.create_publication {
+        bail!(
+            "publication {name} publishes the changes of partitioned table(s) {partitioned:?} \
+             under their partitions' names, which larch would not see: run `ALTER PUBLICATION \
+             {} SET (publish_via_partition_root = true)` or give another publication name",
+            ident(name)
+        );
+    }
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
+            ident(name)
+        ))
+        .await
+        .map_err(|e| db_error(format!("updating publication {name}"), &e))?;
+    Ok(())
 }
 
 /// Whose a publication is, by its comment: the larch record's slot and owner, or not larch's.
