@@ -35,6 +35,7 @@ mod masking_subsets;
 mod observability;
 mod operator_contract;
 mod parallel_export;
+mod partitioned_tables;
 mod point_in_time;
 mod postgres_continuous;
 mod postgres_export;

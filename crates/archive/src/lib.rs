@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod masking;
 pub mod model;
 pub mod orphans;
+pub mod partitioning;
 pub mod plan;
 pub mod point_in_time;
 pub mod policy;

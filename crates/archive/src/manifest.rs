@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::error::ArchiveError;
 use super::masking::{SubsetRecord, TransformRecord};
 use super::model::ColumnDefinition;
+use super::partitioning::PartitioningRecord;
 
 pub const MANIFEST_VERSION: i64 = 1;
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -105,6 +106,10 @@ pub struct Manifest {
     /// with `where:` or `sample:`); absent when it holds every row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subset: Option<SubsetRecord>,
+    /// larch's additive field: how the source table is partitioned (a restore that creates the
+    /// table recreates its partitions); absent for a plain table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitioning: Option<PartitioningRecord>,
 }
 
 fn zero_time() -> DateTime<FixedOffset> {
@@ -190,6 +195,7 @@ impl Manifest {
             columns: Vec::new(),
             transform: None,
             subset: None,
+            partitioning: None,
         }
     }
 

@@ -299,6 +299,11 @@ impl ArchiveWriter {
         self.manifest.columns = columns;
     }
 
+    /// Sets how the source table is partitioned (recorded with the next commit).
+    pub fn set_partitioning(&mut self, record: Option<crate::partitioning::PartitioningRecord>) {
+        self.manifest.partitioning = record;
+    }
+
     /// Sets the transform record of the manifest (with the columns, before a new epoch's
     /// snapshot: it describes that epoch's rows).
     pub fn set_transform(&mut self, record: Option<TransformRecord>) {

@@ -17,6 +17,7 @@ pub mod errors;
 mod estimate;
 mod lifecycle;
 pub mod ownership;
+mod partitions;
 mod pgoutput;
 pub mod preview;
 pub mod reasons;

@@ -43,6 +43,7 @@ use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
 use larch_core::progress::{Progress, Reporter};
 
+mod partitions;
 pub mod status;
 mod streams;
 pub use status::RestoreProgress;
@@ -130,6 +131,13 @@ async fn plan_tables(request: &RestoreInputs) -> anyhow::Result<(String, Vec<Pla
         };
         check_key_fields(&[], &manifest.columns)
             .map_err(|e| invalid(anyhow::anyhow!("table {table}: {e}")))?;
+        if let Some(record) = &manifest.partitioning {
+            larch_archive::partitioning::check(record).map_err(|e| {
+                invalid(anyhow::anyhow!(
+                    "table {table}: the manifest's partitioning: {e}"
+                ))
+            })?;
+        }
         let key_fields = effective_key_fields(&[], &manifest.columns);
         planned.push(Planned {
             table: table.clone(),
@@ -521,7 +529,11 @@ async fn load_table(
     split: usize,
 ) -> anyhow::Result<(u64, usize)> {
     let table = &p.table;
-    if !found && split > 1 {
+    let partitioned = p.manifest.partitioning.as_ref();
+    if !found && split > 1 && partitioned.is_some() {
+        tracing::info!(table = %table, "restore: a partitioned table loads over one stream (its partitions are created in the restore's transaction)");
+    }
+    if !found && split > 1 && partitioned.is_none() {
         let staging = streams::staging_table(table);
         let columns = archived_columns_of(tx.client(), &staging, p).await?;
         let rows = streams::load_split(dsn, p, &columns, spill, counted, split).await?;
@@ -541,10 +553,22 @@ async fn load_table(
     }
     // An existing table was emptied with the others at the transaction's start.
     if !found {
-        let sql = create_unkeyed_table_sql(table, &p.manifest.columns, &p.key_fields);
-        tx.batch_execute(&sql)
-            .await
-            .with_context(|| format!("restore: {sql}"))?;
+        let statements = match partitioned {
+            Some(record) => {
+                partitions::create_statements(table, &p.manifest.columns, &p.key_fields, record)
+            }
+            None => vec![create_unkeyed_table_sql(
+                table,
+                &p.manifest.columns,
+                &p.key_fields,
+            )],
+        };
+        // One statement each (never a batch): a partition's bound comes from the manifest.
+        for sql in statements {
+            tx.execute(&sql, &[])
+                .await
+                .with_context(|| format!("restore: {sql}"))?;
+        }
     }
     let columns = archived_columns(tx.client(), p).await?;
     // Created or emptied in this transaction: FREEZE writes the rows already frozen (no

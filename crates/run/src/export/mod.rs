@@ -170,6 +170,8 @@ async fn copy_into_snapshot(
     masking: Option<&Masking>,
     subset: Option<&Subset>,
 ) -> anyhow::Result<Artifact> {
+    // A restore that creates the table recreates its partitions from this.
+    writer.set_partitioning(source.partitioning(table).await?);
     // Batches of at most BATCH_ROWS rows (BATCH_BYTES of text) cross each channel.
     let (src_tx, src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
     let (mask_tx, mask_rx) = oneshot::channel();
