@@ -96,7 +96,9 @@ pub struct VirtualForeignKey {
 }
 
 /// See [`SubsetSpec::nullable_foreign_keys`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum NullablePolicy {
     /// Keep the parent (like a NOT NULL foreign key).
@@ -237,7 +239,10 @@ mod tests {
         assert_eq!(spec.named_tables().len(), 3);
         for (text, want) in [
             ("roots: {}\n", "f: roots: no root table"),
-            ("roots: {customer: {}}\n", "f: roots.customer: \"customer\" is not schema.table"),
+            (
+                "roots: {customer: {}}\n",
+                "f: roots.customer: \"customer\" is not schema.table",
+            ),
             (
                 "roots: {public.a: {sample: {percent: 0}}}\n",
                 "f: roots.public.a.sample: percent 0 is not in (0, 100]",
@@ -252,9 +257,18 @@ mod tests {
                  public.a, referencedColumns: [id]}]\n",
                 "f: virtualForeignKeys[0].columns: give the referencing columns",
             ),
-            ("roots: {public.a: {}}\nnullableForeignKeys: drop\n", "f: nullableForeignKeys"),
-            ("roots: {public.a: {}}\nupward: []\n", "unknown field `upward`"),
-            ("roots: {public.a: {}}\nmaxRounds: 0\n", "f: maxRounds: must be at least 1"),
+            (
+                "roots: {public.a: {}}\nnullableForeignKeys: drop\n",
+                "f: nullableForeignKeys",
+            ),
+            (
+                "roots: {public.a: {}}\nupward: []\n",
+                "unknown field `upward`",
+            ),
+            (
+                "roots: {public.a: {}}\nmaxRounds: 0\n",
+                "f: maxRounds: must be at least 1",
+            ),
         ] {
             let e = SubsetSpec::parse(text, "f").unwrap_err();
             assert!(e.contains(want), "{text}: {e}");
