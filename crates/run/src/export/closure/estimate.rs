@@ -1,8 +1,9 @@
 //! `larch subset plan`: the closure a spec spans (tables in restore order, relationships and
 //! how each is followed) and the rows it would keep, estimated from `EXPLAIN` without reading
 //! a row: the roots' predicates as the planner estimates them (times their sample), then
-//! propagated along the relationships by the tables' average fan-out. Rough by design: the
-//! export's manifest records the exact counts.
+//! propagated along the relationships (downward by the tables' average fan-out, upward as the
+//! distinct parents of the rows kept). Rough by design: the export's manifest records the
+//! exact counts.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -65,8 +66,14 @@ pub async fn estimate(
     // by the tables' totals.
     for _ in 0..plan.tables.len().min(16) {
         for &u in &plan.upward {
+            // Children added downward through this relationship reference kept parents.
+            if plan.downward.iter().any(|d| d.relationship == u) {
+                continue;
+            }
             let r = &plan.relationships[u];
-            let wanted = kept[&r.child].min(total[&r.parent]);
+            // The distinct parents of k children spread over P parents: P (1 - e^(-k/P)).
+            let parents = total[&r.parent].max(1.0);
+            let wanted = parents * (1.0 - (-kept[&r.child] / parents).exp());
             let parent = kept.get_mut(&r.parent).expect("planned");
             *parent = parent.max(wanted);
         }
