@@ -348,7 +348,18 @@ fn chain() -> Scenario {
 
 #[tokio::test]
 async fn a_chain_keeps_every_ancestor_of_the_roots() {
-    chain().run().await;
+    let (_, _, dir) = chain().run().await;
+    let out = larch()
+        .args(["archive", "inspect", "--table", "public.c", "--path"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("subset:       foreign key closure of 3 tables at ")
+            && text.contains("rounds, 100 rows kept here)"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -224,6 +224,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_schema_for_the_crd_spells_fields_as_the_file_does() {
+        let schema = serde_json::to_value(schemars::schema_for!(SubsetSpec)).unwrap();
+        let props = schema["properties"].as_object().unwrap();
+        for field in [
+            "roots",
+            "downward",
+            "virtualForeignKeys",
+            "nullableForeignKeys",
+            "maxRounds",
+        ] {
+            assert!(props.contains_key(field), "{field}: {schema}");
+        }
+        assert_eq!(schema["required"], serde_json::json!(["roots"]));
+    }
+
+    #[test]
     fn a_spec_parses_and_bad_ones_name_the_field() {
         let spec = SubsetSpec::parse(
             "roots:\n  public.customer: {where: \"id < 10\", sample: {percent: 50}}\n\
