@@ -468,6 +468,15 @@ fn print_subset(manifest: &Manifest) {
             if let Some(p) = &sub.sample_percent {
                 parts.push(format!("sample {p}% by {}", sub.sample_by.join(", ")));
             }
+            if let Some(c) = &sub.closure {
+                let kept = c.tables.get(&manifest.table).copied().unwrap_or_default();
+                parts.push(format!(
+                    "foreign key closure of {} tables at {} ({} rounds, {kept} rows kept here)",
+                    c.tables.len(),
+                    c.position,
+                    c.rounds
+                ));
+            }
             println!("subset:       {}", parts.join("; "));
         }
         None => println!("subset:       none (every row)"),

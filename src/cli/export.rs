@@ -15,6 +15,7 @@ use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
 use super::{
     ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_formats, parse_list,
 };
+use crate::contract::subset_spec::SubsetSpec;
 use crate::export::run::SourceConnection;
 use crate::export::transform::TransformRules;
 use crate::failure::{self, Reason};
@@ -63,7 +64,7 @@ pub struct ExportArgs {
     /// `<key prefix><schema>.<table>/`.
     #[arg(
         long,
-        required_unless_present = "request",
+        required_unless_present_any = ["request", "subset"],
         value_name = "[SCHEMA.]NAME"
     )]
     pub table: Vec<String>,
@@ -206,6 +207,11 @@ pub struct ExportArgs {
     /// Also `where:` of the table in --transform.
     #[arg(long = "where", value_name = "PREDICATE")]
     pub row_filter: Option<String>,
+    /// A subset that follows foreign keys (YAML, docs/subsetting.md): roots, downward rules,
+    /// virtual foreign keys. Exports the closure of every table it spans (and each --table)
+    /// at one position; each manifest records the closure.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["row_filter", "sample", "follow"])]
+    pub subset: Option<PathBuf>,
     /// Row filters (--where, `where:` in --transform) may use `EXISTS (SELECT …)` and
     /// `x IN (SELECT …)` into tables this export also exports (schema-qualified; reading only
     /// columns they export unmasked). Also `subqueries: true` in --transform.
@@ -265,6 +271,12 @@ impl ExportArgs {
         }
         .transpose()
         .map_err(|e| invalid(e.into()))?;
+        let subset = self
+            .subset
+            .as_deref()
+            .map(SubsetSpec::load)
+            .transpose()
+            .map_err(|e| invalid(anyhow!(e)))?;
         let formats = parse_formats(&self.format).map_err(|e| invalid(anyhow!("--format: {e}")))?;
         Ok(ExportRequest {
             connection_file: self.connection.connection_file.clone(),
@@ -313,6 +325,7 @@ impl ExportArgs {
             where_subqueries: self.where_subqueries,
             sample: self.sample,
             sample_by: self.sample_by.clone(),
+            subset,
             statement_timeout: Some(self.session.statement_timeout.clone()),
             lock_timeout: Some(self.session.lock_timeout.clone()),
             idle_in_transaction_timeout: Some(self.session.idle_in_transaction_timeout.clone()),

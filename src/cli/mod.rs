@@ -11,6 +11,7 @@ pub mod output;
 pub mod restore;
 pub mod slot;
 pub mod status;
+pub mod subset;
 pub mod transform;
 
 use anyhow::Context as _;
@@ -184,6 +185,10 @@ pub enum Command {
     /// sensitive, `preview` prints rows raw beside masked (docs/masking.md).
     #[command(subcommand)]
     Transform(transform::TransformCommand),
+    /// Subsets that follow foreign keys: `plan` prints the closure of a spec and its
+    /// estimated rows without exporting (docs/subsetting.md).
+    #[command(subcommand)]
+    Subset(subset::SubsetCommand),
 }
 
 /// Where an archive lives: `--store local --path DIR` or `--store s3 --bucket B ...`.
@@ -315,6 +320,7 @@ fn prints_a_result(command: &Command) -> bool {
         Command::Archive(archive::ArchiveCommand::Export(_)) | Command::Export(_) => false,
         Command::Archive(_) | Command::Crd | Command::Status(_) => true,
         Command::Logs(_) | Command::RunNow(_) | Command::Transform(_) => true,
+        Command::Subset(_) => true,
         Command::Engine(a) => a.client.is_some(),
         Command::Operator(_) | Command::Restore(_) => false,
     }
@@ -359,6 +365,7 @@ impl Command {
                 | Command::Logs(_)
                 | Command::RunNow(_)
                 | Command::Transform(_)
+                | Command::Subset(_)
         )
     }
 }
@@ -400,6 +407,7 @@ pub fn main() -> i32 {
             Command::Logs(a) => status::logs(a).await,
             Command::RunNow(a) => status::run_now(a).await,
             Command::Transform(c) => transform::run(c).await,
+            Command::Subset(c) => subset::run(c).await,
             Command::Operator(args) => {
                 init_tracing();
                 operator::operator(args).await

@@ -22,6 +22,7 @@ mod engine_operability;
 mod engine_postgres;
 mod engine_support;
 mod fixtures;
+mod fk_subsets;
 mod gc_race;
 mod hostile_inputs;
 mod image_contract;

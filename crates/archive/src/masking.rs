@@ -108,4 +108,31 @@ pub struct SubsetRecord {
     /// The columns whose keyed hash decided the sample.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sample_by: Vec<String>,
+    /// A subset that follows foreign keys: its spec and the closure it computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closure: Option<ClosureRecord>,
+}
+
+/// The manifest's `subset.closure`: the spec (as given), the closure computed at `position`
+/// (the snapshot every table of the set shares) and the rows it kept in each table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClosureRecord {
+    pub spec: serde_json::Value,
+    pub position: String,
+    /// Rounds after the roots until a round added nothing.
+    pub rounds: u32,
+    /// `schema.table` → rows kept (every table of the set).
+    pub tables: BTreeMap<String, u64>,
+    pub relationships: Vec<ClosureRelationship>,
+}
+
+/// One relationship of a [`ClosureRecord`] and how it was followed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ClosureRelationship {
+    /// The constraint's name, or `virtualForeignKeys[i]`.
+    pub name: String,
+    /// `child(columns) → parent(columns)`.
+    pub relationship: String,
+    /// `upward`, `upward+downward` or `set-null`.
+    pub followed: String,
 }

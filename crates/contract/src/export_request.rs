@@ -138,6 +138,9 @@ pub struct ExportRequest {
     /// `--sample-by`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_by: Option<String>,
+    /// `--subset`: a subset that follows foreign keys (a one-shot export of a set of tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<crate::subset_spec::SubsetSpec>,
     /// `--statement-timeout` (default 1m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub statement_timeout: Option<String>,

@@ -7,10 +7,12 @@
 //! - [`restore_request`]: what a restore pod runs (`larch restore --request '<json>'`) and the
 //!   summary it answers with.
 //! - [`transform_rules`]: the masking rules, for the CLI's rules file and the CRD alike.
+//! - [`subset_spec`]: a subset that follows foreign keys, for the CLI and the CRD alike.
 
 pub mod engine_file;
 pub mod export_request;
 pub mod restore_request;
+pub mod subset_spec;
 pub mod transform_rules;
 
 /// Parses a YAML document (JSON is YAML too) into `T`; an error reads

@@ -27,7 +27,9 @@ pub mod schema_change;
 mod snapshot;
 pub use snapshot::{ColumnMask, RowSink, Treatment};
 mod stream;
+mod subset_session;
 mod types;
+use subset_session::SubsetCopies;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,7 +40,9 @@ use async_trait::async_trait;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_postgres::Client;
 
-pub use config::{PostgresConfig, Reconnect, Session, SessionLimits, SlotMode};
+pub use config::{
+    PostgresConfig, Reconnect, Session, SessionLimits, SlotMode, ident, literal, qualified,
+};
 pub use estimate::estimate_from_catalog;
 pub use lifecycle::{CleanedObject, CleanupReport, SlotUsage, SlotWatcher, cleanup, slot_usage};
 pub use ownership::owner_comment;
@@ -606,6 +610,8 @@ pub struct SharedSnapshot {
     taken_at: chrono::DateTime<chrono::FixedOffset>,
     schemas: BTreeMap<TableId, TableSchema>,
     kinds: HashMap<u32, Kind>,
+    /// A subset's session and its COPY queries ([`SharedSnapshot::copy_subset_through`]).
+    subset: Option<SubsetCopies>,
 }
 
 impl PostgresSource {
@@ -629,6 +635,7 @@ impl PostgresSource {
             taken_at,
             schemas,
             kinds,
+            subset: None,
         })
     }
 }
@@ -655,6 +662,9 @@ impl SharedSnapshot {
             .schemas
             .get(table)
             .ok_or_else(|| anyhow!("table {table} is not part of the shared snapshot"))?;
+        if let Some(sql) = self.subset.as_ref().and_then(|s| s.queries.get(table)) {
+            return self.copy_subset_table(schema, sql, rows).await;
+        }
         let client = schema::connect_as(&self.config, config::Session::Snapshot)
             .await
             .with_context(|| format!("connecting to copy table {table}"))?;
@@ -691,6 +701,9 @@ impl SharedSnapshot {
 
     /// Ends the coordinating transaction and the slot's session (a temporary slot goes with it).
     pub async fn finish(self) -> anyhow::Result<()> {
+        if let Some(subset) = self.subset {
+            subset.finish().await?;
+        }
         self.coordinator
             .batch_execute("COMMIT")
             .await

@@ -7,7 +7,8 @@
 //!
 //! What is allowed:
 //! - references to the table's columns (`col`, `table.col`, `schema.table.col`);
-//! - constants, `AND`/`OR`/`NOT`, comparison, arithmetic and `||` operators, `IS [NOT] NULL`,
+//! - constants, `AND`/`OR`/`NOT`, comparison, arithmetic and `||` operators, the JSON
+//!   accessors (`->`, `->>`, `#>`, `#>>`), `IS [NOT] NULL`,
 //!   `IS [NOT] TRUE/FALSE/UNKNOWN`, `IS [NOT] DISTINCT FROM`, `[NOT] BETWEEN [SYMMETRIC]`,
 //!   `[NOT] IN (list)`, `[NOT] LIKE`/`ILIKE`, `CASE`, `COALESCE`, `NULLIF`, `GREATEST`, `LEAST`;
 //! - casts to built-in scalar types ([`ALLOWED_TYPES`]);
@@ -130,9 +131,11 @@ pub const ALLOWED_TYPES: &[&str] = &[
     "varchar",
 ];
 
-/// Operators (`a OP b`, `OP a`) a row filter may use.
+/// Operators (`a OP b`, `OP a`) a row filter may use; the JSON accessors read a key inside a
+/// JSON column (a subset's virtual foreign key).
 const ALLOWED_OPERATORS: &[&str] = &[
     "=", "<>", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "||", "~~", "!~~", "~~*", "!~~*",
+    "->", "->>", "#>", "#>>",
 ];
 
 /// Checks a row filter of `table`: `Ok` when it is one predicate made only of what the module

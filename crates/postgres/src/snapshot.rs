@@ -251,6 +251,19 @@ pub async fn copy_table<R: RowSink>(
     rows: &R,
 ) -> Result<u64, SourceError> {
     let sql = copy_sql(schema, filter, subqueries)?;
+    copy_query(client, schema, kinds, &sql, deadline, rows).await
+}
+
+/// [`copy_table`] with the COPY statement given: `sql` must output `schema`'s columns in
+/// order (a subset's query, built by the exporter from the catalog and the checked spec).
+pub async fn copy_query<R: RowSink>(
+    client: &tokio_postgres::Client,
+    schema: &TableSchema,
+    kinds: &HashMap<u32, Kind>,
+    sql: &str,
+    deadline: std::time::Instant,
+    rows: &R,
+) -> Result<u64, SourceError> {
     // The mask is known before the COPY starts, so no COPY waits on it.
     let mask = rows.column_mask(schema).await?;
     let masked = mask.is_some();
@@ -267,7 +280,7 @@ pub async fn copy_table<R: RowSink>(
         ))
         .await
         .map_err(|e| copy_error(&e))?;
-    let stream = client.copy_out(&sql).await.map_err(|e| copy_error(&e))?;
+    let stream = client.copy_out(sql).await.map_err(|e| copy_error(&e))?;
     futures::pin_mut!(stream);
     let mut scratch = Scratch::default();
     // The start of a line whose end has not arrived yet (COPY sends one message per row, so

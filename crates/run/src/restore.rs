@@ -399,6 +399,7 @@ pub async fn restore_reporting(
         .context("restore: the target connection string")?;
     let (mut client, connection) = streams::connect(&dsn).await?;
     let existing = check_destinations(&client, &planned, request.if_exists).await?;
+    let (planned, existing) = parents_first(&client, planned, existing).await?;
     let split = request.split.max(1);
     // The split tables' staging tables, made (and left from a killed restore dropped) before
     // the transaction: the streams' connections must see them.
@@ -469,6 +470,11 @@ async fn load_all(
         .transaction()
         .await
         .context("restore: BEGIN on the target database")?;
+    // Deferrable foreign keys are checked at COMMIT, when every table is loaded: a cycle of
+    // them (NOT NULL included) loads in any order.
+    tx.batch_execute("SET CONSTRAINTS ALL DEFERRED")
+        .await
+        .context("restore: SET CONSTRAINTS ALL DEFERRED")?;
     // One TRUNCATE of every replaced table: PostgreSQL truncates a table a foreign key
     // references only with the referencing tables in the same statement.
     let replaced: Vec<String> = planned
@@ -590,6 +596,47 @@ async fn load_table(
             .with_context(|| format!("restore: keying table {table}"))?;
     }
     Ok((rows, 1))
+}
+
+/// The tables in the order their destination's foreign keys need: a referenced table before
+/// the tables referencing it (checked at the end of each COPY unless deferrable).
+async fn parents_first(
+    client: &tokio_postgres::Client,
+    planned: Vec<Planned>,
+    existing: Vec<bool>,
+) -> anyhow::Result<(Vec<Planned>, Vec<bool>)> {
+    use crate::export::closure::{foreign_keys, rounds};
+    if planned.len() < 2 {
+        return Ok((planned, existing));
+    }
+    // A deferrable key is checked at COMMIT: only the others order the loads.
+    let mut relationships = foreign_keys(client)
+        .await
+        .context("restore: reading the target's foreign keys")?;
+    relationships.retain(|r| !r.deferrable);
+    let tables: std::collections::BTreeSet<TableId> =
+        planned.iter().map(|p| p.table.clone()).collect();
+    let all: Vec<usize> = (0..relationships.len()).collect();
+    // A cycle's tables form one group; a table waits for the groups it references only.
+    let groups = rounds::parents_first(&tables, &relationships, &all);
+    let group_of = |t: &TableId| groups.iter().position(|g| g.contains(t));
+    let mut paired: Vec<(Planned, bool)> = planned.into_iter().zip(existing).collect();
+    let mut ordered = Vec::with_capacity(paired.len());
+    while !paired.is_empty() {
+        let waits = |t: &TableId, left: &[(Planned, bool)]| {
+            relationships.iter().any(|r| {
+                &r.child == t
+                    && group_of(&r.parent) != group_of(t)
+                    && left.iter().any(|(p, _)| p.table == r.parent)
+            })
+        };
+        // The first table (in the given order) whose parents are loaded; a group ready.
+        let next = (0..paired.len())
+            .find(|i| !waits(&paired[*i].0.table, &paired))
+            .unwrap_or(0);
+        ordered.push(paired.remove(next));
+    }
+    Ok(ordered.into_iter().unzip())
 }
 
 /// Whether `table` is a plain table (not partitioned, not foreign): COPY FREEZE's condition.

@@ -1,6 +1,7 @@
 //! Export: PostgreSQL into an archive. One-shot (a base snapshot, a new epoch) or continuous
 //! (a snapshot, then diffs until stopped, a new epoch whenever the new-epoch policy fires).
 
+pub mod closure;
 pub mod continuous;
 pub mod fake;
 pub mod lease;

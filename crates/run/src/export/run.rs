@@ -69,6 +69,11 @@ pub async fn run(
     request: ExportRequest,
     connection: SourceConnection,
 ) -> anyhow::Result<Option<serde_json::Value>> {
+    if request.subset.is_some() {
+        let tables =
+            subset_table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+        return export_set(&request, connection.dsn, tables).await.map(Some);
+    }
     let mut tables = table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
     // `--owner` is checked by its flag; a request's is checked here, before anything connects.
     if let Some(owner) = &request.owner {
@@ -438,6 +443,14 @@ pub fn table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
         ids.push(id);
     }
     Ok(ids)
+}
+
+/// The `--table`s of an export with `--subset`: none is fine (the spec names its tables).
+fn subset_table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
+    if request.tables.is_empty() {
+        return Ok(Vec::new());
+    }
+    table_ids(request)
 }
 
 /// The request's formats: jsonl unless it names some.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 
+use crate::export::closure::at_snapshot::{ClosureExport, compute_on};
 use crate::export::subset::Subset;
 use crate::export::transform::Masking;
 use larch_archive::manifest::Artifact;
@@ -44,7 +45,8 @@ pub struct Exported {
 /// key, `masking` fits them, each archive opens), so such an error writes nothing anywhere. A
 /// table that fails later fails the whole export with the table named: tables in flight are
 /// abandoned (their archives keep the epoch they had), tables whose snapshot already committed
-/// keep it (a complete snapshot at the shared position). `progress` gives each table's
+/// keep it (a complete snapshot at the shared position). With `closure`, every table's rows
+/// are the subset's closure, computed at the snapshot first. `progress` gives each table's
 /// progress counter.
 pub async fn export_at_one_position(
     source: Arc<PostgresSource>,
@@ -52,6 +54,7 @@ pub async fn export_at_one_position(
     store: Arc<dyn Store>,
     parallel: usize,
     masking: Option<&Masking>,
+    closure: Option<&ClosureExport>,
     progress: &(dyn Fn(&TableId) -> Arc<Progress> + Sync),
 ) -> anyhow::Result<Vec<Exported>> {
     let tables: Vec<TableId> = set.iter().map(|t| t.table.clone()).collect();
@@ -80,7 +83,18 @@ pub async fn export_at_one_position(
         writer.set_columns(schemas.get(&t.table).cloned().unwrap_or_default());
         writers.push((t.table, key_prefix, writer, t.subset));
     }
-    let shared = Arc::new(source.shared_snapshot(&tables).await?);
+    let mut shared = source.shared_snapshot(&tables).await?;
+    if let Some(closure) = closure {
+        // Every table's rows are the closure's, and its manifest records it.
+        let record = compute_on(&mut shared, &source, closure, masking).await?;
+        for (_, _, _, subset) in &mut writers {
+            *subset = Some(Subset {
+                closure: Some(record.clone()),
+                ..Subset::default()
+            });
+        }
+    }
+    let shared = Arc::new(shared);
     tracing::info!(
         tables = tables.len(),
         parallel,

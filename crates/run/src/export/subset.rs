@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use crate::export::transform::{TableRules, TransformKey};
-use larch_archive::masking::SubsetRecord;
+use larch_archive::masking::{ClosureRecord, SubsetRecord};
 use larch_archive::value::Row;
 use larch_postgres::TableSchema;
 
@@ -19,6 +19,9 @@ pub use larch_contract::transform_rules::SampleRule;
 pub struct Subset {
     pub row_filter: Option<String>,
     pub sample: Option<SampleRule>,
+    /// A subset that follows foreign keys: the rows are the closure's (its COPY query), this
+    /// is what the manifest records of it.
+    pub closure: Option<ClosureRecord>,
 }
 
 /// Resolution of a sample: parts per million.
@@ -47,13 +50,14 @@ impl From<&TableRules> for Subset {
         Subset {
             row_filter: rules.row_filter.clone(),
             sample: rules.sample.clone(),
+            closure: None,
         }
     }
 }
 
 impl Subset {
     pub fn is_empty(&self) -> bool {
-        self.row_filter.is_none() && self.sample.is_none()
+        self.row_filter.is_none() && self.sample.is_none() && self.closure.is_none()
     }
 
     /// Checks the rule's values (the predicate, parsed: [`larch_postgres::row_filter`]; the
@@ -133,6 +137,7 @@ impl Subset {
                 (Some(_), Some(s)) => s.key_fields.clone(),
                 _ => Vec::new(),
             },
+            closure: self.closure.clone(),
         })
     }
 }
@@ -190,6 +195,7 @@ mod tests {
     fn the_sample_is_deterministic_consistent_and_near_its_percentage() {
         let users = Subset {
             row_filter: None,
+            closure: None,
             sample: Some(SampleRule {
                 percent: 10.0,
                 by: None,
@@ -197,6 +203,7 @@ mod tests {
         };
         let orders = Subset {
             row_filter: None,
+            closure: None,
             sample: Some(SampleRule {
                 percent: 10.0,
                 by: Some("user_id".into()),
@@ -222,6 +229,7 @@ mod tests {
         assert!((1_700..2_300).contains(&kept), "{kept} of 20000 at 10 %");
         let all = Subset {
             row_filter: None,
+            closure: None,
             sample: Some(SampleRule {
                 percent: 100.0,
                 by: None,
@@ -237,6 +245,7 @@ mod tests {
         assert!(e.contains("column \"user_id\" (by) does not exist"), "{e}");
         let bad = Subset {
             row_filter: None,
+            closure: None,
             sample: Some(SampleRule {
                 percent: 0.0,
                 by: None,
@@ -255,11 +264,13 @@ mod tests {
         let ok = Subset {
             row_filter: Some("created_at > CURRENT_DATE - 90".into()),
             sample: None,
+            closure: None,
         };
         assert_eq!(ok.check(&users, None), Ok(()));
         let bad = Subset {
             row_filter: Some("pg_sleep(1) IS NULL".into()),
             sample: None,
+            closure: None,
         };
         let e = bad.check(&users, None).unwrap_err();
         assert!(

@@ -12,6 +12,7 @@ use larch_core::locks::MutexExt;
 use larch_postgres::{PostgresConfig, PostgresSource, SlotMode, SubqueryTables};
 
 use super::{default_set_slot, masking, session_limits, subquery_tables, subset, writer_config};
+use crate::export::closure::{self, at_snapshot::ClosureExport};
 use crate::export::set::{DEFAULT_PARALLEL, TableExport, export_at_one_position};
 use crate::export::status::{BASELINE, Shared, serve};
 use crate::export::transform::Masking;
@@ -25,8 +26,20 @@ pub(super) async fn export_set(
 ) -> anyhow::Result<serde_json::Value> {
     refuse_single_table_options(request)?;
     let masking = masking(request)?;
+    let closure = match &request.subset {
+        Some(spec) => Some(subset_closure(request, &dsn, spec.clone(), &tables).await?),
+        None => None,
+    };
+    let tables = match &closure {
+        Some(c) => c.plan.tables.clone(),
+        None => tables,
+    };
     let subqueries = subquery_tables(request, &tables, masking.as_deref());
-    let set = table_exports(request, &tables, masking.as_deref(), subqueries.as_ref())?;
+    let set = match closure {
+        // The closure decides every table's rows.
+        Some(_) => table_exports_whole(request, &tables)?,
+        None => table_exports(request, &tables, masking.as_deref(), subqueries.as_ref())?,
+    };
     let parallel = request
         .parallel
         .map(usize::from)
@@ -74,6 +87,7 @@ pub(super) async fn export_set(
         store.clone(),
         parallel,
         masking.as_deref(),
+        closure.as_ref(),
         &progress,
     )
     .await;
@@ -156,6 +170,50 @@ fn table_exports(
         });
     }
     Ok(set)
+}
+
+/// The closure of `--subset`, resolved on the source; refused with the transform rules'
+/// own `where:`/`sample:` (the roots say which rows start the subset).
+async fn subset_closure(
+    request: &ExportRequest,
+    dsn: &str,
+    spec: larch_contract::subset_spec::SubsetSpec,
+    tables: &[TableId],
+) -> anyhow::Result<ClosureExport> {
+    if let Some(rules) = &request.transform
+        && let Some((t, _)) = rules
+            .tables
+            .iter()
+            .find(|(_, r)| r.row_filter.is_some() || r.sample.is_some())
+    {
+        failure::bail!(
+            Reason::InvalidConfig,
+            "--subset and the transform rules' `where:`/`sample:` of table {t} both choose \
+             rows: give the rows in the subset's roots"
+        );
+    }
+    closure::at_snapshot::plan(dsn, spec, tables).await
+}
+
+/// Each table's writer, without a subset of its own.
+fn table_exports_whole(
+    request: &ExportRequest,
+    tables: &[TableId],
+) -> anyhow::Result<Vec<TableExport>> {
+    let parent = request.key_prefix.clone().unwrap_or_default();
+    tables
+        .iter()
+        .map(|table| {
+            let key_prefix = format!("{parent}{table}/");
+            larch_archive::store::check_key_prefix(&key_prefix)
+                .map_err(|e| anyhow::Error::from(e).context(format!("--key-prefix for {table}")))?;
+            Ok(TableExport {
+                table: table.clone(),
+                writer: writer_config(request, table, &key_prefix)?,
+                subset: None,
+            })
+        })
+        .collect()
 }
 
 fn summary(exported: &[crate::export::set::Exported]) -> serde_json::Value {
