@@ -15,8 +15,8 @@ use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
 use super::{
     ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_formats, parse_list,
 };
-use crate::export::run::SourceConnection;
 use crate::contract::subset_spec::SubsetSpec;
+use crate::export::run::SourceConnection;
 use crate::export::transform::TransformRules;
 use crate::failure::{self, Reason};
 use crate::source::postgres::SlotMode;

@@ -37,7 +37,8 @@ pub async fn run(command: SubsetCommand) -> anyhow::Result<i32> {
 }
 
 async fn plan(args: PlanArgs) -> anyhow::Result<i32> {
-    let invalid = |e: String| crate::failure::tag(crate::failure::Reason::InvalidConfig, anyhow!(e));
+    let invalid =
+        |e: String| crate::failure::tag(crate::failure::Reason::InvalidConfig, anyhow!(e));
     let spec = SubsetSpec::load(&args.subset).map_err(invalid)?;
     let client = at_snapshot::connect(&args.connection.dsn()?).await?;
     let plan = resolve(&client, &spec, &args.table).await?;

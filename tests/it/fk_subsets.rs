@@ -126,8 +126,11 @@ impl Scenario {
                 break;
             }
         }
-        let mut out: BTreeMap<String, BTreeSet<String>> =
-            self.tables.iter().map(|(t, _)| (t.to_string(), BTreeSet::new())).collect();
+        let mut out: BTreeMap<String, BTreeSet<String>> = self
+            .tables
+            .iter()
+            .map(|(t, _)| (t.to_string(), BTreeSet::new()))
+            .collect();
         for row in c.query("SELECT tbl, k FROM ref", &[]).await.unwrap() {
             out.get_mut(&row.get::<_, String>(0))
                 .unwrap()
@@ -155,8 +158,11 @@ impl Scenario {
     async fn violations(&self, db: &Database) -> i64 {
         let mut n = 0;
         for e in self.edges.iter().filter(|e| e.constraint) {
-            let not_null: Vec<String> =
-                e.child_columns.iter().map(|c| format!("c.{c} IS NOT NULL")).collect();
+            let not_null: Vec<String> = e
+                .child_columns
+                .iter()
+                .map(|c| format!("c.{c} IS NOT NULL"))
+                .collect();
             let sql = format!(
                 "SELECT count(*) FROM {} c WHERE {} AND NOT EXISTS (SELECT 1 FROM {} p WHERE {})",
                 e.child,
@@ -164,7 +170,12 @@ impl Scenario {
                 e.parent,
                 join_on(e)
             );
-            n += db.client.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0);
+            n += db
+                .client
+                .query_one(&sql, &[])
+                .await
+                .unwrap()
+                .get::<_, i64>(0);
         }
         n
     }
@@ -202,7 +213,11 @@ impl Scenario {
             !rows_kept || reference.values().map(BTreeSet::len).sum::<usize>() > 0,
             "the reference keeps rows"
         );
-        assert_eq!(self.keys(&dst).await, reference, "the closure is the reference's");
+        assert_eq!(
+            self.keys(&dst).await,
+            reference,
+            "the closure is the reference's"
+        );
         // Each manifest records the closure and its position.
         for (t, _) in self.tables {
             let m = manifest(dir.path(), t);
@@ -212,8 +227,14 @@ impl Scenario {
                 Some(reference[*t].len() as u64),
                 "{t}: {closure}"
             );
-            assert_eq!(closure["position"], m["head_position"], "{t}: the snapshot's position");
-            assert_eq!(closure["spec"]["roots"].as_object().map(|r| r.len()), Some(self.roots.len()));
+            assert_eq!(
+                closure["position"], m["head_position"],
+                "{t}: the snapshot's position"
+            );
+            assert_eq!(
+                closure["spec"]["roots"].as_object().map(|r| r.len()),
+                Some(self.roots.len())
+            );
         }
         (src, dst, dir)
     }
@@ -256,9 +277,16 @@ fn restore<'a>(
     tables: impl Iterator<Item = &'a str>,
 ) -> std::process::Output {
     let mut c = larch();
-    c.args(["restore", "--store", "local", "--if-exists", "replace", "--path"])
-        .arg(dir)
-        .env("LARCH_PG_DSN", &db.dsn);
+    c.args([
+        "restore",
+        "--store",
+        "local",
+        "--if-exists",
+        "replace",
+        "--path",
+    ])
+    .arg(dir)
+    .env("LARCH_PG_DSN", &db.dsn);
     for t in tables {
         c.args(["--table", t]);
     }
@@ -276,7 +304,11 @@ async fn a_chain_keeps_every_ancestor_of_the_roots() {
                INSERT INTO c SELECT i, CASE WHEN i % 13 = 0 THEN NULL ELSE 1 + i % 200 END
                  FROM generate_series(1, 1000) i;",
         spec: "roots:\n  public.c: {where: \"id % 10 = 0\"}\n",
-        tables: &[("public.a", &["id"]), ("public.b", &["id"]), ("public.c", &["id"])],
+        tables: &[
+            ("public.a", &["id"]),
+            ("public.b", &["id"]),
+            ("public.c", &["id"]),
+        ],
         roots: &[("public.c", "id % 10 = 0")],
         edges: vec![
             fk("public.c", &["b_id"], "public.b", &["id"]),
@@ -289,7 +321,12 @@ async fn a_chain_keeps_every_ancestor_of_the_roots() {
 
 #[tokio::test]
 async fn a_diamond_with_a_downward_rule_keeps_both_paths_and_the_children() {
-    let mut down = fk("public.orders", &["customer_id"], "public.customer", &["id"]);
+    let mut down = fk(
+        "public.orders",
+        &["customer_id"],
+        "public.customer",
+        &["id"],
+    );
     down.down = true;
     Scenario {
         schema: "CREATE TABLE region (id int PRIMARY KEY);
@@ -424,7 +461,11 @@ fn triangle(spec: &'static str) -> Scenario {
         schema: TRIANGLE,
         data: TRIANGLE_DATA,
         spec,
-        tables: &[("public.x", &["id"]), ("public.y", &["id"]), ("public.z", &["id"])],
+        tables: &[
+            ("public.x", &["id"]),
+            ("public.y", &["id"]),
+            ("public.z", &["id"]),
+        ],
         roots: &[("public.x", "id IN (7, 150)")],
         edges: vec![
             fk("public.x", &["y_id"], "public.y", &["id"]),
@@ -439,7 +480,12 @@ async fn a_cycle_of_three_not_null_foreign_keys_closes_and_restores_deferred() {
     let (_, dst, _) = triangle("roots:\n  public.x: {where: \"id IN (7, 150)\"}\n")
         .run()
         .await;
-    let n: i64 = dst.client.query_one("SELECT count(*) FROM x", &[]).await.unwrap().get(0);
+    let n: i64 = dst
+        .client
+        .query_one("SELECT count(*) FROM x", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 61, "the whole ring of 60 and the triangle of 150");
 }
 
@@ -453,7 +499,8 @@ async fn a_cycle_that_does_not_close_within_max_rounds_is_an_error_naming_it() {
     let (code, err) = export(&src, scenario.spec, dir.path());
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("did not close within 20 rounds (maxRounds)") && err.contains("through the cycle public."),
+        err.contains("did not close within 20 rounds (maxRounds)")
+            && err.contains("through the cycle public."),
         "{err}"
     );
     for t in ["public.x", "public.y", "public.z"] {
@@ -494,7 +541,12 @@ async fn a_virtual_foreign_key_inside_a_json_column_is_followed() {
 
 #[tokio::test]
 async fn composite_keys_are_followed_upward_and_downward() {
-    let mut line = fk("public.line", &["order_no", "shop"], "public.head", &["order_no", "shop"]);
+    let mut line = fk(
+        "public.line",
+        &["order_no", "shop"],
+        "public.head",
+        &["order_no", "shop"],
+    );
     line.down = true;
     Scenario {
         schema: "CREATE TABLE shop (code text PRIMARY KEY);
@@ -536,13 +588,37 @@ async fn subset_plan_prints_the_closure_and_bad_specs_name_the_field() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("public.staff (root): ~39 of ~400 rows"), "{text}");
-    assert!(text.contains("public.store(manager_id) → public.staff(id) [constraint store_manager_id_fkey]: upward"), "{text}");
-    assert!(text.contains("public.staff(store_id) → public.store(id) [constraint staff_store_id_fkey]: upward"), "{text}");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "nothing exported");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("public.staff (root): ~39 of ~400 rows"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "public.store(manager_id) → public.staff(id) [constraint store_manager_id_fkey]: upward"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "public.staff(store_id) → public.store(id) [constraint staff_store_id_fkey]: upward"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "nothing exported"
+    );
     for (spec, want) in [
-        ("roots:\n  public.nosuch: {}\n", "roots.public.nosuch: table public.nosuch does not exist"),
+        (
+            "roots:\n  public.nosuch: {}\n",
+            "roots.public.nosuch: table public.nosuch does not exist",
+        ),
         (
             "roots:\n  public.staff: {}\ndownward:\n  - {table: public.store, references: public.staff, columns: [id]}\n",
             "downward[0].columns: 1 foreign key(s) of public.store reference public.staff",
@@ -551,7 +627,10 @@ async fn subset_plan_prints_the_closure_and_bad_specs_name_the_field() {
             "roots:\n  public.staff: {}\nvirtualForeignKeys:\n  - {table: public.staff, columns: [nope], references: public.store, referencedColumns: [id]}\n",
             "virtualForeignKeys[0].columns: column \"nope\" of table public.staff does not exist",
         ),
-        ("roots:\n  public.staff: {where: \"pg_sleep(1) IS NULL\"}\n", "roots.public.staff.where"),
+        (
+            "roots:\n  public.staff: {where: \"pg_sleep(1) IS NULL\"}\n",
+            "roots.public.staff.where",
+        ),
     ] {
         std::fs::write(&file, spec).unwrap();
         let out = larch()
@@ -566,7 +645,10 @@ async fn subset_plan_prints_the_closure_and_bad_specs_name_the_field() {
         let (code, err) = export(&src, spec, dir.path());
         assert_eq!(code, 2, "{err}");
         assert!(err.contains(want), "{spec}: {err}");
-        assert!(!dir.path().join("public.staff").exists(), "nothing exported");
+        assert!(
+            !dir.path().join("public.staff").exists(),
+            "nothing exported"
+        );
     }
 }
 
@@ -583,7 +665,8 @@ fn random_scenario(seed: u64) -> Scenario {
     let n = rng.random_range(2..=5usize);
     let rows = rng.random_range(20..=60i32);
     let names: Vec<&'static str> = (0..n).map(|i| leak(format!("public.t{i}"))).collect();
-    let (mut schema, mut constraints, mut data) = (String::new(), String::new(), String::from("BEGIN;\n"));
+    let (mut schema, mut constraints, mut data) =
+        (String::new(), String::new(), String::from("BEGIN;\n"));
     let (mut edges, mut downward) = (Vec::new(), String::new());
     for table in &names {
         let mut columns = vec!["id int PRIMARY KEY".to_string()];
@@ -592,13 +675,18 @@ fn random_scenario(seed: u64) -> Scenario {
             let column: &'static str = leak(format!("f{j}"));
             let parent = names[rng.random_range(0..n)];
             let nullable = rng.random_bool(0.5);
-            columns.push(format!("{column} int{}", if nullable { "" } else { " NOT NULL" }));
+            columns.push(format!(
+                "{column} int{}",
+                if nullable { "" } else { " NOT NULL" }
+            ));
             constraints.push_str(&format!(
                 "ALTER TABLE {table} ADD FOREIGN KEY ({column}) REFERENCES {parent} DEFERRABLE INITIALLY DEFERRED;\n"
             ));
             let salt = rng.random_range(1..1000);
             values.push(if nullable {
-                format!("CASE WHEN (i * {salt}) % 5 = 0 THEN NULL ELSE 1 + (i * {salt}) % {rows} END")
+                format!(
+                    "CASE WHEN (i * {salt}) % 5 = 0 THEN NULL ELSE 1 + (i * {salt}) % {rows} END"
+                )
             } else {
                 format!("1 + (i * {salt} + {j}) % {rows}")
             });
@@ -621,7 +709,10 @@ fn random_scenario(seed: u64) -> Scenario {
     data.push_str("COMMIT;");
     let root = names[rng.random_range(0..n)];
     let predicate = leak(format!("id % 9 = {}", rng.random_range(0..9)));
-    let mut spec = format!("roots:\n  {root}: {{where: \"{predicate}\"}}\ntables: [{}]\n", names.join(", "));
+    let mut spec = format!(
+        "roots:\n  {root}: {{where: \"{predicate}\"}}\ntables: [{}]\n",
+        names.join(", ")
+    );
     if !downward.is_empty() {
         spec.push_str(&format!("downward:\n{downward}"));
     }

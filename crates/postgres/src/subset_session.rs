@@ -90,5 +90,4 @@ impl SharedSnapshot {
     pub fn deadline(&self) -> std::time::Instant {
         self.slot.deadline
     }
-
 }

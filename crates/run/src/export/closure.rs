@@ -281,7 +281,11 @@ pub async fn resolve(
         existing(&info, &t, &format!("roots.{name}"))?;
     }
     for (i, t) in spec.tables.iter().enumerate() {
-        existing(&info, &table_id(t).map_err(invalid)?, &format!("tables[{i}]"))?;
+        existing(
+            &info,
+            &table_id(t).map_err(invalid)?,
+            &format!("tables[{i}]"),
+        )?;
     }
     let mut relationships = catalog;
     relationships.extend(virtual_keys(spec, &info)?);
@@ -369,8 +373,10 @@ fn downward_rules(
                 )));
             }
             _ => {
-                let found: Vec<String> =
-                    between.iter().map(|j| relationships[*j].describe()).collect();
+                let found: Vec<String> = between
+                    .iter()
+                    .map(|j| relationships[*j].describe())
+                    .collect();
                 return Err(invalid(format!(
                     "{at}.columns: {} foreign key(s) of {child} reference {parent} and columns \
                      {:?} pick {} of them: {}",

@@ -70,7 +70,8 @@ pub async fn run(
     connection: SourceConnection,
 ) -> anyhow::Result<Option<serde_json::Value>> {
     if request.subset.is_some() {
-        let tables = subset_table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
+        let tables =
+            subset_table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;
         return export_set(&request, connection.dsn, tables).await.map(Some);
     }
     let mut tables = table_ids(&request).map_err(|e| failure::tag(Reason::InvalidConfig, e))?;

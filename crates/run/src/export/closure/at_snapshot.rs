@@ -70,12 +70,19 @@ pub async fn compute_on(
         .iter()
         .filter_map(|t| {
             let schema = source.table_schema(t)?;
-            Some((t.clone(), schema.columns.into_iter().map(|c| c.name).collect()))
+            Some((
+                t.clone(),
+                schema.columns.into_iter().map(|c| c.name).collect(),
+            ))
         })
         .collect();
     let queries = rounds::copy_queries(plan, &columns);
     shared.copy_subset_through(client, queries);
-    tracing::info!(rounds = report.rounds, tables = plan.tables.len(), "subset closure computed");
+    tracing::info!(
+        rounds = report.rounds,
+        tables = plan.tables.len(),
+        "subset closure computed"
+    );
     Ok(record(closure, &report, shared.position()))
 }
 

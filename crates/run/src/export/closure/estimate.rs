@@ -15,9 +15,18 @@ use tokio_postgres::Client;
 use super::ClosurePlan;
 
 /// The planner's estimate of the rows of `SELECT 1 FROM table [WHERE predicate]`.
-async fn explain_rows(client: &Client, table: &TableId, predicate: Option<&str>) -> anyhow::Result<f64> {
-    let filter = predicate.map(|p| format!(" WHERE ({p})")).unwrap_or_default();
-    let sql = format!("EXPLAIN (FORMAT JSON) SELECT 1 FROM {}{filter}", qualified(table));
+async fn explain_rows(
+    client: &Client,
+    table: &TableId,
+    predicate: Option<&str>,
+) -> anyhow::Result<f64> {
+    let filter = predicate
+        .map(|p| format!(" WHERE ({p})"))
+        .unwrap_or_default();
+    let sql = format!(
+        "EXPLAIN (FORMAT JSON) SELECT 1 FROM {}{filter}",
+        qualified(table)
+    );
     let messages = client.simple_query(&sql).await.map_err(|e| {
         anyhow!(
             "EXPLAIN of table {table}: {}",
@@ -48,7 +57,9 @@ pub async fn estimate(
     for root in &plan.roots {
         let rows = explain_rows(client, &root.table, root.row_filter.as_deref()).await?;
         let share = root.sample.as_ref().map_or(1.0, |s| s.percent / 100.0);
-        *kept.get_mut(&root.table).expect("a root is a table of the plan") += rows * share;
+        *kept
+            .get_mut(&root.table)
+            .expect("a root is a table of the plan") += rows * share;
     }
     // A few passes: enough for the estimate to settle on acyclic paths; cycles stay capped
     // by the tables' totals.
@@ -81,7 +92,10 @@ pub async fn estimate(
 /// The plan as `larch subset plan` prints it.
 pub fn plan_text(plan: &ClosurePlan, estimates: &BTreeMap<TableId, (f64, f64)>) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "tables (parents first: the order a restore loads them):");
+    let _ = writeln!(
+        out,
+        "tables (parents first: the order a restore loads them):"
+    );
     for t in &plan.tables {
         let (kept, total) = estimates.get(t).copied().unwrap_or_default();
         let root = if plan.roots.iter().any(|r| &r.table == t) {
@@ -110,7 +124,11 @@ pub fn plan_text(plan: &ClosurePlan, estimates: &BTreeMap<TableId, (f64, f64)>) 
             }
             how.push(down);
         }
-        let kind = if r.is_virtual { "virtual" } else { "constraint" };
+        let kind = if r.is_virtual {
+            "virtual"
+        } else {
+            "constraint"
+        };
         let _ = writeln!(
             out,
             "  {} [{kind} {}]: {}",

@@ -163,15 +163,12 @@ fn downward_sql(
 }
 
 async fn execute(client: &Client, sql: &str) -> anyhow::Result<u64> {
-    client
-        .execute(sql, &[])
-        .await
-        .map_err(|e| {
-            anyhow!(
-                "computing the subset's closure: {}",
-                larch_postgres::errors::message(&e)
-            )
-        })
+    client.execute(sql, &[]).await.map_err(|e| {
+        anyhow!(
+            "computing the subset's closure: {}",
+            larch_postgres::errors::message(&e)
+        )
+    })
 }
 
 /// Computes the closure of `plan` in `client`'s session (its kept-rows tables made by
@@ -184,7 +181,10 @@ pub async fn compute(
 ) -> anyhow::Result<ClosureReport> {
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     client
-        .batch_execute(&format!("SET statement_timeout = {}", left.as_millis().max(1)))
+        .batch_execute(&format!(
+            "SET statement_timeout = {}",
+            left.as_millis().max(1)
+        ))
         .await
         .map_err(|e| anyhow!("computing the subset's closure: {e}"))?;
     for root in &plan.roots {
@@ -241,7 +241,11 @@ fn unclosed(plan: &ClosurePlan, grew: &BTreeSet<TableId>) -> anyhow::Error {
         .upward
         .iter()
         .map(|i| &plan.relationships[*i])
-        .chain(plan.downward.iter().map(|d| &plan.relationships[d.relationship]))
+        .chain(
+            plan.downward
+                .iter()
+                .map(|d| &plan.relationships[d.relationship]),
+        )
         .collect();
     let cycle = grew.iter().find_map(|t| find_cycle(t, &edges));
     let through = match cycle {

@@ -205,9 +205,8 @@ fn table_exports_whole(
         .iter()
         .map(|table| {
             let key_prefix = format!("{parent}{table}/");
-            larch_archive::store::check_key_prefix(&key_prefix).map_err(|e| {
-                anyhow::Error::from(e).context(format!("--key-prefix for {table}"))
-            })?;
+            larch_archive::store::check_key_prefix(&key_prefix)
+                .map_err(|e| anyhow::Error::from(e).context(format!("--key-prefix for {table}")))?;
             Ok(TableExport {
                 table: table.clone(),
                 writer: writer_config(request, table, &key_prefix)?,
