@@ -1,7 +1,8 @@
 //! Several tables at one position (issue 16, item 3) on the real control plane: an ArchiveExport
 //! with `tables` and `parallel` runs one Job that exports every table at one shared snapshot,
 //! each into its own archive, and an ArchiveSource over the export serves them all; the API
-//! server refuses `parallel` where it does not apply.
+//! server refuses `parallel` where it does not apply. A `subset` that follows foreign keys runs
+//! in that one Job, and `status.tables` shows the rows the closure kept per table.
 
 use super::helpers::{engine_ip, engine_rows, wait_export_succeeded, wait_source_ready};
 use super::support::{env_with_operator, serial};
@@ -151,4 +152,66 @@ spec:
         );
     }
     e.kubectl(&["delete", "namespace", NS, "--wait=false"]);
+}
+
+/// Scenario 31b (issue 37, item 6): an ArchiveExport with `subset` keeps 1 % of the orders and
+/// every customer they reference (upward), exported at one position in one Job; `status.tables`
+/// shows the kept rows per table; `subset` without `parallel` is refused by the API server.
+#[test]
+fn s31b_a_subset_export_keeps_the_closure_of_its_roots() {
+    let _g = serial();
+    let e = env_with_operator();
+    e.sql(
+        "DROP TABLE IF EXISTS public.sub_orders, public.sub_customers; \
+         CREATE TABLE public.sub_customers (id int8 PRIMARY KEY, name text NOT NULL); \
+         CREATE TABLE public.sub_orders (id int8 PRIMARY KEY, \
+             customer int8 NOT NULL REFERENCES public.sub_customers, total int8 NOT NULL); \
+         INSERT INTO public.sub_customers SELECT g, 'c'||g FROM generate_series(1, 500) g; \
+         INSERT INTO public.sub_orders SELECT g, 1 + (g * 7) % 500, g FROM generate_series(1, 3000) g",
+    );
+    let want_customers: i64 = e
+        .sql("SELECT count(DISTINCT customer) FROM public.sub_orders WHERE id <= 30")
+        .parse()
+        .unwrap();
+    e.namespace(NS, &[]);
+    e.bucket(BUCKET);
+    let tables =
+        "    tables: [{schema: public, name: sub_orders}, {schema: public, name: sub_customers}]";
+    let subset = "  subset:\n    roots:\n      public.sub_orders: {where: \"id <= 30\"}\n";
+    let out = e.kubectl_out(
+        &["apply", "--dry-run=server", "-f", "-"],
+        Some(&export_doc(e, "sub-noparallel", "OneShot", tables, subset)),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("subset (following foreign keys) applies to mode OneShot"),
+        "{stderr}"
+    );
+    e.apply(&export_doc(
+        e,
+        "subset",
+        "OneShot",
+        tables,
+        &format!("  parallel: 2\n  keyPrefix: subset/\n{subset}"),
+    ));
+    let done = wait_export_succeeded(e, NS, "subset", None);
+    let status = &done["status"]["tables"];
+    let rows = |table: &str| {
+        status
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["table"] == table))
+            .and_then(|s| s["rowCount"].as_i64())
+            .unwrap_or_else(|| panic!("{table} in {status}"))
+    };
+    assert_eq!(rows("public.sub_orders"), 30, "{status}");
+    assert_eq!(rows("public.sub_customers"), want_customers, "{status}");
+    e.kubectl(&[
+        "delete",
+        "archiveexport",
+        "-n",
+        NS,
+        "subset",
+        "--wait=false",
+    ]);
 }

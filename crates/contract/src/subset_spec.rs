@@ -21,7 +21,7 @@ pub struct SubsetSpec {
     /// Tables exported besides the roots and the tables the closure reaches (each gets the
     /// rows the closure keeps in it, possibly none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 1024))]
+    #[schemars(length(max = 1024), inner(length(max = 128)))]
     pub tables: Vec<String>,
     /// `schema.table` → which of its rows start the subset (`where:` and/or `sample:`; both:
     /// the sample of the rows the predicate keeps).
@@ -63,11 +63,14 @@ pub struct RootRule {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DownwardRule {
     /// The referencing (child) table.
+    #[schemars(length(max = 128))]
     pub table: String,
     /// The referenced (parent) table.
+    #[schemars(length(max = 128))]
     pub references: String,
     /// The child's foreign key columns, when several relationships join the two tables.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 63)))]
     pub columns: Vec<String>,
     /// At most this many rows of `table` are added through this relationship.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -83,15 +86,19 @@ pub struct DownwardRule {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VirtualForeignKey {
+    #[schemars(length(max = 128))]
     pub table: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 63)))]
     pub columns: Vec<String>,
     /// Instead of `columns`: one SQL expression on the table's columns, such as
     /// `(payload->>'customer_id')::bigint` (the rules of a `where:`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub expression: Option<String>,
+    #[schemars(length(max = 128))]
     pub references: String,
+    #[schemars(length(max = 32), inner(length(max = 63)))]
     pub referenced_columns: Vec<String>,
 }
 

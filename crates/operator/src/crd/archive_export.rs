@@ -55,6 +55,7 @@ pub const ADOPT_LEGACY_SLOT_ANNOTATION: &str = "larch.dev/adopt-legacy-slot";
     validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.tables) || self.transform.tables.all(t, !has(self.transform.tables[t].where) && !has(self.transform.tables[t].sample))").message("transform.tables[*].where and sample (subsetting) apply only to mode OneShot: the diffs of a continuous export would not respect them"),
     validation = Rule::new("self.mode == 'OneShot' || !has(self.transform) || !has(self.transform.leakCheck) || !self.transform.leakCheck").message("transform.leakCheck applies only to mode OneShot (and schedules): a continuous archive's head moves with every diff; check it with `larch archive leak-check --no-record`"),
     validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
+    validation = Rule::new("!has(self.subset) || (self.mode == 'OneShot' && has(self.parallel) && has(self.source.tables))").message("subset (following foreign keys) applies to mode OneShot with source.tables and parallel: one Job computes the closure and exports every table at one position"),
     validation = Rule::new("!has(self.parallel) || (self.mode == 'OneShot' && has(self.source.tables))").message("parallel applies to mode OneShot with source.tables (one Job exporting every table at one position); a Continuous export runs one Deployment per table"),
 )]
 pub struct ArchiveExportSpec {
@@ -118,6 +119,12 @@ pub struct ArchiveExportSpec {
     /// Secret (never in the spec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<ExportTransform>,
+    /// A subset that follows foreign keys (dev seeds, docs/subsetting.md): the roots, the
+    /// relationships followed downward, virtual foreign keys, the nullable-key policy; the
+    /// exporter computes the closure at the export's snapshot, and every table it reaches is
+    /// exported with the rows kept. OneShot with `source.tables` and `parallel` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<larch_contract::subset_spec::SubsetSpec>,
 }
 
 /// `spec.transform`: per table (`schema.table`), `undeclared` and `columns` as in a

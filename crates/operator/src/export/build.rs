@@ -191,6 +191,8 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
             .and_then(|t| t.key_secret_ref.as_ref())
             .map(|_| TRANSFORM_KEY_FILE.into()),
         leak_check: transform.is_some_and(|t| t.leak_check),
+        // The closure is computed over the whole set at one position.
+        subset: spec.subset.clone().filter(|_| table.is_none()),
         // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
         listen: Some(pod::listen_arg()),
         ..Default::default()

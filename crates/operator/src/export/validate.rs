@@ -50,6 +50,16 @@ pub fn export(export: &ArchiveExport) -> Result<(), String> {
                 .map_err(|why| format!("{field} {predicate:?}: {why}"))?;
         }
     }
+    if let Some(subset) = &spec.subset {
+        subset.check().map_err(|e| format!("spec.subset: {e}"))?;
+        for (name, root) in &subset.roots {
+            let (Some(predicate), Ok(table)) = (&root.row_filter, name.parse::<TableId>()) else {
+                continue;
+            };
+            larch_postgres::check_row_filter_with(&table, predicate, None)
+                .map_err(|why| format!("spec.subset.roots[{name:?}].where {predicate:?}: {why}"))?;
+        }
+    }
     if let Some(s) = &spec.schedule {
         crate::cron::check_schedule(&s.cron).map_err(|e| {
             format!(

@@ -461,6 +461,35 @@ fn a_oneshot_export_of_tables_with_parallel_is_one_job_at_one_position() {
     assert!(c.jobs.is_empty());
 }
 
+/// A subset that follows foreign keys goes to the set's one Job, whole, and the operator checks
+/// what it can without the database (names, the roots' `where:`), naming the field.
+#[test]
+fn a_subset_goes_to_the_sets_job_and_bad_subsets_name_the_field() {
+    let mut e = export_fixture("export-oneshot-set");
+    let spec: larch_contract::subset_spec::SubsetSpec = larch_contract::from_yaml(
+        "roots: {public.transfers: {where: \"amount > 100\"}}\n\
+         downward: [{table: public.transfers, references: public.accounts, limit: 10}]\n",
+    )
+    .unwrap();
+    e.spec.subset = Some(spec.clone());
+    assert_eq!(crate::export::validate::export(&e), Ok(()));
+    assert_eq!(export::set_export_request(&e).subset, Some(spec));
+    let bad = |yaml: &str| {
+        let mut e = e.clone();
+        e.spec.subset = Some(larch_contract::from_yaml(yaml).unwrap());
+        crate::export::validate::export(&e).unwrap_err()
+    };
+    assert_eq!(
+        bad("roots: {}"),
+        "spec.subset: roots: no root table: name at least one"
+    );
+    let err = bad("roots: {public.transfers: {where: \"pg_sleep(10) IS NULL\"}}");
+    assert!(
+        err.starts_with("spec.subset.roots[\"public.transfers\"].where \"pg_sleep(10) IS NULL\":"),
+        "{err}"
+    );
+}
+
 /// Issue 35, finding 4: names that mapped alike (`team-a`/`b-users`, `team-a-b`/`users`) get
 /// distinct slots; every name is a valid identifier of at most 63 bytes and never changes.
 #[test]
