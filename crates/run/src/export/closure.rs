@@ -2,7 +2,7 @@
 //! spans, resolved against the catalog ([`resolve`]), then computed in the database at the
 //! export's snapshot ([`rounds`]). docs/subsetting.md.
 //!
-//! The kept rows of each table are the `ctid`s of its rows, in a temporary table of the
+//! The kept rows of each table are the `(tableoid, ctid)`s of its rows, in a temporary table of the
 //! session that imported the export's snapshot: within one snapshot a row version's `ctid` is
 //! stable (the snapshot holds back the vacuum that could move it), so every table is covered,
 //! whatever its key. The closure grows by set-based `INSERT … SELECT` rounds; the COPY of each

@@ -32,7 +32,8 @@ pub fn prepare_sql(plan: &ClosurePlan) -> String {
     (0..plan.tables.len())
         .map(|i| {
             format!(
-                "CREATE TEMPORARY TABLE larch_kept_{i} (row_id tid PRIMARY KEY, round int NOT NULL); \
+                "CREATE TEMPORARY TABLE larch_kept_{i} (row_rel oid NOT NULL, row_id tid NOT NULL, \
+                 round int NOT NULL, PRIMARY KEY (row_rel, row_id)); \
                  CREATE INDEX ON larch_kept_{i} (round);"
             )
         })
@@ -71,7 +72,8 @@ impl ClosurePlan {
     }
 }
 
-/// `table`'s rows as `(larch_row_id, larch_k0, …)` on `exprs`.
+/// `table`'s rows as `(larch_row_rel, larch_row_id, larch_k0, …)` on `exprs`. A row is its
+/// relation and `ctid`: a partitioned table's partitions each number their own pages.
 fn keyed(table: &TableId, exprs: &[String]) -> String {
     let keys: Vec<String> = exprs
         .iter()
@@ -79,7 +81,7 @@ fn keyed(table: &TableId, exprs: &[String]) -> String {
         .map(|(i, e)| format!("{e} AS larch_k{i}"))
         .collect();
     format!(
-        "(SELECT ctid AS larch_row_id, {} FROM {})",
+        "(SELECT tableoid AS larch_row_rel, ctid AS larch_row_id, {} FROM {})",
         keys.join(", "),
         qualified(table)
     )
@@ -106,7 +108,8 @@ fn root_sql(plan: &ClosurePlan, root: &super::Root, seed: i64) -> String {
         conditions.push(sample_sql("t", &sample_by(plan, &root.table, s), s, seed));
     }
     format!(
-        "INSERT INTO {} (row_id, round) SELECT t.ctid, 0 FROM {} t WHERE {} ON CONFLICT DO NOTHING",
+        "INSERT INTO {} (row_rel, row_id, round) SELECT t.tableoid, t.ctid, 0 FROM {} t WHERE {} \
+         ON CONFLICT DO NOTHING",
         kept(plan.index(&root.table)),
         qualified(&root.table),
         conditions.join(" AND ")
@@ -116,8 +119,9 @@ fn root_sql(plan: &ClosurePlan, root: &super::Root, seed: i64) -> String {
 /// The parents of the child rows the previous round added.
 fn upward_sql(plan: &ClosurePlan, r: &Relationship, round: u32) -> String {
     format!(
-        "INSERT INTO {parent_kept} (row_id, round) SELECT p.larch_row_id, {round} \
-         FROM {child_kept} k JOIN {c} c ON c.larch_row_id = k.row_id JOIN {p} p ON {on} \
+        "INSERT INTO {parent_kept} (row_rel, row_id, round) \
+         SELECT p.larch_row_rel, p.larch_row_id, {round} FROM {child_kept} k \
+         JOIN {c} c ON c.larch_row_rel = k.row_rel AND c.larch_row_id = k.row_id JOIN {p} p ON {on} \
          WHERE k.round = {prev} ON CONFLICT DO NOTHING",
         parent_kept = kept(plan.index(&r.parent)),
         child_kept = kept(plan.index(&r.child)),
@@ -149,10 +153,11 @@ fn downward_sql(
     }
     let limit = remaining.map(|n| format!(" LIMIT {n}")).unwrap_or_default();
     format!(
-        "INSERT INTO {child_kept} (row_id, round) SELECT c.larch_row_id, {round} \
-         FROM {parent_kept} k JOIN {p} p ON p.larch_row_id = k.row_id JOIN {c} c ON {on} \
+        "INSERT INTO {child_kept} (row_rel, row_id, round) \
+         SELECT c.larch_row_rel, c.larch_row_id, {round} FROM {parent_kept} k \
+         JOIN {p} p ON p.larch_row_rel = k.row_rel AND p.larch_row_id = k.row_id JOIN {c} c ON {on} \
          WHERE k.round = {prev}{sample} AND NOT EXISTS \
-         (SELECT 1 FROM {child_kept} x WHERE x.row_id = c.larch_row_id){limit} \
+         (SELECT 1 FROM {child_kept} x WHERE x.row_rel = c.larch_row_rel AND x.row_id = c.larch_row_id){limit} \
          ON CONFLICT DO NOTHING",
         parent_kept = kept(plan.index(&r.parent)),
         p = keyed(&r.parent, &parent_exprs(r)),
@@ -312,7 +317,8 @@ pub fn copy_queries(
         out.insert(
             t.clone(),
             format!(
-                "COPY (SELECT {} FROM {} t WHERE t.ctid IN (SELECT row_id FROM {})) TO STDOUT",
+                "COPY (SELECT {} FROM {} t WHERE (t.tableoid, t.ctid) IN (SELECT row_rel, row_id FROM {})) \
+                 TO STDOUT",
                 select.join(", "),
                 qualified(t),
                 kept(i)
@@ -340,7 +346,8 @@ fn set_null_conditions(plan: &ClosurePlan, table: &TableId, column: &str) -> Vec
                 .map(|(p, c)| format!("p.{} = t.{}", ident(p), ident(c)))
                 .collect();
             format!(
-                "EXISTS (SELECT 1 FROM {} k JOIN {} p ON p.ctid = k.row_id WHERE {})",
+                "EXISTS (SELECT 1 FROM {} k JOIN {} p ON p.tableoid = k.row_rel AND p.ctid = k.row_id \
+                 WHERE {})",
                 kept(plan.index(&r.parent)),
                 qualified(&r.parent),
                 on.join(" AND ")
