@@ -27,6 +27,8 @@ pub(super) async fn export_set(
     let masking = masking(request)?;
     let subqueries = subquery_tables(request, &tables, masking.as_deref());
     let set = table_exports(request, &tables, masking.as_deref(), subqueries.as_ref())?;
+    // Before anything is written: `--require-validated` refuses here.
+    let preflight = super::validated::preflight(request, &dsn, &tables, masking.as_deref()).await?;
     let parallel = request
         .parallel
         .map(usize::from)
@@ -102,6 +104,7 @@ pub(super) async fn export_set(
             entry["leak_check"] = figures;
         }
     }
+    super::validated::attach(&mut summary, preflight, false)?;
     if let Some(path) = &request.summary_file {
         // On one line: a termination message keeps 4 KiB, some 25 tables' entries.
         std::fs::write(path, format!("{summary}\n"))
