@@ -191,6 +191,7 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
             .and_then(|t| t.key_secret_ref.as_ref())
             .map(|_| TRANSFORM_KEY_FILE.into()),
         leak_check: transform.is_some_and(|t| t.leak_check),
+        require_validated: transform.is_some_and(|t| t.require_validated),
         // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
         listen: Some(pod::listen_arg()),
         ..Default::default()
