@@ -201,6 +201,11 @@ pub struct ExportArgs {
     /// its manifest; raw values found fail the export (exit 2, reason LeakFound).
     #[arg(long)]
     pub leak_check: bool,
+    /// With --transform: refuse to export (exit 2, reason ConstraintsAtRisk, nothing written)
+    /// when the constraint preflight every masked export runs at start (what --check prints)
+    /// finds a UNIQUE, CHECK, NOT NULL or FOREIGN KEY constraint the rules can break.
+    #[arg(long)]
+    pub require_validated: bool,
     /// Subsetting (one-shot only): export only the rows this SQL predicate keeps, e.g.
     /// `created_at > CURRENT_TIMESTAMP - interval '90 days'` (parsed: columns, constants,
     /// operators, casts and immutable functions only; then checked with EXPLAIN).
@@ -321,6 +326,7 @@ impl ExportArgs {
             transform,
             transform_key_file: self.transform_key_file.clone(),
             leak_check: self.leak_check,
+            require_validated: self.require_validated,
             row_filter: self.row_filter.clone(),
             where_subqueries: self.where_subqueries,
             sample: self.sample,

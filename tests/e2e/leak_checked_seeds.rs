@@ -3,12 +3,14 @@
 //! ArchiveSourceSet with `requireLeakCheck: true` serves it in every selected namespace; the
 //! same masked export without the check is refused (`ArchiveNotTransformed`), and an export
 //! whose rules keep a column holding a raw email fails with reason `LeakFound`, naming the
-//! table and column but not the value.
+//! table and column but not the value. Their rules hash the UNIQUE email column: condition
+//! `Validated` is False naming the constraint, and with `transform.requireValidated` the
+//! export refuses to run (`ConstraintsAtRisk`).
 
 use super::helpers::{
     engine_ip, engine_rows, export_manifest, wait_export_succeeded, wait_source_ready, wait_stalled,
 };
-use super::support::{env_with_operator, serial};
+use super::support::{condition, env_with_operator, serial};
 
 const PLATFORM: &str = "e2e-leak-platform";
 const DEVS: [&str; 2] = ["e2e-leak-a", "e2e-leak-b"];
@@ -39,7 +41,7 @@ fn s30b_require_leak_check_serves_a_checked_seed_and_refuses_the_rest() {
     let e = env_with_operator();
     e.sql(&format!(
         "DROP TABLE IF EXISTS public.leak_users; \
-         CREATE TABLE public.leak_users (id int8 PRIMARY KEY, email text NOT NULL, plan text, \
+         CREATE TABLE public.leak_users (id int8 PRIMARY KEY, email text NOT NULL UNIQUE, plan text, \
          notes text); \
          INSERT INTO public.leak_users SELECT g, 'rawleak'||g||'x@corp-e2e.test', \
          'plan-'||(g % 3), 'note '||g FROM generate_series(1, {ROWS}) g; \
@@ -54,8 +56,37 @@ fn s30b_require_leak_check_serves_a_checked_seed_and_refuses_the_rest() {
     e.apply(&masked_export(e, "checked", "hash", true));
     e.apply(&masked_export(e, "unchecked", "hash", false));
     e.apply(&masked_export(e, "leaky", "keep", true));
+    e.apply(&(masked_export(e, "strict", "hash", false) + "    requireValidated: true\n"));
     wait_export_succeeded(e, PLATFORM, "checked", None);
     wait_export_succeeded(e, PLATFORM, "unchecked", None);
+
+    // The hashed UNIQUE email: the preflight of the export pod names it; informational here.
+    let at_risk = "public.leak_users.leak_users_email_key (UNIQUE): column \"email\": hash on text";
+    let validated = e.wait_for(PLATFORM, "checked Validated", 60, || {
+        let o = e.get(&["archiveexport", "checked", "-n", PLATFORM])?;
+        condition(&o, "Validated")
+            .filter(|c| c["status"] != "Unknown")
+            .cloned()
+    });
+    assert_eq!(
+        (&validated["status"], &validated["reason"]),
+        (&"False".into(), &"ConstraintsAtRisk".into()),
+        "{validated}"
+    );
+    let message = validated["message"].as_str().unwrap_or_default();
+    assert!(message.contains(at_risk), "{message}");
+    assert!(!message.contains("rawleak"), "no value quoted: {message}");
+    let message = wait_stalled(e, "archiveexport", PLATFORM, "strict", "ConstraintsAtRisk");
+    assert!(
+        message.contains(at_risk) && message.contains("nothing was exported"),
+        "{message}"
+    );
+    let strict = e.get(&["archiveexport", "strict", "-n", PLATFORM]).unwrap();
+    let v = condition(&strict, "Validated").unwrap();
+    assert_eq!(
+        (&v["status"], &v["reason"]),
+        (&"False".into(), &"ConstraintsAtRisk".into())
+    );
 
     let message = wait_stalled(e, "archiveexport", PLATFORM, "leaky", "LeakFound");
     assert!(

@@ -289,3 +289,155 @@ async fn the_check_flags_each_kind_of_broken_constraint_and_a_hashed_unique_key_
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("23505"), "{err}");
 }
+
+/// `larch export` of accounts (and transfers) with `extra` flags and a summary file: the exit
+/// status, the summary (or termination message) and stderr.
+fn export_with_summary(
+    db: &Database,
+    rules: &str,
+    dir: &Path,
+    tables: &[&str],
+    extra: &[&str],
+) -> (i32, Value, String) {
+    let files = Files::new(rules);
+    let summary = dir.join("summary.json");
+    let mut cmd = larch();
+    cmd.arg("export");
+    for t in tables {
+        cmd.args(["--table", t]);
+    }
+    let out = cmd
+        .args(["--slot", &unique_slot("larch_validated")])
+        .args(["--store", "local", "--path"])
+        .arg(dir.join("archive"))
+        .arg("--transform")
+        .arg(files.rules())
+        .arg("--transform-key-file")
+        .arg(files.key())
+        .arg("--summary-file")
+        .arg(&summary)
+        .args(extra)
+        .env("LARCH_PG_DSN", &db.dsn)
+        .output()
+        .unwrap();
+    let summary = std::fs::read(&summary)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code().unwrap_or(-1), summary, stderr)
+}
+
+/// Every export with a transform runs the preflight at start: `--require-validated` refuses a
+/// rule that breaks a UNIQUE column (exit 2, reason ConstraintsAtRisk, the constraint named,
+/// nothing written, no slot left); without it the export goes on and its summary carries the
+/// findings (names only), as the operator reads them into condition `Validated`.
+#[tokio::test]
+async fn require_validated_refuses_a_unique_column_at_risk_and_the_summary_carries_the_findings() {
+    let db = schema_with_rows().await;
+    let hashed = GOOD.replace("handle: permute", "handle: hash");
+    let both = ["accounts", "transfers"];
+    let refused = tempfile::tempdir().unwrap();
+    let (code, termination, err) = export_with_summary(
+        &db,
+        &hashed,
+        refused.path(),
+        &both,
+        &["--require-validated"],
+    );
+    assert_eq!(code, 2, "{termination}\n{err}");
+    assert_eq!(termination["reason"], "ConstraintsAtRisk", "{termination}");
+    let why = termination["error"].as_str().unwrap();
+    for needle in [
+        "the transform can break 1 of the",
+        "public.accounts.accounts_handle_key (UNIQUE): column \"handle\": hash on text is not unique",
+        "nothing was exported",
+    ] {
+        assert!(why.contains(needle), "{needle:?} not in {why}");
+    }
+    assert!(err.contains("accounts_handle_key"), "{err}");
+    // Names only: no handle, email or account number of a row.
+    let raw = strings(&db, "SELECT handle || ' ' || email FROM accounts").await;
+    for value in raw
+        .iter()
+        .flat_map(|r| r.split(' '))
+        .filter(|v| v.len() > 2)
+    {
+        assert!(!why.contains(value), "{value:?} quoted in {why}");
+    }
+    assert!(
+        !refused.path().join("archive").exists(),
+        "nothing written: {:?}",
+        std::fs::read_dir(refused.path())
+            .unwrap()
+            .collect::<Vec<_>>()
+    );
+    let slots: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'larch_validated%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "no slot was created");
+
+    // Without it: exported, the findings in the summary (one table's and a set's).
+    let single = tempfile::tempdir().unwrap();
+    let (code, summary, err) = export_with_summary(&db, &hashed, single.path(), &both[..1], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(summary["row_count"], ACCOUNTS, "{summary}");
+    let p = &summary["preflight"];
+    assert_eq!(p["at_risk"], 1, "{summary}");
+    assert!(
+        p["constraints_checked"].as_u64().unwrap() >= 10,
+        "{summary}"
+    );
+    assert_eq!(
+        p["problems"][0],
+        "public.accounts.accounts_handle_key (UNIQUE): column \"handle\": hash on text is not unique: two values can hash alike (use permute)",
+        "{summary}"
+    );
+    assert!(
+        single
+            .path()
+            .join("archive/public.accounts/manifest.json")
+            .exists()
+    );
+
+    // The good rules pass a required preflight; a set's summary carries it once.
+    let set = tempfile::tempdir().unwrap();
+    let (code, summary, err) =
+        export_with_summary(&db, GOOD, set.path(), &both, &["--require-validated"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        summary["tables"].as_array().map(Vec::len),
+        Some(2),
+        "{summary}"
+    );
+    assert_eq!(summary["preflight"]["at_risk"], 0, "{summary}");
+    assert!(summary["preflight"].get("problems").is_none(), "{summary}");
+    assert!(
+        summary["preflight"]["constraints_checked"]
+            .as_u64()
+            .unwrap()
+            >= 20,
+        "{summary}"
+    );
+
+    // Without a transform there is nothing to require.
+    let out = larch()
+        .args(["export", "--table", "accounts", "--require-validated"])
+        .args(["--store", "local", "--path"])
+        .arg(set.path().join("plain"))
+        .env("LARCH_PG_DSN", &db.dsn)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--require-validated needs --transform"),
+        "{err}"
+    );
+}

@@ -407,6 +407,13 @@ async fn a_continuous_export_reports_the_columns_its_rules_do_not_name() {
     };
     let s = get_json(addr, "/status").await;
     assert_eq!(unreviewed(&s), ["phone null {fake: phone}"], "{s}");
+    // The constraint preflight at start (condition `Validated`): the primary key and the NOT
+    // NULL columns hold under RULES (an integer hash is a permutation, email is not UNIQUE).
+    assert_eq!(s["preflight"]["at_risk"], 0, "{s}");
+    assert!(
+        s["preflight"]["constraints_checked"].as_u64().unwrap() >= 2,
+        "{s}"
+    );
     db.client
         .batch_execute(
             "ALTER TABLE users ADD COLUMN contact_email text;

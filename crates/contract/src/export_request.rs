@@ -126,6 +126,10 @@ pub struct ExportRequest {
     /// for raw values of the masked columns and record the result in its manifest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leak_check: bool,
+    /// `--require-validated`: with a transform, refuse to export (reason `ConstraintsAtRisk`,
+    /// nothing written) when the constraint preflight finds a constraint it can break.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_validated: bool,
     /// `--where`: the row filter of a one-shot export of one table.
     #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
     pub row_filter: Option<String>,

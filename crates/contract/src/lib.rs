@@ -4,6 +4,8 @@
 //! - [`engine_file`]: the engine's configuration file (`larch engine --config engine.yaml`),
 //!   which the operator writes into an ArchiveSource's ConfigMap.
 //! - [`export_request`]: what an export pod runs (`larch export --request '<json>'`).
+//! - [`preflight`]: what an export pod reports of its constraint preflight (the summary, a
+//!   writer's `/status`), which the operator turns into the `Validated` condition.
 //! - [`restore_request`]: what a restore pod runs (`larch restore --request '<json>'`) and the
 //!   summary it answers with.
 //! - [`transform_rules`]: the masking rules, for the CLI's rules file and the CRD alike.
@@ -11,6 +13,7 @@
 
 pub mod engine_file;
 pub mod export_request;
+pub mod preflight;
 pub mod restore_request;
 pub mod subset_spec;
 pub mod transform_rules;

@@ -59,6 +59,10 @@ pub enum Reason {
     /// masked columns in the archive it wrote: the message counts them per column, never
     /// quoting one.
     LeakFound,
+    /// An export with `--require-validated` (`spec.transform.requireValidated`) whose constraint
+    /// preflight found constraints the transform can break: it exported nothing; the message
+    /// names them (constraint and column names, never a value).
+    ConstraintsAtRisk,
     /// Anything else: the message says what.
     Failed,
 }
@@ -72,7 +76,7 @@ pub const EXIT_LEASE_LOST: i32 = 3;
 const MAX_ERROR_BYTES: usize = 3072;
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::TableNotFound,
         Reason::ColumnNotFound,
         Reason::DatabaseNotFound,
@@ -88,6 +92,7 @@ impl Reason {
         Reason::OutOfMemory,
         Reason::ArchiveNotTransformed,
         Reason::LeakFound,
+        Reason::ConstraintsAtRisk,
         Reason::Failed,
     ];
 
@@ -108,6 +113,7 @@ impl Reason {
             Reason::OutOfMemory => "OutOfMemory",
             Reason::ArchiveNotTransformed => "ArchiveNotTransformed",
             Reason::LeakFound => "LeakFound",
+            Reason::ConstraintsAtRisk => "ConstraintsAtRisk",
             Reason::Failed => "Failed",
         }
     }
@@ -408,6 +414,7 @@ mod tests {
         assert_eq!(Reason::parse("SomethingNewer"), Reason::Failed);
         assert_eq!(Reason::TableNotFound.exit_code(), 2);
         assert_eq!(Reason::InvalidConfig.exit_code(), 2);
+        assert_eq!(Reason::ConstraintsAtRisk.exit_code(), 2);
         assert_eq!(Reason::ConnectionFailed.exit_code(), 1);
         assert_eq!(Reason::Failed.exit_code(), 1);
         assert_eq!(Reason::LeaseLost.exit_code(), 3);

@@ -150,6 +150,12 @@ pub struct ExportTransform {
     /// (default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub leak_check: bool,
+    /// Refuse to export when the constraint preflight the export pods run at start finds a
+    /// UNIQUE, CHECK, NOT NULL or FOREIGN KEY constraint the rules can break: the pod exits
+    /// with reason `ConstraintsAtRisk` and writes nothing (default false: the export goes on
+    /// and condition `Validated` names the constraints).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_validated: bool,
 }
 
 impl ExportTransform {

@@ -193,6 +193,7 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
         leak_check: transform.is_some_and(|t| t.leak_check),
         // The closure is computed over the whole set at one position.
         subset: spec.subset.clone().filter(|_| table.is_none()),
+        require_validated: transform.is_some_and(|t| t.require_validated),
         // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
         listen: Some(pod::listen_arg()),
         ..Default::default()

@@ -1,17 +1,25 @@
 //! ArchiveExport conditions from what its reconcile observed (pure).
 
+use larch_contract::preflight::PreflightSummary;
+use larch_core::failure::Reason;
+
 use crate::crd::archive_export::{ExportMode, RunStatus};
 use crate::reconcile::conditions::*;
 use crate::reconcile::job::JobPhase;
 
-pub const EXPORT_TYPES: [&str; 6] = [
+pub const EXPORT_TYPES: [&str; 7] = [
     READY,
     RECONCILING,
     STALLED,
     LAST_EXPORT_SUCCEEDED,
     DEGRADED,
     UNREVIEWED_COLUMNS,
+    VALIDATED,
 ];
+
+/// What the export pods' constraint preflight found: whether the transform can break a
+/// UNIQUE, CHECK, NOT NULL or FOREIGN KEY constraint of the exported tables.
+pub const VALIDATED: &str = "Validated";
 
 /// A masked Continuous export's writers report columns its rules do not name (they go through
 /// `undeclared` until the rules name them).
@@ -65,6 +73,9 @@ pub struct ExportObservation {
     /// Continuous and masked: the columns the writers report their rules do not name, each
     /// `table.column` with its suggestion; None when no writer answered this round.
     pub unreviewed: Option<Vec<String>>,
+    /// Masked: the constraint preflight the newest finished export pod (OneShot) or every
+    /// writer (Continuous, merged) reported; None when none reported one.
+    pub preflight: Option<PreflightSummary>,
 }
 
 /// Folds the phases of a run's Jobs: `Some(true)` all succeeded, `Some(false)` one failed or
@@ -92,6 +103,80 @@ pub fn export_conditions(o: &ExportObservation) -> Vec<Cond> {
         });
     }
     out.extend(unreviewed_condition(o));
+    out.extend(validated_condition(o));
+    out
+}
+
+/// `Validated`: True `ConstraintsHold` when the pods' preflight finds no constraint the
+/// transform can break; False `ConstraintsAtRisk` naming them (or when `requireValidated`
+/// refused the export); Unknown `PreflightFailed` when the preflight could not run; True
+/// `NotMasked` without a transform (the rows go out as they are). None (the last one kept)
+/// until a pod reports.
+fn validated_condition(o: &ExportObservation) -> Option<Cond> {
+    use Status::*;
+    if !o.masked {
+        return Some(c(
+            VALIDATED,
+            True,
+            "NotMasked",
+            "the export has no transform: the rows go out as they are and break no constraint",
+        ));
+    }
+    let at_risk = Reason::ConstraintsAtRisk.as_str();
+    if let Some(p) = o.pod_failure.as_ref().filter(|p| p.reason == at_risk) {
+        return Some(c(VALIDATED, False, at_risk, p.message.clone()));
+    }
+    let p = o.preflight.as_ref()?;
+    if let (0, Some(e)) = (p.at_risk, &p.error) {
+        return Some(c(
+            VALIDATED,
+            Unknown,
+            "PreflightFailed",
+            format!("the constraint preflight could not run: {e}"),
+        ));
+    }
+    if p.at_risk == 0 {
+        return Some(c(
+            VALIDATED,
+            True,
+            "ConstraintsHold",
+            format!(
+                "the transform can break none of the {} constraints checked (UNIQUE, CHECK, \
+                 NOT NULL, FOREIGN KEY)",
+                p.constraints_checked
+            ),
+        ));
+    }
+    Some(c(
+        VALIDATED,
+        False,
+        at_risk,
+        format!(
+            "the transform can break {} of the {} constraints checked, so a restore of the \
+             masked archive into a database with them would fail: {}; change spec.transform \
+             (`larch export --check` lists every one)",
+            p.at_risk,
+            p.constraints_checked,
+            p.listed()
+        ),
+    ))
+}
+
+/// The writers' preflights as one: counts added, the listed constraints joined (up to
+/// [`larch_contract::preflight::LISTED`]), the first error kept.
+pub fn merge_preflights(reports: &[PreflightSummary]) -> PreflightSummary {
+    let mut out = PreflightSummary::default();
+    for r in reports {
+        out.constraints_checked += r.constraints_checked;
+        out.at_risk += r.at_risk;
+        out.problems.extend(r.problems.iter().cloned());
+        if out.error.is_none() {
+            out.error.clone_from(&r.error);
+        }
+    }
+    out.problems.sort();
+    out.problems.dedup();
+    out.problems.truncate(larch_contract::preflight::LISTED);
     out
 }
 

@@ -225,6 +225,18 @@ pub fn parse_unreviewed(body: &str) -> Option<Vec<String>> {
 }
 
 #[derive(Deserialize, Debug)]
+struct PreflightJson {
+    #[serde(default)]
+    preflight: Option<larch_contract::preflight::PreflightSummary>,
+}
+
+/// The constraint preflight an export pod reports: the `preflight` of its summary (a
+/// termination message) or of a writer's `/status`; None when it reports none.
+pub fn parse_preflight(body: &str) -> Option<larch_contract::preflight::PreflightSummary> {
+    last_json::<PreflightJson>(body)?.preflight
+}
+
+#[derive(Deserialize, Debug)]
 struct ExporterProgressJson {
     #[serde(default)]
     progress: Option<ProgressReport>,

@@ -133,6 +133,18 @@ fn read_pods(pods: &[Pod]) -> PodFindings {
     out
 }
 
+/// The constraint preflight of the newest finished export container among `pods`, if that
+/// one succeeded and its summary has one.
+fn newest_preflight<'a>(
+    pods: impl Iterator<Item = &'a Pod>,
+) -> Option<larch_contract::preflight::PreflightSummary> {
+    let (_, terminated) = pod_failure::newest_terminated(pods, build::CONTAINER)?;
+    match terminated.exit_code {
+        0 => observe::parse_preflight(terminated.message.as_deref()?),
+        _ => None,
+    }
+}
+
 /// The failure of the newest finished export container among `pods`, if that one failed.
 fn newest_failure<'a>(pods: impl Iterator<Item = &'a Pod>) -> Option<PodFailure> {
     let (pod, terminated) = pod_failure::newest_terminated(pods, build::CONTAINER)?;
@@ -257,6 +269,7 @@ impl Found {
             suspended_slots: vec![],
             masked: export.spec.transform.is_some(),
             unreviewed: None,
+            preflight: None,
         };
         Found {
             obs,
@@ -471,12 +484,15 @@ impl<'a> Round<'a> {
         let attempts = listed.iter().filter(|p| {
             scheduled || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
         });
+        let attempts: Vec<&Pod> = attempts.collect();
         let tables = merge_summaries(found.status.tables, pods.summaries);
         let last_export = tables.iter().max_by(|a, b| a.time.cmp(&b.time)).cloned();
         let found = Found {
             obs: ExportObservation {
                 last_outcome: pods.newest.map(|n| n.outcome),
-                pod_failure: newest_failure(attempts).map(|f| Problem::of_pod("export", &f)),
+                pod_failure: newest_failure(attempts.iter().copied())
+                    .map(|f| Problem::of_pod("export", &f)),
+                preflight: newest_preflight(attempts.iter().copied()),
                 ..found.obs
             },
             status: ArchiveExportStatus {
@@ -563,6 +579,11 @@ impl<'a> Round<'a> {
         let unreviewed = (!suspended
             && (!probed.unreviewed.is_empty() || (tables > 0 && answered >= tables)))
             .then_some(probed.unreviewed);
+        // Known when every writer reported one, or when one finds a constraint at risk.
+        let reported = probed.preflights.len() as i32;
+        let at_risk = probed.preflights.iter().any(|p| p.at_risk > 0);
+        let preflight = (!suspended && (at_risk || (tables > 0 && reported >= tables)))
+            .then(|| crate::export::conditions::merge_preflights(&probed.preflights));
         let writers = crate::export::slots::merge_writers(
             self.export,
             &old.writers,
@@ -597,6 +618,7 @@ impl<'a> Round<'a> {
                     .filter(|w| w.last_snapshot_at.is_some())
                     .count(),
                 unreviewed,
+                preflight,
                 ..found.obs
             },
             status: ArchiveExportStatus {

@@ -51,6 +51,9 @@ pub struct Probed {
     pub reports: Vec<ProgressReport>,
     /// The columns the writers' transform rules do not name ([`observe::parse_unreviewed`]).
     pub unreviewed: Vec<String>,
+    /// The writers' constraint preflights ([`observe::parse_preflight`]), one per writer
+    /// that reports one.
+    pub preflights: Vec<larch_contract::preflight::PreflightSummary>,
 }
 
 /// Each pod's `/status`.
@@ -59,6 +62,7 @@ pub async fn probe_writers(ctx: &Context, pods: &[Pod]) -> Probed {
     let mut monitor = None;
     let mut reports = vec![];
     let mut unreviewed = vec![];
+    let mut preflights = vec![];
     for pod in pods.iter().take(progress::MAX_PROBED_PODS) {
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
@@ -69,6 +73,7 @@ pub async fn probe_writers(ctx: &Context, pods: &[Pod]) -> Probed {
         if let Some(w) = observe::parse_writer_status(&body) {
             reports.extend(observe::parse_export_progress(&body));
             unreviewed.extend(observe::parse_unreviewed(&body).unwrap_or_default());
+            preflights.extend(observe::parse_preflight(&body));
             writers.push(w);
         } else if let Some(m) = observe::parse_slot_monitor(&body) {
             monitor = Some(m);
@@ -83,6 +88,7 @@ pub async fn probe_writers(ctx: &Context, pods: &[Pod]) -> Probed {
         monitor,
         reports,
         unreviewed,
+        preflights,
     }
 }
 

@@ -143,6 +143,7 @@ mod tests {
             key_secret_ref: None,
             subqueries: false,
             leak_check: false,
+            require_validated: false,
         });
         refuse(
             e,
@@ -168,6 +169,7 @@ mod tests {
                 key_secret_ref: None,
                 subqueries,
                 leak_check: false,
+                require_validated: false,
             });
             e
         };

@@ -49,6 +49,17 @@ pub struct Problem {
     pub why: String,
 }
 
+impl Problem {
+    /// `table.constraint (KIND): why`; a NOT NULL problem names its column.
+    pub fn line(&self) -> String {
+        let name = match self.kind {
+            "NOT NULL" => self.columns.join(","),
+            _ => self.constraint.clone(),
+        };
+        format!("{}.{name} ({}): {}", self.table, self.kind, self.why)
+    }
+}
+
 /// One table's columns and rules, as the checks need them.
 struct TableInfo {
     id: TableId,

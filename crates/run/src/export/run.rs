@@ -21,6 +21,7 @@ use larch_postgres::{PostgresConfig, PostgresSource, SessionLimits, SlotMode, Su
 mod follow;
 mod leak_check;
 mod set;
+mod validated;
 
 use follow::{follow, follow_writer};
 use set::export_set;
@@ -98,9 +99,14 @@ pub async fn run(
         .map_err(|e| anyhow::Error::from(e).context("--key-prefix"))?;
     let mut config = source_config(&request, connection.dsn.clone(), &table, subset.as_ref())?;
     config.row_filter_subqueries = subqueries;
+    // Before anything is written: `--require-validated` refuses here.
+    let tables = std::slice::from_ref(&table);
+    let preflight =
+        validated::preflight(&request, &connection.dsn, tables, masking.as_deref()).await?;
     let store = request.store.open().await?;
     if request.follow {
         let writer = follow_writer(&request, &table, &key_prefix)?;
+        let masked = follow::Masked { masking, preflight };
         return follow(
             &request,
             &connection.cleanup,
@@ -108,7 +114,7 @@ pub async fn run(
             table,
             store,
             writer,
-            masking,
+            masked,
         )
         .await
         .map(|()| None);
@@ -133,6 +139,7 @@ pub async fn run(
             .map(|(_, f)| f)
             .unwrap_or_default();
     }
+    validated::attach(&mut summary, preflight, true)?;
     let text = serde_json::to_string_pretty(&summary)?;
     write_summary(&request, &text)?;
     Ok(Some(summary))

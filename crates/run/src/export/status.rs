@@ -61,6 +61,10 @@ pub struct ExportStatus {
     /// (`undeclared`) and the one suggested (names and rules only, never values).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreviewed_columns: Vec<crate::review::UnreviewedColumn>,
+    /// A masked export: which constraints its transform can break, as the preflight at start
+    /// found (names only), for the operator's `Validated` condition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<larch_contract::preflight::PreflightSummary>,
 }
 
 /// Metrics with laredo-snapshotter's names where it has them.

@@ -414,11 +414,16 @@ fn spec_transform_reaches_the_exporter_with_its_key_mounted_from_the_secret() {
     assert!(!r.leak_check, "no leak check unless asked for");
     e.spec.transform.as_mut().unwrap().leak_check = true;
     assert!(request_of(&export::export_args(&export::export_request(&e, &t))).leak_check);
+    assert!(!r.require_validated, "informational unless asked for");
+    e.spec.transform.as_mut().unwrap().require_validated = true;
+    let strict = request_of(&export::export_args(&export::export_request(&e, &t)));
+    assert!(strict.require_validated);
     // Without a transform, nothing of it.
     let plain = export_fixture("export-oneshot-s3");
     let r = export::export_request(&plain, &t);
     assert_eq!((r.transform, r.transform_key_file), (None, None));
     assert!(!r.leak_check);
+    assert!(!r.require_validated);
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! ArchiveExport conditions.
 
+use larch_contract::preflight::PreflightSummary;
+
 use crate::crd::archive_export::{ExportMode, RunStatus};
 use crate::export::conditions::*;
 use crate::reconcile::conditions::*;
@@ -24,6 +26,7 @@ fn export_obs() -> ExportObservation {
         suspended_slots: vec![],
         masked: false,
         unreviewed: None,
+        preflight: None,
     }
 }
 
@@ -337,4 +340,145 @@ fn unreviewed_columns_of_a_masked_continuous_export() {
         status_of(&export_conditions(&o), UNREVIEWED_COLUMNS).1,
         "NotContinuous"
     );
+}
+
+/// A one-shot export's summary (its termination message) with the preflight the pod ran.
+fn summary_with(preflight: &PreflightSummary) -> String {
+    let summary = serde_json::json!({
+        "epoch": 1, "key_prefix": "public.users/", "position": "0/16B3748",
+        "row_count": 3, "table": "public.users", "preflight": preflight,
+    });
+    serde_json::to_string_pretty(&summary).unwrap()
+}
+
+#[test]
+fn validated_from_the_preflight_a_oneshot_pod_reports() {
+    use crate::export::observe::parse_preflight;
+    let mut o = export_obs();
+    o.run_jobs = vec![JobPhase::Succeeded];
+    o.run.as_mut().unwrap().succeeded = Some(true);
+    assert_eq!(
+        status_of(&export_conditions(&o), VALIDATED),
+        (Status::True, "NotMasked")
+    );
+    o.masked = true;
+    // No pod has reported yet: Unknown until one does.
+    let cs = export_conditions(&o);
+    assert!(cs.iter().all(|c| c.type_ != VALIDATED));
+    let pending = merge(&[], &cs, &EXPORT_TYPES, t(0), Some(1));
+    let v = pending.iter().find(|c| c.type_ == VALIDATED).unwrap();
+    assert_eq!((v.status, v.reason.as_str()), (Status::Unknown, "Pending"));
+    // A summary from before the preflight existed says nothing.
+    let old = r#"{"table":"public.users","row_count":3,"epoch":1}"#;
+    assert_eq!(parse_preflight(old), None);
+
+    let lines: Vec<String> = (0..7)
+        .map(|i| {
+            format!(
+                "public.users.users_c{i}_key (UNIQUE): column \"c{i}\": hash on text is not unique"
+            )
+        })
+        .collect();
+    o.preflight = parse_preflight(&summary_with(&PreflightSummary::of(9, lines)));
+    let cs = export_conditions(&o);
+    let v = get_cond(&cs, VALIDATED);
+    assert_eq!(
+        (v.status, v.reason.as_str()),
+        (Status::False, "ConstraintsAtRisk")
+    );
+    assert!(
+        v.message.starts_with("the transform can break 7 of the 9 constraints checked")
+            && v.message.contains(
+                "public.users.users_c0_key (UNIQUE): column \"c0\": hash on text is not unique; public.users.users_c1_key"
+            )
+            && !v.message.contains("users_c5_key")
+            && v.message.contains("; and 2 more; change spec.transform"),
+        "{}",
+        v.message
+    );
+    assert_eq!(
+        status_of(&cs, READY),
+        (Status::True, "ExportSucceeded"),
+        "informational unless requireValidated"
+    );
+
+    o.preflight = parse_preflight(&summary_with(&PreflightSummary::of(4, vec![])));
+    let v = get_cond(&export_conditions(&o), VALIDATED).clone();
+    assert_eq!(
+        (v.status, v.reason.as_str()),
+        (Status::True, "ConstraintsHold")
+    );
+    assert!(
+        v.message.contains("none of the 4 constraints"),
+        "{}",
+        v.message
+    );
+
+    o.preflight = Some(PreflightSummary::failed("connecting: connection refused"));
+    assert_eq!(
+        status_of(&export_conditions(&o), VALIDATED),
+        (Status::Unknown, "PreflightFailed")
+    );
+
+    // requireValidated: the pod refused with the reason; its message names the constraints.
+    o.preflight = None;
+    o.run.as_mut().unwrap().succeeded = Some(false);
+    o.run_jobs = vec![JobPhase::Failed];
+    o.pod_failure = Some(pod_problem("ConstraintsAtRisk", false));
+    let cs = export_conditions(&o);
+    let v = get_cond(&cs, VALIDATED);
+    assert_eq!(
+        (v.status, v.reason.as_str()),
+        (Status::False, "ConstraintsAtRisk")
+    );
+    assert!(v.message.contains("ConstraintsAtRisk"), "{}", v.message);
+    assert_eq!(status_of(&cs, STALLED), (Status::True, "ConstraintsAtRisk"));
+    // Another failure says nothing of the constraints: the last word is kept.
+    o.pod_failure = Some(pod_problem("ConnectionFailed", true));
+    assert!(export_conditions(&o).iter().all(|c| c.type_ != VALIDATED));
+}
+
+#[test]
+fn validated_of_a_continuous_export_merges_its_writers() {
+    use crate::export::observe::parse_preflight;
+    let users = r#"{"table":"public.users","state":"STREAMING","epoch":1,"preflight":{"constraints_checked":5,"at_risk":1,"problems":["public.users.email (NOT NULL): null on a NOT NULL column"]}}"#;
+    let orders = r#"{"table":"public.orders","state":"STREAMING","epoch":1,"preflight":{"constraints_checked":3,"at_risk":0}}"#;
+    let reports: Vec<PreflightSummary> = [users, orders]
+        .iter()
+        .filter_map(|b| parse_preflight(b))
+        .collect();
+    let merged = merge_preflights(&reports);
+    assert_eq!((merged.constraints_checked, merged.at_risk), (8, 1));
+    let mut o = export_obs();
+    o.mode = ExportMode::Continuous;
+    o.run = None;
+    o.run_jobs = vec![];
+    o.masked = true;
+    o.preflight = Some(merged);
+    let v = get_cond(&export_conditions(&o), VALIDATED).clone();
+    assert_eq!(
+        (v.status, v.reason.as_str()),
+        (Status::False, "ConstraintsAtRisk")
+    );
+    assert!(
+        v.message.contains("1 of the 8 constraints checked")
+            && v.message
+                .contains("public.users.email (NOT NULL): null on a NOT NULL column")
+            && !v.message.contains("more"),
+        "{}",
+        v.message
+    );
+    // A writer whose preflight could not run does not hide another's findings.
+    let failed = PreflightSummary::failed("connecting: timed out");
+    o.preflight = Some(merge_preflights(&[failed.clone(), reports[0].clone()]));
+    assert_eq!(
+        status_of(&export_conditions(&o), VALIDATED).0,
+        Status::False
+    );
+    o.preflight = Some(merge_preflights(&[failed, reports[1].clone()]));
+    assert_eq!(
+        status_of(&export_conditions(&o), VALIDATED),
+        (Status::Unknown, "PreflightFailed")
+    );
+    assert_eq!(parse_preflight("<html>"), None);
 }

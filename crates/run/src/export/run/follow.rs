@@ -70,6 +70,12 @@ fn diff_interval(request: &ExportRequest) -> anyhow::Result<Duration> {
     )
 }
 
+/// The transform of a continuous export and what its preflight found (shown on `/status`).
+pub(super) struct Masked {
+    pub masking: Option<Arc<Masking>>,
+    pub preflight: Option<larch_contract::preflight::PreflightSummary>,
+}
+
 /// A continuous export until SIGTERM/SIGINT, then a final diff (an error when the final diff
 /// cannot be written).
 pub(super) async fn follow(
@@ -79,8 +85,9 @@ pub(super) async fn follow(
     table: TableId,
     store: Arc<dyn Store>,
     wc: WriterConfig,
-    masking: Option<Arc<Masking>>,
+    masked: Masked,
 ) -> anyhow::Result<()> {
+    let Masked { masking, preflight } = masked;
     let diff_interval = diff_interval(request)?;
     let lease = match &request.lease {
         Some(name) => Some(lease_elector(request, name).await?),
@@ -88,6 +95,7 @@ pub(super) async fn follow(
     };
     let shared = Shared::new(&table);
     shared.set_slot(&config.slot_name);
+    shared.status.locked().preflight = preflight;
     // On Kubernetes the operator turns a lost slot into an Event: give its next /status read
     // the chance to see the loss before the re-baseline replaces the epoch.
     let report_wait = optional_duration(

@@ -40,6 +40,8 @@ pub(super) async fn export_set(
         Some(_) => table_exports_whole(request, &tables)?,
         None => table_exports(request, &tables, masking.as_deref(), subqueries.as_ref())?,
     };
+    // Before anything is written: `--require-validated` refuses here.
+    let preflight = super::validated::preflight(request, &dsn, &tables, masking.as_deref()).await?;
     let parallel = request
         .parallel
         .map(usize::from)
@@ -116,6 +118,7 @@ pub(super) async fn export_set(
             entry["leak_check"] = figures;
         }
     }
+    super::validated::attach(&mut summary, preflight, false)?;
     if let Some(path) = &request.summary_file {
         // On one line: a termination message keeps 4 KiB, some 25 tables' entries.
         std::fs::write(path, format!("{summary}\n"))
