@@ -154,6 +154,16 @@ spec:
     e.kubectl(&["delete", "namespace", NS, "--wait=false"]);
 }
 
+/// s31b's own namespace: s31's is still terminating when it starts.
+const SUBSET_NS: &str = "e2e-subset";
+
+fn in_subset_ns(doc: String) -> String {
+    doc.replace(
+        &format!("namespace: {NS}"),
+        &format!("namespace: {SUBSET_NS}"),
+    )
+}
+
 /// Scenario 31b (issue 37, item 6): an ArchiveExport with `subset` keeps 1 % of the orders and
 /// every customer they reference (upward), exported at one position in one Job; `status.tables`
 /// shows the kept rows per table; `subset` without `parallel` is refused by the API server.
@@ -173,14 +183,20 @@ fn s31b_a_subset_export_keeps_the_closure_of_its_roots() {
         .sql("SELECT count(DISTINCT customer) FROM public.sub_orders WHERE id <= 30")
         .parse()
         .unwrap();
-    e.namespace(NS, &[]);
+    e.namespace(SUBSET_NS, &[]);
     e.bucket(BUCKET);
     let tables =
         "    tables: [{schema: public, name: sub_orders}, {schema: public, name: sub_customers}]";
     let subset = "  subset:\n    roots:\n      public.sub_orders: {where: \"id <= 30\"}\n";
     let out = e.kubectl_out(
         &["apply", "--dry-run=server", "-f", "-"],
-        Some(&export_doc(e, "sub-noparallel", "OneShot", tables, subset)),
+        Some(&in_subset_ns(export_doc(
+            e,
+            "sub-noparallel",
+            "OneShot",
+            tables,
+            subset,
+        ))),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -188,14 +204,14 @@ fn s31b_a_subset_export_keeps_the_closure_of_its_roots() {
             && stderr.contains("subset (following foreign keys) applies to mode OneShot"),
         "{stderr}"
     );
-    e.apply(&export_doc(
+    e.apply(&in_subset_ns(export_doc(
         e,
         "subset",
         "OneShot",
         tables,
         &format!("  parallel: 2\n  keyPrefix: subset/\n{subset}"),
-    ));
-    let done = wait_export_succeeded(e, NS, "subset", None);
+    )));
+    let done = wait_export_succeeded(e, SUBSET_NS, "subset", None);
     let status = &done["status"]["tables"];
     let rows = |table: &str| {
         status
@@ -206,12 +222,5 @@ fn s31b_a_subset_export_keeps_the_closure_of_its_roots() {
     };
     assert_eq!(rows("public.sub_orders"), 30, "{status}");
     assert_eq!(rows("public.sub_customers"), want_customers, "{status}");
-    e.kubectl(&[
-        "delete",
-        "archiveexport",
-        "-n",
-        NS,
-        "subset",
-        "--wait=false",
-    ]);
+    e.kubectl(&["delete", "namespace", SUBSET_NS, "--wait=false"]);
 }
