@@ -72,6 +72,11 @@ pub struct ExportArgs {
     /// importing the shared snapshot [default: the number of tables, at most 4].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub parallel: Option<u16>,
+    /// One table's one-shot export read in N ctid ranges at once (by pages), each over its own
+    /// connection importing the one exported snapshot and encoded by its own worker; the
+    /// epoch still has one snapshot object (the parts joined in order).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub split: Option<u16>,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Archive key prefix (default `<schema>.<table>/`, as laredo's export). With several
@@ -288,6 +293,7 @@ impl ExportArgs {
             schema: self.schema.clone(),
             tables: self.table.clone(),
             parallel: self.parallel,
+            split: self.split,
             store: self.store.spec(),
             key_prefix: self.key_prefix.clone(),
             formats,

@@ -53,6 +53,7 @@ mod s3_tls;
 mod schema_changes;
 mod self_contained;
 mod source_conformance;
+mod split_export;
 mod store_conformance;
 mod support;
 mod target_conformance;

@@ -27,9 +27,11 @@ use super::value::Row;
 
 mod commit;
 mod snapshot;
+mod split;
 mod uploads;
 
 pub use snapshot::SnapshotRows;
+pub use split::SnapshotPart;
 use uploads::{Upload, send_chunks};
 
 /// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a

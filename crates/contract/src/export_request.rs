@@ -32,6 +32,10 @@ pub struct ExportRequest {
     /// `--parallel`: how many of several tables are copied at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<u16>,
+    /// `--split`: one table's one-shot export read in this many ctid ranges at once, each
+    /// over its own connection importing the one snapshot, joined into one snapshot object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<u16>,
     /// `--store …`: where the archive lives.
     pub store: StoreSpec,
     /// `--key-prefix`.

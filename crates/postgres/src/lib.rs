@@ -25,6 +25,7 @@ pub mod row_filter;
 mod schema;
 pub mod schema_change;
 mod snapshot;
+pub mod split;
 pub use snapshot::{ColumnMask, RowSink, Treatment};
 mod stream;
 mod subset_session;
@@ -546,6 +547,7 @@ async fn baseline<R: RowSink>(
             &kinds,
             filter,
             subqueries,
+            None,
             created.deadline,
             &rows,
         )
@@ -658,6 +660,17 @@ impl SharedSnapshot {
         table: &TableId,
         rows: &R,
     ) -> Result<u64, SourceError> {
+        self.copy_range(table, None, rows).await
+    }
+
+    /// [`Self::copy_table`] for the rows of one range of a split export only
+    /// ([`split::Range::predicate`]; `None`: all of them).
+    pub async fn copy_range<R: snapshot::RowSink>(
+        &self,
+        table: &TableId,
+        range: Option<&str>,
+        rows: &R,
+    ) -> Result<u64, SourceError> {
         let schema = self
             .schemas
             .get(table)
@@ -687,6 +700,7 @@ impl SharedSnapshot {
             &self.kinds,
             filter,
             self.config.row_filter_subqueries.as_ref(),
+            range,
             self.slot.deadline,
             rows,
         )
@@ -695,8 +709,18 @@ impl SharedSnapshot {
             .batch_execute("COMMIT")
             .await
             .map_err(|e| schema::db_error(format!("finishing the copy of table {table}"), &e))?;
-        tracing::info!(table = %table, rows = n, position = %self.position, "baseline copied");
+        tracing::info!(table = %table, rows = n, position = %self.position, range = range.unwrap_or("all"), "baseline copied");
         Ok(n)
+    }
+
+    /// Cuts `table` into at most `parts` ranges of its pages, read in the snapshot's
+    /// transaction ([`split::plan`]).
+    pub async fn split_ranges(
+        &self,
+        table: &TableId,
+        parts: usize,
+    ) -> anyhow::Result<Vec<split::Range>> {
+        split::plan(&self.coordinator, table, parts).await
     }
 
     /// Ends the coordinating transaction and the slot's session (a temporary slot goes with it).

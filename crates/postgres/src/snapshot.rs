@@ -212,11 +212,13 @@ pub async fn explain_row_filter(
     Ok(())
 }
 
-/// The COPY statement of a table's rows, its row filter checked first.
+/// The COPY statement of a table's rows (those of `range` only, when given: a split export's
+/// ctid range, [`crate::split`]), its row filter checked first.
 fn copy_sql(
     schema: &TableSchema,
     filter: Option<&String>,
     subqueries: Option<&SubqueryTables>,
+    range: Option<&str>,
 ) -> Result<String, SourceError> {
     let cols: Vec<String> = schema.columns.iter().map(|c| ident(&c.name)).collect();
     if let Some(p) = filter {
@@ -227,11 +229,15 @@ fn copy_sql(
             )
         })?;
     }
+    let clause = match (filter, range) {
+        (Some(p), Some(r)) => format!(" WHERE ({p}) AND ({r})"),
+        (None, Some(r)) => format!(" WHERE {r}"),
+        (filter, None) => where_clause(filter),
+    };
     Ok(format!(
-        "COPY (SELECT {} FROM {}{}) TO STDOUT",
+        "COPY (SELECT {} FROM {}{clause}) TO STDOUT",
         cols.join(", "),
         qualified(&schema.id),
-        where_clause(filter)
     ))
 }
 
@@ -247,10 +253,11 @@ pub async fn copy_table<R: RowSink>(
     kinds: &HashMap<u32, Kind>,
     filter: Option<&String>,
     subqueries: Option<&SubqueryTables>,
+    range: Option<&str>,
     deadline: std::time::Instant,
     rows: &R,
 ) -> Result<u64, SourceError> {
-    let sql = copy_sql(schema, filter, subqueries)?;
+    let sql = copy_sql(schema, filter, subqueries, range)?;
     copy_query(client, schema, kinds, &sql, deadline, rows).await
 }
 

@@ -219,6 +219,15 @@ impl Store for LocalStore {
         }))
     }
 
+    /// Part files go next to the object (same file system, skipped by listings as temp files).
+    fn part_dir(&self, key: &str) -> Result<PathBuf> {
+        let target = self.path(key)?;
+        Ok(match target.parent() {
+            Some(d) => d.to_path_buf(),
+            None => self.root.clone(),
+        })
+    }
+
     async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {
         let target = self.path(key)?;
         let key = key.to_string();

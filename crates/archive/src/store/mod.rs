@@ -4,6 +4,7 @@
 pub mod atomic_file;
 pub mod local;
 pub mod memory;
+pub mod parted;
 pub mod s3;
 pub mod spec;
 
@@ -105,6 +106,23 @@ pub trait Store: Send + Sync + Debug {
     async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
         check_key(key)?;
         Ok(self.list(key).await?.into_iter().find(|o| o.key == key))
+    }
+
+    /// A native upload of `key` in `parts` concurrently written parts (S3's multipart upload).
+    /// `None` (the default): [`parted::create`] spills the parts to files in
+    /// [`Store::part_dir`] and joins them with one streaming `create`.
+    async fn create_parted_native(
+        &self,
+        _key: &str,
+        _parts: usize,
+    ) -> Result<Option<Box<dyn parted::PartedUpload>>> {
+        Ok(None)
+    }
+
+    /// Where the spilled parts of `key` are written (default: the system's temp directory).
+    fn part_dir(&self, key: &str) -> Result<std::path::PathBuf> {
+        check_key(key)?;
+        Ok(std::env::temp_dir())
     }
 
     /// Writes a whole object (convenience over `create`).

@@ -36,6 +36,7 @@ use super::{
 };
 use crate::error::{ArchiveError, Result};
 
+mod parted;
 mod upload;
 
 use upload::S3Writer;
@@ -498,6 +499,14 @@ impl Store for S3Store {
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let full_key = self.full_key(key)?;
         Ok(Box::new(S3Writer::new(self.clone(), key, full_key)))
+    }
+
+    async fn create_parted_native(
+        &self,
+        key: &str,
+        parts: usize,
+    ) -> Result<Option<Box<dyn super::parted::PartedUpload>>> {
+        parted::create(self, key, parts).await.map(Some)
     }
 
     async fn put_cas(&self, key: &str, bytes: Bytes, expected: &str) -> Result<String> {

@@ -9,6 +9,7 @@ pub mod preflight;
 pub mod run;
 pub mod set;
 pub mod slot;
+pub mod split;
 pub mod status;
 pub mod subset;
 pub mod transform;

@@ -82,6 +82,7 @@ pub async fn run(
             .map_err(|e| failure::tag(Reason::InvalidConfig, anyhow!("owner {owner:?}: {e}")))?;
     }
     leak_check::refuse_unless_checkable(&request)?;
+    refuse_misplaced_split(&request, tables.len())?;
     if tables.len() > 1 {
         return export_set(&request, connection.dsn, tables).await.map(Some);
     }
@@ -214,8 +215,8 @@ async fn one_shot(
         store,
         wc.clone(),
         &progress,
-        masking.as_deref(),
-        subset.as_ref(),
+        (masking.as_deref(), subset.as_ref()),
+        request.split.map_or(1, usize::from),
     )
     .await;
     stop_tx.send_replace(true);
@@ -241,6 +242,22 @@ async fn one_shot(
         "row_count": rows,
         "table": table.to_string(),
     }))
+}
+
+/// `--split` cuts one table's one-shot export: refused with several tables or `--follow`.
+fn refuse_misplaced_split(request: &ExportRequest, tables: usize) -> anyhow::Result<()> {
+    match request.split {
+        Some(0) => failure::bail!(Reason::InvalidConfig, "--split must be at least 1"),
+        Some(n) if n > 1 && tables > 1 => failure::bail!(
+            Reason::InvalidConfig,
+            "--split {n} applies to one table (several tables are copied at once with --parallel)"
+        ),
+        Some(n) if n > 1 && request.follow => failure::bail!(
+            Reason::InvalidConfig,
+            "--split {n} applies to a one-shot export, not --follow"
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The summary to `summary_file`, when the request names one.
@@ -509,8 +526,8 @@ async fn export(
     store: Arc<dyn Store>,
     wc: WriterConfig,
     progress: &Arc<larch_core::progress::Progress>,
-    masking: Option<&Masking>,
-    subset: Option<&Subset>,
+    (masking, subset): (Option<&Masking>, Option<&Subset>),
+    split: usize,
 ) -> anyhow::Result<(String, i64, i64)> {
     // Checks the row filter too (EXPLAIN): an invalid predicate exports nothing.
     let schemas = source.init(std::slice::from_ref(table)).await?;
@@ -526,8 +543,12 @@ async fn export(
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
-    let artifact =
-        super::snapshot_from_source(source, table, &mut writer, progress, masking, subset).await?;
+    let artifact = if split > 1 {
+        super::split::snapshot_split(source, table, &mut writer, progress, masking, subset, split)
+            .await?
+    } else {
+        super::snapshot_from_source(source, table, &mut writer, progress, masking, subset).await?
+    };
     Ok((
         artifact.to_position.clone(),
         artifact.row_count,

@@ -29,6 +29,7 @@ const PPM: u64 = 1_000_000;
 
 /// A compiled sample: keeps a row when the keyed hash of its `by` values falls under the
 /// percentage.
+#[derive(Clone)]
 pub struct Sampler {
     key: std::sync::Arc<TransformKey>,
     by: Vec<String>,
