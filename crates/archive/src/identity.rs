@@ -113,7 +113,14 @@ impl<'k, 'de> Visitor<'de> for KeyCapture<'k, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        if self.key_fields.is_empty() {
+            // validation only: no field name is needed
+            while map.next_key::<IgnoredAny>()?.is_some() {
+                map.next_value::<IgnoredAny>()?;
+            }
+            return Ok(self.values);
+        }
+        while let Some(key) = map.next_key_seed(FieldName)? {
             match self
                 .key_fields
                 .iter()
@@ -126,6 +133,30 @@ impl<'k, 'de> Visitor<'de> for KeyCapture<'k, 'de> {
             }
         }
         Ok(self.values)
+    }
+}
+
+/// A field name, borrowed from the row's text unless it holds an escape (serde's `Cow<str>`
+/// always allocates: one allocation per field per row on the decoding hot path).
+struct FieldName;
+
+impl<'de> DeserializeSeed<'de> for FieldName {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FieldName {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_string()))
     }
 }
 
@@ -290,5 +321,16 @@ mod tests {
         assert!(KeyCapture::scan(&k, r#"{"id":7"#).is_err());
         assert!(KeyCapture::scan(&k, r#"[1]"#).is_err());
         assert!(KeyCapture::scan(&k, r#"{"id":7} x"#).is_err());
+        // an escaped field name still matches; no key fields still validates the whole object
+        let v = KeyCapture::scan(&k, r#"{"\u0069d":"x"}"#).unwrap();
+        assert_eq!(v[0].unwrap().get(), r#""x""#);
+        assert!(
+            KeyCapture::scan(&[], r#"{"a":[1,{"x":2}],"id":7}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(KeyCapture::scan(&[], r#"{"id":7"#).is_err());
+        assert!(KeyCapture::scan(&[], r#"[1]"#).is_err());
+        assert!(KeyCapture::scan(&[], r#"{"a":tru}"#).is_err());
     }
 }

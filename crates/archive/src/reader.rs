@@ -156,6 +156,28 @@ impl ArchiveReader {
         .expect("decoder thread")
     }
 
+    /// Decodes a snapshot on a blocking thread, folding each row's JSON text into `state` with
+    /// `f`, *not validated* as a JSON object: for a caller that parses every row itself (the
+    /// leak check), sparing the decoder's parse and a copy of each row.
+    pub async fn fold_row_texts<S, F>(
+        &self,
+        artifact: &Artifact,
+        mut state: S,
+        mut f: F,
+    ) -> Result<S>
+    where
+        S: Send + 'static,
+        F: FnMut(&mut S, &str) -> Result<()> + Send + 'static,
+    {
+        let open = self.open(artifact).await?;
+        tokio::task::spawn_blocking(move || {
+            open.decode_row_texts(|text| f(&mut state, text))?;
+            Ok(state)
+        })
+        .await
+        .expect("decoder thread")
+    }
+
     /// Decodes a diff on a blocking thread, folding each change into `state` with `f`.
     pub async fn fold_changes<S, F>(&self, artifact: &Artifact, mut state: S, mut f: F) -> Result<S>
     where
@@ -451,6 +473,18 @@ impl OpenArtifact {
         for row in format::decode_rows(fmt, &key, framed, key_fields) {
             f(row?)?;
         }
+        outcome.check(&key)
+    }
+
+    /// Calls `f` with every row's JSON text, not validated (see
+    /// [`format::for_each_row_text`]); the integrity of the object is checked at its end.
+    pub fn decode_row_texts<F>(self, f: F) -> Result<()>
+    where
+        F: FnMut(&str) -> Result<()>,
+    {
+        let (key, fmt, reader, outcome) = self.sync_reader();
+        let framed = format::framed_reader(fmt, &key, reader)?;
+        format::for_each_row_text(fmt, &key, framed, f)?;
         outcome.check(&key)
     }
 

@@ -1,9 +1,7 @@
 //! The keyed filter of raw values, the spellings a raw value can take in an archive, and the
 //! pieces of an archive's string that are looked up.
 
-use std::hash::Hasher;
-
-use siphasher::sip128::{Hasher128, SipHasher13};
+use std::hash::{BuildHasher, Hasher};
 
 /// Bits per spelling the filter is sized for: with [`PROBES`] probes in one block, about
 /// 0.005 % false candidates, each confirmed or dropped by the exact second pass.
@@ -16,12 +14,18 @@ const MIN_BITS: u64 = 1 << 16;
 /// insert or look-up instead of one per probe.
 const BLOCK_WORDS: usize = 8;
 
-/// A blocked Bloom filter over keyed 128-bit SipHashes (a random key per run, so its bits say
-/// nothing about the values to whoever sees them, and no input is crafted to collide).
+/// A blocked Bloom filter over keyed 64-bit hashes (foldhash, seeded at random per run).
+///
+/// The hash needs neither to be a PRF nor collision-resistant against a chosen input: the filter
+/// never leaves the process (only counts are reported), a Bloom filter has no false negatives
+/// whatever the hash, and a false positive — chance, or a collision crafted by whoever writes
+/// archive contents — only sends a string to the exact second pass (at worst past
+/// `MAX_CANDIDATES`, an error, never a pass). So a fast keyed hash keeps every guarantee the
+/// 128-bit SipHash gave, at a fraction of its cost per spelling.
 pub struct KeyedFilter {
     words: Vec<u64>,
     block_mask: u64,
-    keys: (u64, u64),
+    hasher: foldhash::quality::FixedState,
 }
 
 impl KeyedFilter {
@@ -35,7 +39,7 @@ impl KeyedFilter {
         KeyedFilter {
             words: vec![0; (bits / 64) as usize],
             block_mask: blocks - 1,
-            keys: random_keys(),
+            hasher: foldhash::quality::FixedState::with_seed(random_seed()),
         }
     }
 
@@ -46,14 +50,17 @@ impl KeyedFilter {
 
     /// The first word of `s`'s block and the bits it sets there.
     fn probes(&self, s: &[u8]) -> (usize, [u64; BLOCK_WORDS]) {
-        let mut h = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
+        let mut h = self.hasher.build_hasher();
         h.write(s);
-        let hash = h.finish128();
+        let h1 = h.finish();
+        // 121 bits from one 64-bit hash: the second word is a bijective mix of the first, so
+        // two spellings share probes only if their 64-bit hashes collide (about 1 in 2^64).
+        let h2 = mix(h1);
         // The block takes at most the low 22 bits of h1 (MAX_BITS / 512 blocks); each probe
         // takes 9 more bits of its own (seven from h2, four from the rest of h1): independent
         // probes, where double hashing inside a block would make colliding patterns.
-        let block = (hash.h1 & self.block_mask) as usize * BLOCK_WORDS;
-        let (mut low, mut high) = (hash.h2, hash.h1 >> 22);
+        let block = (h1 & self.block_mask) as usize * BLOCK_WORDS;
+        let (mut low, mut high) = (h2, h1 >> 22);
         let mut bits = [0u64; BLOCK_WORDS];
         for i in 0..PROBES {
             let source = if i < 7 { &mut low } else { &mut high };
@@ -80,14 +87,20 @@ impl KeyedFilter {
     }
 }
 
-/// Two random 64-bit keys, from the standard library's per-process random SipHash keys.
-fn random_keys() -> (u64, u64) {
-    use std::hash::BuildHasher;
-    let state = std::collections::hash_map::RandomState::new();
-    (
-        state.hash_one(0x6c65_616bu64),
-        state.hash_one(0x6368_6563u64),
-    )
+/// A random 64-bit seed, from the standard library's per-process random SipHash keys (foldhash
+/// is built without its `std` feature, as hashbrown uses it).
+fn random_seed() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(0x6c65_616b_6368_6563u64)
+}
+
+/// MurmurHash3's 64-bit finalizer: a bijection whose every output bit depends on every input
+/// bit.
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
 }
 
 /// The spellings of one raw value an archive can hold, each at least `min_len` characters, in
@@ -98,6 +111,8 @@ fn random_keys() -> (u64, u64) {
 pub struct Spellings {
     text: String,
     ends: Vec<usize>,
+    /// A value's JSON escape, written here rather than allocated per value.
+    escaped: Vec<u8>,
 }
 
 impl Spellings {
@@ -110,8 +125,12 @@ impl Spellings {
         }
         self.push(v, min_len);
         if v.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-            let escaped = serde_json::to_string(v).expect("a string serializes");
-            self.push(&escaped[1..escaped.len() - 1], min_len);
+            let mut escaped = std::mem::take(&mut self.escaped);
+            escaped.clear();
+            serde_json::to_writer(&mut escaped, v).expect("a string serializes");
+            let inner = std::str::from_utf8(&escaped[1..escaped.len() - 1]).expect("JSON is UTF-8");
+            self.push(inner, min_len);
+            self.escaped = escaped;
         }
         if !v.is_ascii() {
             self.push(&ascii_json_escape(v), min_len);

@@ -141,26 +141,20 @@ pub async fn check(
     let filter_bytes = filter.bytes();
     tracing::debug!(elapsed = ?started.elapsed(), filter_bytes, "leak check: raw values read");
     let scan = scan_archive(reader, manifest, Arc::new(filter), min_length).await?;
-    let candidates = scan.candidates.len();
+    let (objects, records) = (scan.objects, scan.records);
+    let candidates = scan.candidates.len() as u64;
     tracing::debug!(elapsed = ?started.elapsed(), candidates, "leak check: archive scanned");
-    if !scan.candidates.is_empty() {
-        confirm(
-            client,
-            &table,
-            &names,
-            &scan.candidates,
-            min_length,
-            &mut reports,
-        )
-        .await?;
+    if candidates > 0 {
+        reports = confirm(client, &table, &names, scan.candidates, min_length, reports).await?;
+        tracing::debug!(elapsed = ?started.elapsed(), "leak check: candidates confirmed");
     }
     Ok(LeakReport {
         table: table.to_string(),
         epoch: manifest.epoch,
         position: manifest.head_position.clone(),
-        objects: scan.objects,
-        records: scan.records,
-        candidates: scan.candidates.len() as u64,
+        objects,
+        records,
+        candidates,
         filter_bytes,
         values_checked: reports.iter().map(|c| c.values_checked).sum(),
         found: reports.iter().map(|c| c.found).sum(),
@@ -182,19 +176,32 @@ async fn build_filter(
         .map(|a| a.row_count + a.change_count)
         .sum();
     let expected = (rows.max(0) as u64).saturating_mul(names.len() as u64 * 3);
-    let mut filter = KeyedFilter::with_capacity(expected);
-    let mut spellings = Spellings::default();
-    raw::for_each_value(client, table, names, |i, v| {
-        spellings.of(v, min_length);
-        if !spellings.is_empty() {
-            reports[i].values_checked += 1;
+    let filling = Filling {
+        filter: KeyedFilter::with_capacity(expected),
+        spellings: Spellings::default(),
+        values_checked: vec![0; names.len()],
+    };
+    let filled = raw::fold_values(client, table, names, filling, move |s, i, v| {
+        s.spellings.of(v, min_length);
+        if !s.spellings.is_empty() {
+            s.values_checked[i] += 1;
         }
-        for s in spellings.iter() {
-            filter.insert(s);
+        for spelling in s.spellings.iter() {
+            s.filter.insert(spelling);
         }
     })
     .await?;
-    Ok(filter)
+    for (report, n) in reports.iter_mut().zip(filled.values_checked) {
+        report.values_checked += n;
+    }
+    Ok(filled.filter)
+}
+
+/// Pass 1's state, on the thread that parses the raw values.
+struct Filling {
+    filter: KeyedFilter,
+    spellings: Spellings,
+    values_checked: Vec<u64>,
 }
 
 fn epoch_artifacts(m: &Manifest) -> impl Iterator<Item = &larch_archive::manifest::Artifact> {
@@ -208,12 +215,13 @@ async fn confirm(
     client: &tokio_postgres::Client,
     table: &TableId,
     names: &[String],
-    candidates: &HashMap<String, Candidate>,
+    candidates: HashMap<String, Candidate>,
     min_length: usize,
-    reports: &mut [ColumnReport],
-) -> anyhow::Result<()> {
-    let mut spellings = Spellings::default();
-    raw::for_each_value(client, table, names, |i, v| {
+    reports: Vec<ColumnReport>,
+) -> anyhow::Result<Vec<ColumnReport>> {
+    let state = (reports, Spellings::default());
+    let (reports, _) = raw::fold_values(client, table, names, state, move |state, i, v| {
+        let (reports, spellings) = state;
         spellings.of(v, min_length);
         let report = &mut reports[i];
         let fake = report.transform.starts_with("fake");
@@ -230,7 +238,7 @@ async fn confirm(
         report.found += u64::from(found);
     })
     .await?;
-    Ok(())
+    Ok(reports)
 }
 
 /// Writes `record` into the manifest's `transform.leak_check` with the manifest's

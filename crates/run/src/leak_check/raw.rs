@@ -1,16 +1,31 @@
 //! The raw values of the masked columns, streamed from the source database with COPY.
+//!
+//! The connection's task only forwards the COPY data, in blocks, through a bounded queue to a
+//! thread of its own that splits, unescapes and hands on each value: the server's COPY, the
+//! client's receiving and what is done with the values (spelling and hashing them) overlap.
 
 use futures::StreamExt;
 use larch_archive::model::TableId;
+use tokio::sync::mpsc;
 
-/// Streams every non-NULL value of `columns` of `table` as text, calling `f(column index,
-/// value)`; holds one COPY message and one value at a time.
-pub async fn for_each_value(
+/// Bytes of COPY data per block handed to the parsing thread, and blocks queued at most: what
+/// memory holds of the raw values at once besides one row.
+const BLOCK: usize = 256 * 1024;
+const QUEUE: usize = 4;
+
+/// Streams every non-NULL value of `columns` of `table` as text into `state`, calling
+/// `f(state, column index, value)` on a thread of its own; returns the state.
+pub async fn fold_values<S, F>(
     client: &tokio_postgres::Client,
     table: &TableId,
     columns: &[String],
-    mut f: impl FnMut(usize, &str),
-) -> anyhow::Result<u64> {
+    state: S,
+    f: F,
+) -> anyhow::Result<S>
+where
+    S: Send + 'static,
+    F: FnMut(&mut S, usize, &str) + Send + 'static,
+{
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote(c)))
@@ -25,26 +40,64 @@ pub async fn for_each_value(
         .copy_out(&sql)
         .await
         .map_err(|e| anyhow::anyhow!("reading the masked columns of {table}: {e}"))?;
+    let (blocks, queue) = mpsc::channel::<Vec<u8>>(QUEUE);
+    let parser = tokio::task::spawn_blocking(move || parse(queue, state, f));
+    let forwarded = forward(stream, blocks).await;
+    let parsed = parser.await.expect("the raw values' parsing thread");
+    // The stream's error first: a parser that stopped early saw only part of the data.
+    forwarded.map_err(|e| anyhow::anyhow!("reading the masked columns of {table}: {e}"))?;
+    parsed
+}
+
+/// Sends the COPY data in blocks of about [`BLOCK`] bytes until it ends or the parser stops.
+async fn forward(
+    stream: tokio_postgres::CopyOutStream,
+    blocks: mpsc::Sender<Vec<u8>>,
+) -> Result<(), tokio_postgres::Error> {
     futures::pin_mut!(stream);
-    let (mut pending, mut scratch, mut rows) = (Vec::<u8>::new(), Vec::<u8>::new(), 0u64);
+    let mut block = Vec::with_capacity(BLOCK + 4096);
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| anyhow::anyhow!("reading the masked columns of {table}: {e}"))?;
-        pending.extend_from_slice(&chunk);
+        block.extend_from_slice(&chunk?);
+        if block.len() >= BLOCK {
+            let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK + 4096));
+            if blocks.send(full).await.is_err() {
+                return Ok(()); // the parser stopped on an error of its own
+            }
+        }
+    }
+    if !block.is_empty() {
+        let _ = blocks.send(block).await;
+    }
+    Ok(())
+}
+
+/// The parsing thread: splits the blocks into rows (one a line) and fields (tab-separated).
+fn parse<S, F>(mut queue: mpsc::Receiver<Vec<u8>>, mut state: S, mut f: F) -> anyhow::Result<S>
+where
+    F: FnMut(&mut S, usize, &str),
+{
+    let (mut pending, mut scratch) = (Vec::<u8>::new(), Vec::<u8>::new());
+    while let Some(block) = queue.blocking_recv() {
+        let data = if pending.is_empty() {
+            block
+        } else {
+            pending.extend_from_slice(&block);
+            std::mem::take(&mut pending)
+        };
         let mut start = 0;
-        while let Some(nl) = memchr::memchr(b'\n', &pending[start..]) {
-            let line = &pending[start..start + nl];
+        while let Some(nl) = memchr::memchr(b'\n', &data[start..]) {
+            let line = &data[start..start + nl];
             for (i, field) in line.split(|b| *b == b'\t').enumerate() {
                 if field != b"\\N" {
-                    f(i, unescape(field, &mut scratch)?);
+                    f(&mut state, i, unescape(field, &mut scratch)?);
                 }
             }
-            rows += 1;
             start += nl + 1;
         }
-        pending.drain(..start);
+        pending.clear();
+        pending.extend_from_slice(&data[start..]);
     }
-    Ok(rows)
+    Ok(state)
 }
 
 /// A double-quoted SQL identifier.

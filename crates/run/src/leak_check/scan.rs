@@ -13,7 +13,6 @@ use anyhow::Context;
 use larch_archive::ArchiveError;
 use larch_archive::manifest::{ArtifactKind, Manifest};
 use larch_archive::reader::ArchiveReader;
-use larch_archive::value::Row;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::filter::{KeyedFilter, pieces};
@@ -123,42 +122,59 @@ impl Scanner {
             let Ok(batch) = batch else {
                 return Ok(self.found);
             };
-            for row in &batch.rows {
-                self.record(row.as_str(), &batch.key)?;
+            for record in batch.records() {
+                self.record(record, &batch.key)?;
             }
         }
     }
 }
 
+/// Records of one object, their texts end to end in one buffer (one allocation per batch, not
+/// per record).
 struct Batch {
     key: Arc<str>,
-    rows: Vec<Row>,
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    fn new(key: Arc<str>) -> Batch {
+        Batch {
+            key,
+            text: String::with_capacity(BATCH * 256),
+            ends: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn records(&self) -> impl Iterator<Item = &str> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(a, b)| &self.text[a..b])
+    }
 }
 
 /// The decoding side: records gathered into batches, sent when full.
 struct Sending {
     queue: SyncSender<Batch>,
-    key: Arc<str>,
-    rows: Vec<Row>,
+    batch: Batch,
 }
 
 impl Sending {
-    fn push(&mut self, row: Row) -> larch_archive::Result<()> {
-        self.rows.push(row);
-        if self.rows.len() >= BATCH {
+    fn push(&mut self, record: &str) -> larch_archive::Result<()> {
+        self.batch.text.push_str(record);
+        self.batch.ends.push(self.batch.text.len());
+        if self.batch.ends.len() >= BATCH {
             self.flush()?;
         }
         Ok(())
     }
 
     fn flush(&mut self) -> larch_archive::Result<()> {
-        let rows = std::mem::replace(&mut self.rows, Vec::with_capacity(BATCH));
-        let batch = Batch {
-            key: self.key.clone(),
-            rows,
-        };
+        let next = Batch::new(self.batch.key.clone());
+        let full = std::mem::replace(&mut self.batch, next);
         self.queue
-            .send(batch)
+            .send(full)
             .map_err(|_| ArchiveError::Invalid("the scanners stopped".into()))
     }
 }
@@ -216,29 +232,28 @@ async fn decode(
     manifest: &Manifest,
     queue: SyncSender<Batch>,
 ) -> anyhow::Result<u64> {
-    // No row identity is needed here: no key fields spares computing one per row.
-    let key_fields: Vec<String> = Vec::new();
     let mut objects = 0;
     let mut sending = Sending {
         queue,
-        key: Arc::from(""),
-        rows: Vec::with_capacity(BATCH),
+        batch: Batch::new(Arc::from("")),
     };
     for artifact in super::epoch_artifacts(manifest) {
         let key = reader.artifact_key(artifact, reader.choose_format(artifact)?.0);
         let what = format!("reading {key}");
-        sending.key = Arc::from(key);
+        sending.batch.key = Arc::from(key);
+        // The scanners parse every record (and say which object one that is not JSON is in):
+        // the decoder hands snapshot rows on as text, without a parse of its own.
         sending = match artifact.kind {
             ArtifactKind::Snapshot => {
                 reader
-                    .fold_rows(artifact, key_fields.clone(), sending, |s, r| s.push(r.row))
+                    .fold_row_texts(artifact, sending, |s, text| s.push(text))
                     .await
             }
             ArtifactKind::Diff => {
                 reader
                     .fold_changes(artifact, sending, |s, c| {
                         for row in [c.old, c.new].into_iter().flatten() {
-                            s.push(row)?;
+                            s.push(row.as_str())?;
                         }
                         Ok(())
                     })
@@ -335,11 +350,13 @@ impl<'de> Visitor<'de> for Scalars<'_> {
         Ok(())
     }
     fn visit_u64<E>(self, v: u64) -> Result<(), E> {
-        (self.f)(self.field, &serde_json::Number::from(v).to_string(), false);
+        let mut buf = [0u8; 20];
+        (self.f)(self.field, integer_text(v, &mut buf), false);
         Ok(())
     }
     fn visit_i64<E>(self, v: i64) -> Result<(), E> {
-        (self.f)(self.field, &serde_json::Number::from(v).to_string(), false);
+        let mut buf = [0u8; 20];
+        (self.f)(self.field, integer_text(v, &mut buf), false);
         Ok(())
     }
     fn visit_f64<E>(self, v: f64) -> Result<(), E> {
@@ -373,6 +390,15 @@ impl<'de> Visitor<'de> for Scalars<'_> {
         }
         Ok(())
     }
+}
+
+/// An integer's decimal text, written into `buf` (a record's numbers are not allocated).
+fn integer_text(v: impl fmt::Display, buf: &mut [u8; 20]) -> &str {
+    use std::io::Write;
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    write!(cursor, "{v}").expect("20 bytes hold any 64-bit integer");
+    let len = cursor.position() as usize;
+    std::str::from_utf8(&buf[..len]).expect("digits are ASCII")
 }
 
 #[cfg(test)]
