@@ -400,6 +400,15 @@ pub async fn restore_reporting(
     let (mut client, connection) = streams::connect(&dsn).await?;
     let existing = check_destinations(&client, &planned, request.if_exists).await?;
     let (planned, existing) = parents_first(&client, planned, existing).await?;
+    // Each table's counter, found by name: the tables now load parents first, not in the
+    // order their counters were made.
+    let counter_of: Vec<usize> = planned
+        .iter()
+        .map(|p| {
+            let name = p.table.to_string();
+            expected.iter().position(|(t, _)| *t == name).unwrap_or(0)
+        })
+        .collect();
     let split = request.split.max(1);
     // The split tables' staging tables, made (and left from a killed restore dropped) before
     // the transaction: the streams' connections must see them.
@@ -416,7 +425,7 @@ pub async fn restore_reporting(
         &existing,
         &request,
         split,
-        |i| [counters[i].clone(), overall.clone()],
+        |i| [counters[counter_of[i]].clone(), overall.clone()],
     )
     .await;
     if loaded.is_err() {
