@@ -36,6 +36,7 @@ use super::{
 };
 use crate::error::{ArchiveError, Result};
 
+mod multipart;
 mod parted;
 mod upload;
 

@@ -8,72 +8,18 @@
 //! finish by reading it back in one streaming pass (digests of parts do not combine).
 
 use async_trait::async_trait;
-use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use bytes::Bytes;
+use aws_sdk_s3::types::CompletedPart;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
-use super::{PART_SIZE, S3Store, etag_of};
+use super::multipart::Multipart as Target;
+use super::{PART_SIZE, S3Store};
 use crate::error::{ArchiveError, Result};
 use crate::store::parted::{FinishedPart, PartWriter, PartedUpload};
 use crate::store::{PutResult, Store};
 
 /// S3's highest part number: kept for the last writer's tail.
 const LAST_PART_NUMBER: i32 = 10_000;
-
-/// Where a part goes: the upload's identity, shared by its writers.
-#[derive(Clone)]
-struct Target {
-    store: S3Store,
-    key: String,
-    full_key: String,
-    upload_id: String,
-}
-
-impl Target {
-    async fn upload_part(&self, number: i32, body: Vec<u8>) -> Result<CompletedPart> {
-        let out = self
-            .store
-            .client
-            .upload_part()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&self.upload_id)
-            .part_number(number)
-            .body(ByteStream::from(Bytes::from(body)))
-            .send()
-            .await
-            .map_err(|e| {
-                self.store
-                    .storage_error(&self.key, &format!("UploadPart {number}"), e)
-            })?;
-        let etag = etag_of(&self.store, &self.key, "UploadPart", out.e_tag)?;
-        Ok(CompletedPart::builder()
-            .part_number(number)
-            .e_tag(etag)
-            .build())
-    }
-
-    async fn abort(&self) {
-        let result = self
-            .store
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&self.upload_id)
-            .send()
-            .await;
-        if let Err(e) = result {
-            tracing::warn!(
-                uri = %self.store.uri(&self.key),
-                error = %aws_sdk_s3::error::DisplayErrorContext(&e),
-                "aborting the multipart upload failed; a bucket lifecycle rule must clean it up"
-            );
-        }
-    }
-}
 
 /// Starts the multipart upload of `key` for `parts` writers.
 pub(super) async fn create(
@@ -89,26 +35,7 @@ pub(super) async fn create(
             "{parts} parts are too many for one multipart upload"
         )));
     }
-    let out = store
-        .client
-        .create_multipart_upload()
-        .bucket(&store.bucket)
-        .key(&full_key)
-        .send()
-        .await
-        .map_err(|e| store.storage_error(key, "CreateMultipartUpload", e))?;
-    let upload_id = out.upload_id.ok_or_else(|| {
-        ArchiveError::storage(
-            store.uri(key),
-            "S3 CreateMultipartUpload: the response carries no upload id",
-        )
-    })?;
-    let target = Target {
-        store: store.clone(),
-        key: key.to_string(),
-        full_key,
-        upload_id,
-    };
+    let target = Target::start(store, key, full_key).await?;
     let writers = (0..parts)
         .map(|i| {
             let first = (1 + i * per_writer) as i32;
@@ -181,7 +108,7 @@ impl PartWriter for S3Part {
                 self.next_number += 1;
                 let body = std::mem::take(&mut self.current);
                 self.uploaded
-                    .push(self.target.upload_part(number, body).await?);
+                    .push(self.target.upload_part(number, body.into()).await?);
             }
             data = &data[fill(&mut self.current, data)..];
         }
@@ -230,7 +157,7 @@ impl Target {
             // A writer uploaded parts only once its head was full: the carry is a full part.
             if !held.uploaded.is_empty() || carry.len() >= PART_SIZE {
                 let body = std::mem::take(&mut carry);
-                completed.push(self.upload_part(held.first_number, body).await?);
+                completed.push(self.upload_part(held.first_number, body.into()).await?);
             }
             completed.extend(held.uploaded);
             carry.extend_from_slice(&held.tail);
@@ -239,28 +166,9 @@ impl Target {
             return Ok(Err(carry));
         }
         if !carry.is_empty() {
-            completed.push(self.upload_part(LAST_PART_NUMBER, carry).await?);
+            completed.push(self.upload_part(LAST_PART_NUMBER, carry.into()).await?);
         }
         Ok(Ok(completed))
-    }
-
-    async fn complete(&self, completed: Vec<CompletedPart>) -> Result<()> {
-        let t = self;
-        t.store
-            .client
-            .complete_multipart_upload()
-            .bucket(&t.store.bucket)
-            .key(&t.full_key)
-            .upload_id(&t.upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(completed))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| t.store.storage_error(&t.key, "CompleteMultipartUpload", e))?;
-        Ok(())
     }
 
     /// The stored object's SHA-256 and size, read back in one streaming pass.

@@ -2,18 +2,18 @@
 //! `PART_SIZE` parts above it, so a writer holds at most one part in memory.
 
 use async_trait::async_trait;
-use aws_sdk_s3::error::DisplayErrorContext;
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::types::CompletedPart;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use super::{PART_SIZE, S3Store, etag_of};
+use super::multipart::Multipart;
+use super::{PART_SIZE, S3Store};
 use crate::error::{ArchiveError, Result};
 use crate::store::{ObjectWriter, PutResult, Store};
 
 struct MultipartUpload {
-    id: String,
+    upload: Multipart,
     parts: Vec<CompletedPart>,
 }
 
@@ -48,26 +48,9 @@ impl S3Writer {
     /// Sends the buffered bytes as the next part, starting the multipart upload if needed.
     async fn flush_part(&mut self) -> Result<()> {
         if self.upload.is_none() {
-            let out = self
-                .store
-                .client
-                .create_multipart_upload()
-                .bucket(&self.store.bucket)
-                .key(&self.full_key)
-                .send()
-                .await
-                .map_err(|e| {
-                    self.store
-                        .storage_error(&self.key, "CreateMultipartUpload", e)
-                })?;
-            let id = out.upload_id.ok_or_else(|| {
-                ArchiveError::storage(
-                    self.store.uri(&self.key),
-                    "S3 CreateMultipartUpload: the response carries no upload id",
-                )
-            })?;
+            let upload = Multipart::start(&self.store, &self.key, self.full_key.clone()).await?;
             self.upload = Some(MultipartUpload {
-                id,
+                upload,
                 parts: Vec::new(),
             });
         }
@@ -75,49 +58,14 @@ impl S3Writer {
         let number = upload.parts.len() as i32 + 1;
         // Hand the part to the request; the next one is allocated only when data arrives.
         let body = Bytes::from(std::mem::take(&mut self.buf));
-        let out = self
-            .store
-            .client
-            .upload_part()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&upload.id)
-            .part_number(number)
-            .body(ByteStream::from(body))
-            .send()
-            .await
-            .map_err(|e| {
-                self.store
-                    .storage_error(&self.key, &format!("UploadPart {number}"), e)
-            })?;
-        let etag = etag_of(&self.store, &self.key, "UploadPart", out.e_tag)?;
-        upload.parts.push(
-            CompletedPart::builder()
-                .part_number(number)
-                .e_tag(etag)
-                .build(),
-        );
+        let part = upload.upload.upload_part(number, body).await?;
+        upload.parts.push(part);
         Ok(())
     }
 
     async fn abort_upload(&mut self) {
         if let Some(upload) = self.upload.take() {
-            let result = self
-                .store
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.store.bucket)
-                .key(&self.full_key)
-                .upload_id(&upload.id)
-                .send()
-                .await;
-            if let Err(e) = result {
-                tracing::warn!(
-                    uri = %self.store.uri(&self.key),
-                    error = %DisplayErrorContext(&e),
-                    "aborting the multipart upload failed; a bucket lifecycle rule must clean it up"
-                );
-            }
+            upload.upload.abort().await;
         }
     }
 
@@ -140,23 +88,7 @@ impl S3Writer {
             self.flush_part().await?;
         }
         let upload = self.upload.as_ref().expect("multipart upload in progress");
-        self.store
-            .client
-            .complete_multipart_upload()
-            .bucket(&self.store.bucket)
-            .key(&self.full_key)
-            .upload_id(&upload.id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(upload.parts.clone()))
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| {
-                self.store
-                    .storage_error(&self.key, "CompleteMultipartUpload", e)
-            })?;
+        upload.upload.complete(upload.parts.clone()).await?;
         // Completed: nothing left to abort.
         self.upload = None;
         Ok(())
@@ -170,18 +102,7 @@ impl Drop for S3Writer {
         if let Some(upload) = self.upload.take()
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
-            let client = self.store.client.clone();
-            let bucket = self.store.bucket.clone();
-            let key = self.full_key.clone();
-            rt.spawn(async move {
-                let _ = client
-                    .abort_multipart_upload()
-                    .bucket(bucket)
-                    .key(key)
-                    .upload_id(upload.id)
-                    .send()
-                    .await;
-            });
+            rt.spawn(async move { upload.upload.abort().await });
         }
     }
 }
