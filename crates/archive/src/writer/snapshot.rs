@@ -27,19 +27,12 @@ impl ArchiveWriter {
         self.write_snapshot_verified(position, rows, None).await
     }
 
-    /// `write_snapshot` for a row stream whose producer reports success or failure once it
-    /// ends: the snapshot commits only on success, so a producer that fails half-way never
-    /// leaves a partial snapshot in the manifest.
-    pub async fn write_snapshot_verified(
-        &mut self,
-        position: &str,
-        mut rows: impl SnapshotRows,
-        verdict: Option<oneshot::Receiver<Result<()>>>,
-    ) -> Result<Artifact> {
-        let epoch = self.manifest.epoch + 1;
-        let mut artifact = Artifact {
+    /// The artifact of a base snapshot at `position`, the next epoch's; filled as it is
+    /// written.
+    pub(super) fn next_snapshot_artifact(&mut self, position: &str) -> Artifact {
+        Artifact {
             kind: ArtifactKind::Snapshot,
-            epoch,
+            epoch: self.manifest.epoch + 1,
             from_position: None,
             to_position: position.to_string(),
             created_at: self.config.clock.now(),
@@ -49,7 +42,19 @@ impl ArchiveWriter {
             first_commit_time: None,
             last_commit_time: None,
             snapshot_time: self.next_snapshot_time.take(),
-        };
+        }
+    }
+
+    /// `write_snapshot` for a row stream whose producer reports success or failure once it
+    /// ends: the snapshot commits only on success, so a producer that fails half-way never
+    /// leaves a partial snapshot in the manifest.
+    pub async fn write_snapshot_verified(
+        &mut self,
+        position: &str,
+        mut rows: impl SnapshotRows,
+        verdict: Option<oneshot::Receiver<Result<()>>>,
+    ) -> Result<Artifact> {
+        let mut artifact = self.next_snapshot_artifact(position);
         let mut uploads = self
             .start_uploads(&artifact, &self.config.snapshot_formats)
             .await?;
@@ -86,7 +91,7 @@ impl ArchiveWriter {
         let ((), written, primary_bytes) =
             self.end_uploads(uploads, streamed, &mut artifact).await?;
         artifact.row_count = count;
-        if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
+        if let Err(e) = self.commit(artifact.clone(), Some(artifact.epoch)).await {
             self.cleanup(&written).await;
             return Err(e);
         }

@@ -4,7 +4,6 @@
 //! epoch still has one snapshot artifact; the manifest commit stays the single commit point,
 //! and a failure anywhere aborts every part (nothing is left under the artifact's keys).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -15,7 +14,7 @@ use super::snapshot::SnapshotRows;
 use crate::error::{ArchiveError, Result};
 use crate::format::{Encoder, Format};
 use crate::identity::laredo_row_key;
-use crate::manifest::{Artifact, ArtifactKind, FormatRef, artifact_key};
+use crate::manifest::{Artifact, FormatRef, artifact_key};
 use crate::store::Store;
 use crate::store::parted::{self, FinishedPart, PartWriter, PartedUpload};
 use crate::value::Row;
@@ -71,20 +70,7 @@ impl ArchiveWriter {
         position: &str,
         parts: Vec<SnapshotPart<R>>,
     ) -> Result<Artifact> {
-        let epoch = self.manifest.epoch + 1;
-        let mut artifact = Artifact {
-            kind: ArtifactKind::Snapshot,
-            epoch,
-            from_position: None,
-            to_position: position.to_string(),
-            created_at: self.config.clock.now(),
-            row_count: 0,
-            change_count: 0,
-            formats: BTreeMap::new(),
-            first_commit_time: None,
-            last_commit_time: None,
-            snapshot_time: self.next_snapshot_time.take(),
-        };
+        let mut artifact = self.next_snapshot_artifact(position);
         let mut joined = self.start_joined(&artifact, parts.len()).await?;
         let count = match self.encode_parts(parts, &mut joined).await {
             Ok((count, finished)) => {
@@ -106,7 +92,7 @@ impl ArchiveWriter {
         };
         let (count, (written, primary_bytes)) = count;
         artifact.row_count = count;
-        if let Err(e) = self.commit(artifact.clone(), Some(epoch)).await {
+        if let Err(e) = self.commit(artifact.clone(), Some(artifact.epoch)).await {
             self.cleanup(&written).await;
             return Err(e);
         }
