@@ -3,6 +3,8 @@
 # scripts/sample/events.sql (or $LARCH_EVENTS_SQL) to a local archive by
 #   `COPY (SELECT row_to_json(e) FROM public.events e) TO STDOUT` through psql (the baseline),
 #   `COPY public.events TO STDOUT` (COPY text, what larch reads),
+#   `pg_dump -Fd -j N -t public.events` (N = 1, 2, 4: pg_dump's jobs split work by table, so
+#   one table is one stream whatever N; a directory dump, compressed by default),
 #   `larch export --split N` (N = 1, 2, 4),
 # in the same run, alternating LARCH_BENCH_REPEAT times (default 3; each figure the median):
 # wall time, the client's CPU seconds and peak RSS, and the server's CPU seconds (its backends'
@@ -55,6 +57,8 @@ for r in $(seq 1 "${LARCH_BENCH_REPEAT:-3}"); do
   run copy_json psql -c "COPY (SELECT row_to_json(e) FROM public.events e) TO STDOUT"
   run copy_text psql -c "COPY public.events TO STDOUT"
   for n in 1 2 4; do
+    rm -rf "$work/dump-$n"
+    run "pg_dump_$n" pg_dump -Fd -j "$n" -t public.events -f "$work/dump-$n" postgres
     rm -rf "$work/archive-$n"
     run "larch_$n" "$larch" export --connection "$dsn" --table events --store local \
       --path "$work/archive-$n" --split "$n"
@@ -68,7 +72,7 @@ median() { sort -n "$work/series-$1" | awk '{a[NR]=$0} END {print a[int((NR+1)/2
 read -r copy_secs _ _ _ <<< "$(median copy_json)"
 printf '\n%d rows, medians of %s runs (machine: %s cores)\n' "$rows" "${LARCH_BENCH_REPEAT:-3}" "$(nproc)"
 printf '| export | wall | vs COPY (row_to_json) TO | client CPU | client peak RSS | server CPU |\n|---|---|---|---|---|---|\n'
-for s in copy_json copy_text larch_1 larch_2 larch_4; do
+for s in copy_json copy_text pg_dump_1 pg_dump_2 pg_dump_4 larch_1 larch_2 larch_4; do
   read -r secs cpu rss server <<< "$(median "$s")"
   printf '| %s | %.2f s | %.2f× | %.2f s | %.1f MiB | %.2f s |\n' "$s" "$secs" "$(echo "$secs/$copy_secs" | bc -l)" "$cpu" "$(echo "$rss/1024" | bc -l)" "$server"
 done

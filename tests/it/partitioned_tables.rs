@@ -186,6 +186,57 @@ async fn partitioned_tables_export_as_one_and_restore_into_the_same_partitions()
     assert_eq!(orphan.code().unwrap().code(), "23503", "{orphan}");
 }
 
+/// A partitioned parent has no pages of its own: `--split` cuts it by ranges of its primary
+/// key's first column, and the ranges together hold every row once.
+#[tokio::test]
+async fn a_partitioned_table_splits_by_ranges_of_its_primary_key() {
+    let source = new_database().await;
+    fill(&source).await;
+    source
+        .client
+        .batch_execute(
+            "INSERT INTO events SELECT g, date '2024-10-01' + (g % 900),
+                    (ARRAY['eu','us','ap'])[1 + g % 3], md5(g::text)
+               FROM generate_series(3001, 40000) g; ANALYZE events",
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let slot = format!("larch_psplit_{}", source.name);
+    let out = Command::new(env!("CARGO_BIN_EXE_larch"))
+        .env("LARCH_PG_DSN", &source.dsn)
+        .env("LARCH_LOG", "info")
+        .args([
+            "export", "--slot", &slot, "--table", "events", "--split", "4",
+        ])
+        .args(["--store", "local", "--path"])
+        .arg(&archive)
+        .output()
+        .unwrap();
+    ok(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    let line = log
+        .lines()
+        .find(|l| l.contains("split into ranges of its primary key"))
+        .unwrap_or_else(|| panic!("no key split logged:\n{log}"));
+    assert!(
+        line.contains("ranges=4") || line.contains("\"ranges\":4"),
+        "{line}"
+    );
+
+    let fresh = new_database().await;
+    ok(&larch(
+        &fresh.dsn,
+        &["restore", "--table", "events"],
+        &archive,
+    ));
+    assert_eq!(
+        rows_by_partition(&fresh, "events").await,
+        rows_by_partition(&source, "events").await
+    );
+}
+
 #[tokio::test]
 async fn a_tampered_partition_bound_is_refused_before_the_target_is_touched() {
     let source = new_database().await;

@@ -35,6 +35,8 @@ pub async fn snapshot_split(
 ) -> anyhow::Result<Artifact> {
     let shared = Arc::new(source.shared_snapshot(std::slice::from_ref(table)).await?);
     let ranges = shared.split_ranges(table, parts).await?;
+    // A restore that creates the table recreates its partitions from this.
+    writer.set_partitioning(source.partitioning(table).await?);
     progress.set_total(source.estimate_rows(table).await);
     let reporter = Reporter::start(progress.clone());
     writer.set_snapshot_time(shared.taken_at());
