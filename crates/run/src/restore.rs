@@ -43,6 +43,7 @@ use larch_archive::store::Store;
 use larch_core::failure::{self, Reason};
 use larch_core::progress::{Progress, Reporter};
 
+mod after_load;
 mod partitions;
 pub mod status;
 mod streams;
@@ -486,17 +487,20 @@ async fn load_all(
         .context("restore: SET CONSTRAINTS ALL DEFERRED")?;
     // One TRUNCATE of every replaced table: PostgreSQL truncates a table a foreign key
     // references only with the referencing tables in the same statement.
-    let replaced: Vec<String> = planned
+    let replaced: Vec<TableId> = planned
         .iter()
         .zip(existing)
         .filter(|(_, found)| **found)
-        .map(|(p, _)| qualified(&p.table))
+        .map(|(p, _)| p.table.clone())
         .collect();
     if !replaced.is_empty() {
-        tx.batch_execute(&format!("TRUNCATE {}", replaced.join(", ")))
+        let names: Vec<String> = replaced.iter().map(qualified).collect();
+        tx.batch_execute(&format!("TRUNCATE {}", names.join(", ")))
             .await
-            .with_context(|| format!("restore: TRUNCATE {}", replaced.join(", ")))?;
+            .with_context(|| format!("restore: TRUNCATE {}", names.join(", ")))?;
     }
+    // Their secondary indexes and foreign keys are made again once every table is loaded.
+    let aside = after_load::set_aside(&tx, &replaced).await?;
     let mut restored = Vec::new();
     for (i, (p, found)) in planned.iter().zip(existing).enumerate() {
         let [counter, overall] = counted(i);
@@ -525,6 +529,7 @@ async fn load_all(
             streams: streams as u32,
         });
     }
+    after_load::make_again(&tx, aside).await?;
     tx.commit()
         .await
         .context("restore: COMMIT on the target database")?;
