@@ -64,6 +64,7 @@ fn the_documented_shape_loads() {
             TargetConfig::Postgres {
                 connection: Connection::File(PathBuf::from("/etc/larch/target/dsn")),
                 table: TableId::new("public", "events"),
+                split: 1,
             }
         ]
     );
@@ -87,7 +88,7 @@ sources:
     store: {type: local, path: /data}
 tables:
   - {source: g, schema: public, table: a, targets: [{type: memory}]}
-  - {source: g, schema: public, table: b, targets: [{type: postgres, connection_env: PG_DSN, table: b_copy}]}
+  - {source: g, schema: public, table: b, targets: [{type: postgres, connection_env: PG_DSN, table: b_copy, split: 4}]}
   - {source: one, schema: s, table: t, targets: [{type: memory}]}
 "#,
     )
@@ -106,6 +107,7 @@ tables:
         TargetConfig::Postgres {
             connection: Connection::Env("PG_DSN".into()),
             table: TableId::new("public", "b_copy"),
+            split: 4,
         }
     );
     let one = &c.sources[2];
@@ -185,6 +187,14 @@ fn bad_configs_name_the_file_and_the_field() {
         (
             "tables:\n  - {source: seed, schema: public, table: events, targets: [{type: memory, connection_env: X}]}\n",
             "engine.yaml: tables[0].targets[0].connection_env: not an option of a memory target",
+        ),
+        (
+            "tables:\n  - {source: seed, schema: public, table: events, targets: [{type: memory, split: 2}]}\n",
+            "engine.yaml: tables[0].targets[0].split: not an option of a memory target",
+        ),
+        (
+            "tables:\n  - {source: seed, schema: public, table: events, targets: [{type: postgres, connection_env: X, split: 17}]}\n",
+            "engine.yaml: tables[0].targets[0].split: 17 COPY streams; between 1 and 16",
         ),
         (
             "tables:\n  - {source: seed, schema: public, table: events, targets: []}\n",

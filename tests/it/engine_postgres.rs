@@ -337,3 +337,57 @@ async fn a_checkpoint_is_not_trusted_for_a_dropped_or_truncated_table() {
     assert_eq!(table_rows(client).await, want);
     engine.stop().await.unwrap();
 }
+
+/// `split: 3`: a baseline loads over three COPY streams into a committed staging table
+/// (a leftover of a killed split baseline is dropped first), swapped in at the commit: the
+/// same table as one stream gives, followed by the next diff, and no staging table left.
+#[tokio::test]
+async fn a_split_baseline_loads_over_several_streams_into_the_same_table() {
+    let (db, dir, mut a) = events_archive(20_000).await;
+    let (archive, dsn_file, state) = paths(&db, dir.path());
+    db.client
+        .batch_execute("CREATE TABLE public.events_larch_baseline (junk int)")
+        .await
+        .unwrap();
+    let config = yaml(&archive, &dsn_file, &state).replace(
+        "        connection_file:",
+        "        split: 3\n        connection_file:",
+    );
+    assert!(config.contains("split: 3"), "{config}");
+    let engine = start_engine(&config).await;
+    wait_ready(engine.addr).await;
+    let client = &db.client;
+    let want = expected((1..=20_000).map(|i| (i, "t")));
+    assert_eq!(table_rows(client).await, want, "ready with every row");
+    let r20001 = row(20_001, "n");
+    a.diff("0/100", "0/200", &[(Action::Insert, None, Some(&r20001))])
+        .await;
+    let want = expected((1..=20_001).map(|i| (i, if i == 20_001 { "n" } else { "t" })));
+    eventually(15, "the diff applied", || {
+        let w = want.clone();
+        async move { (table_rows(client).await == w).then_some(()) }
+    })
+    .await;
+    let staging: bool = db
+        .client
+        .query_one(
+            "SELECT to_regclass('public.events_larch_baseline') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!staging, "the staging table became the table");
+    let key: String = db
+        .client
+        .query_one(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+              WHERE conrelid = 'public.events'::regclass AND contype = 'p'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(key, "PRIMARY KEY (id)");
+    engine.stop().await.unwrap();
+}

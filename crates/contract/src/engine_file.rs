@@ -137,6 +137,10 @@ pub struct TargetFile {
     pub schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
+    /// A postgres target's COPY streams per baseline (1–16, default 1), each over its own
+    /// connection into a staging table swapped in at the baseline's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<u16>,
 }
 
 /// `tables[].targets[].type`; any other value is kept, for validation to refuse by its path.

@@ -214,6 +214,7 @@ fn target(source: &ArchiveSource, archive: &ResolvedArchive, t: &TableRef) -> Ta
                 (Some(name), 1) => name.clone(),
                 _ => t.name.clone(),
             }),
+            split: pg.split,
             ..Default::default()
         },
         (Some(m), None) => TargetFile {

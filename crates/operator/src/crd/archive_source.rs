@@ -328,6 +328,11 @@ pub struct PostgresTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub table: Option<String>,
+    /// COPY streams a baseline loads over, each its own connection to the target (default 1).
+    /// Count them against the target's `max_connections`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub split: Option<u16>,
 }
 
 /// Per-replica state volume (StatefulSet volumeClaimTemplates).

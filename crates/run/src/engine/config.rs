@@ -63,6 +63,8 @@ pub enum TargetConfig {
         connection: Connection,
         /// Destination table.
         table: TableId,
+        /// COPY streams a baseline loads over (1: one, inside the baseline's transaction).
+        split: u16,
     },
 }
 
@@ -477,6 +479,7 @@ fn validate_target(path: &str, t: &TargetFile, table: &TableId) -> Result<Target
                 ("connection_env", t.connection_env.is_some()),
                 ("schema", t.schema.is_some()),
                 ("table", t.table.is_some()),
+                ("split", t.split.is_some()),
             ] {
                 if set {
                     return Err(format!(
@@ -517,9 +520,17 @@ fn validate_target(path: &str, t: &TargetFile, table: &TableId) -> Result<Target
                     "{path}: destination schema and table must be non-empty"
                 ));
             }
+            let split = t.split.unwrap_or(1);
+            if !(1..=crate::restore::MAX_SPLIT).contains(&split) {
+                return Err(format!(
+                    "{path}.split: {split} COPY streams; between 1 and {}",
+                    crate::restore::MAX_SPLIT
+                ));
+            }
             Ok(TargetConfig::Postgres {
                 connection,
                 table: TableId::new(schema, name),
+                split,
             })
         }
         Some(TargetKind::Unknown(other)) if !other.is_empty() => Err(format!(

@@ -146,11 +146,14 @@ async fn build_source(
                 memory = Some(m.clone());
                 m
             }
-            TargetConfig::Postgres { connection, table } => Arc::new(PostgresTarget::new(
-                connection.clone(),
-                table.clone(),
-                sc.id.clone(),
-            )),
+            TargetConfig::Postgres {
+                connection,
+                table,
+                split,
+            } => Arc::new(
+                PostgresTarget::new(connection.clone(), table.clone(), sc.id.clone())
+                    .with_split(*split),
+            ),
         };
         // laredo: <source>:<schema>.<table>:<target type>; a second target of one type gets #n.
         let mut id = format!("{}:{}:{}", sc.id, sc.table, tc.kind());

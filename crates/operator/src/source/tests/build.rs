@@ -271,6 +271,14 @@ fn engine_config_group_and_postgres_target() {
     assert_eq!(t["type"], "postgres");
     assert_eq!(t["connection_file"], "/etc/larch/target/dsn");
     assert_eq!(t["schema"], "replica");
+    assert!(t.get("split").is_none(), "one stream unless asked");
+    let (mut s, r) = resolved("source-s3-postgres", None);
+    s.spec.target.postgres.as_mut().unwrap().split = Some(4);
+    let v: Value = serde_saphyr::from_str(&engine_config::engine_yaml(
+        &engine_config::engine_config(&s, &r),
+    ))
+    .unwrap();
+    assert_eq!(v["tables"][1]["targets"][0]["split"], 4);
     // Volume archives of an export: the export's created claim, mounted read-only.
     let c = source_children("source-exportref-volume", Some("export-scheduled-tables"));
     let pod = c.stateful_set.spec.template.spec.unwrap();

@@ -39,6 +39,7 @@ use larch_archive::source::ChangeEvent;
 use larch_archive::value::Row;
 use larch_core::locks::MutexExt;
 
+mod split_load;
 mod statements;
 mod swap;
 
@@ -176,7 +177,30 @@ struct Conn {
 struct BaselineCopy {
     staging: TableId,
     columns: Vec<CopyColumn>,
-    sink: std::pin::Pin<Box<CopyInSink<bytes::Bytes>>>,
+    sink: BaselineSink,
+}
+
+/// Where a baseline's rows go: one COPY in the baseline's transaction, or `split` streams.
+enum BaselineSink {
+    One(std::pin::Pin<Box<CopyInSink<bytes::Bytes>>>),
+    Split(split_load::SplitCopy),
+}
+
+impl BaselineSink {
+    async fn send(&mut self, encoded: Vec<u8>) -> anyhow::Result<()> {
+        match self {
+            BaselineSink::One(sink) => Ok(sink.send(bytes::Bytes::from(encoded)).await?),
+            BaselineSink::Split(split) => split.send(&encoded).await,
+        }
+    }
+
+    /// Ends the COPY (every stream's): the rows loaded.
+    async fn finish(self) -> anyhow::Result<u64> {
+        match self {
+            BaselineSink::One(mut sink) => Ok(sink.as_mut().finish().await?),
+            BaselineSink::Split(split) => split.finish().await,
+        }
+    }
 }
 
 pub struct PostgresTarget {
@@ -191,6 +215,8 @@ pub struct PostgresTarget {
     needs_alter: std::sync::atomic::AtomicBool,
     statements: std::sync::Mutex<Option<Statements>>,
     pending: std::sync::Mutex<Pending>,
+    /// COPY streams a baseline loads over ([`split_load`]; 1: one, in its transaction).
+    split: usize,
 }
 
 impl PostgresTarget {
@@ -205,7 +231,14 @@ impl PostgresTarget {
             needs_alter: std::sync::atomic::AtomicBool::new(false),
             statements: std::sync::Mutex::new(None),
             pending: std::sync::Mutex::new(Pending::default()),
+            split: 1,
         }
+    }
+
+    /// Baselines load over `split` COPY streams (each its own connection).
+    pub fn with_split(mut self, split: u16) -> PostgresTarget {
+        self.split = usize::from(split.max(1));
+        self
     }
 
     async fn connect(&self) -> anyhow::Result<Client> {
@@ -444,16 +477,22 @@ impl Target for PostgresTarget {
         let conn = guard.as_mut().expect("connected");
         rollback(conn).await;
         let staging = staging_table(&self.table);
+        // Split streams fill a staging table committed first (other connections write it);
+        // one stream creates it in the baseline's transaction. Either drops one a failed or
+        // killed split baseline left.
+        let split = self.split > 1;
         conn.client
             .batch_execute(&format!(
-                "BEGIN; CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS \
-                 INCLUDING IDENTITY INCLUDING STORAGE INCLUDING COMPRESSION INCLUDING COMMENTS)",
+                "{}DROP TABLE IF EXISTS {1}; CREATE TABLE {1} (LIKE {2} INCLUDING DEFAULTS \
+                 INCLUDING CONSTRAINTS INCLUDING IDENTITY INCLUDING STORAGE INCLUDING COMPRESSION \
+                 INCLUDING COMMENTS)",
+                if split { "" } else { "BEGIN; " },
                 qualified(&staging),
                 qualified(&self.table)
             ))
             .await
             .with_context(|| format!("postgres target {}: starting the baseline", self.table))?;
-        conn.in_tx = true;
+        conn.in_tx = !split;
         let started = async {
             let columns = self.columns.locked().clone();
             let key_fields = self.key_fields.locked().clone();
@@ -469,19 +508,19 @@ impl Target for PostgresTarget {
                 tracing::info!(table = %self.table, changes = ?alters, "the baseline's table gets the archive's columns (swapped in with the rows)");
             }
             let columns = copy_columns(&conn.client, &qualified(&staging)).await?;
-            let names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
-            let sink = conn
-                .client
-                .copy_in(&format!(
-                    "COPY {} ({}) FROM STDIN",
-                    qualified(&staging),
-                    names.join(", ")
-                ))
-                .await?;
+            let sink = if split {
+                BaselineSink::Split(
+                    split_load::SplitCopy::start(self, &staging, &columns, self.split).await?,
+                )
+            } else {
+                let names: Vec<String> = columns.iter().map(|c| quote_ident(&c.name)).collect();
+                let sql = format!("COPY {} ({}) FROM STDIN", qualified(&staging), names.join(", "));
+                BaselineSink::One(Box::pin(conn.client.copy_in(&sql).await?))
+            };
             anyhow::Ok(BaselineCopy {
                 staging: staging.clone(),
                 columns,
-                sink: Box::pin(sink),
+                sink,
             })
         }
         .await;
@@ -491,7 +530,7 @@ impl Target for PostgresTarget {
                 Ok(())
             }
             Err(e) => {
-                rollback(conn).await;
+                self.discard(conn).await;
                 Err(e.context(format!(
                     "postgres target {}: starting the baseline",
                     self.table
@@ -502,9 +541,10 @@ impl Target for PostgresTarget {
 
     async fn baseline_rows(&self, rows: Vec<Row>) -> anyhow::Result<()> {
         let mut guard = self.conn.lock().await;
+        let split = self.split > 1;
         let copy = guard
             .as_mut()
-            .filter(|c| c.in_tx)
+            .filter(|c| c.in_tx || split)
             .and_then(|c| c.copy.as_mut())
             .ok_or_else(|| {
                 anyhow::anyhow!(
@@ -520,14 +560,15 @@ impl Target for PostgresTarget {
                 .with_context(|| format!("postgres target {}: a baseline row", self.table))?;
         }
         copy.sink
-            .send(bytes::Bytes::from(buf))
+            .send(buf)
             .await
             .with_context(|| format!("postgres target {}: copying the baseline", self.table))
     }
 
     async fn commit_baseline(&self, position: &str) -> anyhow::Result<()> {
         let mut guard = self.conn.lock().await;
-        let conn = guard.as_mut().filter(|c| c.in_tx).ok_or_else(|| {
+        let split = self.split > 1;
+        let conn = guard.as_mut().filter(|c| c.in_tx || split).ok_or_else(|| {
             anyhow::anyhow!(
                 "postgres target {}: the baseline transaction was lost",
                 self.table
@@ -543,7 +584,7 @@ impl Target for PostgresTarget {
         let st = match self.swap_in(conn, copy, &key_fields, position).await {
             Ok(st) => st,
             Err(e) => {
-                rollback(conn).await;
+                self.discard(conn).await;
                 return Err(e);
             }
         };
@@ -560,7 +601,7 @@ impl Target for PostgresTarget {
         if let Some(conn) = guard.as_mut() {
             // Dropping the sink mid-COPY fails the COPY; the rollback drops the staging table.
             conn.copy = None;
-            rollback(conn).await;
+            self.discard(conn).await;
         }
     }
 
@@ -612,6 +653,24 @@ impl Target for PostgresTarget {
 /// Where a baseline is copied before it replaces the table (same schema, so the rename keeps it).
 fn staging_table(table: &TableId) -> TableId {
     TableId::new(&table.schema, format!("{}_larch_baseline", table.table))
+}
+
+impl PostgresTarget {
+    /// Ends a failed baseline: its transaction rolled back, and a split baseline's staging
+    /// table (committed before the streams) dropped.
+    async fn discard(&self, conn: &mut Conn) {
+        rollback(conn).await;
+        if self.split > 1 {
+            let staging = qualified(&staging_table(&self.table));
+            let dropped = conn
+                .client
+                .batch_execute(&format!("DROP TABLE IF EXISTS {staging}"))
+                .await;
+            if let Err(e) = dropped {
+                tracing::warn!(table = %self.table, error = %e, "the split baseline's staging table stays until the next baseline drops it");
+            }
+        }
+    }
 }
 
 async fn rollback(conn: &mut Conn) {

@@ -23,13 +23,17 @@ impl PostgresTarget {
         key_fields: &[String],
         position: &str,
     ) -> anyhow::Result<Statements> {
-        let client = &conn.client;
-        let mut sink = copy.sink;
-        let rows = sink
-            .as_mut()
+        let rows = copy
+            .sink
             .finish()
             .await
             .with_context(|| format!("postgres target {}: copying the baseline", self.table))?;
+        if !conn.in_tx {
+            // Split streams committed their rows: the swap opens the baseline's transaction.
+            conn.client.batch_execute("BEGIN").await?;
+            conn.in_tx = true;
+        }
+        let client = &conn.client;
         let staging_pk = quote_ident(&format!("{}_pkey", copy.staging.table));
         self.key_staging(client, &copy.staging, &staging_pk, key_fields, rows)
             .await?;
