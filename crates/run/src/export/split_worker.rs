@@ -292,7 +292,7 @@ impl Worker {
         let mut checked = Instant::now();
         loop {
             let now = split_run::read_plan(self.store.as_ref(), &self.key_prefix).await?;
-            if !now.is_some_and(|(p, _)| p.run_id == plan.run_id) {
+            if now.is_none_or(|(p, _)| p.run_id != plan.run_id) {
                 return self.committed(plan).await;
             }
             if checked.elapsed() >= LIVENESS {
@@ -321,7 +321,7 @@ impl Worker {
     /// Whether the plan in the store is no longer `plan` (replaced or removed).
     async fn plan_ended(&self, plan: &Plan) -> bool {
         match split_run::read_plan(self.store.as_ref(), &self.key_prefix).await {
-            Ok(now) => !now.is_some_and(|(p, _)| p.run_id == plan.run_id),
+            Ok(now) => now.is_none_or(|(p, _)| p.run_id != plan.run_id),
             Err(_) => false,
         }
     }
