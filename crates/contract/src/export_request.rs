@@ -218,9 +218,12 @@ mod tests {
             split_workers: Some(3),
             ..request.clone()
         };
-        let text = split.to_json();
-        assert!(text.contains(r#""split":8,"splitWorkers":3"#), "{text}");
-        assert_eq!(ExportRequest::from_json(&text).unwrap(), split);
+        let split_text = split.to_json();
+        assert!(
+            split_text.contains(r#""split":8,"splitWorkers":3"#),
+            "{split_text}"
+        );
+        assert_eq!(ExportRequest::from_json(&split_text).unwrap(), split);
         assert_eq!(ExportRequest::from_json(&text).unwrap(), request);
     }
 
