@@ -714,7 +714,7 @@ struct GcResult {
     chosen: Vec<UnreferencedView>,
     bytes: u64,
     deleted: Vec<String>,
-    /// What dead split runs left (docs/export.md): removed with the orphans.
+    /// What dead split runs left (docs/postgres-source.md): removed with the orphans.
     split: split_run::SplitLeftovers,
 }
 

@@ -80,7 +80,7 @@ pub struct ExportArgs {
     /// With --split: the ranges are copied by M separate worker processes (`larch export
     /// split-worker`, e.g. the pods of an Indexed Job) instead of this one, which coordinates:
     /// it holds the exported snapshot, writes the plan into the store, waits for every range
-    /// and commits the epoch (docs/export.md).
+    /// and commits the epoch (docs/postgres-source.md).
     #[arg(long, value_name = "M", requires = "split", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub split_workers: Option<u16>,
     #[command(flatten)]

@@ -36,7 +36,7 @@ pub enum ExportCommand {
     /// One worker process of a split export (`larch export --split N --split-workers M`, the
     /// coordinator): copies the ranges r with r % M == I of the coordinator's plan, read from
     /// the archive's store (on Kubernetes: a pod of an Indexed Job). Exit 0: its ranges are
-    /// done; 1: transient (retry it); 2: bad input.
+    /// done and the coordinator committed the epoch; 1: transient (retry it); 2: bad input.
     SplitWorker(Box<super::split_worker::SplitWorkerArgs>),
 }
 

@@ -1,5 +1,5 @@
 //! A split export whose ranges are copied by separate worker processes, coordinated through
-//! the archive's store (docs/export.md, "Split across processes"):
+//! the archive's store (docs/postgres-source.md, "The ranges copied by separate processes"):
 //!
 //! * the coordinator writes a [`Plan`] at `<prefix>split/plan.json` (compare-and-swap: one
 //!   plan at a time): its run id, the exported snapshot the workers import, the ranges (page
