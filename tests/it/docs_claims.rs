@@ -13,7 +13,7 @@ const SUBCOMMANDS: &[(&str, &[&str])] = &[
             "export", "archive", "engine", "restore", "operator", "crd", "status",
         ],
     ),
-    ("export", &["cleanup", "slot-status"]),
+    ("export", &["cleanup", "slot-status", "split-worker"]),
     (
         "engine",
         &[

@@ -25,13 +25,15 @@ use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
 use super::store::{Store, check_key_prefix};
 use super::value::Row;
 
+mod by_workers;
 mod commit;
 mod snapshot;
 mod split;
 mod uploads;
 
+pub use by_workers::WorkersRun;
 pub use snapshot::SnapshotRows;
-pub use split::SnapshotPart;
+pub use split::{Attempt, SnapshotPart};
 use uploads::{Upload, send_chunks};
 
 /// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a
