@@ -17,8 +17,10 @@ use larch_archive::manifest::Artifact;
 use larch_archive::model::TableId;
 use larch_archive::split_run::PageRange;
 use larch_archive::writer::{ArchiveWriter, WorkersRun};
+use larch_core::failure;
 use larch_core::progress::{Progress, Reporter};
 use larch_postgres::PostgresSource;
+use larch_postgres::split::Range;
 
 /// What the coordinator needs beyond a split's own inputs.
 pub struct Coordination {
@@ -54,11 +56,21 @@ pub async fn snapshot_by_workers(
             snapshot: shared.snapshot_name().to_string(),
             ranges: ranges
                 .iter()
-                .map(|r| PageRange {
-                    first: r.first,
-                    end: r.end,
+                .map(|r| match r {
+                    Range::Pages { first, end } => Ok(PageRange {
+                        first: *first,
+                        end: *end,
+                    }),
+                    // Key bounds are SQL literals: the plan in the store holds page numbers only.
+                    Range::Keys { .. } => Err(failure::tag(
+                        failure::Reason::InvalidConfig,
+                        anyhow::anyhow!(
+                            "table {table} has no pages of its own (a partitioned table): its key \
+                             ranges are copied inside one process (--split without --split-workers)"
+                        ),
+                    )),
                 })
-                .collect(),
+                .collect::<anyhow::Result<_>>()?,
             workers: coordination.workers,
             settings: settings_digest(
                 table,

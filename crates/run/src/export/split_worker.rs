@@ -245,7 +245,7 @@ impl Worker {
         (transform, sampler): (Option<Arc<TableTransform>>, Option<Sampler>),
     ) -> anyhow::Result<u64> {
         let bounds = &plan.ranges[range];
-        let predicate = Range {
+        let predicate = Range::Pages {
             first: bounds.first,
             end: bounds.end,
         }
