@@ -14,6 +14,7 @@ use crate::archive::orphans::{Unreferenced, UnreferencedObject, find_unreference
 use crate::archive::plan::{Plan, broken_link_reason, plan_head, short_chain};
 use crate::archive::point_in_time::{PointInTime, Window, resolve, window};
 use crate::archive::reader::ArchiveReader;
+use crate::archive::split_run;
 use crate::archive::store::spec::StoreKind;
 use crate::archive::verify::verify;
 
@@ -672,6 +673,7 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         classes.push(Unreferenced::ListedEpoch);
     }
     let (chosen, kept): (Vec<_>, Vec<_>) = found.iter().partition(|o| classes.contains(&o.class));
+    let split = split_leftovers(store, &reader.manifest_key(), reader.key_prefix(), &args).await?;
     let mut result = GcResult {
         key_prefix: reader.key_prefix().to_string(),
         dry_run: !args.delete,
@@ -679,6 +681,7 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         chosen: chosen.iter().map(|o| UnreferencedView::of(o)).collect(),
         bytes: chosen.iter().map(|o| o.size).sum(),
         deleted: Vec::new(),
+        split,
     };
     if args.delete {
         // A writer that committed since: its new objects were judged against an older manifest.
@@ -693,6 +696,9 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         result.deleted = remove(store, &owned, &classes)
             .await
             .with_context(|| format!("deleting orphans under {:?}", reader.key_prefix()))?;
+        split_run::remove_leftovers(store, &result.split)
+            .await
+            .with_context(|| format!("deleting split leftovers under {:?}", reader.key_prefix()))?;
     }
     output::print(&result, args.output.format(), || gc_text(&result))?;
     Ok(0)
@@ -708,6 +714,23 @@ struct GcResult {
     chosen: Vec<UnreferencedView>,
     bytes: u64,
     deleted: Vec<String>,
+    /// What dead split runs left (docs/export.md): removed with the orphans.
+    split: split_run::SplitLeftovers,
+}
+
+/// The leftovers of dead split runs: uploads started before the manifest was stored (less the
+/// clock allowance); with --include-listed-epochs the plan counts as dead too.
+async fn split_leftovers(
+    store: &dyn crate::archive::store::Store,
+    manifest_key: &str,
+    key_prefix: &str,
+    args: &GcArgs,
+) -> anyhow::Result<split_run::SplitLeftovers> {
+    let allowance = chrono::Duration::from_std(args.clock.clock_allowance)?;
+    let stored_at = store.head(manifest_key).await?.and_then(|o| o.modified);
+    let before = stored_at.map(|t| t - allowance);
+    let no_writer = args.include_listed_epochs;
+    Ok(split_run::find_leftovers(store, key_prefix, before, no_writer).await?)
 }
 
 fn gc_text(r: &GcResult) -> String {
@@ -722,6 +745,17 @@ fn gc_text(r: &GcResult) -> String {
     let mut out = String::new();
     for o in &r.kept {
         let _ = writeln!(out, "keep:   {}", describe(o));
+    }
+    let verb = if r.dry_run { "would delete" } else { "deleted" };
+    for key in &r.split.objects {
+        let _ = writeln!(out, "{verb}: {key} (left by a dead split run)");
+    }
+    for u in &r.split.uploads {
+        let _ = writeln!(
+            out,
+            "{verb}: multipart upload {} of {} (no live split plan names it)",
+            u.upload_id, u.key
+        );
     }
     if r.dry_run {
         for o in &r.chosen {

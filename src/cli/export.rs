@@ -77,6 +77,12 @@ pub struct ExportArgs {
     /// epoch still has one snapshot object (the parts joined in order).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub split: Option<u16>,
+    /// With --split: the ranges are copied by M separate worker processes (`larch export
+    /// split-worker`, e.g. the pods of an Indexed Job) instead of this one, which coordinates:
+    /// it holds the exported snapshot, writes the plan into the store, waits for every range
+    /// and commits the epoch (docs/export.md).
+    #[arg(long, value_name = "M", requires = "split", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub split_workers: Option<u16>,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Archive key prefix (default `<schema>.<table>/`, as laredo's export). With several
@@ -294,6 +300,7 @@ impl ExportArgs {
             tables: self.table.clone(),
             parallel: self.parallel,
             split: self.split,
+            split_workers: self.split_workers,
             store: self.store.spec(),
             key_prefix: self.key_prefix.clone(),
             formats,

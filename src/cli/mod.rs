@@ -10,6 +10,7 @@ pub mod operator;
 pub mod output;
 pub mod restore;
 pub mod slot;
+pub mod split_worker;
 pub mod status;
 pub mod subset;
 pub mod transform;
@@ -333,6 +334,7 @@ impl Command {
         let export = |a: &export::ExportArgs| match &a.command {
             Some(slot::ExportCommand::Cleanup(c)) => c.summary_file.clone(),
             Some(slot::ExportCommand::SlotStatus(_)) => None,
+            Some(slot::ExportCommand::SplitWorker(w)) => w.termination_file(),
             // the operator's pods name it in their request (`--request`)
             None => a.summary_file.clone().or_else(|| {
                 let request =

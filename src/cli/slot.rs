@@ -33,6 +33,11 @@ pub enum ExportCommand {
     /// Report how much WAL replication slots hold (JSON once, or served on --listen as
     /// /status and /metrics, refreshed every --interval).
     SlotStatus(SlotStatusArgs),
+    /// One worker process of a split export (`larch export --split N --split-workers M`, the
+    /// coordinator): copies the ranges r with r % M == I of the coordinator's plan, read from
+    /// the archive's store (on Kubernetes: a pod of an Indexed Job). Exit 0: its ranges are
+    /// done; 1: transient (retry it); 2: bad input.
+    SplitWorker(Box<super::split_worker::SplitWorkerArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -91,6 +96,7 @@ pub async fn run(command: ExportCommand) -> anyhow::Result<i32> {
     match command {
         ExportCommand::Cleanup(a) => run_cleanup(a).await,
         ExportCommand::SlotStatus(a) => slot_status(a).await,
+        ExportCommand::SplitWorker(a) => super::split_worker::run(*a).await,
     }
 }
 

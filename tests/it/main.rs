@@ -54,6 +54,7 @@ mod schema_changes;
 mod self_contained;
 mod source_conformance;
 mod split_export;
+mod split_workers;
 mod store_conformance;
 mod support;
 mod target_conformance;

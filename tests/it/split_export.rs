@@ -18,9 +18,9 @@ use crate::support::seaweedfs::seaweedfs;
 
 /// Rows of the big table: about 45 MB of JSONL, so every range of a split into 1, 2 or 4
 /// holds at least one full 8 MiB S3 part and the joined object has parts from each range.
-const BIG_ROWS: i64 = 160_000;
+pub(crate) const BIG_ROWS: i64 = 160_000;
 
-fn larch(dsn: &str) -> Command {
+pub(crate) fn larch(dsn: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_larch"));
     c.env("LARCH_PG_DSN", dsn)
         .env("AWS_ACCESS_KEY_ID", "larch-test-key")
@@ -28,7 +28,7 @@ fn larch(dsn: &str) -> Command {
     c
 }
 
-fn run(cmd: &mut Command) -> (i32, String, String) {
+pub(crate) fn run(cmd: &mut Command) -> (i32, String, String) {
     let out = cmd.output().expect("running larch");
     (
         out.status.code().unwrap_or(-1),
@@ -38,7 +38,7 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 }
 
 /// `events (id, n, body)` with `rows` rows of about 280 bytes each.
-async fn events(db: &Database, rows: i64) {
+pub(crate) async fn events(db: &Database, rows: i64) {
     db.client
         .batch_execute(&format!(
             "CREATE TABLE events (id int8 PRIMARY KEY, n int8 NOT NULL, body text NOT NULL);
@@ -50,9 +50,9 @@ async fn events(db: &Database, rows: i64) {
         .unwrap();
 }
 
-type Rows = Vec<(i64, i64, String)>;
+pub(crate) type Rows = Vec<(i64, i64, String)>;
 
-async fn table_rows(db: &Database) -> Rows {
+pub(crate) async fn table_rows(db: &Database) -> Rows {
     db.client
         .query("SELECT id, n, body FROM events ORDER BY id", &[])
         .await
@@ -63,7 +63,7 @@ async fn table_rows(db: &Database) -> Rows {
 }
 
 /// The rows of the archive's head, read back with larch's reader in `format`, sorted by id.
-async fn archive_rows(store: Arc<dyn Store>, key_prefix: &str, format: Format) -> Rows {
+pub(crate) async fn archive_rows(store: Arc<dyn Store>, key_prefix: &str, format: Format) -> Rows {
     let reader = ArchiveReader::new(store, key_prefix, vec![format]).unwrap();
     let (_, folded) = reader.reconstruct_at(None, &[]).await.unwrap();
     let mut rows: Rows = folded
@@ -83,7 +83,7 @@ async fn archive_rows(store: Arc<dyn Store>, key_prefix: &str, format: Format) -
 }
 
 /// The store flags of a local archive at `dir` or an S3 one in `bucket`.
-fn store_args(local: Option<&Path>, bucket: &str) -> Vec<String> {
+pub(crate) fn store_args(local: Option<&Path>, bucket: &str) -> Vec<String> {
     match local {
         Some(dir) => vec!["--path".into(), dir.display().to_string()],
         None => [
@@ -120,7 +120,11 @@ fn export(db: &Database, store: &[String], prefix: &str, extra: &[&str]) -> (i32
 
 /// The objects (and part files, for a local store) under `prefix`, and the multipart uploads
 /// in progress (S3).
-async fn leftovers(local: Option<&Path>, bucket: &str, prefix: &str) -> (Vec<String>, usize) {
+pub(crate) async fn leftovers(
+    local: Option<&Path>,
+    bucket: &str,
+    prefix: &str,
+) -> (Vec<String>, usize) {
     match local {
         Some(dir) => {
             let mut found = Vec::new();
@@ -156,7 +160,7 @@ async fn leftovers(local: Option<&Path>, bucket: &str, prefix: &str) -> (Vec<Str
 }
 
 /// The number of parts of an S3 object written by a multipart upload (its ETag's `-N`).
-async fn multipart_parts(bucket: &str, key: &str) -> u32 {
+pub(crate) async fn multipart_parts(bucket: &str, key: &str) -> u32 {
     let store = seaweedfs().s3_store(bucket, "").await;
     let head = store
         .client()
@@ -174,7 +178,7 @@ async fn multipart_parts(bucket: &str, key: &str) -> u32 {
     etag.rsplit_once('-').map_or(1, |(_, n)| n.parse().unwrap())
 }
 
-async fn store_of(local: Option<&Path>, bucket: &str) -> Arc<dyn Store> {
+pub(crate) async fn store_of(local: Option<&Path>, bucket: &str) -> Arc<dyn Store> {
     match local {
         Some(dir) => Arc::new(LocalStore::new(dir).unwrap()),
         None => Arc::new(seaweedfs().s3_store(bucket, "").await),

@@ -17,6 +17,12 @@ pub const WRITER_AFTER_COMMIT: &str = "writer.after-commit";
 pub const ENGINE_AFTER_CHECKPOINT: &str = "engine.after-checkpoint";
 /// A run of buffered changes written to the spill directory.
 pub const SPILL_AFTER_RUN: &str = "spill.after-run";
+/// A split run's worker wrote a chunk of a range (S3: uploaded one of its parts).
+pub const SPLIT_AFTER_PART: &str = "split.after-part";
+/// A split run's worker stored a range and its checkpoint.
+pub const SPLIT_AFTER_CHECKPOINT: &str = "split.after-checkpoint";
+/// A split run's coordinator wrote its plan (the workers may start).
+pub const SPLIT_AFTER_PLAN: &str = "split.after-plan";
 /// Pause point: the slot's snapshot imported, the table not yet locked (a DDL may commit in
 /// between).
 pub const BASELINE_BEFORE_LOCK: &str = "baseline.before-lock";

@@ -23,6 +23,7 @@ pub mod reader;
 pub mod retention;
 pub mod source;
 pub mod spill;
+pub mod split_run;
 pub mod store;
 pub mod value;
 pub mod verify;

@@ -25,11 +25,13 @@ use super::spill::{ChangeBuffer, Entry, Spill, SpillConfig};
 use super::store::{Store, check_key_prefix};
 use super::value::Row;
 
+mod by_workers;
 mod commit;
 mod snapshot;
 mod split;
 mod uploads;
 
+pub use by_workers::WorkersRun;
 pub use snapshot::SnapshotRows;
 pub use split::SnapshotPart;
 use uploads::{Upload, send_chunks};

@@ -36,6 +36,12 @@ pub struct ExportRequest {
     /// over its own connection importing the one snapshot, joined into one snapshot object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split: Option<u16>,
+    /// `--split-workers`: with `split`, the ranges are copied by this many separate worker
+    /// processes (`larch export split-worker`, the pods of an Indexed Job); this process is
+    /// their coordinator: it holds the exported snapshot, writes the plan into the store,
+    /// waits for every range and commits. It copies no range itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_workers: Option<u16>,
     /// `--store …`: where the archive lives.
     pub store: StoreSpec,
     /// `--key-prefix`.
@@ -207,6 +213,14 @@ mod tests {
         };
         let text = request.to_json();
         assert!(text.contains(r#""where":"id > 10""#), "{text}");
+        let split = ExportRequest {
+            split: Some(8),
+            split_workers: Some(3),
+            ..request.clone()
+        };
+        let text = split.to_json();
+        assert!(text.contains(r#""split":8,"splitWorkers":3"#), "{text}");
+        assert_eq!(ExportRequest::from_json(&text).unwrap(), split);
         assert_eq!(ExportRequest::from_json(&text).unwrap(), request);
     }
 

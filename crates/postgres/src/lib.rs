@@ -14,6 +14,8 @@
 mod config;
 pub mod connection;
 pub mod errors;
+mod imported_snapshot;
+pub use imported_snapshot::ImportedSnapshot;
 mod estimate;
 mod lifecycle;
 pub mod ownership;

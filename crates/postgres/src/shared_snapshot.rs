@@ -65,6 +65,12 @@ impl SharedSnapshot {
         &self.position
     }
 
+    /// The exported snapshot's name, which other processes import (`SET TRANSACTION
+    /// SNAPSHOT`) while this one lives.
+    pub fn snapshot_name(&self) -> &str {
+        &self.slot.snapshot
+    }
+
     /// When the snapshot was taken: the time every table's baseline is named after.
     pub fn taken_at(&self) -> chrono::DateTime<chrono::FixedOffset> {
         self.taken_at

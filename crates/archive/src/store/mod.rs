@@ -119,6 +119,13 @@ pub trait Store: Send + Sync + Debug {
         Ok(None)
     }
 
+    /// Multipart uploads that other processes add parts to (S3), for a split export whose
+    /// ranges are copied by separate workers. `None` (the default): the store has none, and
+    /// each range is written as an object of its own, joined by the coordinator.
+    fn shared_uploads(&self) -> Option<&dyn SharedUploads> {
+        None
+    }
+
     /// Where the spilled parts of `key` are written (default: the system's temp directory).
     fn part_dir(&self, key: &str) -> Result<std::path::PathBuf> {
         check_key(key)?;
@@ -134,6 +141,38 @@ pub trait Store: Send + Sync + Debug {
         }
         w.finish().await
     }
+}
+
+/// A multipart upload neither completed nor aborted.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UploadInProgress {
+    pub key: String,
+    pub upload_id: String,
+    /// When it was started, by the store's clock.
+    pub initiated: Option<DateTime<Utc>>,
+}
+
+/// One object's multipart upload named by its id, so that several processes can upload its
+/// parts: started by one, parts uploaded by any (a part uploaded again under the same number
+/// replaces the earlier one), completed or aborted by one.
+#[async_trait]
+pub trait SharedUploads: Send + Sync {
+    /// Starts an upload of `key`; returns its id.
+    async fn start(&self, key: &str) -> Result<String>;
+    /// Uploads part `number` (1..=10 000); returns its ETag.
+    async fn upload_part(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: i32,
+        body: Bytes,
+    ) -> Result<String>;
+    /// Joins the parts named (number, ETag), in order, into the object.
+    async fn complete(&self, key: &str, upload_id: &str, parts: &[(i32, String)]) -> Result<()>;
+    /// Drops the upload and every part of it (a failure is logged).
+    async fn abort(&self, key: &str, upload_id: &str);
+    /// The uploads in progress under `prefix`.
+    async fn in_progress(&self, prefix: &str) -> Result<Vec<UploadInProgress>>;
 }
 
 /// Refuses keys that could leave the store root: absolute paths, `..` or `.` segments,

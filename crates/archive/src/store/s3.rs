@@ -38,6 +38,7 @@ use crate::error::{ArchiveError, Result};
 
 mod multipart;
 mod parted;
+mod shared;
 mod upload;
 
 use upload::S3Writer;
@@ -500,6 +501,10 @@ impl Store for S3Store {
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let full_key = self.full_key(key)?;
         Ok(Box::new(S3Writer::new(self.clone(), key, full_key)))
+    }
+
+    fn shared_uploads(&self) -> Option<&dyn super::SharedUploads> {
+        Some(self)
     }
 
     async fn create_parted_native(

@@ -10,6 +10,8 @@ pub mod run;
 pub mod set;
 pub mod slot;
 pub mod split;
+pub mod split_coordinator;
+pub mod split_worker;
 pub mod status;
 pub mod subset;
 pub mod transform;
@@ -356,6 +358,40 @@ fn describe_epoch(
     masking: Option<&Masking>,
     subset: Option<&Subset>,
 ) -> anyhow::Result<(Option<Arc<TableTransform>>, Option<Sampler>)> {
+    let shape = compile_epoch(source, table, masking, subset)?;
+    shape.describe(writer);
+    Ok((shape.transform, shape.sampler))
+}
+
+/// An epoch's transform and sample, compiled for the table's columns, and what the manifest
+/// records of them.
+pub(crate) struct EpochShape {
+    pub transform: Option<Arc<TableTransform>>,
+    pub sampler: Option<Sampler>,
+    /// The columns as written (masked); `None` when the table's columns are unknown.
+    pub columns: Option<Vec<larch_archive::model::ColumnDefinition>>,
+    pub transform_record: Option<larch_archive::masking::TransformRecord>,
+    pub subset_record: Option<larch_archive::masking::SubsetRecord>,
+}
+
+impl EpochShape {
+    /// Makes the manifest describe the epoch.
+    fn describe(&self, writer: &mut ArchiveWriter) {
+        writer.set_subset(self.subset_record.clone());
+        if let Some(columns) = &self.columns {
+            writer.set_columns(columns.clone());
+        }
+        writer.set_transform(self.transform_record.clone());
+    }
+}
+
+/// The transform and sample of `table` compiled for the columns the source found.
+pub(crate) fn compile_epoch(
+    source: &PostgresSource,
+    table: &TableId,
+    masking: Option<&Masking>,
+    subset: Option<&Subset>,
+) -> anyhow::Result<EpochShape> {
     let schema = source.table_schema(table);
     let transform = match (masking, &schema) {
         (None, _) => None,
@@ -375,15 +411,16 @@ fn describe_epoch(
             .map_err(|e| failure::tag(failure::Reason::InvalidConfig, anyhow!(e)))?,
         _ => None,
     };
-    writer.set_subset(subset.and_then(|s| s.record(schema.as_ref())));
-    if let Some(schema) = schema {
-        writer.set_columns(match &transform {
+    Ok(EpochShape {
+        subset_record: subset.and_then(|s| s.record(schema.as_ref())),
+        columns: schema.map(|schema| match &transform {
             Some(t) => t.columns(&schema.columns),
             None => schema.columns,
-        });
-    }
-    writer.set_transform(transform.as_ref().map(|t| t.record().clone()));
-    Ok((transform, sampler))
+        }),
+        transform_record: transform.as_ref().map(|t| t.record().clone()),
+        transform,
+        sampler,
+    })
 }
 
 /// What the manifest said of the current epoch before a baseline: put back when the baseline

@@ -148,7 +148,7 @@ pub async fn run(
 
 /// The source's configuration for one table: its slot (and its mode), publication, session
 /// limits, key fields and row filter.
-fn source_config(
+pub(crate) fn source_config(
     request: &ExportRequest,
     dsn: String,
     table: &TableId,
@@ -216,7 +216,13 @@ async fn one_shot(
         wc.clone(),
         &progress,
         (masking.as_deref(), subset.as_ref()),
-        request.split.map_or(1, usize::from),
+        Split {
+            parts: request.split.map_or(1, usize::from),
+            workers: request.split_workers,
+            identity: coordinator_identity(request),
+            formats: formats(request),
+            key_fields: request.key_fields.clone(),
+        },
     )
     .await;
     stop_tx.send_replace(true);
@@ -256,6 +262,20 @@ fn refuse_misplaced_split(request: &ExportRequest, tables: usize) -> anyhow::Res
             Reason::InvalidConfig,
             "--split {n} applies to a one-shot export, not --follow"
         ),
+        _ => {}
+    }
+    match (request.split, request.split_workers) {
+        (_, Some(0)) => failure::bail!(Reason::InvalidConfig, "--split-workers must be at least 1"),
+        (None, Some(m)) => failure::bail!(
+            Reason::InvalidConfig,
+            "--split-workers {m} needs --split N: the workers copy the N ranges"
+        ),
+        (Some(_), Some(_)) if tables > 1 || request.follow || request.subset.is_some() => {
+            failure::bail!(
+                Reason::InvalidConfig,
+                "--split-workers applies to a one-shot export of one table"
+            )
+        }
         _ => Ok(()),
     }
 }
@@ -272,7 +292,7 @@ fn write_summary(request: &ExportRequest, text: &str) -> anyhow::Result<()> {
 /// What the row filters' subqueries may read: the tables of this export, each with the columns
 /// it exports unmasked; None (no subquery) unless `--where-subqueries` or the rules'
 /// `subqueries: true` enable them.
-fn subquery_tables(
+pub(crate) fn subquery_tables(
     request: &ExportRequest,
     tables: &[TableId],
     masking: Option<&Masking>,
@@ -287,7 +307,7 @@ fn subquery_tables(
 
 /// The subset of `table` from `where`/`sample` and the table's `where:`/`sample:` in the
 /// transform rules (one place each); refused with `follow`, whose diffs would not respect it.
-fn subset(
+pub(crate) fn subset(
     request: &ExportRequest,
     table: &TableId,
     masking: Option<&Masking>,
@@ -393,7 +413,7 @@ fn session_limits(request: &ExportRequest) -> anyhow::Result<SessionLimits> {
 }
 
 /// The transform and its key, checked before the export connects.
-fn masking(request: &ExportRequest) -> anyhow::Result<Option<Arc<Masking>>> {
+pub(crate) fn masking(request: &ExportRequest) -> anyhow::Result<Option<Arc<Masking>>> {
     let Some(rules) = &request.transform else {
         if request.transform_key_file.is_some() {
             failure::bail!(
@@ -478,7 +498,7 @@ fn subset_table_ids(request: &ExportRequest) -> anyhow::Result<Vec<TableId>> {
 }
 
 /// The request's formats: jsonl unless it names some.
-fn formats(request: &ExportRequest) -> Vec<Format> {
+pub(crate) fn formats(request: &ExportRequest) -> Vec<Format> {
     if request.formats.is_empty() {
         vec![Format::Jsonl]
     } else {
@@ -527,7 +547,7 @@ async fn export(
     wc: WriterConfig,
     progress: &Arc<larch_core::progress::Progress>,
     (masking, subset): (Option<&Masking>, Option<&Subset>),
-    split: usize,
+    split: Split,
 ) -> anyhow::Result<(String, i64, i64)> {
     // Checks the row filter too (EXPLAIN): an invalid predicate exports nothing.
     let schemas = source.init(std::slice::from_ref(table)).await?;
@@ -543,8 +563,27 @@ async fn export(
     let mut writer = ArchiveWriter::open(vec![store], wc).await?;
     writer.set_columns(schemas.get(table).cloned().unwrap_or_default());
 
-    let artifact = if split > 1 {
-        super::split::snapshot_split(source, table, &mut writer, progress, masking, subset, split)
+    let artifact = if let Some(workers) = split.workers {
+        let coordination = super::split_coordinator::Coordination {
+            parts: split.parts,
+            workers,
+            formats: split.formats,
+            key_fields: split.key_fields,
+            identity: split.identity,
+        };
+        let shape = (masking, subset);
+        super::split_coordinator::snapshot_by_workers(
+            source,
+            table,
+            &mut writer,
+            progress,
+            shape,
+            coordination,
+        )
+        .await?
+    } else if split.parts > 1 {
+        let parts = split.parts;
+        super::split::snapshot_split(source, table, &mut writer, progress, masking, subset, parts)
             .await?
     } else {
         super::snapshot_from_source(source, table, &mut writer, progress, masking, subset).await?
@@ -554,6 +593,26 @@ async fn export(
         artifact.row_count,
         artifact.epoch,
     ))
+}
+
+/// How a one-shot export of one table reads it: in `parts` ranges, copied by `workers`
+/// separate processes when given.
+struct Split {
+    parts: usize,
+    workers: Option<u16>,
+    identity: String,
+    formats: Vec<Format>,
+    key_fields: Vec<String>,
+}
+
+/// Who coordinates a split run (recorded in its plan): the Lease holder's identity, else the
+/// host's (a pod's) name.
+fn coordinator_identity(request: &ExportRequest) -> String {
+    request
+        .lease_identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("larch-export-{}", std::process::id()))
 }
 
 /// Lease lost: stop writing now — no final diff, no further request from any task — by
