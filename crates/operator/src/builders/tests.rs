@@ -315,7 +315,14 @@ fn the_uid_of_generated_pods_is_fixed_or_left_to_the_platform() {
 /// The export request a container's `larch export [split-worker] --request '<json>'` carries.
 pub(crate) fn request_of(args: &[String]) -> ExportRequest {
     let flags = match args.get(1).map(String::as_str) {
-        Some("split-worker") => &args[2..],
+        Some("split-worker") => {
+            assert_eq!(
+                args[2..4],
+                ["--index", "$(JOB_COMPLETION_INDEX)"],
+                "{args:?}"
+            );
+            &args[4..]
+        }
         _ => &args[1..],
     };
     assert_eq!(args[0], "export", "{args:?}");

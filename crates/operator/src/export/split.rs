@@ -52,12 +52,15 @@ pub fn run_workers_job_name(export: &ArchiveExport, run: &str) -> Option<String>
     Some(workers_job_name(export, table, run))
 }
 
-/// `larch export split-worker --request '<json>'`: the coordinator's own request.
+/// `larch export split-worker --index $(JOB_COMPLETION_INDEX) --request '<json>'`: the
+/// coordinator's own request; Kubernetes expands the index from the container's environment.
 pub fn worker_args(export: &ArchiveExport, table: &TableRef) -> Vec<String> {
     let request = build::export_request(export, table);
     vec![
         "export".into(),
         "split-worker".into(),
+        "--index".into(),
+        "$(JOB_COMPLETION_INDEX)".into(),
         "--request".into(),
         request.to_json(),
     ]
@@ -72,7 +75,8 @@ pub fn workers_job(export: &ArchiveExport, run: &str, ctx: &BuildContext) -> Opt
     let container = spec.containers.first_mut()?;
     container.name = WORKER_CONTAINER.into();
     container.args = Some(worker_args(export, table));
-    // The Job controller injects it too; named here so the pod spec says where it comes from.
+    // The Job controller injects it too; named here so `--index $(JOB_COMPLETION_INDEX)`
+    // expands from it whatever the controller's version.
     let index = format!("metadata.annotations['{INDEX_ANNOTATION}']");
     container
         .env

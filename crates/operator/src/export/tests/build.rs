@@ -587,7 +587,16 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
     let worker = &wp.containers[0];
     assert_eq!(worker.name, WORKER_CONTAINER);
     let args = worker.args.clone().unwrap();
-    assert_eq!(args[..3], ["export", "split-worker", "--request"]);
+    assert_eq!(
+        args[..5],
+        [
+            "export",
+            "split-worker",
+            "--index",
+            "$(JOB_COMPLETION_INDEX)",
+            "--request"
+        ]
+    );
     assert_eq!(request_of(&args), request, "the coordinator's own request");
     let index = worker
         .env
