@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::helpers::{archive_args, wait_export_succeeded};
+use super::helpers::{archive_args, get_cr, wait_export_succeeded, wait_stalled};
 use super::support::{Env, condition_is, env_with_operator, serial};
 
 const NS: &str = "e2e-split";
@@ -61,7 +61,9 @@ fn archive_rows(e: &Env, key_prefix: &str) -> BTreeSet<(i64, String)> {
 /// {ranges: 4, workers: 2}`: the run succeeds; its Jobs are the coordinator `<name>-<run>` and
 /// the Indexed `<name>-<run>-workers` with both indexes succeeded, each by a pod of its own
 /// index; `status.split` says so; the archive verifies, holds exactly the table's rows
-/// (reconstructed, compared row by row) and one snapshot object.
+/// (reconstructed, compared row by row) and one snapshot object. Then an export of a missing
+/// table: the coordinator stalls the run (`TableNotFound`) and the operator stops its workers
+/// (their Job `activeDeadlineSeconds: 1`, failed `DeadlineExceeded`).
 #[test]
 fn s37_a_split_export_copies_its_ranges_in_an_indexed_job_of_workers() {
     let _g = serial();
@@ -120,7 +122,13 @@ fn s37_a_split_export_copies_its_ranges_in_an_indexed_job_of_workers() {
         condition_is(&j, "Complete", "True").then_some(j)
     });
     assert_eq!(workers["status"]["succeeded"], 2, "{}", workers["status"]);
-    assert_eq!(workers["status"]["completedIndexes"], "0-1");
+    // Kubernetes writes two consecutive indexes as a list, three or more as a range.
+    let completed = workers["status"]["completedIndexes"].as_str();
+    assert!(
+        matches!(completed, Some("0,1" | "0-1")),
+        "{}",
+        workers["status"]
+    );
     let pods = e.list(&[
         "pods",
         "-n",
@@ -167,5 +175,26 @@ fn s37_a_split_export_copies_its_ranges_in_an_indexed_job_of_workers() {
         .filter(|k| k.contains("/snapshot-"))
         .collect();
     assert_eq!(snapshots.len(), 1, "one snapshot object: {snapshots:?}");
+
+    // A coordinator that fails (its table is gone) fails the run, and the operator stops the
+    // workers still waiting for its plan: their Job ends past its deadline.
+    e.apply(&export_doc(e, "gone", "{ranges: 4, workers: 2}").replace(TABLE, "no_such_table"));
+    let message = wait_stalled(e, "archiveexport", NS, "gone", "TableNotFound");
+    assert!(message.contains("no_such_table"), "{message}");
+    let run = get_cr(e, "archiveexport", NS, "gone")["status"]["run"]["id"]
+        .as_str()
+        .expect("a run")
+        .to_string();
+    let stopped = e.wait_for(NS, "the workers Job stopped", 90, || {
+        let j = e.get(&["job", &format!("gone-{run}-workers"), "-n", NS])?;
+        condition_is(&j, "Failed", "True").then_some(j)
+    });
+    assert_eq!(stopped["spec"]["activeDeadlineSeconds"], 1, "{stopped}");
+    let failed = stopped["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Failed"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(failed["reason"], "DeadlineExceeded", "{failed}");
     e.kubectl(&["delete", "namespace", NS, "--wait=false"]);
 }
