@@ -75,6 +75,8 @@ pub fn workers_job(export: &ArchiveExport, run: &str, ctx: &BuildContext) -> Opt
     let container = spec.containers.first_mut()?;
     container.name = WORKER_CONTAINER.into();
     container.args = Some(worker_args(export, table));
+    // A worker serves nothing: the coordinator reports the run.
+    container.ports = None;
     // The Job controller injects it too; named here so `--index $(JOB_COMPLETION_INDEX)`
     // expands from it whatever the controller's version.
     let index = format!("metadata.annotations['{INDEX_ANNOTATION}']");

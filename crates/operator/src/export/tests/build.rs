@@ -615,6 +615,7 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
     assert_eq!(worker.resources, cp.containers[0].resources);
     assert_eq!(worker.security_context, cp.containers[0].security_context);
     assert_eq!(wp.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(worker.ports, None, "a worker serves nothing");
     let mounts: Vec<&str> = worker
         .volume_mounts
         .iter()
