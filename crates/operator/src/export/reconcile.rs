@@ -692,7 +692,7 @@ fn finish_run(found: Found, run: RunStatus, now: Timestamp, split: bool) -> Foun
     let Some(ok) = outcome else {
         return found;
     };
-    if found.obs.run_jobs.contains(&JobPhase::Missing) {
+    if !ok && found.obs.run_jobs.contains(&JobPhase::Missing) {
         return found;
     }
     let (type_, reason) = if ok {

@@ -157,13 +157,15 @@ pub fn split_status(export: &ArchiveExport, job: Option<&Job>) -> Option<SplitSt
     })
 }
 
-/// A split run's outcome from its Jobs' phases (the coordinator's, then the workers'): a Job
-/// that failed fails the run at once; else it succeeded once every Job did.
+/// A split run's outcome from its Jobs' phases (the coordinator's, then the workers'): the
+/// coordinator's success is the run's (it committed the manifest); else a Job that failed
+/// fails the run at once, a missing one once the other is done.
 pub fn run_outcome(jobs: &[JobPhase]) -> Option<bool> {
-    if jobs.contains(&JobPhase::Failed) {
-        return Some(false);
+    match jobs.first() {
+        Some(JobPhase::Succeeded) => Some(true),
+        _ if jobs.contains(&JobPhase::Failed) => Some(false),
+        _ => crate::export::conditions::run_outcome(jobs),
     }
-    crate::export::conditions::run_outcome(jobs)
 }
 
 /// Why the split run `run` failed when its workers Job did ([`workers_problem`]).

@@ -717,3 +717,19 @@ fn completed_indexes_are_counted() {
     assert_eq!(count_indexes("0-2,5,7-8"), 6);
     assert_eq!(count_indexes("x,3-1"), 0);
 }
+
+/// A split run ends with its coordinator's success (it committed), at once with a failed Job,
+/// and waits while neither happened.
+#[test]
+fn a_split_runs_outcome_is_its_coordinators_or_a_failure() {
+    use crate::export::split::run_outcome;
+    use crate::reconcile::job::JobPhase::*;
+    assert_eq!(run_outcome(&[Succeeded, Active]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Missing]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Succeeded]), Some(true));
+    assert_eq!(run_outcome(&[Active, Failed]), Some(false));
+    assert_eq!(run_outcome(&[Failed, Active]), Some(false));
+    assert_eq!(run_outcome(&[Active, Active]), None);
+    assert_eq!(run_outcome(&[Active, Succeeded]), None);
+    assert_eq!(run_outcome(&[Missing, Succeeded]), Some(false));
+}
