@@ -158,12 +158,15 @@ pub fn split_status(export: &ArchiveExport, job: Option<&Job>) -> Option<SplitSt
 }
 
 /// A split run's outcome from its Jobs' phases (the coordinator's, then the workers'): the
-/// coordinator's success is the run's (it committed the manifest); else a Job that failed
-/// fails the run at once, a missing one once the other is done.
+/// coordinator's success is the run's (it committed the manifest), once its workers, which
+/// are exiting, are done too (so `status.split` counts them); else a Job that failed fails
+/// the run at once, a missing one once the other is done.
 pub fn run_outcome(jobs: &[JobPhase]) -> Option<bool> {
-    match jobs.first() {
-        Some(JobPhase::Succeeded) => Some(true),
-        _ if jobs.contains(&JobPhase::Failed) => Some(false),
+    use JobPhase::*;
+    match jobs {
+        [Succeeded, Active] => None,
+        [Succeeded, ..] => Some(true),
+        _ if jobs.contains(&Failed) => Some(false),
         _ => crate::export::conditions::run_outcome(jobs),
     }
 }

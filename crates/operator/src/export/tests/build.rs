@@ -718,13 +718,14 @@ fn completed_indexes_are_counted() {
     assert_eq!(count_indexes("x,3-1"), 0);
 }
 
-/// A split run ends with its coordinator's success (it committed), at once with a failed Job,
-/// and waits while neither happened.
+/// A split run ends with its coordinator's success (it committed) once its workers are done
+/// (whatever their Job says), at once with a failed Job, and waits while neither happened.
 #[test]
 fn a_split_runs_outcome_is_its_coordinators_or_a_failure() {
     use crate::export::split::run_outcome;
     use crate::reconcile::job::JobPhase::*;
-    assert_eq!(run_outcome(&[Succeeded, Active]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Active]), None);
+    assert_eq!(run_outcome(&[Succeeded, Failed]), Some(true));
     assert_eq!(run_outcome(&[Succeeded, Missing]), Some(true));
     assert_eq!(run_outcome(&[Succeeded, Succeeded]), Some(true));
     assert_eq!(run_outcome(&[Active, Failed]), Some(false));
