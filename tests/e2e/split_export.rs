@@ -193,3 +193,97 @@ fn s37_a_split_export_copies_its_ranges_in_an_indexed_job_of_workers() {
     assert_eq!(failed["reason"], "DeadlineExceeded", "{failed}");
     e.kubectl(&["delete", "namespace", NS, "--wait=false"]);
 }
+
+/// s37b's own namespace: s37's may still be terminating.
+const KILL_NS: &str = "e2e-split-kill";
+/// Rows of s37b's table: some 7 MB of COPY text, a worker's share taking ~10 s through the
+/// throttled proxy.
+const KILL_ROWS: i64 = 100_000;
+
+/// Scenario 37b: a worker pod deleted mid-copy is replaced for its index and the run still
+/// succeeds. PostgreSQL is read through a TCP proxy passing 256 KiB/s a connection, so the
+/// workers copy for seconds; worker 0's pod is deleted once the plan is in the store and it has
+/// copied for a while; the Job runs index 0 again (a second pod of index 0), the run succeeds and
+/// the archive holds exactly the table (reconstructed row by row) in one snapshot object.
+#[test]
+fn s37b_a_deleted_worker_pod_is_replaced_and_the_run_succeeds() {
+    let _g = serial();
+    let e = env_with_operator();
+    let table = "split_kill";
+    e.sql(&format!(
+        "DROP TABLE IF EXISTS public.{table}; \
+         CREATE TABLE public.{table} (id int8 PRIMARY KEY, note text NOT NULL); \
+         INSERT INTO public.{table} SELECT g, 'row ' || g || repeat('y', 50) \
+           FROM generate_series(1, {KILL_ROWS}) g; ANALYZE public.{table}"
+    ));
+    e.namespace(KILL_NS, &[]);
+    e.bucket(BUCKET);
+    let proxy = super::helpers::throttled_proxy(e.pg_port.parse().unwrap(), 256 * 1024);
+    let dsn = e
+        .pg_dsn
+        .replace(&format!("port={}", e.pg_port), &format!("port={proxy}"));
+    assert_ne!(dsn, e.pg_dsn, "the DSN names the proxy's port");
+    e.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: pg-source, namespace: {KILL_NS}}}\nstringData:\n  dsn: \"{dsn}\"\n"
+    ));
+    let doc = export_doc(e, "killed", "{ranges: 4, workers: 2}")
+        .replace(NS, KILL_NS)
+        .replace(TABLE, table);
+    e.apply(&doc);
+    let key_prefix = format!("public.{table}/");
+    e.wait_for(KILL_NS, "the coordinator's plan in the store", 120, || {
+        let keys = e.s3_keys(BUCKET, &key_prefix);
+        keys.iter().any(|k| k.contains("split/")).then_some(())
+    });
+    let index_pods = |index: &str| -> Vec<Value> {
+        let selector = format!("batch.kubernetes.io/job-completion-index={index}");
+        let pods = e.list(&["pods", "-n", KILL_NS, "-l", &selector]);
+        pods.into_iter()
+            .filter(|p| p["metadata"]["labels"]["larch.dev/archive-export"] == "killed")
+            .collect()
+    };
+    let victim = e.wait_for(KILL_NS, "worker 0 running", 60, || {
+        let pods = index_pods("0");
+        let running = pods.iter().find(|p| p["status"]["phase"] == "Running")?;
+        running["metadata"]["name"].as_str().map(str::to_string)
+    });
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let before = get_cr(e, "archiveexport", KILL_NS, "killed");
+    assert!(
+        !condition_is(&before, "LastExportSucceeded", "True"),
+        "the run ended before worker 0 could be deleted: make the copy slower"
+    );
+    e.kubectl(&["delete", "pod", &victim, "-n", KILL_NS, "--wait=false"]);
+    let done = wait_export_succeeded(e, KILL_NS, "killed", None);
+    let again: Vec<String> = index_pods("0")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .filter(|n| *n != victim)
+        .collect();
+    assert!(!again.is_empty(), "index 0 ran again after {victim}");
+    eprintln!("s37b: {victim} deleted, index 0 ran again in {again:?}");
+    assert_eq!(done["status"]["lastExport"]["rowCount"], KILL_ROWS);
+    assert_eq!(
+        done["status"]["split"]["workersSucceeded"], 2,
+        "{}",
+        done["status"]
+    );
+    let want: BTreeSet<(i64, String)> = e
+        .sql(&format!("SELECT id || '|' || note FROM public.{table}"))
+        .lines()
+        .map(|l| {
+            let (id, note) = l.split_once('|').unwrap();
+            (id.parse().unwrap(), note.to_string())
+        })
+        .collect();
+    let got = archive_rows(e, &key_prefix);
+    assert_eq!(got.len(), want.len(), "row count");
+    assert!(got == want, "the archive differs from the table");
+    let snapshots = e.s3_keys(BUCKET, &key_prefix);
+    let snapshots: Vec<&String> = snapshots
+        .iter()
+        .filter(|k| k.contains("/snapshot-"))
+        .collect();
+    assert_eq!(snapshots.len(), 1, "one snapshot object: {snapshots:?}");
+    e.kubectl(&["delete", "namespace", KILL_NS, "--wait=false"]);
+}
