@@ -696,7 +696,7 @@ async fn gc(args: GcArgs) -> anyhow::Result<i32> {
         result.deleted = remove(store, &owned, &classes)
             .await
             .with_context(|| format!("deleting orphans under {:?}", reader.key_prefix()))?;
-        split_run::remove_leftovers(store, &result.split)
+        split_run::remove_leftovers(store, reader.key_prefix(), &result.split)
             .await
             .with_context(|| format!("deleting split leftovers under {:?}", reader.key_prefix()))?;
     }

@@ -349,3 +349,78 @@ fn split_is_refused_where_it_does_not_apply() {
     assert!(err.contains("not --follow"), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// A range whose backend is terminated mid-copy (`pg_terminate_backend`, as a failover or an
+/// administrator would) is copied again from its start while the snapshot is held: the export
+/// succeeds, and the archive holds exactly the table (the rows the killed attempt had sent are
+/// not kept), on a local store and on S3.
+#[cfg(feature = "crashpoints")]
+#[tokio::test]
+async fn a_range_whose_backend_is_terminated_is_copied_again() {
+    let db = new_database().await;
+    events(&db, BIG_ROWS).await;
+    let want = table_rows(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = seaweedfs().new_bucket().await;
+    for local in [Some(dir.path()), None] {
+        let flags = store_args(local, &bucket);
+        let prefix = format!("retry-{}/", local.is_some());
+        let slot = format!("split_{}", db.name);
+        // A range's rows stop flowing for 5 s once 10 000 rows are copied: its COPY is in
+        // flight meanwhile.
+        let child = larch(&db.dsn)
+            .args([
+                "export",
+                "--table",
+                "events",
+                "--key-prefix",
+                &prefix,
+                "--slot",
+                &slot,
+            ])
+            .args(["--split", "4", "--format", "jsonl,jsonl+zstd"])
+            .args(&flags)
+            .env("LARCH_PAUSE_AT", "export.baseline-rows=5000")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let killed = db
+                .client
+                .query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                       AND state = 'active' AND query ILIKE 'COPY%ctid%' LIMIT 1",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if killed.first().is_some_and(|r| r.get::<_, bool>(0)) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no range's COPY to terminate"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "the export survives the terminated range: {err}"
+        );
+        assert!(err.contains("copying the range again"), "{err}");
+        let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["row_count"], BIG_ROWS, "{summary}");
+        let store = store_of(local, &bucket).await;
+        for format in [Format::Jsonl, Format::JsonlZstd] {
+            let got = archive_rows(store.clone(), &prefix, format).await;
+            assert!(got == want, "{format}: the archive differs from the table");
+        }
+        let (_, uploads) = leftovers(local, &bucket, &prefix).await;
+        assert_eq!(uploads, 0, "no multipart upload left open");
+    }
+}

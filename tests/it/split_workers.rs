@@ -72,6 +72,28 @@ fn worker(
 
 /// Waits for a process: its exit code (None: killed by a signal), stdout, stderr.
 fn finish(child: Child) -> (Option<i32>, String, String) {
+    finish_all(vec![child]).remove(0)
+}
+
+/// Waits for every process (at most five minutes: then all are killed and the test fails
+/// with what they printed), so one that fails early cannot leave the test waiting on another
+/// that waits for it.
+fn finish_all(mut children: Vec<Child>) -> Vec<(Option<i32>, String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            let outs: Vec<String> = children.into_iter().map(|c| output(c).2).collect();
+            panic!("larch processes still running after 5 minutes: {outs:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    children.into_iter().map(output).collect()
+}
+
+fn output(child: Child) -> (Option<i32>, String, String) {
     let out = child.wait_with_output().expect("waiting for larch");
     (
         out.status.code(),
@@ -133,14 +155,16 @@ async fn workers_copy_the_ranges_and_the_coordinator_commits_one_object() {
     for (local, n, m) in [(Some(dir.path()), 4, 3), (None, 2, 2), (None, 4, 3)] {
         let store = store_args(local, &bucket);
         let prefix = format!("w{n}x{m}/");
-        let c = coordinator(&db, &store, &prefix, n, m);
-        let mut workers: Vec<Child> = (0..m - 1)
-            .map(|i| worker(&db, &store, &prefix, i, &[]))
-            .collect();
-        workers.push(request_worker(&db, &store, &prefix, n, m, dir.path()));
+        let mut all = vec![coordinator(&db, &store, &prefix, n, m)];
+        all.extend((0..m - 1).map(|i| worker(&db, &store, &prefix, i, &[])));
+        all.push(request_worker(&db, &store, &prefix, n, m, dir.path()));
+        let mut ended = finish_all(all);
+        let (code, out, err) = ended.remove(0);
+        assert_eq!(code, Some(0), "coordinator: {err}");
+        let summary: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(summary["row_count"], BIG_ROWS, "{summary}");
         let mut copied = Vec::new();
-        for (i, w) in workers.into_iter().enumerate() {
-            let (code, out, err) = finish(w);
+        for (i, (code, out, err)) in ended.into_iter().enumerate() {
             assert_eq!(code, Some(0), "worker {i}: {err}");
             let summary: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(summary["worker"], i, "{summary}");
@@ -158,10 +182,6 @@ async fn workers_copy_the_ranges_and_the_coordinator_commits_one_object() {
             (0..u64::from(n)).collect::<Vec<_>>(),
             "each range copied once"
         );
-        let (code, out, err) = finish(c);
-        assert_eq!(code, Some(0), "coordinator: {err}");
-        let summary: Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(summary["row_count"], BIG_ROWS, "{summary}");
         check_archive(&db, local, &bucket, &prefix).await;
         if local.is_none() && n == 2 {
             let key = format!("{prefix}epoch=1/");
@@ -192,7 +212,7 @@ fn request_worker(
 ) -> Child {
     let mut spec = serde_json::json!({"type": "local", "path": dir});
     if store.contains(&"s3".to_string()) {
-        spec = serde_json::json!({"type": "s3", "bucket": store[3], "endpoint": seaweedfs().endpoint(), "region": "us-east-1", "pathStyle": true});
+        spec = serde_json::json!({"type": "s3", "bucket": store[3], "endpoint": seaweedfs().endpoint(), "region": "us-east-1", "path_style": true});
     }
     let request = serde_json::json!({
         "tables": ["events"], "store": spec, "keyPrefix": prefix, "split": n, "splitWorkers": m,
@@ -243,18 +263,24 @@ async fn killed_workers_resume_from_their_checkpoints() {
         let c = coordinator(&db, &store, &prefix, n, 2);
         let mid_range = [("LARCH_CRASH_AT", "split.after-part@1")];
         let after_checkpoint = [("LARCH_CRASH_AT", "split.after-checkpoint@1")];
-        let w0 = worker(&db, &store, &prefix, 0, &mid_range);
-        let w1 = worker(&db, &store, &prefix, 1, &after_checkpoint);
-        let (code0, _, err0) = finish(w0);
-        assert_eq!(code0, None, "worker 0 killed mid-range: {err0}");
+        let killed = finish_all(vec![
+            worker(&db, &store, &prefix, 0, &mid_range),
+            worker(&db, &store, &prefix, 1, &after_checkpoint),
+        ]);
+        let (code0, _, err0) = &killed[0];
+        assert_eq!(*code0, None, "worker 0 killed mid-range: {err0}");
         assert!(err0.contains("LARCH_CRASH_AT: killing"), "{err0}");
-        let (code1, _, err1) = finish(w1);
-        assert_eq!(code1, None, "worker 1 killed after its checkpoint: {err1}");
-        let w0 = worker(&db, &store, &prefix, 0, &[]);
-        let w1 = worker(&db, &store, &prefix, 1, &[]);
-        let (code0, out0, err0) = finish(w0);
+        let (code1, _, err1) = &killed[1];
+        assert_eq!(*code1, None, "worker 1 killed after its checkpoint: {err1}");
+        let mut ended = finish_all(vec![
+            c,
+            worker(&db, &store, &prefix, 0, &[]),
+            worker(&db, &store, &prefix, 1, &[]),
+        ]);
+        let (code, out, err) = ended.remove(0);
+        let (code0, out0, err0) = ended.remove(0);
         assert_eq!(code0, Some(0), "{err0}");
-        let (code1, out1, err1) = finish(w1);
+        let (code1, out1, err1) = ended.remove(0);
         assert_eq!(code1, Some(0), "{err1}");
         let s0: Value = serde_json::from_str(&out0).unwrap();
         let s1: Value = serde_json::from_str(&out1).unwrap();
@@ -264,7 +290,6 @@ async fn killed_workers_resume_from_their_checkpoints() {
             !skipped.contains(&Value::from(1)),
             "range 1 was checkpointed: {s1}"
         );
-        let (code, out, err) = finish(c);
         assert_eq!(code, Some(0), "coordinator: {err}");
         let summary: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(summary["row_count"], BIG_ROWS, "{summary}");
@@ -330,9 +355,11 @@ async fn a_restarted_coordinator_starts_a_clean_run_and_gc_removes_a_dead_one() 
     .await;
     first.kill().unwrap();
     let _ = first.wait();
-    let second = coordinator(&db, &store, prefix, 4, 2);
-    for w in workers {
-        let (code, out, err) = finish(w);
+    let mut all = vec![coordinator(&db, &store, prefix, 4, 2)];
+    all.extend(workers);
+    let mut ended = finish_all(all);
+    let (code, out, err) = ended.remove(0);
+    for (code, out, err) in ended {
         assert_eq!(code, Some(0), "worker: {err}");
         let s: Value = serde_json::from_str(&out).unwrap();
         assert_ne!(
@@ -341,7 +368,6 @@ async fn a_restarted_coordinator_starts_a_clean_run_and_gc_removes_a_dead_one() 
             "the worker served the new run: {s}"
         );
     }
-    let (code, out, err) = finish(second);
     assert_eq!(code, Some(0), "the second coordinator: {err}");
     let summary: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(summary["epoch"], 2, "{summary}");
@@ -449,8 +475,7 @@ async fn bad_split_worker_input_is_refused() {
     let (code, _, err) = finish(worker(&db, &store, "bad/", 1, &[]));
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("worker index 1 is out of range"), "{err}");
-    let (code, _, err) = finish(worker(&db, &store, "bad/", 0, &[]));
-    assert_eq!(code, Some(0), "{err}");
-    let (code, _, err) = finish(c);
-    assert_eq!(code, Some(0), "{err}");
+    for (code, _, err) in finish_all(vec![c, worker(&db, &store, "bad/", 0, &[])]) {
+        assert_eq!(code, Some(0), "{err}");
+    }
 }

@@ -252,10 +252,13 @@ pub async fn discard(store: &dyn Store, key_prefix: &str, plan: &Plan) {
     delete_plan_of(store, key_prefix, &plan.run_id).await;
 }
 
-/// Deletes everything under run `run_id`'s folder.
+/// Deletes everything under run `run_id`'s folder (unfinished writes of killed workers too).
 pub async fn delete_run_objects(store: &dyn Store, key_prefix: &str, run_id: &str) {
-    let dir = run_dir(key_prefix, run_id);
-    match store.list(&dir).await {
+    delete_folder(store, &run_dir(key_prefix, run_id)).await;
+}
+
+async fn delete_folder(store: &dyn Store, dir: &str) {
+    match store.list(dir).await {
         Ok(objects) => {
             for o in objects {
                 if let Err(e) = store.delete(&o.key).await {
@@ -267,22 +270,15 @@ pub async fn delete_run_objects(store: &dyn Store, key_prefix: &str, run_id: &st
             tracing::warn!(dir = %dir, error = %e, "could not list a split run's objects; `larch archive gc` removes them")
         }
     }
+    if let Err(e) = store.clear_unfinished(dir).await {
+        tracing::warn!(dir = %dir, error = %e, "could not clear unfinished writes of a split run");
+    }
 }
 
 /// Deletes every run's objects under `split/` when no plan is there (after a commit).
 pub async fn delete_dead_runs(store: &dyn Store, key_prefix: &str) {
-    if !matches!(read_plan(store, key_prefix).await, Ok(None)) {
-        return;
-    }
-    match store.list(&split_dir(key_prefix)).await {
-        Ok(objects) => {
-            for o in objects {
-                let _ = store.delete(&o.key).await;
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list the split runs' objects; `larch archive gc` removes them")
-        }
+    if matches!(read_plan(store, key_prefix).await, Ok(None)) {
+        delete_folder(store, &split_dir(key_prefix)).await;
     }
 }
 
@@ -360,7 +356,11 @@ pub async fn find_leftovers(
 }
 
 /// Removes what [`find_leftovers`] found.
-pub async fn remove_leftovers(store: &dyn Store, found: &SplitLeftovers) -> Result<()> {
+pub async fn remove_leftovers(
+    store: &dyn Store,
+    key_prefix: &str,
+    found: &SplitLeftovers,
+) -> Result<()> {
     if let Some(shared) = store.shared_uploads() {
         for u in &found.uploads {
             shared.abort(&u.key, &u.upload_id).await;
@@ -368,6 +368,9 @@ pub async fn remove_leftovers(store: &dyn Store, found: &SplitLeftovers) -> Resu
     }
     for key in &found.objects {
         store.delete(key).await?;
+    }
+    if found.live_run.is_none() {
+        store.clear_unfinished(&split_dir(key_prefix)).await?;
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ mod uploads;
 
 pub use by_workers::WorkersRun;
 pub use snapshot::SnapshotRows;
-pub use split::SnapshotPart;
+pub use split::{Attempt, SnapshotPart};
 use uploads::{Upload, send_chunks};
 
 /// Where a writer reads the time it records (`created_at`, `updated_at`): the system clock, or a

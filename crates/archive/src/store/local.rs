@@ -264,6 +264,13 @@ impl Store for LocalStore {
         .expect("blocking task")
     }
 
+    async fn clear_unfinished(&self, prefix: &str) -> Result<()> {
+        let dir = self.path(prefix.trim_end_matches('/'))?;
+        tokio::task::spawn_blocking(move || clear_unfinished_in(&dir))
+            .await
+            .map_err(|e| ArchiveError::Invalid(format!("clearing unfinished writes: {e}")))
+    }
+
     async fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key)?;
         match tokio::fs::remove_file(&path).await {
@@ -358,6 +365,27 @@ impl Store for LocalStore {
         .await
         .expect("blocking task")
     }
+}
+
+/// Removes the temp files under `dir` and the folders left empty (`dir` included).
+fn clear_unfinished_in(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            clear_unfinished_in(&path);
+        } else if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(atomic_file::TEMP_PREFIX)
+        {
+            let _ = fs::remove_file(&path);
+        }
+    }
+    // Only an empty folder goes.
+    let _ = fs::remove_dir(dir);
 }
 
 #[cfg(test)]

@@ -126,6 +126,13 @@ pub trait Store: Send + Sync + Debug {
         None
     }
 
+    /// Removes the writes under the folder `prefix` that never finished (the temp files of a
+    /// killed writer), then the folders left empty. Default: nothing (an object store's
+    /// unfinished writes are invisible, or multipart uploads: [`SharedUploads`]).
+    async fn clear_unfinished(&self, prefix: &str) -> Result<()> {
+        check_key_prefix(prefix)
+    }
+
     /// Where the spilled parts of `key` are written (default: the system's temp directory).
     fn part_dir(&self, key: &str) -> Result<std::path::PathBuf> {
         check_key(key)?;

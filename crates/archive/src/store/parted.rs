@@ -25,6 +25,9 @@ use crate::error::{ArchiveError, Result};
 #[async_trait]
 pub trait PartWriter: Send {
     async fn write(&mut self, data: &[u8]) -> Result<()>;
+    /// Drops what was written to the part, to write it again from its start (a range copied
+    /// again after its connection was lost).
+    async fn restart(&mut self) -> Result<()>;
     /// Ends the part: what the upload needs to join it.
     async fn finish(self: Box<Self>) -> Result<FinishedPart>;
 }
@@ -120,6 +123,18 @@ impl PartWriter for SpilledPart {
             .write_all(data)
             .map_err(|e| ArchiveError::io(format!("writing {}", self.path.0.display()), e))?;
         self.size += data.len() as u64;
+        Ok(())
+    }
+
+    async fn restart(&mut self) -> Result<()> {
+        use std::io::Seek;
+        let path = self.path.0.display().to_string();
+        self.file
+            .flush()
+            .and_then(|()| self.file.get_mut().set_len(0))
+            .and_then(|()| self.file.get_mut().rewind())
+            .map_err(|e| ArchiveError::io(format!("emptying {path}"), e))?;
+        self.size = 0;
         Ok(())
     }
 

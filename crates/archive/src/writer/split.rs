@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::ArchiveWriter;
@@ -20,10 +20,24 @@ use crate::store::parted::{self, FinishedPart, PartWriter, PartedUpload};
 use crate::value::Row;
 
 /// One stream of a split snapshot: its rows, and (optionally) its producer's verdict, sent
-/// once it has ended: the snapshot commits only when every producer succeeded.
+/// once it has ended: the snapshot commits only when every producer succeeded. A producer
+/// that failed may send another attempt (the stream from its start) on `retries`: the part
+/// is then written again from its start; it fails when the producer closes `retries`.
 pub struct SnapshotPart<R> {
     pub rows: R,
     pub verdict: Option<oneshot::Receiver<Result<()>>>,
+    pub retries: Option<mpsc::Receiver<Attempt<R>>>,
+}
+
+/// Another attempt at a stream: its rows and its producer's verdict.
+pub type Attempt<R> = (R, oneshot::Receiver<Result<()>>);
+
+/// Why an attempt at a part failed.
+enum Failed {
+    /// Its producer's verdict: another attempt may follow.
+    Producer(ArchiveError),
+    /// Encoding or storing it.
+    Own(ArchiveError),
 }
 
 /// Bytes an encoder gathers before they go to its part.
@@ -196,45 +210,86 @@ impl ArchiveWriter {
     }
 }
 
-/// Encodes one stream into its part of each upload; returns its row count and the finished
-/// parts (in the order of `outputs`).
+/// Encodes one stream into its part of each upload, again from its start for each further
+/// attempt its producer sends after a failure; returns its row count and the finished parts
+/// (in the order of `outputs`).
 async fn encode_part<R: SnapshotRows>(
-    mut part: SnapshotPart<R>,
-    outputs: Vec<(Format, Box<dyn PartWriter>)>,
+    part: SnapshotPart<R>,
+    mut outputs: Vec<(Format, Box<dyn PartWriter>)>,
     naming: RowNaming,
 ) -> Result<(i64, Vec<FinishedPart>)> {
+    let SnapshotPart {
+        mut rows,
+        mut verdict,
+        mut retries,
+    } = part;
+    loop {
+        let e = match encode_attempt(&mut rows, verdict.take(), &mut outputs, &naming).await {
+            Ok((count, encoders)) => {
+                let mut finished = Vec::with_capacity(encoders.len());
+                for (enc, (_, mut writer)) in encoders.into_iter().zip(outputs) {
+                    writer.write(&enc.finish()?).await?;
+                    finished.push(writer.finish().await?);
+                }
+                return Ok((count, finished));
+            }
+            Err(Failed::Own(e)) => return Err(e),
+            Err(Failed::Producer(e)) => e,
+        };
+        let next = match retries.as_mut() {
+            Some(r) => r.recv().await,
+            None => None,
+        };
+        let Some((again, again_verdict)) = next else {
+            return Err(e);
+        };
+        tracing::warn!(error = %e, "a part of the split snapshot failed: writing it again from its start");
+        for (_, writer) in outputs.iter_mut() {
+            writer.restart().await?;
+        }
+        (rows, verdict) = (again, Some(again_verdict));
+    }
+}
+
+/// One attempt: every row of `rows` encoded into the outputs; the row count and the encoders
+/// holding the last bytes, once the producer's verdict is a success.
+async fn encode_attempt<R: SnapshotRows>(
+    rows: &mut R,
+    verdict: Option<oneshot::Receiver<Result<()>>>,
+    outputs: &mut [(Format, Box<dyn PartWriter>)],
+    naming: &RowNaming,
+) -> std::result::Result<(i64, Vec<Encoder>), Failed> {
     let mut encoders = Vec::with_capacity(outputs.len());
-    for (format, writer) in outputs {
-        encoders.push((Encoder::new(format)?, writer));
+    for (format, _) in outputs.iter() {
+        encoders.push(Encoder::new(*format).map_err(Failed::Own)?);
     }
     let mut count = 0i64;
     let mut batch = Vec::new();
-    while part.rows.next_rows(&mut batch).await {
+    while rows.next_rows(&mut batch).await {
         count += batch.len() as i64;
         for row in batch.drain(..) {
-            for (enc, _) in encoders.iter_mut() {
-                enc.row(&row).map_err(|e| naming.name(e, &row))?;
+            for enc in encoders.iter_mut() {
+                enc.row(&row)
+                    .map_err(|e| Failed::Own(naming.name(e, &row)))?;
             }
         }
-        for (enc, writer) in encoders.iter_mut() {
+        for (enc, (_, writer)) in encoders.iter_mut().zip(outputs.iter_mut()) {
             if enc.pending() >= PART_CHUNK {
-                writer.write(&enc.take()).await?;
+                writer.write(&enc.take()).await.map_err(Failed::Own)?;
             }
         }
     }
-    if let Some(verdict) = part.verdict {
-        verdict.await.unwrap_or_else(|_| {
-            Err(ArchiveError::Invalid(
-                "the row producer vanished before finishing".into(),
-            ))
-        })?;
+    if let Some(verdict) = verdict {
+        verdict
+            .await
+            .unwrap_or_else(|_| {
+                Err(ArchiveError::Invalid(
+                    "the row producer vanished before finishing".into(),
+                ))
+            })
+            .map_err(Failed::Producer)?;
     }
-    let mut finished = Vec::with_capacity(encoders.len());
-    for (enc, mut writer) in encoders {
-        writer.write(&enc.finish()?).await?;
-        finished.push(writer.finish().await?);
-    }
-    Ok((count, finished))
+    Ok((count, encoders))
 }
 
 /// Joins each upload's parts and records each format in `artifact`; returns what was stored

@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::subset::{Sampler, Subset};
@@ -15,8 +17,9 @@ use super::{
 };
 use larch_archive::manifest::Artifact;
 use larch_archive::model::TableId;
+use larch_archive::source::SourceError;
 use larch_archive::value::Row;
-use larch_archive::writer::{ArchiveWriter, SnapshotPart};
+use larch_archive::writer::{ArchiveWriter, Attempt, SnapshotPart};
 use larch_core::failure;
 use larch_core::progress::{Progress, Reporter};
 use larch_postgres::{PostgresSource, SharedSnapshot};
@@ -64,7 +67,13 @@ pub async fn snapshot_split(
     result
 }
 
-/// Copies and writes every range; the first failure (with its reason) fails the epoch.
+/// Times a range is copied when its connection fails (a terminated backend, a dropped
+/// connection) before the epoch fails.
+const RANGE_ATTEMPTS: u32 = 3;
+
+/// Copies and writes every range; a range whose connection failed is copied again from its
+/// start while the snapshot is held (at most [`RANGE_ATTEMPTS`] times); any other first
+/// failure (with its reason) fails the epoch.
 async fn write_ranges(
     shared: &Arc<SharedSnapshot>,
     table: &TableId,
@@ -76,27 +85,20 @@ async fn write_ranges(
     let reason = Arc::new(std::sync::OnceLock::new());
     let mut parts = Vec::with_capacity(predicates.len());
     for predicate in predicates {
-        let (src_tx, src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
-        let (mask_tx, mask_rx) = oneshot::channel();
-        let sink = BaselineSink {
-            rows: src_tx,
-            mask: std::sync::Mutex::new(Some(mask_rx)),
+        let (retry_tx, retry_rx) = mpsc::channel(1);
+        let range = RangeCopy {
+            shared: shared.clone(),
+            table: table.clone(),
+            predicate,
+            shape: (transform.clone(), sampler.clone()),
+            progress: progress.clone(),
+            reason: reason.clone(),
         };
-        let (transform_tx, transform_rx) = oneshot::channel();
-        let _ = transform_tx.send((transform.clone(), sampler.clone()));
-        let (row_tx, row_rx) = mpsc::channel::<Vec<Row>>(BATCHES_IN_FLIGHT);
-        let (verdict_tx, verdict_rx) = oneshot::channel();
-        let (shared, table) = (shared.clone(), table.clone());
-        let copy = async move {
-            let position = shared.position().to_string();
-            let copied = shared.copy_range(&table, predicate.as_deref(), &sink).await;
-            copied.map(|_| position)
-        };
-        let forward = forward_rows(src_rx, transform_rx, mask_tx, row_tx, progress.clone());
-        tokio::spawn(baseline_verdict(copy, forward, verdict_tx, reason.clone()));
+        let (rows, verdict) = range.attempt(1, retry_tx);
         parts.push(SnapshotPart {
-            rows: row_rx,
-            verdict: Some(verdict_rx),
+            rows,
+            verdict: Some(verdict),
+            retries: Some(retry_rx),
         });
     }
     let position = shared.position().to_string();
@@ -104,4 +106,62 @@ async fn write_ranges(
         .write_snapshot_split(&position, parts)
         .await
         .map_err(|e| failure::tag_opt(reason.get().copied(), anyhow::Error::from(e)))
+}
+
+/// One range's copy, attempted again while its failures are lost connections.
+struct RangeCopy {
+    shared: Arc<SharedSnapshot>,
+    table: TableId,
+    predicate: Option<String>,
+    shape: (Option<Arc<TableTransform>>, Option<Sampler>),
+    progress: Arc<Progress>,
+    reason: Arc<std::sync::OnceLock<failure::Reason>>,
+}
+
+impl RangeCopy {
+    /// Starts attempt `n` in the background: its rows and its verdict. When it fails on its
+    /// connection and attempts are left, the next attempt goes to `retry_tx`; otherwise
+    /// `retry_tx` is dropped (the part fails with the verdict).
+    fn attempt(
+        self,
+        n: u32,
+        retry_tx: mpsc::Sender<Attempt<mpsc::Receiver<Vec<Row>>>>,
+    ) -> Attempt<mpsc::Receiver<Vec<Row>>> {
+        let (src_tx, src_rx) = mpsc::channel::<(TableId, Vec<Row>)>(BATCHES_IN_FLIGHT);
+        let (mask_tx, mask_rx) = oneshot::channel();
+        let sink = BaselineSink {
+            rows: src_tx,
+            mask: std::sync::Mutex::new(Some(mask_rx)),
+        };
+        let (transform_tx, transform_rx) = oneshot::channel();
+        let _ = transform_tx.send(self.shape.clone());
+        let (row_tx, row_rx) = mpsc::channel::<Vec<Row>>(BATCHES_IN_FLIGHT);
+        let (verdict_tx, verdict_rx) = oneshot::channel();
+        let lost = Arc::new(AtomicBool::new(false));
+        let this_reason = Arc::new(std::sync::OnceLock::new());
+        let forward = forward_rows(src_rx, transform_rx, mask_tx, row_tx, self.progress.clone());
+        tokio::spawn(async move {
+            let (shared, table, predicate) = (&self.shared, &self.table, self.predicate.as_deref());
+            let copy = async {
+                let copied = shared.copy_range(table, predicate, &sink).await;
+                drop(sink);
+                if let Err(SourceError::Other(cause)) = &copied
+                    && crate::reasons::classify(cause) == failure::Reason::ConnectionFailed
+                {
+                    lost.store(true, Ordering::Relaxed);
+                }
+                copied.map(|_| shared.position().to_string())
+            };
+            let ended = baseline_verdict(copy, forward, verdict_tx, this_reason.clone());
+            ended.await;
+            if lost.load(Ordering::Relaxed) && n < RANGE_ATTEMPTS {
+                tracing::warn!(table = %table, range = predicate.unwrap_or("all"), attempt = n, "the range's connection failed: copying the range again from its start");
+                let again = self.attempt(n + 1, retry_tx.clone());
+                let _ = retry_tx.send(again).await;
+            } else if let Some(r) = this_reason.get() {
+                let _ = self.reason.set(*r);
+            }
+        });
+        (row_rx, verdict_rx)
+    }
 }

@@ -115,6 +115,17 @@ impl PartWriter for S3Part {
         Ok(())
     }
 
+    async fn restart(&mut self) -> Result<()> {
+        // Its part numbers are uploaded again (replacing the earlier parts); those it does
+        // not reach again are not named when the upload completes.
+        self.head.clear();
+        self.current.clear();
+        self.uploaded.clear();
+        self.next_number = self.first_number + 1;
+        self.size = 0;
+        Ok(())
+    }
+
     async fn finish(self: Box<Self>) -> Result<FinishedPart> {
         let S3Part {
             first_number,
