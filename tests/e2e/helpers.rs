@@ -2,6 +2,8 @@
 //! the engines' rows against PostgreSQL's, the one-shot export several scenarios read, and
 //! archive, slot and Event look-ups.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -360,4 +362,41 @@ pub fn examples_for(e: &Env, ns: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// A TCP proxy to `127.0.0.1:upstream` that passes the server's bytes at `bytes_per_second`
+/// each connection (the client's unthrottled); runs until the test process ends. Returns its
+/// port.
+pub fn throttled_proxy(upstream: u16, bytes_per_second: usize) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || pipe(client, server, None));
+            std::thread::spawn(move || pipe(s2, c2, Some(bytes_per_second)));
+        }
+    });
+    port
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<usize>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if let Some(rate) = rate {
+            std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
 }

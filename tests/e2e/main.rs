@@ -30,6 +30,7 @@ mod restore;
 mod seed_restores;
 mod slot_collisions;
 mod source_cleanup;
+mod split_export;
 mod status_actions;
 mod status_command;
 mod support;

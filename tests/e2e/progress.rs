@@ -5,14 +5,13 @@
 //! caught up while its data age is separate and grows; every printer column of the three kinds
 //! (`kubectl get`, `-o wide`) has the header and the value the status says.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::helpers::{
-    export_manifest, get_cr, source_manifest, wait_export_succeeded, wait_source_ready,
+    export_manifest, get_cr, source_manifest, throttled_proxy, wait_export_succeeded,
+    wait_source_ready,
 };
 use super::support::{Env, condition_is, env_with_operator, serial};
 
@@ -20,42 +19,6 @@ const NS: &str = "e2e-progress";
 const ROWS: i64 = 200_000;
 /// What the proxy lets through from PostgreSQL: ~11 MB of COPY text in ~45 s.
 const BYTES_PER_SECOND: usize = 256 * 1024;
-
-/// A TCP proxy to `127.0.0.1:upstream` that passes the server's bytes at `BYTES_PER_SECOND`
-/// (the client's unthrottled); runs until the test process ends. Returns its port.
-fn throttled_proxy(upstream: u16) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-            std::thread::spawn(move || pipe(client, server, None));
-            std::thread::spawn(move || pipe(s2, c2, Some(BYTES_PER_SECOND)));
-        }
-    });
-    port
-}
-
-fn pipe(mut from: TcpStream, mut to: TcpStream, rate: Option<usize>) {
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        if let Some(rate) = rate {
-            std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Both);
-    let _ = from.shutdown(std::net::Shutdown::Both);
-}
 
 /// `kubectl get KIND NAME [-o wide]` as (header, value) pairs, cut at the header's columns
 /// (kubectl pads every column to its widest cell, left-aligned).
@@ -137,7 +100,7 @@ fn s28_progress_advances_and_the_columns_say_what_the_status_says() {
     e.namespace(NS, &[]);
     e.bucket("progress");
     // The export reads PostgreSQL through the throttled proxy.
-    let proxy = throttled_proxy(e.pg_port.parse().unwrap());
+    let proxy = throttled_proxy(e.pg_port.parse().unwrap(), BYTES_PER_SECOND);
     let dsn = e
         .pg_dsn
         .replace(&format!("port={}", e.pg_port), &format!("port={proxy}"));

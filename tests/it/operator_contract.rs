@@ -45,13 +45,12 @@ fn generated_commands_parse_as_larch_command_lines() {
         for c in spec["containers"].as_array().unwrap() {
             assert_eq!(c["command"], serde_json::json!(["larch"]), "{file}");
             let mut argv = vec!["larch".to_string()];
-            argv.extend(
-                c["args"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|a| a.as_str().unwrap().to_string()),
-            );
+            // As the kubelet expands it from the container's environment (an Indexed Job's
+            // worker index).
+            argv.extend(c["args"].as_array().unwrap().iter().map(|a| {
+                let a = a.as_str().unwrap();
+                a.replace("$(JOB_COMPLETION_INDEX)", "0")
+            }));
             let cli = match larch::cli::Cli::try_parse_from(&argv) {
                 Ok(cli) => cli,
                 Err(e) => panic!("{file}: {} does not parse: {e}", argv.join(" ")),

@@ -54,11 +54,12 @@ pub(crate) fn golden(name: &str, actual: &str) {
     );
 }
 
-pub(crate) const EXPORTS: [&str; 4] = [
+pub(crate) const EXPORTS: [&str; 5] = [
     "export-oneshot-s3",
     "export-scheduled-tables",
     "export-continuous-s3",
     "export-oneshot-set",
+    "export-oneshot-split",
 ];
 
 pub(crate) fn export_children(name: &str) -> ExportChildren {
@@ -311,10 +312,23 @@ fn the_uid_of_generated_pods_is_fixed_or_left_to_the_platform() {
     assert_eq!(pod::PodUser::default().to_string(), "65532");
 }
 
-/// The export request a container's `larch export --request '<json>'` carries.
+/// The export request a container's `larch export [split-worker] --request '<json>'` carries.
 pub(crate) fn request_of(args: &[String]) -> ExportRequest {
-    assert_eq!(args[..2], ["export", "--request"], "{args:?}");
-    ExportRequest::from_json(&args[2]).unwrap()
+    let flags = match args.get(1).map(String::as_str) {
+        Some("split-worker") => {
+            assert_eq!(
+                args[2..4],
+                ["--index", "$(JOB_COMPLETION_INDEX)"],
+                "{args:?}"
+            );
+            &args[4..]
+        }
+        _ => &args[1..],
+    };
+    assert_eq!(args[0], "export", "{args:?}");
+    assert_eq!(flags.len(), 2, "{args:?}");
+    assert_eq!(flags[0], "--request", "{args:?}");
+    ExportRequest::from_json(&flags[1]).unwrap()
 }
 
 /// `larch engine` and `larch export --follow` listen on loopback unless told otherwise: every

@@ -57,6 +57,9 @@ pub const ADOPT_LEGACY_SLOT_ANNOTATION: &str = "larch.dev/adopt-legacy-slot";
     validation = Rule::new("!has(self.retention) || !has(self.retention.keepEpochs) || !has(self.continuous) || !has(self.continuous.keepEpochs)").message("set keepEpochs in retention only (continuous.keepEpochs is deprecated)"),
     validation = Rule::new("!has(self.subset) || (self.mode == 'OneShot' && has(self.parallel) && has(self.source.tables))").message("subset (following foreign keys) applies to mode OneShot with source.tables and parallel: one Job computes the closure and exports every table at one position"),
     validation = Rule::new("!has(self.parallel) || (self.mode == 'OneShot' && has(self.source.tables))").message("parallel applies to mode OneShot with source.tables (one Job exporting every table at one position); a Continuous export runs one Deployment per table"),
+    validation = Rule::new("!has(self.split) || (self.mode == 'OneShot' && has(self.source.table) && !has(self.parallel) && !has(self.subset))").message("split applies to mode OneShot (a schedule too) of exactly one table (source.table), without parallel or subset"),
+    validation = Rule::new("!has(self.split) || !has(self.split.workers) || !has(self.schedule)").message("split.workers does not apply with a schedule (a CronJob starts one Job, not its workers); a scheduled split export copies its ranges in the export pod (split without workers)"),
+    validation = Rule::new("!has(self.split) || !has(self.split.workers) || has(self.destination.s3)").message("split.workers (ranges copied by worker pods) needs an S3 destination: pods share no volume; without workers the export pod copies the ranges itself"),
 )]
 pub struct ArchiveExportSpec {
     /// The PostgreSQL table(s) to export.
@@ -125,6 +128,29 @@ pub struct ArchiveExportSpec {
     /// exported with the rows kept. OneShot with `source.tables` and `parallel` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subset: Option<larch_contract::subset_spec::SubsetSpec>,
+    /// One table's OneShot export cut into `ranges` ctid ranges copied at once from one
+    /// snapshot into the epoch's one snapshot object: inside the export pod, or with
+    /// `workers` by an Indexed Job of that many worker pods while the export pod (the
+    /// coordinator) holds the snapshot and commits (docs/operator.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<ExportSplit>,
+}
+
+/// `spec.split`: how one table's OneShot export is cut and who copies its ranges.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.workers) || self.workers <= self.ranges").message("split.workers must not exceed split.ranges: each worker copies at least one range"))]
+pub struct ExportSplit {
+    /// Ranges the table is cut into (by its pages), each read over a connection of its own
+    /// (`larch export --split`). Fewer when the table has fewer pages.
+    #[schemars(range(min = 2, max = 64))]
+    pub ranges: u16,
+    /// Worker pods copying the ranges (an Indexed Job `<name>-<run>-workers`; worker `i`
+    /// copies the ranges `r` with `r % workers == i`). Unset: the export pod copies every
+    /// range itself. Needs an S3 destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub workers: Option<u16>,
 }
 
 /// `spec.transform`: per table (`schema.table`), `undeclared` and `columns` as in a
@@ -437,6 +463,26 @@ pub struct ArchiveExportStatus {
     /// over the tables of the run; `Complete` or `Failed` once the run ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<OperationProgress>,
+    /// The current (or last) run's split across worker pods (`spec.split.workers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitStatus>,
+}
+
+/// `status.split`: the worker pods of a split run, from its workers Job.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SplitStatus {
+    /// Ranges the table is cut into.
+    pub ranges: i32,
+    /// Worker pods (indexes) of the run.
+    pub workers: i32,
+    /// Workers (indexes) that finished their ranges.
+    pub workers_succeeded: i32,
+    /// Worker indexes that failed for good (their retries exhausted), as the Job lists them
+    /// (`1,3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub failed_indexes: Option<String>,
 }
 
 /// Progress of the cleanup Job run when the ArchiveExport is deleted.

@@ -39,8 +39,8 @@ pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Where a continuous exporter spills buffered changes: an emptyDir of `continuous.spillSize`.
 pub const SPILL_DIR: &str = "/var/lib/larch/spill";
 const DEFAULT_SPILL_SIZE: &str = "8Gi";
-const DEFAULT_TTL: i32 = 86_400;
-const DEFAULT_BACKOFF: i32 = 2;
+pub(crate) const DEFAULT_TTL: i32 = 86_400;
+pub(crate) const DEFAULT_BACKOFF: i32 = 2;
 
 /// What a continuous export needs to hold its Leases: the Leases themselves (created by the
 /// operator, so the exporter needs no `create`), a service account unless the spec names one,
@@ -81,6 +81,19 @@ pub fn job_name(export: &ArchiveExport, table: &TableRef, run: &str) -> String {
 pub fn exports_as_one_set(export: &ArchiveExport) -> bool {
     let spec = &export.spec;
     spec.parallel.is_some() && spec.source.tables.is_some() && spec.mode == ExportMode::OneShot
+}
+
+/// The Jobs of run `run`: one per table, or one for the whole set; a split's workers Job
+/// after its own.
+pub fn run_job_names(export: &ArchiveExport, run: &str) -> Vec<String> {
+    let mut names: Vec<String> = if exports_as_one_set(export) {
+        vec![set_job_name(export, run)]
+    } else {
+        let tables = export.spec.source.all_tables();
+        tables.iter().map(|t| job_name(export, t, run)).collect()
+    };
+    names.extend(crate::export::split::run_workers_job_name(export, run));
+    names
 }
 
 /// Name of the child exporting a whole set ([`exports_as_one_set`]): `<name>`.
@@ -194,6 +207,8 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
         // The closure is computed over the whole set at one position.
         subset: spec.subset.clone().filter(|_| table.is_none()),
         require_validated: transform.is_some_and(|t| t.require_validated),
+        split: spec.split.map(|s| s.ranges).filter(|_| table.is_some()),
+        split_workers: crate::export::split::split_workers(export).filter(|_| table.is_some()),
         // The baseline's progress (one-shot) or the exporter's state on /status and /metrics.
         listen: Some(pod::listen_arg()),
         ..Default::default()

@@ -62,6 +62,9 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
             }
             if let Some(run) = run {
                 out.jobs = tables.iter().map(|t| job(export, t, run, ctx)).collect();
+                // A split across pods: its workers after the coordinator.
+                out.jobs
+                    .extend(crate::export::split::workers_job(export, run, ctx));
             }
         }
     }

@@ -244,7 +244,8 @@ fn oneshot_conditions(o: &ExportObservation) -> Vec<Cond> {
             ]
         };
     };
-    if running || (run.succeeded.is_none() && o.run_jobs.is_empty()) {
+    // A split run fails as soon as one of its Jobs does, while the other is being stopped.
+    if (running && run.succeeded.is_none()) || (run.succeeded.is_none() && o.run_jobs.is_empty()) {
         let msg = format!("export run {} in progress", run.id);
         return vec![
             c(READY, False, "ExportRunning", msg.clone()),

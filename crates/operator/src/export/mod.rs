@@ -12,6 +12,7 @@ pub mod observe;
 pub mod reconcile;
 pub mod slot_names;
 pub mod slots;
+pub mod split;
 pub mod validate;
 pub mod writers;
 

@@ -34,7 +34,7 @@ use crate::export::conditions::{
 use crate::export::dereference::export_references;
 use crate::export::lease_rights;
 use crate::export::writers::{newest_snapshot, probe_writers, writer_counts};
-use crate::export::{observe, validate};
+use crate::export::{observe, split, validate};
 use crate::reconcile::apply::{Applier, ChildSet};
 use crate::reconcile::conditions::{self, Problem, Status, time_string};
 use crate::reconcile::context::{Context, Error, MANAGER_EXPORT, Rejected};
@@ -417,49 +417,46 @@ impl<'a> Round<'a> {
         let Some(run) = found.status.run.clone().filter(|r| r.succeeded.is_none()) else {
             return Ok(found);
         };
-        // One Job per table, or one for the whole set.
-        let wanted: Vec<String> = if build::exports_as_one_set(self.export) {
-            vec![build::set_job_name(self.export, &run.id)]
-        } else {
-            let tables = self.export.spec.source.all_tables();
-            tables
-                .iter()
-                .map(|t| build::job_name(self.export, t, &run.id))
-                .collect()
+        let wanted = build::run_job_names(self.export, &run.id);
+        let workers = split::run_workers_job_name(self.export, &run.id);
+        let listed = match new_run {
+            true => vec![],
+            false => self.run_jobs(&run.id).await?,
         };
-        let run_jobs = if new_run {
-            vec![JobPhase::Active; wanted.len()]
-        } else {
-            let selector = format!("{},{LABEL_RUN}={}", self.selector(), run.id);
-            let listed = self
-                .api::<Job>()
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .map_err(Error::Observe)?;
-            wanted
+        let find = |want: &str| listed.iter().find(|j| j.name_any() == want);
+        let run_jobs: Vec<JobPhase> = match new_run {
+            true => vec![JobPhase::Active; wanted.len()],
+            false => wanted
                 .iter()
-                .map(|want| {
-                    listed
-                        .items
-                        .iter()
-                        .find(|j| j.metadata.name.as_deref() == Some(want.as_str()))
-                        .map(crate::reconcile::job::job_phase)
-                        .unwrap_or(JobPhase::Missing)
-                })
-                .collect()
+                .map(|want| find(want).map_or(JobPhase::Missing, crate::reconcile::job::job_phase))
+                .collect(),
         };
+        let split = split::split_status(self.export, workers.as_deref().and_then(find));
         let found = Found {
             obs: ExportObservation {
                 run_jobs,
                 ..found.obs
+            },
+            status: ArchiveExportStatus {
+                split: if new_run {
+                    split
+                } else {
+                    split.or(found.status.split)
+                },
+                ..found.status
             },
             requeue: Duration::from_secs(60),
             ..found
         };
         let found = match new_run {
             true => found,
-            false => finish_run(found, run, self.now),
+            false => finish_run(found, run, self.now, workers.is_some()),
         };
+        if workers.is_some() {
+            let (run, phases) = (found.status.run.as_ref(), &found.obs.run_jobs);
+            let stopped = split::stop_if_failed(&self.api(), run, &wanted, phases).await;
+            stopped.map_err(Error::Observe)?;
+        }
         Ok(Found {
             obs: ExportObservation {
                 run: found.status.run.clone(),
@@ -467,6 +464,14 @@ impl<'a> Round<'a> {
             },
             ..found
         })
+    }
+
+    /// The Jobs of run `run`.
+    async fn run_jobs(&self, run: &str) -> Result<Vec<Job>, Error> {
+        let selector = format!("{},{LABEL_RUN}={run}", self.selector());
+        let params = ListParams::default().labels(&selector);
+        let listed = self.api::<Job>().list(&params).await;
+        Ok(listed.map_err(Error::Observe)?.items)
     }
 
     /// OneShot: summaries and outcomes from the export pods' termination messages.
@@ -485,13 +490,17 @@ impl<'a> Round<'a> {
             scheduled || run_id.is_some() && p.labels().get(LABEL_RUN) == run_id.as_ref()
         });
         let attempts: Vec<&Pod> = attempts.collect();
+        // A split's workers Job that failed is why the run failed.
+        let split = found.status.split.as_ref();
+        let workers_problem = split::failed_workers(split, run_id.as_deref(), &listed);
         let tables = merge_summaries(found.status.tables, pods.summaries);
         let last_export = tables.iter().max_by(|a, b| a.time.cmp(&b.time)).cloned();
         let found = Found {
             obs: ExportObservation {
                 last_outcome: pods.newest.map(|n| n.outcome),
-                pod_failure: newest_failure(attempts.iter().copied())
-                    .map(|f| Problem::of_pod("export", &f)),
+                pod_failure: workers_problem.or_else(|| {
+                    newest_failure(attempts.iter().copied()).map(|f| Problem::of_pod("export", &f))
+                }),
                 preflight: newest_preflight(attempts.iter().copied()),
                 ..found.obs
             },
@@ -675,11 +684,15 @@ impl<'a> Round<'a> {
 }
 
 /// Records the run's outcome once every Job of it finished, with its Event.
-fn finish_run(found: Found, run: RunStatus, now: Timestamp) -> Found {
-    let Some(ok) = run_outcome(&found.obs.run_jobs) else {
+fn finish_run(found: Found, run: RunStatus, now: Timestamp, split: bool) -> Found {
+    let outcome = match split {
+        true => split::run_outcome(&found.obs.run_jobs),
+        false => run_outcome(&found.obs.run_jobs),
+    };
+    let Some(ok) = outcome else {
         return found;
     };
-    if found.obs.run_jobs.contains(&JobPhase::Missing) {
+    if !ok && found.obs.run_jobs.contains(&JobPhase::Missing) {
         return found;
     }
     let (type_, reason) = if ok {

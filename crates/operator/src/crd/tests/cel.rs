@@ -113,6 +113,75 @@ fn cel_parallel_needs_a_oneshot_export_of_tables() {
     );
 }
 
+/// `split`: one table's OneShot export (a schedule too), not with parallel or subset;
+/// `workers` at most `ranges`, on an S3 destination, without a schedule; both bounded.
+#[test]
+fn cel_split_needs_a_oneshot_export_of_one_table() {
+    let crd = ArchiveExport::crd();
+    let split = |v: Value| with(export_spec(), "/split", v);
+    let ok = split(json!({"ranges": 4, "workers": 2}));
+    assert_eq!(cel(&crd, &export(ok.clone()), None), Vec::<String>::new());
+    let in_pod = split(json!({"ranges": 4}));
+    assert_eq!(
+        cel(&crd, &export(in_pod.clone()), None),
+        Vec::<String>::new()
+    );
+    let scheduled = with(in_pod.clone(), "/schedule", json!({"cron": "@daily"}));
+    assert_eq!(cel(&crd, &export(scheduled), None), Vec::<String>::new());
+    let one_table = "split applies to mode OneShot (a schedule too) of exactly one table";
+    let continuous = with(in_pod.clone(), "/mode", json!("Continuous"));
+    assert_rejects(cel(&crd, &export(continuous), None), one_table);
+    let tables = with(
+        without(in_pod.clone(), "/source/table"),
+        "/source/tables",
+        json!([{"name": "a"}]),
+    );
+    assert_rejects(cel(&crd, &export(tables.clone()), None), one_table);
+    let parallel = with(tables, "/parallel", json!(2));
+    assert_rejects(
+        cel(&crd, &export(parallel), None),
+        "without parallel or subset",
+    );
+    let subset = with(
+        in_pod.clone(),
+        "/subset",
+        json!({"roots": {"public.orders": {}}}),
+    );
+    assert_rejects(
+        cel(&crd, &export(subset), None),
+        "without parallel or subset",
+    );
+    let too_many = split(json!({"ranges": 2, "workers": 3}));
+    assert_rejects(
+        cel(&crd, &export(too_many), None),
+        "split.workers must not exceed split.ranges",
+    );
+    let volume = |v: Value| with(v, "/destination", json!({"volume": {"claimName": "a"}}));
+    assert_rejects(
+        cel(&crd, &export(volume(ok.clone())), None),
+        "split.workers (ranges copied by worker pods) needs an S3 destination",
+    );
+    assert_eq!(
+        cel(&crd, &export(volume(in_pod)), None),
+        Vec::<String>::new()
+    );
+    let scheduled_workers = with(ok, "/schedule", json!({"cron": "@daily"}));
+    assert_rejects(
+        cel(&crd, &export(scheduled_workers), None),
+        "split.workers does not apply with a schedule",
+    );
+    // The bounds the API server checks before the rules.
+    let schema = schema_of(&crd);
+    let fields = &schema["properties"]["spec"]["properties"]["split"];
+    let bounds = |f: &str| {
+        let p = &fields["properties"][f];
+        (p["minimum"].as_f64(), p["maximum"].as_f64())
+    };
+    assert_eq!(bounds("ranges"), (Some(2.0), Some(64.0)));
+    assert_eq!(bounds("workers"), (Some(1.0), Some(64.0)));
+    assert_eq!(fields["required"], json!(["ranges"]));
+}
+
 #[test]
 fn cel_export_mode_rules_and_sane_values() {
     let crd = ArchiveExport::crd();

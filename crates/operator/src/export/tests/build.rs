@@ -554,3 +554,183 @@ fn a_slot_recorded_in_status_under_the_old_name_is_kept() {
     e.status.as_mut().unwrap().writers = vec![writer("someone_elses_slot")];
     assert_eq!(slot_and_publication(&e, &table).0, new);
 }
+
+/// `split.workers`: the run's export Job is the coordinator (its request with `split` and
+/// `splitWorkers`), and an Indexed Job of that many workers runs `larch export split-worker`
+/// with the same request, in the same pod as the export's (account, Secrets, resources), with
+/// no Lease; a killed worker is retried per index, a must-act exit fails its index (and the
+/// Job) at once.
+#[test]
+fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
+    use crate::export::split::{WORKER_CONTAINER, workers_job_name};
+    let e = export_fixture("export-oneshot-split");
+    let run = export::run_id(&e, None);
+    let c = children(&e, Some(&run), &ctx());
+    let names: Vec<&str> = c
+        .jobs
+        .iter()
+        .map(|j| j.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [format!("events-{run}"), format!("events-{run}-workers")]
+    );
+    let table = e.spec.source.all_tables()[0].clone();
+    assert_eq!(workers_job_name(&e, &table, &run), names[1]);
+    let (coordinator, workers) = (&c.jobs[0], &c.jobs[1]);
+    let pod_of =
+        |j: &k8s_openapi::api::batch::v1::Job| j.spec.clone().unwrap().template.spec.unwrap();
+    let (cp, wp) = (pod_of(coordinator), pod_of(workers));
+    let request = request_of(cp.containers[0].args.as_ref().unwrap());
+    assert_eq!((request.split, request.split_workers), (Some(4), Some(2)));
+    assert_eq!(request.lease, None, "a OneShot export holds no Lease");
+    let worker = &wp.containers[0];
+    assert_eq!(worker.name, WORKER_CONTAINER);
+    let args = worker.args.clone().unwrap();
+    assert_eq!(
+        args[..5],
+        [
+            "export",
+            "split-worker",
+            "--index",
+            "$(JOB_COMPLETION_INDEX)",
+            "--request"
+        ]
+    );
+    assert_eq!(request_of(&args), request, "the coordinator's own request");
+    let index = worker
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "JOB_COMPLETION_INDEX");
+    let field = index.and_then(|v| v.value_from.as_ref()?.field_ref.as_ref());
+    assert_eq!(
+        field.map(|f| f.field_path.as_str()),
+        Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
+    );
+    // The same pod as the export's: account, volumes, mounts, resources, security.
+    assert_eq!(wp.service_account_name, cp.service_account_name);
+    assert_eq!(wp.volumes, cp.volumes);
+    assert_eq!(worker.volume_mounts, cp.containers[0].volume_mounts);
+    assert_eq!(worker.resources, cp.containers[0].resources);
+    assert_eq!(worker.security_context, cp.containers[0].security_context);
+    assert_eq!(wp.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(worker.ports, None, "a worker serves nothing");
+    let mounts: Vec<&str> = worker
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert!(mounts.contains(&"/etc/larch/source"), "{mounts:?}");
+    assert!(mounts.contains(&"/etc/larch/transform-key"), "{mounts:?}");
+    assert_restricted("split workers", &wp);
+    let spec = workers.spec.as_ref().unwrap();
+    assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+    assert_eq!((spec.completions, spec.parallelism), (Some(2), Some(2)));
+    assert_eq!(
+        spec.backoff_limit_per_index,
+        Some(3),
+        "spec.backoffLimit per worker"
+    );
+    assert_eq!(
+        spec.max_failed_indexes,
+        Some(0),
+        "one failed worker fails the Job"
+    );
+    let rule = &spec.pod_failure_policy.as_ref().unwrap().rules[0];
+    assert_eq!(rule.action, "FailIndex");
+    let codes = rule.on_exit_codes.as_ref().unwrap();
+    assert_eq!(
+        (codes.container_name.as_deref(), codes.values.as_slice()),
+        (
+            Some(WORKER_CONTAINER),
+            &[larch_core::failure::EXIT_PERMANENT][..]
+        )
+    );
+    assert_eq!(
+        spec.ttl_seconds_after_finished,
+        coordinator
+            .spec
+            .as_ref()
+            .unwrap()
+            .ttl_seconds_after_finished
+    );
+    // Owned and labelled like the export Job: deleted with the CR, pruned by the finalizer.
+    assert_eq!(
+        workers.metadata.owner_references,
+        coordinator.metadata.owner_references
+    );
+    assert_eq!(workers.metadata.labels, coordinator.metadata.labels);
+}
+
+/// `split` without workers: the export pod copies the ranges (`--split N`), one Job, also on
+/// a schedule.
+#[test]
+fn a_split_without_workers_is_copied_inside_the_export_pod() {
+    let mut e = export_fixture("export-oneshot-split");
+    e.spec.split = Some(crate::crd::archive_export::ExportSplit {
+        ranges: 8,
+        workers: None,
+    });
+    let run = export::run_id(&e, None);
+    let c = children(&e, Some(&run), &ctx());
+    assert_eq!(c.jobs.len(), 1);
+    let pod = c.jobs[0].spec.clone().unwrap().template.spec.unwrap();
+    let r = request_of(pod.containers[0].args.as_ref().unwrap());
+    assert_eq!((r.split, r.split_workers), (Some(8), None));
+    e.spec.schedule = Some(crate::crd::archive_export::Schedule {
+        cron: "@daily".into(),
+        time_zone: None,
+        suspend: None,
+        concurrency_policy: None,
+        successful_jobs_history_limit: None,
+        failed_jobs_history_limit: None,
+    });
+    let c = children(&e, None, &ctx());
+    let cron = &c.cron_jobs[0]
+        .spec
+        .job_template
+        .spec
+        .as_ref()
+        .unwrap()
+        .template;
+    let r = request_of(
+        cron.spec.as_ref().unwrap().containers[0]
+            .args
+            .as_ref()
+            .unwrap(),
+    );
+    assert_eq!((r.split, r.split_workers), (Some(8), None));
+    // Without split, no split in the request.
+    let plain = export_fixture("export-oneshot-s3");
+    let r = export::export_request(&plain, &plain.spec.source.all_tables()[0]);
+    assert_eq!((r.split, r.split_workers), (None, None));
+}
+
+#[test]
+fn completed_indexes_are_counted() {
+    use crate::export::split::count_indexes;
+    assert_eq!(count_indexes(""), 0);
+    assert_eq!(count_indexes("0"), 1);
+    assert_eq!(count_indexes("0-1"), 2);
+    assert_eq!(count_indexes("0-2,5,7-8"), 6);
+    assert_eq!(count_indexes("x,3-1"), 0);
+}
+
+/// A split run ends with its coordinator's success (it committed) once its workers are done
+/// (whatever their Job says), at once with a failed Job, and waits while neither happened.
+#[test]
+fn a_split_runs_outcome_is_its_coordinators_or_a_failure() {
+    use crate::export::split::run_outcome;
+    use crate::reconcile::job::JobPhase::*;
+    assert_eq!(run_outcome(&[Succeeded, Active]), None);
+    assert_eq!(run_outcome(&[Succeeded, Failed]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Missing]), Some(true));
+    assert_eq!(run_outcome(&[Succeeded, Succeeded]), Some(true));
+    assert_eq!(run_outcome(&[Active, Failed]), Some(false));
+    assert_eq!(run_outcome(&[Failed, Active]), Some(false));
+    assert_eq!(run_outcome(&[Active, Active]), None);
+    assert_eq!(run_outcome(&[Active, Succeeded]), None);
+    assert_eq!(run_outcome(&[Missing, Succeeded]), Some(false));
+}

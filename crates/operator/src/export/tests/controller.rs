@@ -791,3 +791,101 @@ async fn a_running_export_reports_its_progress_and_requeues_until_it_completes()
         "no pod running: the run's interval"
     );
 }
+
+/// A split across pods whose workers Job failed (worker 1's retries exhausted) while the
+/// coordinator still waits: the run fails at once, naming the worker and its reason, the
+/// coordinator is stopped (its deadline set to 1 s), and `status.split` counts the workers.
+#[tokio::test]
+async fn a_failed_split_worker_fails_the_run_and_stops_the_coordinator() {
+    let (ctx, handle, now) = context(Arc::default());
+    *now.locked() = t(5);
+    let mut e = users_export();
+    e.spec.split = Some(crate::crd::archive_export::ExportSplit {
+        ranges: 4,
+        workers: Some(2),
+    });
+    let run = crate::export::build::run_id(&e, None);
+    e.status = Some(crate::crd::archive_export::ArchiveExportStatus {
+        run: Some(crate::crd::archive_export::RunStatus {
+            id: run.clone(),
+            start_time: Some("2027-01-15T08:00:00Z".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let status_path = format!(
+        "/apis/larch.dev/v1alpha1/namespaces/data/archiveexports/users/status?{MANAGER_EXPORT_Q}"
+    );
+    let coordinator = json!({"metadata": {"name": format!("users-{run}"), "namespace": "data"}, "status": {"active": 1}});
+    let workers = json!({"metadata": {"name": format!("users-{run}-workers"), "namespace": "data"},
+        "status": {"completedIndexes": "0", "failedIndexes": "1",
+                   "conditions": [{"type": "Failed", "status": "True"}]}});
+    let failure = r#"{"reason":"ConnectionFailed","error":"connection to the source refused"}"#;
+    let worker_pod = json!({"metadata": {"name": format!("users-{run}-workers-1-abcde"), "namespace": "data",
+            "labels": {"larch.dev/run": run},
+            "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+        "status": {"containerStatuses": [{"name": "worker", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "message": failure, "finishedAt": "2027-01-15T08:04:00Z"}}}]}});
+    let script = with_users_references(vec![
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
+            list("CronJobList", "batch/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
+            list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),
+            list("JobList", "batch/v1", vec![coordinator, workers]),
+        ),
+        expect(
+            Method::PATCH,
+            &format!(
+                "/apis/batch/v1/namespaces/data/jobs/users-{run}?&fieldManager=larch-operator%2Fexport"
+            ),
+            None,
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
+            owned_pods(ONESHOT_UID, vec![worker_pod]),
+        ),
+        expect_status(&status_path, serde_json::to_value(&e).unwrap()),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+        expect(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/data/events?",
+            None,
+        ),
+    ]);
+    let server = tokio::spawn(serve(handle, script));
+    export::reconcile(Arc::new(e), ctx).await.unwrap();
+    let bodies = server.await.unwrap();
+    assert_eq!(bodies[3], json!({"spec": {"activeDeadlineSeconds": 1}}));
+    let st = &bodies[5]["status"];
+    assert_eq!(st["run"]["succeeded"], false, "{st}");
+    assert_eq!(
+        st["split"],
+        json!({"ranges": 4, "workers": 2, "workersSucceeded": 1, "failedIndexes": "1"})
+    );
+    let ready = cond(st, "Ready");
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "ConnectionFailed", "{ready}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "split worker 1 (of 2) pod users-{run}-workers-1-abcde"
+        )) && message.contains("connection to the source refused"),
+        "{message}"
+    );
+    assert_eq!(cond(st, "LastExportSucceeded")["status"], "False");
+    assert_eq!(bodies[6]["reason"], "ExportFailed");
+}
