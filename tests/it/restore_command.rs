@@ -501,6 +501,132 @@ async fn a_split_restore_equals_a_single_stream_one_and_leaves_nothing_behind() 
     assert!(err.contains("--split"), "{err}");
 }
 
+/// A table with diffs after its snapshot loads the same over one or several streams whether
+/// the diffs' net effect fits in memory (the snapshot read in blocks on the streams' threads,
+/// skipping the rows the diffs replace) or spills (`--buffer-memory 1Ki`: rows merged one by
+/// one), and after a TRUNCATE (the snapshot not read); a malformed snapshot line fails the
+/// restore naming the table and the line, and leaves nothing.
+#[tokio::test]
+async fn a_split_restore_of_a_snapshot_and_diffs_has_the_folded_rows() {
+    use crate::archive_build::{TestArchive, id_and_text_columns, refs};
+    use larch::archive::model::Action;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    let store: std::sync::Arc<dyn larch::archive::store::Store> =
+        std::sync::Arc::new(larch::archive::store::local::LocalStore::new(&root).unwrap());
+    // 20 000 rows (several 128 KiB blocks), then updates, deletes and inserts.
+    let mut a = TestArchive::new(store.clone(), "public.t/", "public.t")
+        .with_columns(id_and_text_columns(&["id", "name"]));
+    let rows: Vec<String> = (1..=20_000)
+        .map(|i| format!(r#"{{"id":{i},"name":"row {i}\t\\"}}"#))
+        .collect();
+    a.snapshot("0/100", &refs(&rows)).await;
+    let changes: Vec<(Action, Option<String>, Option<String>)> = (1..=300)
+        .map(|i| match i % 3 {
+            0 => (
+                Action::Update,
+                None,
+                Some(format!(r#"{{"id":{i},"name":"new {i}"}}"#)),
+            ),
+            1 => (Action::Delete, Some(format!(r#"{{"id":{i}}}"#)), None),
+            _ => {
+                let id = 20_000 + i;
+                (
+                    Action::Insert,
+                    None,
+                    Some(format!(r#"{{"id":{id},"name":"late"}}"#)),
+                )
+            }
+        })
+        .collect();
+    let ch: Vec<_> = changes
+        .iter()
+        .map(|(a, o, n)| (*a, o.as_deref(), n.as_deref()))
+        .collect();
+    a.diff("0/100", "0/200", &ch).await;
+    let mut expected: std::collections::BTreeMap<i64, String> =
+        (1..=20_000).map(|i| (i, format!("row {i}\t\\"))).collect();
+    for i in 1..=300i64 {
+        match i % 3 {
+            0 => {
+                expected.insert(i, format!("new {i}"));
+            }
+            1 => {
+                expected.remove(&i);
+            }
+            _ => {
+                expected.insert(20_000 + i, "late".into());
+            }
+        }
+    }
+    let expected: Vec<(i64, String)> = expected.into_iter().collect();
+    for args in [
+        &["--split", "1"][..],
+        &["--split", "2"],
+        &["--split", "3", "--buffer-memory", "1Ki"],
+    ] {
+        let target = new_database().await;
+        let mut all = vec!["--table", "t"];
+        all.extend_from_slice(args);
+        let s = summary(&restore(&target, &root, &all));
+        assert_eq!(s["tables"][0]["rows"], expected.len(), "{args:?}");
+        assert!(id_names(&target).await == expected, "{args:?}");
+    }
+
+    // A TRUNCATE in the diffs: only the rows after it.
+    a.diff(
+        "0/200",
+        "0/300",
+        &[
+            (Action::Truncate, None, None),
+            (Action::Insert, None, Some(r#"{"id":7,"name":"after"}"#)),
+        ],
+    )
+    .await;
+    let target = new_database().await;
+    summary(&restore(&target, &root, &["--table", "t", "--split", "2"]));
+    assert_eq!(id_names(&target).await, [(7, "after".to_string())]);
+
+    // Line 5 of the snapshot cut short.
+    let snapshot = std::fs::read_dir(root.join("public.t"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|epoch| epoch.is_dir())
+        .flat_map(|epoch| std::fs::read_dir(epoch).unwrap().map(|e| e.unwrap().path()))
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("snapshot-") && name.ends_with(".jsonl")
+        })
+        .expect("a JSONL snapshot");
+    let text = std::fs::read_to_string(&snapshot).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[4] = "{\"id\":5,\"name\":";
+    std::fs::write(&snapshot, lines.join("\n") + "\n").unwrap();
+    let target = new_database().await;
+    let err = failed(&restore(
+        &target,
+        &root,
+        &["--table", "t", "--split", "2", "--at", "0/200"],
+    ));
+    assert!(
+        err.contains("table public.t: the row at line 5 of") && err.contains("not a JSON object"),
+        "{err}"
+    );
+    assert!(!table_exists(&target, "public.t").await, "{err}");
+}
+
+/// The rows of `public.t` (`id`, `name`) in key order.
+async fn id_names(db: &Database) -> Vec<(i64, String)> {
+    db.client
+        .query("SELECT id, name FROM public.t ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 /// The row count at the start of a [`digest`].
 fn single_rows(digest: &str) -> u64 {
     digest.split(' ').next().unwrap().parse().unwrap()

@@ -50,10 +50,62 @@ pub fn head_rows(
     let (tx, rows) = mpsc::channel::<Row>(1024);
     let (verdict_tx, verdict) = oneshot::channel();
     tokio::spawn(async move {
-        let result = fold(reader, plan, key_fields, spill, budget, tx).await;
+        let result = async {
+            let overlay = fold_diffs(&reader, &plan, &key_fields, spill, budget).await?;
+            fold_past(reader, plan, key_fields, overlay, budget, tx).await
+        }
+        .await;
         let _ = verdict_tx.send(result);
     });
     HeadRows { rows, verdict }
+}
+
+/// [`head_rows`] of a plan whose diffs are folded into `overlay` already ([`fold_diffs`]).
+pub fn head_rows_past(
+    reader: ArchiveReader,
+    plan: Plan,
+    key_fields: Vec<String>,
+    overlay: ChangeBuffer,
+    budget: u64,
+) -> HeadRows {
+    let (tx, rows) = mpsc::channel::<Row>(1024);
+    let (verdict_tx, verdict) = oneshot::channel();
+    tokio::spawn(async move {
+        let result = fold_past(reader, plan, key_fields, overlay, budget, tx).await;
+        let _ = verdict_tx.send(result);
+    });
+    HeadRows { rows, verdict }
+}
+
+/// The net effect of `plan`'s diffs per identity (the *overlay*: the newest row, or a
+/// deletion; a TRUNCATE drops the snapshot), at most `budget` bytes of it in memory.
+pub async fn fold_diffs(
+    reader: &ArchiveReader,
+    plan: &Plan,
+    key_fields: &[String],
+    spill: Arc<Spill>,
+    budget: u64,
+) -> Result<ChangeBuffer> {
+    let mut overlay = ChangeBuffer::new(spill);
+    for diff in &plan.diffs {
+        let keys = key_fields.to_vec();
+        overlay = reader
+            .fold_diff_in_order(diff, overlay, move |ov, c| {
+                overlay_change(ov, c, &keys, budget)
+            })
+            .await?;
+    }
+    Ok(overlay)
+}
+
+/// The rows an overlay held in memory adds after the snapshot's (its inserts and updates).
+pub fn live_rows(overlay: &ChangeBuffer) -> impl Iterator<Item = &Row> {
+    overlay
+        .memory_entries()
+        .filter_map(|(_, e)| match e.action {
+            Action::Delete | Action::Truncate => None,
+            Action::Insert | Action::Update => e.new.as_ref(),
+        })
 }
 
 /// Applies one archived change to the overlay (R5): a TRUNCATE clears it, an UPDATE whose old
@@ -102,23 +154,15 @@ fn live_row(e: Entry) -> Option<Row> {
     }
 }
 
-async fn fold(
+async fn fold_past(
     reader: ArchiveReader,
     plan: Plan,
     key_fields: Vec<String>,
-    spill: Arc<Spill>,
+    mut overlay: ChangeBuffer,
     budget: u64,
     tx: mpsc::Sender<Row>,
 ) -> Result<()> {
-    let mut overlay = ChangeBuffer::new(spill.clone());
-    for diff in &plan.diffs {
-        let keys = key_fields.clone();
-        overlay = reader
-            .fold_diff_in_order(diff, overlay, move |ov, c| {
-                overlay_change(ov, c, &keys, budget)
-            })
-            .await?;
-    }
+    let spill = overlay.spill_handle();
     let base = plan.snapshot.clone().filter(|_| !overlay.truncated());
     if !overlay.has_runs() {
         // The overlay fits in memory: stream the snapshot past it.
@@ -143,7 +187,7 @@ async fn fold(
     }
     // The overlay spilled: spill the snapshot's rows too and merge both by identity.
     overlay.spill()?;
-    let mut rows = ChangeBuffer::new(spill.clone());
+    let mut rows = ChangeBuffer::new(spill);
     if let Some(snapshot) = base {
         rows = reader
             .fold_rows(&snapshot, key_fields, rows, move |rows, d| {

@@ -178,6 +178,29 @@ impl ArchiveReader {
         .expect("decoder thread")
     }
 
+    /// Reads a JSONL snapshot (plain or zstd) on a blocking thread in blocks of whole lines
+    /// of about `target` bytes ([`format::line_blocks`]), folding each into `state` with `f`:
+    /// for callers that parse the lines on threads of their own. Another format is refused.
+    pub async fn fold_line_blocks<S, F>(
+        &self,
+        artifact: &Artifact,
+        target: usize,
+        mut state: S,
+        mut f: F,
+    ) -> Result<S>
+    where
+        S: Send + 'static,
+        F: FnMut(&mut S, format::line_blocks::LineBlock) -> Result<()> + Send + 'static,
+    {
+        let open = self.open(artifact).await?;
+        tokio::task::spawn_blocking(move || {
+            open.read_line_blocks(target, |b| f(&mut state, b))?;
+            Ok(state)
+        })
+        .await
+        .expect("reader thread")
+    }
+
     /// Decodes a diff on a blocking thread, folding each change into `state` with `f`.
     pub async fn fold_changes<S, F>(&self, artifact: &Artifact, mut state: S, mut f: F) -> Result<S>
     where
@@ -485,6 +508,24 @@ impl OpenArtifact {
         let (key, fmt, reader, outcome) = self.sync_reader();
         let framed = format::framed_reader(fmt, &key, reader)?;
         format::for_each_row_text(fmt, &key, framed, f)?;
+        outcome.check(&key)
+    }
+
+    /// Calls `f` with blocks of whole lines of a JSONL object (see
+    /// [`ArchiveReader::fold_line_blocks`]); the integrity of the object is checked at its end.
+    pub fn read_line_blocks<F>(self, target: usize, f: F) -> Result<()>
+    where
+        F: FnMut(format::line_blocks::LineBlock) -> Result<()>,
+    {
+        if !matches!(self.format, Format::Jsonl | Format::JsonlZstd) {
+            return Err(ArchiveError::Invalid(format!(
+                "{}: read in line blocks, but it is {}, not JSONL",
+                self.key, self.format
+            )));
+        }
+        let (key, fmt, reader, outcome) = self.sync_reader();
+        let framed = format::framed_reader(fmt, &key, reader)?;
+        format::line_blocks::for_each_block(&key, framed, target, f)?;
         outcome.check(&key)
     }
 

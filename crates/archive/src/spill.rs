@@ -378,6 +378,11 @@ impl ChangeBuffer {
         !self.runs.is_empty()
     }
 
+    /// The spill directory the buffer's runs go to.
+    pub fn spill_handle(&self) -> Arc<Spill> {
+        self.spill.clone()
+    }
+
     /// Whether memory holds an entry for `id` (meaningful without runs only).
     pub fn contains_in_memory(&self, id: &str) -> bool {
         self.memory.contains_key(id)

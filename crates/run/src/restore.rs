@@ -45,8 +45,9 @@ use larch_core::progress::{Progress, Reporter};
 
 mod after_load;
 mod partitions;
+mod snapshot_blocks;
 pub mod status;
-mod streams;
+pub(crate) mod streams;
 pub use status::RestoreProgress;
 pub use streams::{MAX_SPLIT, staging_table};
 
@@ -511,7 +512,7 @@ async fn load_all(
             p,
             *found,
             &request.spill,
-            [&counter, &overall],
+            &[counter.clone(), overall.clone()],
             split,
         )
         .await;
@@ -545,7 +546,7 @@ async fn load_table(
     p: &Planned,
     found: bool,
     spill: &SpillConfig,
-    counted: [&Progress; 2],
+    counted: &[Arc<Progress>; 2],
     split: usize,
 ) -> anyhow::Result<(u64, usize)> {
     let table = &p.table;

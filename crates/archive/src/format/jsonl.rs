@@ -157,7 +157,7 @@ fn read_error(key: &str, e: std::io::Error) -> ArchiveError {
 }
 
 fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
+    memchr::memchr(b'\n', b)
 }
 
 pub struct RowDecoder<'a> {

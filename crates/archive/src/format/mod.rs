@@ -4,6 +4,7 @@
 //! a time (rule R8).
 
 pub mod jsonl;
+pub mod line_blocks;
 pub mod protobuf;
 
 use std::fmt;

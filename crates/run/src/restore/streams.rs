@@ -11,13 +11,15 @@ use tokio::sync::mpsc;
 use tokio_postgres::{Client, CopyInSink};
 
 use super::{COPY_CHUNK, PAUSE_AFTER_ROWS, Planned, qualified};
-use crate::engine::targets::postgres_copy::{CopyColumn, encode_row};
-use larch_archive::fold::head_rows;
+use crate::engine::targets::postgres_copy::{CopyColumn, CopyEncoder};
+use larch_archive::fold::{HeadRows, fold_diffs, head_rows, head_rows_past};
+use larch_archive::manifest::Artifact;
 use larch_archive::model::TableId;
-use larch_archive::spill::{Spill, SpillConfig, tag};
+use larch_archive::spill::{ChangeBuffer, Spill, SpillConfig, tag};
 use larch_core::progress::Progress;
 use larch_postgres::connection::PgDsn;
 use sha2::Digest;
+use std::sync::Arc;
 
 /// Chunks queued per stream: the producer waits when the slowest stream is this far behind.
 const CHUNKS_IN_FLIGHT: usize = 2;
@@ -26,7 +28,7 @@ const CHUNKS_IN_FLIGHT: usize = 2;
 pub const MAX_SPLIT: u16 = 16;
 
 /// Connects to the restore's target database; the connection's task ends with the client.
-pub(super) async fn connect(dsn: &PgDsn) -> anyhow::Result<(Client, tokio::task::JoinHandle<()>)> {
+pub(crate) async fn connect(dsn: &PgDsn) -> anyhow::Result<(Client, tokio::task::JoinHandle<()>)> {
     let (client, connection) = dsn
         .config
         .connect(dsn.tls()?)
@@ -51,7 +53,7 @@ pub fn staging_table(table: &TableId) -> TableId {
 
 /// The `COPY … FROM STDIN` of `columns` into `table`, `FREEZE` when the table was created or
 /// emptied in the loading transaction.
-pub(super) fn copy_sql(table: &TableId, columns: &[CopyColumn], freeze: bool) -> String {
+pub(crate) fn copy_sql(table: &TableId, columns: &[CopyColumn], freeze: bool) -> String {
     let list: Vec<String> = columns
         .iter()
         .map(|c| crate::engine::targets::postgres::quote_ident(&c.name))
@@ -65,23 +67,27 @@ pub(super) fn copy_sql(table: &TableId, columns: &[CopyColumn], freeze: bool) ->
 }
 
 /// Folds `planned`'s archive to its head and deals its rows, encoded, to `streams` in chunks;
-/// returns the rows produced. Ends (dropping the senders) on the first error.
+/// returns the rows produced. Ends (dropping the senders) on the first error. A JSONL
+/// snapshot whose diffs' net effect fits in memory is read as blocks parsed on each stream's
+/// thread ([`super::snapshot_blocks`]); anything else is folded row by row here.
 pub(super) async fn produce(
     planned: &Planned,
     columns: &[CopyColumn],
     spill: &SpillConfig,
-    counted: [&Progress; 2],
+    counted: &[Arc<Progress>; 2],
     streams: Vec<mpsc::Sender<Bytes>>,
 ) -> anyhow::Result<u64> {
     let table = &planned.table;
-    let spill_dir = Spill::open(spill.clone(), &tag("restore", &[&table.to_string()]));
-    let mut head = head_rows(
-        planned.reader.clone(),
-        planned.plan.clone(),
-        planned.key_fields.clone(),
-        spill_dir,
-        spill.memory_limit,
-    );
+    let mut head = match rows_of(planned, spill).await? {
+        Rows::Blocks(snapshot, overlay) => {
+            return super::snapshot_blocks::produce(
+                planned, snapshot, overlay, columns, counted, streams,
+            )
+            .await;
+        }
+        Rows::Folded(head) => head,
+    };
+    let mut encoder = CopyEncoder::new(columns);
     let mut buf = Vec::with_capacity(COPY_CHUNK + 4096);
     let mut rows = 0u64;
     let mut next = 0usize;
@@ -98,7 +104,8 @@ pub(super) async fn produce(
     };
     while let Some(row) = head.rows.recv().await {
         let before = buf.len();
-        encode_row(&row, columns, &mut buf)
+        encoder
+            .encode(row.as_str(), &mut buf)
             .with_context(|| format!("table {table}: row {}", rows + 1))?;
         rows += 1;
         for p in counted {
@@ -120,6 +127,46 @@ pub(super) async fn produce(
         send(buf, &mut next).await?;
     }
     Ok(rows)
+}
+
+/// Where a table's rows come from.
+enum Rows<'a> {
+    /// Its JSONL snapshot, read in blocks, past its diffs' net effect held in memory.
+    Blocks(&'a Artifact, ChangeBuffer),
+    /// Folded row by row.
+    Folded(HeadRows),
+}
+
+async fn rows_of<'a>(planned: &'a Planned, spill: &SpillConfig) -> anyhow::Result<Rows<'a>> {
+    let spill_dir = Spill::open(
+        spill.clone(),
+        &tag("restore", &[&planned.table.to_string()]),
+    );
+    let (reader, plan, keys) = (&planned.reader, &planned.plan, &planned.key_fields);
+    let Some(snapshot) = super::snapshot_blocks::jsonl_snapshot(planned) else {
+        let head = head_rows(
+            reader.clone(),
+            plan.clone(),
+            keys.clone(),
+            spill_dir,
+            spill.memory_limit,
+        );
+        return Ok(Rows::Folded(head));
+    };
+    let overlay = fold_diffs(reader, plan, keys, spill_dir, spill.memory_limit)
+        .await
+        .with_context(|| format!("table {}", planned.table))?;
+    if !overlay.has_runs() {
+        return Ok(Rows::Blocks(snapshot, overlay));
+    }
+    let head = head_rows_past(
+        reader.clone(),
+        plan.clone(),
+        keys.clone(),
+        overlay,
+        spill.memory_limit,
+    );
+    Ok(Rows::Folded(head))
 }
 
 /// Writes the chunks `rx` receives into `sink` and finishes the COPY; returns the rows
@@ -170,7 +217,7 @@ pub(super) async fn load_split(
     planned: &Planned,
     columns: &[CopyColumn],
     spill: &SpillConfig,
-    counted: [&Progress; 2],
+    counted: &[Arc<Progress>; 2],
     split: usize,
 ) -> anyhow::Result<u64> {
     let staging = staging_table(&planned.table);

@@ -1,0 +1,221 @@
+//! A table whose archive is a JSONL snapshot, its diffs' net effect (the overlay) held in
+//! memory, loads without rows in between: one thread reads the snapshot and cuts it into
+//! blocks of whole lines, and each COPY stream's own thread parses its blocks' lines straight
+//! into COPY text ([`CopyEncoder`]), skipping a row the overlay replaces or deletes; the
+//! overlay's rows follow. Parsing runs on as many threads as there are streams; memory stays
+//! bounded (the overlay's budget, a few blocks and chunks per stream).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::{COPY_CHUNK, PAUSE_AFTER_ROWS, Planned};
+use crate::engine::targets::postgres_copy::{CopyColumn, CopyEncoder};
+use larch_archive::error::ArchiveError;
+use larch_archive::fold::live_rows;
+use larch_archive::format::Format;
+use larch_archive::format::line_blocks::LineBlock;
+use larch_archive::identity::{KeyCapture, identity_of};
+use larch_archive::manifest::Artifact;
+use larch_archive::spill::ChangeBuffer;
+use larch_core::progress::Progress;
+
+/// Bytes of archive text per block dealt to a stream's thread.
+const BLOCK: usize = 128 << 10;
+
+/// Blocks queued per stream's thread.
+const BLOCKS_IN_FLIGHT: usize = 2;
+
+/// The snapshot `planned` loads from, when it is JSONL (the format read as blocks).
+pub(super) fn jsonl_snapshot(planned: &Planned) -> Option<&Artifact> {
+    let snapshot = planned.plan.snapshot.as_ref()?;
+    let (format, _) = planned.reader.choose_format(snapshot).ok()?;
+    matches!(format, Format::Jsonl | Format::JsonlZstd).then_some(snapshot)
+}
+
+/// What each stream's thread shares: the table's name for errors, the progress counters, the
+/// rows encoded so far by all of them (for the pause point), and the overlay to skip rows by.
+struct Shared {
+    table: String,
+    key: String,
+    counted: [Arc<Progress>; 2],
+    rows: AtomicU64,
+    overlay: ChangeBuffer,
+    key_fields: Vec<String>,
+}
+
+/// Loads `snapshot` past `overlay` (held in memory) into `streams`, then the overlay's rows;
+/// returns the rows produced. A stream thread's error comes first (the reader then only saw
+/// it stop), then the reader's.
+pub(super) async fn produce(
+    planned: &Planned,
+    snapshot: &Artifact,
+    overlay: ChangeBuffer,
+    columns: &[CopyColumn],
+    counted: &[Arc<Progress>; 2],
+    streams: Vec<mpsc::Sender<Bytes>>,
+) -> anyhow::Result<u64> {
+    let (format, _) = planned.reader.choose_format(snapshot)?;
+    let shared = Arc::new(Shared {
+        table: planned.table.to_string(),
+        key: planned.reader.artifact_key(snapshot, format),
+        counted: counted.clone(),
+        rows: AtomicU64::new(0),
+        overlay,
+        key_fields: planned.key_fields.clone(),
+    });
+    let mut rows = 0u64;
+    if !shared.overlay.truncated() {
+        rows += read_snapshot(planned, snapshot, &shared, columns, &streams).await?;
+    }
+    rows += send_overlay(&shared, columns, &streams).await?;
+    Ok(rows)
+}
+
+/// The snapshot's rows the overlay leaves, over one thread per stream.
+async fn read_snapshot(
+    planned: &Planned,
+    snapshot: &Artifact,
+    shared: &Arc<Shared>,
+    columns: &[CopyColumn],
+    streams: &[mpsc::Sender<Bytes>],
+) -> anyhow::Result<u64> {
+    let runtime = tokio::runtime::Handle::current();
+    let mut blocks = Vec::with_capacity(streams.len());
+    let mut threads = Vec::with_capacity(streams.len());
+    for stream in streams {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<LineBlock>(BLOCKS_IN_FLIGHT);
+        blocks.push(tx);
+        let encoder = CopyEncoder::new(columns);
+        let (shared, runtime, stream) = (shared.clone(), runtime.clone(), stream.clone());
+        threads.push(tokio::task::spawn_blocking(move || {
+            encode_blocks(rx, &stream, encoder, &shared, &runtime)
+        }));
+    }
+    let read = planned
+        .reader
+        .fold_line_blocks(snapshot, BLOCK, 0usize, move |next, block| {
+            let to = &blocks[*next % blocks.len()];
+            *next += 1;
+            to.send(block)
+                .map_err(|_| ArchiveError::Invalid("a COPY stream's encoder stopped".into()))
+        })
+        .await;
+    let mut rows = 0u64;
+    for t in threads {
+        rows += t.await.context("a COPY stream's encoder panicked")??;
+    }
+    read.with_context(|| format!("table {}", planned.table))?;
+    Ok(rows)
+}
+
+/// The overlay's inserted and updated rows, dealt to the streams in chunks.
+async fn send_overlay(
+    shared: &Shared,
+    columns: &[CopyColumn],
+    streams: &[mpsc::Sender<Bytes>],
+) -> anyhow::Result<u64> {
+    let table = &shared.table;
+    let mut encoder = CopyEncoder::new(columns);
+    let (mut buf, mut rows, mut next) = (Vec::new(), 0u64, 0usize);
+    for row in live_rows(&shared.overlay) {
+        let before = buf.len();
+        encoder
+            .encode(row.as_str(), &mut buf)
+            .with_context(|| format!("table {table}: a row of its diffs"))?;
+        rows += 1;
+        for p in &shared.counted {
+            p.add(1, (buf.len() - before) as u64);
+        }
+        if buf.len() >= COPY_CHUNK {
+            deal(streams, &mut next, std::mem::take(&mut buf), table).await?;
+        }
+    }
+    if !buf.is_empty() {
+        deal(streams, &mut next, buf, table).await?;
+    }
+    Ok(rows)
+}
+
+/// Sends `chunk` to the next of `streams`, round-robin.
+async fn deal(
+    streams: &[mpsc::Sender<Bytes>],
+    next: &mut usize,
+    chunk: Vec<u8>,
+    table: &str,
+) -> anyhow::Result<()> {
+    let stream = &streams[*next % streams.len()];
+    *next += 1;
+    stream
+        .send(Bytes::from(chunk))
+        .await
+        .map_err(|_| anyhow::anyhow!("restore: a COPY stream into {table} stopped"))
+}
+
+/// Whether the overlay replaces or deletes the row `text` (by its identity, as the fold
+/// computes it).
+fn shadowed(shared: &Shared, text: &str) -> anyhow::Result<bool> {
+    if shared.overlay.is_empty() {
+        return Ok(false);
+    }
+    let values =
+        KeyCapture::scan(&shared.key_fields, text).context("a row is not a JSON object")?;
+    Ok(match identity_of(&values) {
+        Some(id) => shared.overlay.contains_in_memory(&id),
+        None => shared.overlay.contains_in_memory(text),
+    })
+}
+
+/// One stream's thread: encodes the lines of the blocks it receives into COPY chunks sent to
+/// `stream`; returns the rows sent.
+fn encode_blocks(
+    blocks: std::sync::mpsc::Receiver<LineBlock>,
+    stream: &mpsc::Sender<Bytes>,
+    mut encoder: CopyEncoder,
+    shared: &Shared,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<u64> {
+    let table = &shared.table;
+    let mut buf = Vec::with_capacity(COPY_CHUNK + BLOCK);
+    let mut rows = 0u64;
+    let send = |chunk: Vec<u8>| {
+        stream
+            .blocking_send(Bytes::from(chunk))
+            .map_err(|_| anyhow::anyhow!("restore: a COPY stream into {table} stopped"))
+    };
+    for block in blocks {
+        let (mut block_rows, mut bytes) = (0u64, 0usize);
+        for line in block.lines(&shared.key) {
+            let (line_no, text) = line.with_context(|| format!("table {table}"))?;
+            let at = || format!("table {table}: the row at line {line_no} of {}", shared.key);
+            if shadowed(shared, text).with_context(at)? {
+                continue;
+            }
+            let before = buf.len();
+            encoder.encode(text, &mut buf).with_context(at)?;
+            bytes += buf.len() - before;
+            block_rows += 1;
+            if buf.len() >= COPY_CHUNK {
+                send(std::mem::take(&mut buf))?;
+                buf.reserve(COPY_CHUNK + BLOCK);
+            }
+        }
+        rows += block_rows;
+        for p in &shared.counted {
+            p.add(block_rows, bytes as u64);
+        }
+        let before = shared.rows.fetch_add(block_rows, Ordering::Relaxed);
+        if before < PAUSE_AFTER_ROWS && before + block_rows >= PAUSE_AFTER_ROWS {
+            runtime.block_on(larch_archive::crashpoint::pause_point(
+                larch_archive::crashpoint::RESTORE_ROWS,
+            ));
+        }
+    }
+    if !buf.is_empty() {
+        send(buf)?;
+    }
+    Ok(rows)
+}
