@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use clap::Args;
 use larch_contract::export_request::{ExportRequest, SlotMode as RequestSlotMode};
 
-use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
+use super::env_help::{CRASH, KUBE, LEASE, LOG, PG, S3, SPLIT_WORKER};
 use super::{
     ConnectionArgs, SessionLimitArgs, StoreArgs, duration_text, parse_formats, parse_list,
 };
@@ -22,7 +22,7 @@ use crate::failure::{self, Reason};
 use crate::source::postgres::SlotMode;
 
 fn export_env() -> String {
-    super::env_section(&[PG, S3, KUBE, LEASE, LOG, CRASH])
+    super::env_section(&[PG, S3, KUBE, LEASE, SPLIT_WORKER, LOG, CRASH])
 }
 
 /// What each mode leaves on the source database, for `larch export --help`.

@@ -59,13 +59,17 @@ pub mod env_help {
   PGUSER, PGPASSWORD  user and password when the connection string names none";
     pub const KUBE: &str =
         "  KUBECONFIG          Kubernetes client configuration (in a pod: its service account)";
+    /// An Indexed Job's pod index, for `larch export split-worker`.
+    pub const SPLIT_WORKER: &str = "  JOB_COMPLETION_INDEX
+                      export split-worker: --index (Kubernetes sets it in the pods of an
+                      Indexed Job)";
     /// The export's Lease holder.
     pub const LEASE: &str =
         "  HOSTNAME            the Lease holder identity when neither --lease-identity nor
                       POD_NAME is set";
 }
 
-use env_help::{CRASH, KUBE, LEASE, LOG, PG, S3};
+use env_help::{CRASH, KUBE, LEASE, LOG, PG, S3, SPLIT_WORKER};
 
 /// The `Environment:` and `Exit status:` sections of a command's `--help`.
 pub fn env_section(blocks: &[&str]) -> String {
@@ -88,6 +92,7 @@ fn all_env() -> String {
         S3,
         KUBE,
         LEASE,
+        SPLIT_WORKER,
         "  LARCH_EXPORT_LEASE, POD_NAME, POD_NAMESPACE
                       export: --lease, --lease-identity, --lease-namespace
   LARCH_TRANSFORM_KEY export: the masking hash key when no --transform-key-file is given
