@@ -8,9 +8,11 @@
 # wall time, the client's CPU seconds and peak RSS, and the server's CPU seconds (its backends'
 # user+system time, read from the postmaster's children's time when they exit). Every restored
 # table is checked against the source (count and md5 of every row).
-# Usage: scripts/bench-split-restore.sh [ROWS]   (default 1000000)
+# Usage: scripts/bench-split-restore.sh [ROWS...]   (default 1000000; e.g. 1000000 5000000)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+# Several sizes in one run: each size is a run of its own (its own database and table).
+if [ $# -gt 1 ]; then for n in "$@"; do bash "$0" "$n"; done; exit 0; fi
 rows=${1:-1000000}
 work=$(mktemp -d); chmod 755 "$work"
 port=${LARCH_BENCH_PG_PORT:-55434}
