@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use anyhow::anyhow;
 use tokio_postgres::Client;
 
-use crate::config::{self, Session};
+use crate::config::Session;
 use crate::types::Kind;
 use crate::{PostgresSource, TableSchema, schema, snapshot};
 use larch_archive::model::TableId;
@@ -37,10 +37,7 @@ impl PostgresSource {
     ) -> Result<Option<ImportedSnapshot>, SourceError> {
         let config = &self.inner.config;
         let client = schema::connect_as(config, Session::Snapshot).await?;
-        let begin = format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-            config::literal(snapshot)
-        );
+        let begin = crate::snapshot::begin_at_snapshot(snapshot);
         if let Err(e) = client.batch_execute(&begin).await {
             if e.code().map(|c| c.code()) == Some(INVALID_PARAMETER_VALUE) {
                 return Ok(None);

@@ -626,10 +626,7 @@ async fn new_slot_and_snapshot(inner: &Inner) -> Result<(CreatedSlot, Client), S
     let created = snapshot::create_slot(&inner.config).await?;
     let copy_client = schema::connect_as(&inner.config, config::Session::Snapshot).await?;
     copy_client
-        .batch_execute(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-            config::literal(&created.snapshot)
-        ))
+        .batch_execute(&snapshot::begin_at_snapshot(&created.snapshot))
         .await
         .map_err(|e| anyhow!("importing the slot's snapshot: {}", schema::db_message(&e)))?;
     Ok((created, copy_client))

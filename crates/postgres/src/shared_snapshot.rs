@@ -105,10 +105,7 @@ impl SharedSnapshot {
             .await
             .with_context(|| format!("connecting to copy table {table}"))?;
         client
-            .batch_execute(&format!(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-                config::literal(&self.slot.snapshot)
-            ))
+            .batch_execute(&snapshot::begin_at_snapshot(&self.slot.snapshot))
             .await
             .map_err(|e| {
                 anyhow!(

@@ -31,6 +31,15 @@ pub struct CreatedSlot {
     pub deadline: std::time::Instant,
 }
 
+/// The statement that starts a read-only transaction at an exported snapshot (a slot's or
+/// another session's `pg_export_snapshot`), as every copy of one snapshot begins.
+pub fn begin_at_snapshot(snapshot: &str) -> String {
+    format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
+        super::config::literal(snapshot)
+    )
+}
+
 /// Opens a gated replication session and creates the slot with an exported snapshot.
 pub async fn create_slot(config: &PostgresConfig) -> anyhow::Result<CreatedSlot> {
     let deadline = std::time::Instant::now() + config.limits.snapshot_max_age;

@@ -63,10 +63,7 @@ impl SharedSnapshot {
             .await
             .map_err(|e| schema::db_error("preparing the subset's temporary tables", &e))?;
         client
-            .batch_execute(&format!(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-                config::literal(&self.slot.snapshot)
-            ))
+            .batch_execute(&crate::snapshot::begin_at_snapshot(&self.slot.snapshot))
             .await
             .map_err(|e| {
                 anyhow!(
