@@ -219,6 +219,32 @@ impl Store for LocalStore {
         }))
     }
 
+    async fn adopt_part_file(
+        &self,
+        key: &str,
+        file: &Path,
+        hashed: Sha256,
+        size: u64,
+    ) -> Result<Option<Box<dyn ObjectWriter>>> {
+        let target = self.path(key)?;
+        // A rename works within the object's directory only.
+        if file.parent() != target.parent() {
+            return Ok(None);
+        }
+        let opened = OpenOptions::new()
+            .append(true)
+            .open(file)
+            .map_err(|e| ArchiveError::io(format!("opening {}", file.display()), e))?;
+        Ok(Some(Box::new(LocalWriter {
+            uri: self.uri(key),
+            target,
+            tmp: file.to_path_buf(),
+            file: Some(std::io::BufWriter::with_capacity(1 << 20, opened)),
+            hasher: hashed,
+            size,
+        })))
+    }
+
     /// Part files go next to the object (same file system, skipped by listings as temp files).
     fn part_dir(&self, key: &str) -> Result<PathBuf> {
         let target = self.path(key)?;

@@ -133,6 +133,20 @@ pub trait Store: Send + Sync + Debug {
         check_key_prefix(prefix)
     }
 
+    /// Starts the upload of `key` from a spilled part file in [`Store::part_dir`] that already
+    /// holds the object's first `size` bytes, hashed into `hashed`: the file itself becomes the
+    /// object when the writer finishes (no copy), and the writer owns it from then on. `None`
+    /// (the default): the store cannot take a file, and the part is copied into a `create`.
+    async fn adopt_part_file(
+        &self,
+        _key: &str,
+        _file: &std::path::Path,
+        _hashed: sha2::Sha256,
+        _size: u64,
+    ) -> Result<Option<Box<dyn ObjectWriter>>> {
+        Ok(None)
+    }
+
     /// Where the spilled parts of `key` are written (default: the system's temp directory).
     fn part_dir(&self, key: &str) -> Result<std::path::PathBuf> {
         check_key(key)?;

@@ -6,9 +6,11 @@
 //! A store joins parts natively when it can ([`Store::create_parted_native`]: S3's multipart
 //! upload, each part writer its own range of part numbers); otherwise each part is spilled to
 //! a file in [`Store::part_dir`] and the files are streamed in order into one `create` when
-//! the upload finishes (the local store: part files next to the object, concatenated on
-//! commit). Either way the SHA-256 of the whole object is computed in one streaming pass over
-//! its bytes in order: a digest cannot be combined from the parts' digests.
+//! the upload finishes. The local store adopts the first part file as the object
+//! ([`Store::adopt_part_file`]: part files sit next to the object) and appends the others to it,
+//! so the first part is neither copied nor read again. Either way the SHA-256 of the whole
+//! object is computed in one streaming pass over its bytes in order (the first spilled part's
+//! as it is written): a digest cannot be combined from the parts' digests.
 
 use std::any::Any;
 use std::fs::{File, OpenOptions};
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use sha2::{Digest, Sha256};
 
 use super::{ObjectWriter, PutResult, Store};
 use crate::error::{ArchiveError, Result};
@@ -80,12 +83,22 @@ pub async fn create(
     }))
 }
 
-/// A part file, removed when dropped (joined, aborted or abandoned alike).
+/// A part file, removed when dropped (joined, aborted or abandoned alike) unless a store
+/// adopted it as its object.
 struct PartFile(PathBuf);
+
+impl PartFile {
+    /// The path, no longer removed on drop: its new owner removes it.
+    fn hand_over(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
 
 impl Drop for PartFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
@@ -93,6 +106,14 @@ struct SpilledPart {
     file: BufWriter<File>,
     path: PartFile,
     size: u64,
+    /// The first part's digest, taken as it is written: the object starts with its bytes.
+    hasher: Option<Sha256>,
+}
+
+/// A finished spilled part: its file, and the digest of its bytes when it is the first.
+struct SpilledFile {
+    path: PartFile,
+    hasher: Option<Sha256>,
 }
 
 impl SpilledPart {
@@ -112,6 +133,7 @@ impl SpilledPart {
             file: BufWriter::with_capacity(1 << 20, file),
             path: PartFile(path),
             size: 0,
+            hasher: (index == 0).then(Sha256::new),
         })
     }
 }
@@ -122,6 +144,9 @@ impl PartWriter for SpilledPart {
         self.file
             .write_all(data)
             .map_err(|e| ArchiveError::io(format!("writing {}", self.path.0.display()), e))?;
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(data);
+        }
         self.size += data.len() as u64;
         Ok(())
     }
@@ -135,6 +160,9 @@ impl PartWriter for SpilledPart {
             .and_then(|()| self.file.get_mut().rewind())
             .map_err(|e| ArchiveError::io(format!("emptying {path}"), e))?;
         self.size = 0;
+        if let Some(h) = self.hasher.as_mut() {
+            h.reset();
+        }
         Ok(())
     }
 
@@ -142,12 +170,40 @@ impl PartWriter for SpilledPart {
         self.file
             .flush()
             .map_err(|e| ArchiveError::io(format!("writing {}", self.path.0.display()), e))?;
-        let SpilledPart { path, size, .. } = *self;
+        let SpilledPart {
+            path, size, hasher, ..
+        } = *self;
         Ok(FinishedPart {
             size,
-            state: Box::new(path),
+            state: Box::new(SpilledFile { path, hasher }),
         })
     }
+}
+
+/// Frees the memory (page cache) and blocks of bytes of a part file already appended to the
+/// object, so the object's new pages take their place instead of as much memory again; false
+/// when the file system cannot (nothing is lost: the file goes once joined).
+#[cfg(target_os = "linux")]
+fn release_copied(file: &File, offset: u64, len: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return false;
+    };
+    // SAFETY: fallocate on an open descriptor we own; no memory is passed.
+    let done = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    };
+    done == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release_copied(_file: &File, _offset: u64, _len: u64) -> bool {
+    false
 }
 
 struct SpilledUpload {
@@ -160,11 +216,20 @@ struct SpilledUpload {
 const JOIN_CHUNK: usize = 1 << 20;
 
 impl SpilledUpload {
-    async fn join(files: &[PartFile], out: &mut Box<dyn ObjectWriter>) -> Result<()> {
+    async fn join(files: &[SpilledFile], out: &mut Box<dyn ObjectWriter>) -> Result<()> {
         let mut buf = vec![0u8; JOIN_CHUNK];
-        for PartFile(path) in files {
-            let mut f = File::open(path)
+        let mut release = true;
+        for SpilledFile {
+            path: PartFile(path),
+            ..
+        } in files
+        {
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
                 .map_err(|e| ArchiveError::io(format!("opening {}", path.display()), e))?;
+            let mut offset = 0u64;
             loop {
                 let n = f
                     .read(&mut buf)
@@ -173,9 +238,33 @@ impl SpilledUpload {
                     break;
                 }
                 out.write(&buf[..n]).await?;
+                if release {
+                    release = release_copied(&f, offset, n as u64);
+                }
+                offset += n as u64;
             }
         }
         Ok(())
+    }
+
+    /// The object's writer, holding the first part already when the store adopts its file;
+    /// returns the parts left to append.
+    async fn start_object(
+        store: &dyn Store,
+        key: &str,
+        mut files: Vec<(u64, SpilledFile)>,
+    ) -> Result<(Box<dyn ObjectWriter>, Vec<SpilledFile>)> {
+        let (size, first) = files.remove(0);
+        let rest = files.into_iter().map(|(_, f)| f);
+        if let Some(hashed) = first.hasher.clone() {
+            let path = &first.path.0;
+            if let Some(out) = store.adopt_part_file(key, path, hashed, size).await? {
+                first.path.hand_over();
+                return Ok((out, rest.collect()));
+            }
+        }
+        let out = store.create(key).await?;
+        Ok((out, std::iter::once(first).chain(rest).collect()))
     }
 }
 
@@ -186,17 +275,28 @@ impl PartedUpload for SpilledUpload {
     }
 
     async fn finish(self: Box<Self>, parts: Vec<FinishedPart>) -> Result<PutResult> {
+        if parts.is_empty() {
+            return Err(ArchiveError::Invalid(
+                "an upload in parts was finished without its parts".into(),
+            ));
+        }
         let files = parts
             .into_iter()
             .map(|p| {
-                p.state.downcast::<PartFile>().map(|f| *f).map_err(|_| {
-                    ArchiveError::Invalid("a part of another upload was handed to finish".into())
-                })
+                let size = p.size;
+                p.state
+                    .downcast::<SpilledFile>()
+                    .map(|f| (size, *f))
+                    .map_err(|_| {
+                        ArchiveError::Invalid(
+                            "a part of another upload was handed to finish".into(),
+                        )
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         // The store's writer hashes the bytes as they stream through, in order.
-        let mut out = self.store.create(&self.key).await?;
-        if let Err(e) = Self::join(&files, &mut out).await {
+        let (mut out, rest) = Self::start_object(self.store.as_ref(), &self.key, files).await?;
+        if let Err(e) = Self::join(&rest, &mut out).await {
             out.abort().await;
             return Err(e);
         }
@@ -205,5 +305,98 @@ impl PartedUpload for SpilledUpload {
 
     async fn abort(self: Box<Self>) {
         // Dropping the writers and parts removes their files.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::local::LocalStore;
+    use crate::store::memory::MemoryStore;
+
+    /// Writes `parts` through an upload of `key` (part 0 written, emptied and written again:
+    /// a range copied again), returns what the store reports.
+    async fn upload(store: Arc<dyn Store>, key: &str, parts: &[&[u8]]) -> PutResult {
+        let mut up = create(store, key, parts.len()).await.unwrap();
+        let writers = up.take_writers();
+        let mut finished = Vec::new();
+        for (i, (mut w, bytes)) in writers.into_iter().zip(parts).enumerate() {
+            if i == 0 {
+                w.write(b"a first attempt, dropped").await.unwrap();
+                w.restart().await.unwrap();
+            }
+            for chunk in bytes.chunks(7) {
+                w.write(chunk).await.unwrap();
+            }
+            finished.push(w.finish().await.unwrap());
+        }
+        up.finish(finished).await.unwrap()
+    }
+
+    async fn read(store: &dyn Store, key: &str) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut r = store.open(key).await.unwrap().expect("the object");
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    const PARTS: [&[u8]; 3] = [
+        b"{\"a\":1}\n{\"a\":2}\n",
+        b"{\"a\":3}\n",
+        b"{\"a\":4}\n{\"a\":5}\n",
+    ];
+
+    #[tokio::test]
+    async fn the_local_store_adopts_the_first_part_and_appends_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+        let key = "public.t/snapshot.jsonl";
+        let put = upload(store.clone(), key, &PARTS).await;
+        let whole = PARTS.concat();
+        assert_eq!(read(store.as_ref(), key).await, whole);
+        assert_eq!(put.size, whole.len() as u64);
+        assert_eq!(put.sha256, hex::encode(Sha256::digest(&whole)));
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("public.t"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, ["snapshot.jsonl"], "no part file is left");
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_adopt_a_file_gets_every_part_copied() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let key = "public.t/snapshot.jsonl";
+        let put = upload(store.clone(), key, &PARTS).await;
+        let whole = PARTS.concat();
+        assert_eq!(read(store.as_ref(), key).await, whole);
+        assert_eq!(put.sha256, hex::encode(Sha256::digest(&whole)));
+    }
+
+    #[tokio::test]
+    async fn an_aborted_upload_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+        let mut up = create(store.clone(), "public.t/snapshot.jsonl", 2)
+            .await
+            .unwrap();
+        let mut writers = up.take_writers();
+        writers[0].write(b"{\"a\":1}\n").await.unwrap();
+        let first = writers.remove(0).finish().await.unwrap();
+        drop(first);
+        up.abort().await;
+        drop(writers);
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("public.t"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(
+            store
+                .open("public.t/snapshot.jsonl")
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 }

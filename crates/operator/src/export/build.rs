@@ -516,6 +516,10 @@ fn job_for(
     }
 }
 
+/// The Job `podReplacementPolicy` that starts a pod again only once the one it replaces has
+/// terminated (the default under a `podFailurePolicy`, named so no default can change it).
+pub(crate) const ONE_POD_AT_A_TIME: &str = "Failed";
+
 fn job_spec(
     export: &ArchiveExport,
     table: Option<&TableRef>,
@@ -525,6 +529,9 @@ fn job_spec(
     JobSpec {
         backoff_limit: Some(export.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
         pod_failure_policy: Some(pod::fail_fast(CONTAINER)),
+        // One writer at a time: a retry's pod starts only once the last one has stopped (a
+        // terminating exporter, or split coordinator, may still be writing).
+        pod_replacement_policy: Some(ONE_POD_AT_A_TIME.into()),
         ttl_seconds_after_finished: Some(
             export
                 .spec

@@ -97,6 +97,9 @@ pub fn workers_job(export: &ArchiveExport, run: &str, ctx: &BuildContext) -> Opt
             backoff_limit_per_index: Some(export.spec.backoff_limit.unwrap_or(DEFAULT_BACKOFF)),
             max_failed_indexes: Some(0),
             pod_failure_policy: Some(fail_index_on_permanent_exit()),
+            // A retried index runs once its last pod has stopped: never two writers of the
+            // same part numbers.
+            pod_replacement_policy: Some(build::ONE_POD_AT_A_TIME.into()),
             ttl_seconds_after_finished: Some(
                 export
                     .spec

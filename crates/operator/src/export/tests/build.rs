@@ -584,6 +584,14 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
     let request = request_of(cp.containers[0].args.as_ref().unwrap());
     assert_eq!((request.split, request.split_workers), (Some(4), Some(2)));
     assert_eq!(request.lease, None, "a OneShot export holds no Lease");
+    // Its one-writer guard instead: the Job starts no second coordinator while one runs.
+    let coordinator_spec = coordinator.spec.as_ref().unwrap();
+    assert_eq!(coordinator_spec.parallelism, None, "one pod (the default)");
+    assert_eq!(
+        coordinator_spec.pod_replacement_policy.as_deref(),
+        Some("Failed"),
+        "a retried coordinator starts once the last one stopped"
+    );
     let worker = &wp.containers[0];
     assert_eq!(worker.name, WORKER_CONTAINER);
     let args = worker.args.clone().unwrap();
@@ -637,6 +645,11 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
         spec.max_failed_indexes,
         Some(0),
         "one failed worker fails the Job"
+    );
+    assert_eq!(
+        spec.pod_replacement_policy.as_deref(),
+        Some("Failed"),
+        "a retried worker starts once its last pod stopped"
     );
     let rule = &spec.pod_failure_policy.as_ref().unwrap().rules[0];
     assert_eq!(rule.action, "FailIndex");
