@@ -83,6 +83,11 @@ pub struct ExportArgs {
     /// and commits the epoch (docs/postgres-source.md).
     #[arg(long, value_name = "M", requires = "split", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub split_workers: Option<u16>,
+    /// With --split-workers: how long to wait for each worker to start (to import the snapshot
+    /// and say so in the store) before the run fails and the snapshot is released, rather than
+    /// held on the primary for workers that never come (default 10m).
+    #[arg(long, value_name = "DURATION", requires = "split_workers")]
+    pub split_workers_start_timeout: Option<String>,
     #[command(flatten)]
     pub store: StoreArgs,
     /// Archive key prefix (default `<schema>.<table>/`, as laredo's export). With several
@@ -301,6 +306,7 @@ impl ExportArgs {
             parallel: self.parallel,
             split: self.split,
             split_workers: self.split_workers,
+            split_workers_start_timeout: self.split_workers_start_timeout.clone(),
             store: self.store.spec(),
             key_prefix: self.key_prefix.clone(),
             formats,

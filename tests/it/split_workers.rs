@@ -23,6 +23,17 @@ const FORMATS: &str = "jsonl,jsonl+zstd";
 
 /// The coordinator: `larch export --split N --split-workers M` in the background.
 fn coordinator(db: &Database, store: &[String], prefix: &str, n: u16, m: u16) -> Child {
+    coordinator_with(db, store, prefix, (n, m), &[])
+}
+
+/// The coordinator with `extra` flags.
+fn coordinator_with(
+    db: &Database,
+    store: &[String],
+    prefix: &str,
+    (n, m): (u16, u16),
+    extra: &[&str],
+) -> Child {
     let slot = format!("splitw_{}", db.name);
     larch(&db.dsn)
         .args([
@@ -36,6 +47,7 @@ fn coordinator(db: &Database, store: &[String], prefix: &str, n: u16, m: u16) ->
         ])
         .args(["--format", FORMATS, "--split", &n.to_string()])
         .args(["--split-workers", &m.to_string()])
+        .args(extra)
         .args(store)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -452,6 +464,62 @@ async fn a_restarted_coordinator_starts_a_clean_run_and_gc_removes_a_dead_one() 
 
 /// `--split-workers` without `--split` and a worker index past the coordinator's workers are
 /// refused (exit 2) naming what is wrong.
+/// A worker that never comes (its pod unschedulable, say) does not keep the exported snapshot,
+/// and with it the primary's vacuum horizon, until --snapshot-max-age: the coordinator fails
+/// the run once --split-workers-start-timeout has passed without it, naming it: no epoch, the
+/// plan deleted, the run's uploads aborted.
+#[tokio::test]
+async fn a_worker_that_never_starts_fails_the_run_at_its_start_timeout() {
+    let db = new_database().await;
+    events(&db, BIG_ROWS).await;
+    let bucket = seaweedfs().new_bucket().await;
+    let store = store_args(None, &bucket);
+    let prefix = "absent/";
+    // Worker 0 waits for the plan first, so it has started well within the timeout.
+    let mut present = worker(&db, &store, prefix, 0, &[]);
+    let started = Instant::now();
+    let coordinator = coordinator_with(
+        &db,
+        &store,
+        prefix,
+        (4, 2),
+        &["--split-workers-start-timeout", "8s"],
+    );
+    let (code, _, err) = finish(coordinator);
+    let took = started.elapsed();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("split worker 1 (of 2) did not start within 8s"),
+        "names the absent worker and the timeout: {err}"
+    );
+    assert!(
+        took < Duration::from_secs(120),
+        "failed at the timeout: {took:?}"
+    );
+    let s3 = store_of(None, &bucket).await;
+    assert!(
+        s3.get(&split_run::plan_key(prefix))
+            .await
+            .unwrap()
+            .is_none(),
+        "the plan is deleted"
+    );
+    assert!(
+        s3.get(&format!("{prefix}manifest.json"))
+            .await
+            .unwrap()
+            .is_none(),
+        "no epoch committed"
+    );
+    until("the run's uploads are aborted", || async {
+        uploads_under(&bucket, prefix).await.is_empty()
+    })
+    .await;
+    // (What worker 0 may still store for the discarded run, `larch archive gc` removes.)
+    let _ = present.kill();
+    let _ = present.wait();
+}
+
 #[tokio::test]
 async fn bad_split_worker_input_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -468,6 +536,21 @@ async fn bad_split_worker_input_is_refused() {
     ]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--split"), "{err}");
+    let (code, _, err) = run(larch(nowhere).args([
+        "export",
+        "--table",
+        "a",
+        "--split",
+        "2",
+        "--split-workers",
+        "2",
+        "--split-workers-start-timeout",
+        "soon",
+        "--path",
+        &path,
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--split-workers-start-timeout"), "{err}");
     let db = new_database().await;
     events(&db, 1_000).await;
     let store = store_args(Some(dir.path()), "");

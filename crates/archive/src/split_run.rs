@@ -55,6 +55,11 @@ pub fn checkpoint_key(key_prefix: &str, run_id: &str, range: usize) -> String {
     format!("{}range-{range}.json", run_dir(key_prefix, run_id))
 }
 
+/// The marker worker `worker` of run `run_id` writes when it starts copying.
+pub fn started_key(key_prefix: &str, run_id: &str, worker: u16) -> String {
+    format!("{}worker-{worker}.started", run_dir(key_prefix, run_id))
+}
+
 /// One range of the table, by its pages: `[first, end)`, `end: None` to the end.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PageRange {
@@ -215,6 +220,55 @@ pub async fn write_checkpoint(
     store.put(&key, &bytes).await?;
     crate::crashpoint::crash_point(crate::crashpoint::SPLIT_AFTER_CHECKPOINT);
     Ok(())
+}
+
+/// Records that worker `worker` started copying `plan`'s ranges (it imported the snapshot and
+/// its settings match): the coordinator waits only so long for a worker that never comes.
+pub async fn mark_started(
+    store: &dyn Store,
+    key_prefix: &str,
+    plan: &Plan,
+    worker: u16,
+) -> Result<()> {
+    let body = serde_json::json!({ "worker": worker, "run": plan.run_id });
+    store
+        .put(
+            &started_key(key_prefix, &plan.run_id, worker),
+            body.to_string().as_bytes(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The workers of `plan` that have started: those with a marker ([`mark_started`]) or a
+/// checkpoint of one of their ranges.
+pub async fn started_workers(store: &dyn Store, key_prefix: &str, plan: &Plan) -> Result<Vec<u16>> {
+    let dir = run_dir(key_prefix, &plan.run_id);
+    let workers = plan.workers.max(1);
+    let mut started: Vec<u16> = store
+        .list(&dir)
+        .await?
+        .iter()
+        .filter_map(|o| {
+            let name = o.key.strip_prefix(&dir)?;
+            if let Some(w) = name
+                .strip_prefix("worker-")
+                .and_then(|n| n.strip_suffix(".started"))
+            {
+                return w.parse().ok();
+            }
+            let range: usize = name
+                .strip_prefix("range-")?
+                .strip_suffix(".json")?
+                .parse()
+                .ok()?;
+            (range < plan.ranges.len()).then_some((range % workers as usize) as u16)
+        })
+        .filter(|w| *w < workers)
+        .collect();
+    started.sort_unstable();
+    started.dedup();
+    Ok(started)
 }
 
 /// The numbers of the ranges of `plan` that have a checkpoint.

@@ -42,6 +42,10 @@ pub struct ExportRequest {
     /// waits for every range and commits. It copies no range itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_workers: Option<u16>,
+    /// `--split-workers-start-timeout`: how long the coordinator waits for each worker to
+    /// start (default 10m) before it fails the run and releases the snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_workers_start_timeout: Option<String>,
     /// `--store …`: where the archive lives.
     pub store: StoreSpec,
     /// `--key-prefix`.

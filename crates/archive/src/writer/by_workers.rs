@@ -28,6 +28,10 @@ pub struct WorkersRun {
     pub coordinator: String,
     /// When waiting for the workers ends in failure (the snapshot's end).
     pub deadline: Instant,
+    /// How long each worker has to start (its marker or a checkpoint) before the run fails:
+    /// a worker that never comes would keep the snapshot, and the primary's vacuum horizon,
+    /// until `deadline`.
+    pub start_timeout: Duration,
     /// Told the rows of each range as its checkpoint arrives (progress).
     pub on_range: Box<dyn Fn(u64) + Send + Sync>,
 }
@@ -155,7 +159,24 @@ async fn wait_for_ranges(
 ) -> Result<Vec<Checkpoint>> {
     let mut found: Vec<Option<Checkpoint>> = vec![None; plan.ranges.len()];
     let mut missing = plan.ranges.len();
+    let mut start_by = Some(Instant::now() + run.start_timeout);
     while missing > 0 {
+        if start_by.is_some_and(|t| Instant::now() >= t) {
+            match split_run::started_workers(store.as_ref(), prefix, plan).await {
+                Ok(started) => {
+                    let absent: Vec<u16> = (0..plan.workers.max(1))
+                        .filter(|w| !started.contains(w))
+                        .collect();
+                    if !absent.is_empty() {
+                        return Err(workers_absent(&absent, plan.workers, run.start_timeout));
+                    }
+                    start_by = None;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading which split workers started failed; trying again")
+                }
+            }
+        }
         if Instant::now() >= run.deadline {
             return Err(ArchiveError::Invalid(format!(
                 "{missing} of {} ranges had no checkpoint before the snapshot's end \
@@ -178,6 +199,18 @@ async fn wait_for_ranges(
         .into_iter()
         .map(|c| c.expect("every range found"))
         .collect())
+}
+
+/// The failure of a run whose workers `absent` did not start within `timeout`.
+fn workers_absent(absent: &[u16], workers: u16, timeout: Duration) -> ArchiveError {
+    let names: Vec<String> = absent.iter().map(u16::to_string).collect();
+    ArchiveError::Invalid(format!(
+        "split worker{} {} (of {workers}) did not start within {timeout:?} \
+         (--split-workers-start-timeout): the snapshot is released rather than held for \
+         workers that may never come; are their processes (pods) running?",
+        if absent.len() == 1 { "" } else { "s" },
+        names.join(", "),
+    ))
 }
 
 /// Reads the checkpoints that arrived; returns how many ranges still have none.

@@ -219,6 +219,7 @@ async fn one_shot(
         Split {
             parts: request.split.map_or(1, usize::from),
             workers: request.split_workers,
+            start_timeout: split_start_timeout(request)?,
             identity: coordinator_identity(request),
             formats: formats(request),
             key_fields: request.key_fields.clone(),
@@ -276,8 +277,22 @@ fn refuse_misplaced_split(request: &ExportRequest, tables: usize) -> anyhow::Res
                 "--split-workers applies to a one-shot export of one table"
             )
         }
-        _ => Ok(()),
+        (_, None) if request.split_workers_start_timeout.is_some() => failure::bail!(
+            Reason::InvalidConfig,
+            "--split-workers-start-timeout needs --split-workers: it bounds the wait for them"
+        ),
+        _ => split_start_timeout(request).map(|_| ()),
     }
+}
+
+/// How long a split's coordinator waits for each worker to start (default 10m).
+fn split_start_timeout(request: &ExportRequest) -> anyhow::Result<Duration> {
+    duration(
+        request.split_workers_start_timeout.as_deref(),
+        "--split-workers-start-timeout",
+        "10m",
+        larch_core::duration::parse_positive,
+    )
 }
 
 /// The summary to `summary_file`, when the request names one.
@@ -567,6 +582,7 @@ async fn export(
         let coordination = super::split_coordinator::Coordination {
             parts: split.parts,
             workers,
+            start_timeout: split.start_timeout,
             formats: split.formats,
             key_fields: split.key_fields,
             identity: split.identity,
@@ -600,6 +616,8 @@ async fn export(
 struct Split {
     parts: usize,
     workers: Option<u16>,
+    /// How long the coordinator waits for each worker to start.
+    start_timeout: Duration,
     identity: String,
     formats: Vec<Format>,
     key_fields: Vec<String>,

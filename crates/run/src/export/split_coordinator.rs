@@ -26,6 +26,8 @@ use larch_postgres::split::Range;
 pub struct Coordination {
     pub parts: usize,
     pub workers: u16,
+    /// How long each worker has to start before the run fails.
+    pub start_timeout: std::time::Duration,
     pub formats: Vec<Format>,
     pub key_fields: Vec<String>,
     /// Who coordinates (the Lease holder's identity, the pod's or the host's name).
@@ -80,6 +82,7 @@ pub async fn snapshot_by_workers(
             ),
             coordinator: coordination.identity.clone(),
             deadline,
+            start_timeout: coordination.start_timeout,
             on_range: Box::new(move |rows| counted.add(rows, 0)),
         };
         let position = shared.position().to_string();

@@ -219,6 +219,8 @@ impl Worker {
                  row filter, sample) differ from its coordinator's: give it the same request"
             );
         }
+        // The coordinator gives a worker only so long to come (--split-workers-start-timeout).
+        split_run::mark_started(self.store.as_ref(), &self.key_prefix, plan, self.index).await?;
         let mut copied = Vec::with_capacity(todo.len());
         for range in todo {
             let rows = self
