@@ -49,6 +49,9 @@ pub enum ArchiveError {
     CasConflict { key: String },
     #[error("{0}")]
     Invalid(String),
+    /// A wait for other processes that ran out (not bad input: trying again may succeed).
+    #[error("{0}")]
+    GaveUpWaiting(String),
     #[error(
         "{key}: {size} bytes, over the {limit} bytes read whole for a manifest (a manifest is a few MiB; set {env} to raise the cap)",
         env = MAX_GET_BYTES_ENV
@@ -178,5 +181,7 @@ mod tests {
             key: "t/manifest.json".into(),
         };
         assert_eq!(classify(missing), Reason::Failed);
+        let absent = ArchiveError::GaveUpWaiting("split worker 1 (of 2) did not start".into());
+        assert_eq!(classify(absent), Reason::Failed, "retried, not bad input");
     }
 }

@@ -204,7 +204,7 @@ async fn wait_for_ranges(
 /// The failure of a run whose workers `absent` did not start within `timeout`.
 fn workers_absent(absent: &[u16], workers: u16, timeout: Duration) -> ArchiveError {
     let names: Vec<String> = absent.iter().map(u16::to_string).collect();
-    ArchiveError::Invalid(format!(
+    ArchiveError::GaveUpWaiting(format!(
         "split worker{} {} (of {workers}) did not start within {timeout:?} \
          (--split-workers-start-timeout): the snapshot is released rather than held for \
          workers that may never come; are their processes (pods) running?",
