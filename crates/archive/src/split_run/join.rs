@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
 use super::{Checkpoint, LAST_PART_NUMBER, Plan, RangeOutput, StoredPiece};
@@ -100,7 +99,7 @@ async fn complete_multipart(
         ));
     }
     shared.complete(key, upload_id, &completed).await?;
-    match digest(store, key).await {
+    match crate::store::read_back::digest_object(store.clone(), key).await {
         Ok((sha256, size)) => Ok(PutResult {
             uri: store.uri(key),
             size,
@@ -153,26 +152,4 @@ async fn concatenate(
         }
     }
     out.finish().await
-}
-
-/// The stored object's SHA-256 and size, read back in one streaming pass.
-pub async fn digest(store: &Arc<dyn Store>, key: &str) -> Result<(String, u64)> {
-    let mut reader = store.open(key).await?.ok_or_else(|| {
-        ArchiveError::storage(store.uri(key), "the completed upload is not there")
-    })?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = reader
-            .read(&mut buf)
-            .await
-            .map_err(|e| ArchiveError::storage(store.uri(key), e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        size += n as u64;
-    }
-    Ok((hex::encode(hasher.finalize()), size))
 }

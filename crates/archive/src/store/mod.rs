@@ -5,6 +5,7 @@ pub mod atomic_file;
 pub mod local;
 pub mod memory;
 pub mod parted;
+pub mod read_back;
 pub mod s3;
 pub mod spec;
 
@@ -131,6 +132,20 @@ pub trait Store: Send + Sync + Debug {
     /// unfinished writes are invisible, or multipart uploads: [`SharedUploads`]).
     async fn clear_unfinished(&self, prefix: &str) -> Result<()> {
         check_key_prefix(prefix)
+    }
+
+    /// Whether [`Store::read_range`] serves byte ranges of an object.
+    fn serves_ranges(&self) -> bool {
+        false
+    }
+
+    /// `len` bytes of `key` from byte `start`, read whole (callers keep `len` small), where
+    /// [`Store::serves_ranges`].
+    async fn read_range(&self, key: &str, _start: u64, _len: u64) -> Result<Bytes> {
+        Err(super::error::ArchiveError::Invalid(format!(
+            "{} serves no byte ranges (reading {key})",
+            self.name()
+        )))
     }
 
     /// Starts the upload of `key` from a spilled part file in [`Store::part_dir`] that already

@@ -9,8 +9,6 @@
 
 use async_trait::async_trait;
 use aws_sdk_s3::types::CompletedPart;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncReadExt;
 
 use super::multipart::Multipart as Target;
 use super::{PART_SIZE, S3Store};
@@ -182,27 +180,11 @@ impl Target {
         Ok(Ok(completed))
     }
 
-    /// The stored object's SHA-256 and size, read back in one streaming pass.
+    /// The stored object's SHA-256 and size, read back (ranges at once).
     async fn digest(&self) -> Result<(String, u64)> {
-        let t = self;
-        let mut reader = t.store.open(&t.key).await?.ok_or_else(|| {
-            ArchiveError::storage(t.store.uri(&t.key), "the completed upload is not there")
-        })?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut size = 0u64;
-        loop {
-            let n = reader
-                .read(&mut buf)
-                .await
-                .map_err(|e| ArchiveError::storage(t.store.uri(&t.key), e))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            size += n as u64;
-        }
-        Ok((hex::encode(hasher.finalize()), size))
+        let store: std::sync::Arc<dyn crate::store::Store> =
+            std::sync::Arc::new(self.store.clone());
+        crate::store::read_back::digest_object(store, &self.key).await
     }
 }
 
