@@ -106,21 +106,6 @@ impl Store for MemoryStore {
         Ok(bytes.map(|b| Box::pin(std::io::Cursor::new(b)) as ObjectReader))
     }
 
-    fn serves_ranges(&self) -> bool {
-        true
-    }
-
-    async fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes> {
-        check_key(key)?;
-        let bytes = self.objects.locked().get(key).map(|o| o.bytes.clone());
-        let bytes = bytes.ok_or_else(|| ArchiveError::ObjectNotFound {
-            key: key.to_string(),
-        })?;
-        let end = start.saturating_add(len).min(bytes.len() as u64);
-        let start = start.min(end);
-        Ok(bytes.slice(start as usize..end as usize))
-    }
-
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         check_key(key)?;
         Ok(Box::new(MemoryWriter {

@@ -134,20 +134,6 @@ pub trait Store: Send + Sync + Debug {
         check_key_prefix(prefix)
     }
 
-    /// Whether [`Store::read_range`] serves byte ranges of an object.
-    fn serves_ranges(&self) -> bool {
-        false
-    }
-
-    /// `len` bytes of `key` from byte `start`, read whole (callers keep `len` small), where
-    /// [`Store::serves_ranges`].
-    async fn read_range(&self, key: &str, _start: u64, _len: u64) -> Result<Bytes> {
-        Err(super::error::ArchiveError::Invalid(format!(
-            "{} serves no byte ranges (reading {key})",
-            self.name()
-        )))
-    }
-
     /// Starts the upload of `key` from a spilled part file in [`Store::part_dir`] that already
     /// holds the object's first `size` bytes, hashed into `hashed`: the file itself becomes the
     /// object when the writer finishes (no copy), and the writer owns it from then on. `None`

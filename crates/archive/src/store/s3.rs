@@ -498,43 +498,6 @@ impl Store for S3Store {
         }
     }
 
-    fn serves_ranges(&self) -> bool {
-        true
-    }
-
-    async fn read_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes> {
-        let full = self.full_key(key)?;
-        if len == 0 {
-            return Ok(Bytes::new());
-        }
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&full)
-            .range(format!("bytes={start}-{}", start + len - 1))
-            .send()
-            .await
-            .map_err(|e| self.storage_error(key, "GetObject", e))?;
-        let bytes = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| ArchiveError::storage(self.uri(key), e))?
-            .into_bytes();
-        if bytes.len() as u64 != len {
-            return Err(ArchiveError::storage(
-                self.uri(key),
-                format!(
-                    "GetObject of bytes {start}-{}: {} bytes came",
-                    start + len - 1,
-                    bytes.len()
-                ),
-            ));
-        }
-        Ok(bytes)
-    }
-
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let full_key = self.full_key(key)?;
         Ok(Box::new(S3Writer::new(self.clone(), key, full_key)))
