@@ -55,6 +55,14 @@ pub fn checkpoint_key(key_prefix: &str, run_id: &str, range: usize) -> String {
     format!("{}range-{range}.json", run_dir(key_prefix, run_id))
 }
 
+/// The range whose checkpoint `name` (a key under the run's folder) is.
+fn checkpoint_range(name: &str) -> Option<usize> {
+    name.strip_prefix("range-")?
+        .strip_suffix(".json")?
+        .parse()
+        .ok()
+}
+
 /// The marker worker `worker` of run `run_id` writes when it starts copying.
 pub fn started_key(key_prefix: &str, run_id: &str, worker: u16) -> String {
     format!("{}worker-{worker}.started", run_dir(key_prefix, run_id))
@@ -257,12 +265,8 @@ pub async fn started_workers(store: &dyn Store, key_prefix: &str, plan: &Plan) -
             {
                 return w.parse().ok();
             }
-            let range: usize = name
-                .strip_prefix("range-")?
-                .strip_suffix(".json")?
-                .parse()
-                .ok()?;
-            (range < plan.ranges.len()).then_some((range % workers as usize) as u16)
+            let range = checkpoint_range(name).filter(|r| *r < plan.ranges.len())?;
+            Some((range % usize::from(workers)) as u16)
         })
         .filter(|w| *w < workers)
         .collect();
@@ -278,13 +282,7 @@ pub async fn checkpointed(store: &dyn Store, key_prefix: &str, plan: &Plan) -> R
         .list(&dir)
         .await?
         .iter()
-        .filter_map(|o| {
-            let name = o.key.strip_prefix(&dir)?;
-            name.strip_prefix("range-")?
-                .strip_suffix(".json")?
-                .parse()
-                .ok()
-        })
+        .filter_map(|o| checkpoint_range(o.key.strip_prefix(&dir)?))
         .filter(|r| *r < plan.ranges.len())
         .collect();
     done.sort_unstable();

@@ -88,9 +88,9 @@ pub async fn create(
 struct PartFile(PathBuf);
 
 impl PartFile {
-    /// The path, no longer removed on drop: its new owner removes it.
-    fn hand_over(mut self) -> PathBuf {
-        std::mem::take(&mut self.0)
+    /// Leaves the file to its new owner: no longer removed on drop.
+    fn hand_over(mut self) {
+        self.0 = PathBuf::new();
     }
 }
 
