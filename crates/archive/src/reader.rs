@@ -32,7 +32,14 @@ pub struct OpenArtifact {
     pub key: String,
     pub format: Format,
     expected: FormatRef,
-    reader: ObjectReader,
+    reader: ObjectSource,
+}
+
+/// Where an open artifact's bytes come from: the store's file, read on the decoding thread, or
+/// its async reader bridged to that thread.
+enum ObjectSource {
+    File(std::fs::File),
+    Async(ObjectReader),
 }
 
 /// The folded state of a table at a position.
@@ -122,11 +129,11 @@ impl ArchiveReader {
     pub async fn open(&self, artifact: &Artifact) -> Result<OpenArtifact> {
         let (format, expected) = self.choose_format(artifact)?;
         let key = self.artifact_key(artifact, format);
-        let reader = self
-            .store
-            .open(&key)
-            .await?
-            .ok_or_else(|| ArchiveError::ObjectNotFound { key: key.clone() })?;
+        let not_found = || ArchiveError::ObjectNotFound { key: key.clone() };
+        let reader = match self.store.open_file(&key)? {
+            Ok(file) => ObjectSource::File(file.ok_or_else(not_found)?),
+            Err(()) => ObjectSource::Async(self.store.open(&key).await?.ok_or_else(not_found)?),
+        };
         Ok(OpenArtifact {
             key,
             format,
@@ -476,12 +483,15 @@ impl OpenArtifact {
     ) -> (
         String,
         Format,
-        IntegrityReader<SyncIoBridge<ObjectReader>>,
+        IntegrityReader<Box<dyn Read + Send>>,
         IntegrityOutcome,
     ) {
-        let bridge = SyncIoBridge::new(self.reader);
+        let raw: Box<dyn Read + Send> = match self.reader {
+            ObjectSource::File(file) => Box::new(file),
+            ObjectSource::Async(reader) => Box::new(SyncIoBridge::new(reader)),
+        };
         let outcome = IntegrityOutcome::default();
-        let reader = IntegrityReader::new(bridge, self.expected, outcome.clone());
+        let reader = IntegrityReader::new(raw, self.expected, outcome.clone());
         (self.key, self.format, reader, outcome)
     }
 

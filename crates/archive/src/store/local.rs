@@ -204,6 +204,14 @@ impl Store for LocalStore {
         }
     }
 
+    fn open_file(&self, key: &str) -> Result<std::result::Result<Option<File>, ()>> {
+        match File::open(self.path(key)?) {
+            Ok(f) => Ok(Ok(Some(f))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Ok(None)),
+            Err(e) => Err(ArchiveError::storage(key, e)),
+        }
+    }
+
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>> {
         let target = self.path(key)?;
         let (file, tmp) = atomic_file::create_temp(&target).map_err(|e| {

@@ -94,6 +94,13 @@ pub trait Store: Send + Sync + Debug {
     async fn get(&self, key: &str) -> Result<Option<GetResult>>;
     /// Opens an object for streaming reads. `None` when absent.
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>>;
+    /// Opens an object kept as a file, for a reader on a blocking thread (no async reader's
+    /// copies and hand-offs between threads): `Ok(Err(()))` when the store keeps no files
+    /// (use [`Store::open`]), `Ok(Ok(None))` when absent.
+    fn open_file(&self, key: &str) -> Result<std::result::Result<Option<std::fs::File>, ()>> {
+        check_key(key)?;
+        Ok(Err(()))
+    }
     /// Starts a streaming upload that replaces `key` when finished.
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;
     /// Writes `bytes` under `key` only if its current revision is `expected` (`""`: must not
