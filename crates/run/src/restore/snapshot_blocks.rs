@@ -13,7 +13,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::{COPY_CHUNK, PAUSE_AFTER_ROWS, Planned};
-use crate::engine::targets::postgres_copy::{CopyColumn, CopyEncoder};
+use crate::engine::targets::postgres_copy::{ChunkPool, CopyColumn, CopyEncoder};
 use larch_archive::error::ArchiveError;
 use larch_archive::fold::live_rows;
 use larch_archive::format::Format;
@@ -84,6 +84,7 @@ async fn read_snapshot(
     streams: &[mpsc::Sender<Bytes>],
 ) -> anyhow::Result<u64> {
     let runtime = tokio::runtime::Handle::current();
+    let pool = super::streams::chunk_pool(streams.len());
     let mut blocks = Vec::with_capacity(streams.len());
     let mut threads = Vec::with_capacity(streams.len());
     for stream in streams {
@@ -91,8 +92,9 @@ async fn read_snapshot(
         blocks.push(tx);
         let encoder = CopyEncoder::new(columns);
         let (shared, runtime, stream) = (shared.clone(), runtime.clone(), stream.clone());
+        let pool = pool.clone();
         threads.push(tokio::task::spawn_blocking(move || {
-            encode_blocks(rx, &stream, encoder, &shared, &runtime)
+            encode_blocks(rx, (&stream, &pool), encoder, &shared, &runtime)
         }));
     }
     let read = planned
@@ -120,7 +122,8 @@ async fn send_overlay(
 ) -> anyhow::Result<u64> {
     let table = &shared.table;
     let mut encoder = CopyEncoder::new(columns);
-    let (mut buf, mut rows, mut next) = (Vec::new(), 0u64, 0usize);
+    let pool = super::streams::chunk_pool(streams.len());
+    let (mut buf, mut rows, mut next) = (pool.take(), 0u64, 0usize);
     for row in live_rows(&shared.overlay) {
         let before = buf.len();
         encoder
@@ -131,11 +134,12 @@ async fn send_overlay(
             p.add(1, (buf.len() - before) as u64);
         }
         if buf.len() >= COPY_CHUNK {
-            deal(streams, &mut next, std::mem::take(&mut buf), table).await?;
+            let chunk = pool.freeze(std::mem::replace(&mut buf, pool.take()));
+            deal(streams, &mut next, chunk, table).await?;
         }
     }
     if !buf.is_empty() {
-        deal(streams, &mut next, buf, table).await?;
+        deal(streams, &mut next, pool.freeze(buf), table).await?;
     }
     Ok(rows)
 }
@@ -144,13 +148,13 @@ async fn send_overlay(
 async fn deal(
     streams: &[mpsc::Sender<Bytes>],
     next: &mut usize,
-    chunk: Vec<u8>,
+    chunk: Bytes,
     table: &str,
 ) -> anyhow::Result<()> {
     let stream = &streams[*next % streams.len()];
     *next += 1;
     stream
-        .send(Bytes::from(chunk))
+        .send(chunk)
         .await
         .map_err(|_| anyhow::anyhow!("restore: a COPY stream into {table} stopped"))
 }
@@ -169,21 +173,21 @@ fn shadowed(shared: &Shared, text: &str) -> anyhow::Result<bool> {
     })
 }
 
-/// One stream's thread: encodes the lines of the blocks it receives into COPY chunks sent to
-/// `stream`; returns the rows sent.
+/// One stream's thread: encodes the lines of the blocks it receives into COPY chunks (buffers
+/// from `pool`) sent to `stream`; returns the rows sent.
 fn encode_blocks(
     blocks: std::sync::mpsc::Receiver<LineBlock>,
-    stream: &mpsc::Sender<Bytes>,
+    (stream, pool): (&mpsc::Sender<Bytes>, &ChunkPool),
     mut encoder: CopyEncoder,
     shared: &Shared,
     runtime: &tokio::runtime::Handle,
 ) -> anyhow::Result<u64> {
     let table = &shared.table;
-    let mut buf = Vec::with_capacity(COPY_CHUNK + BLOCK);
+    let mut buf = pool.take();
     let mut rows = 0u64;
     let send = |chunk: Vec<u8>| {
         stream
-            .blocking_send(Bytes::from(chunk))
+            .blocking_send(pool.freeze(chunk))
             .map_err(|_| anyhow::anyhow!("restore: a COPY stream into {table} stopped"))
     };
     for block in blocks {
@@ -211,8 +215,7 @@ fn encode_blocks(
                 ));
             }
             if buf.len() >= COPY_CHUNK {
-                send(std::mem::take(&mut buf))?;
-                buf.reserve(COPY_CHUNK + BLOCK);
+                send(std::mem::replace(&mut buf, pool.take()))?;
             }
         }
         rows += block_rows;

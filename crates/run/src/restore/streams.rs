@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::{Client, CopyInSink};
 
 use super::{COPY_CHUNK, PAUSE_AFTER_ROWS, Planned, qualified};
-use crate::engine::targets::postgres_copy::{CopyColumn, CopyEncoder};
+use crate::engine::targets::postgres_copy::{ChunkPool, CopyColumn, CopyEncoder};
 use larch_archive::fold::{HeadRows, fold_diffs, head_rows, head_rows_past};
 use larch_archive::manifest::Artifact;
 use larch_archive::model::TableId;
@@ -22,7 +22,7 @@ use sha2::Digest;
 use std::sync::Arc;
 
 /// Chunks queued per stream: the producer waits when the slowest stream is this far behind.
-const CHUNKS_IN_FLIGHT: usize = 2;
+pub(super) const CHUNKS_IN_FLIGHT: usize = 2;
 
 /// Streams one restore may open for a table at most.
 pub const MAX_SPLIT: u16 = 16;
@@ -88,13 +88,14 @@ pub(super) async fn produce(
         Rows::Folded(head) => head,
     };
     let mut encoder = CopyEncoder::new(columns);
-    let mut buf = Vec::with_capacity(COPY_CHUNK + 4096);
+    let pool = chunk_pool(streams.len());
+    let mut buf = pool.take();
     let mut rows = 0u64;
     let mut next = 0usize;
     let send = |chunk: Vec<u8>, next: &mut usize| {
         let stream = &streams[*next % streams.len()];
         *next += 1;
-        let chunk = Bytes::from(chunk);
+        let chunk = pool.freeze(chunk);
         async move {
             stream
                 .send(chunk)
@@ -115,7 +116,7 @@ pub(super) async fn produce(
             larch_archive::crashpoint::pause_point(larch_archive::crashpoint::RESTORE_ROWS).await;
         }
         if buf.len() >= COPY_CHUNK {
-            send(std::mem::take(&mut buf), &mut next).await?;
+            send(std::mem::replace(&mut buf, pool.take()), &mut next).await?;
         }
     }
     match head.verdict.await {
@@ -185,6 +186,12 @@ pub(super) async fn consume(
     sink.finish()
         .await
         .with_context(|| format!("restore: COPY into {table}"))
+}
+
+/// Buffers for the chunks of `streams` streams: per stream one being filled, one being sent
+/// and the ones queued. A row longer than the slack grows its chunk.
+pub(super) fn chunk_pool(streams: usize) -> ChunkPool {
+    ChunkPool::new(COPY_CHUNK + (64 << 10), streams * (CHUNKS_IN_FLIGHT + 2))
 }
 
 /// A stream's channel.

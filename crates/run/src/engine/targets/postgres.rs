@@ -29,7 +29,7 @@ use futures::SinkExt;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, CopyInSink};
 
-use super::postgres_copy::{CopyColumn, copy_columns, encode_row};
+use super::postgres_copy::{CopyColumn, CopyEncoder, copy_columns};
 pub use super::postgres_sql::{quote_ident, sql_type};
 use super::{Resume, Target, postgres_alter};
 use crate::engine::config::Connection;
@@ -177,6 +177,8 @@ struct Conn {
 struct BaselineCopy {
     staging: TableId,
     columns: Vec<CopyColumn>,
+    /// The columns' encoder, kept for every batch of the baseline.
+    encoder: CopyEncoder,
     sink: BaselineSink,
 }
 
@@ -519,6 +521,7 @@ impl Target for PostgresTarget {
             };
             anyhow::Ok(BaselineCopy {
                 staging: staging.clone(),
+                encoder: CopyEncoder::new(&columns),
                 columns,
                 sink,
             })
@@ -556,7 +559,8 @@ impl Target for PostgresTarget {
             Vec::with_capacity(rows.iter().map(|r| r.as_str().len()).sum::<usize>() + rows.len());
         for row in &rows {
             // The row's position, never its text: the error reaches /status.
-            encode_row(row, &copy.columns, &mut buf)
+            copy.encoder
+                .encode(row.as_str(), &mut buf)
                 .with_context(|| format!("postgres target {}: a baseline row", self.table))?;
         }
         copy.sink

@@ -17,6 +17,11 @@ use serde_json::value::RawValue;
 
 use larch_archive::value::Row;
 
+mod chunk_pool;
+mod compact_row;
+
+pub use chunk_pool::ChunkPool;
+
 /// How a destination column's value is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -100,17 +105,34 @@ impl CopyEncoder {
     /// part of the line.
     pub fn encode(&mut self, row: &str, out: &mut Vec<u8>) -> anyhow::Result<()> {
         self.slots.iter_mut().for_each(|s| *s = None);
-        let mut de = serde_json::Deserializer::from_str(row);
-        serde::de::DeserializeSeed::deserialize(
-            Fields {
-                row,
-                by_name: &self.by_name,
-                slots: &mut self.slots,
-            },
-            &mut de,
-        )
-        .and_then(|()| de.end())
-        .context("a baseline row is not a JSON object")?;
+        let (escapes, control) = compact_row::specials(row.as_bytes());
+        let taken = !control && {
+            let (by_name, slots, mut hint) = (&self.by_name, &mut self.slots, 0usize);
+            compact_row::fields(row, |key, start, end| {
+                match column_of(by_name, &mut hint, key) {
+                    Some(i) => {
+                        slots[i] = Some((start, end));
+                        true
+                    }
+                    None => false,
+                }
+            })
+            .is_some()
+        };
+        if !taken {
+            self.slots.iter_mut().for_each(|s| *s = None);
+            let mut de = serde_json::Deserializer::from_str(row);
+            serde::de::DeserializeSeed::deserialize(
+                Fields {
+                    row,
+                    by_name: &self.by_name,
+                    slots: &mut self.slots,
+                },
+                &mut de,
+            )
+            .and_then(|()| de.end())
+            .context("a baseline row is not a JSON object")?;
+        }
         for (i, c) in self.columns.iter().enumerate() {
             if i > 0 {
                 out.push(b'\t');
@@ -118,13 +140,36 @@ impl CopyEncoder {
             let value = self.slots[i].map(|(start, end)| &row[start..end]);
             match value {
                 None | Some("null") => out.extend_from_slice(b"\\N"),
-                Some(v) => encode_value(v, c.kind, &mut self.bytes, &mut self.text, out)
-                    .with_context(|| format!("column {:?}", c.name))?,
+                Some(v) => encode_value(
+                    v,
+                    c.kind,
+                    Scratch {
+                        bytes: &mut self.bytes,
+                        text: &mut self.text,
+                        escapes,
+                        checked: !taken,
+                    },
+                    out,
+                )
+                .with_context(|| format!("column {:?}", c.name))?,
             }
         }
         out.push(b'\n');
         Ok(())
     }
+}
+
+/// The index of the column named `name`: rows' keys come sorted, so `hint` (the entry after
+/// the last match) is tried first.
+fn column_of(by_name: &[(String, usize)], hint: &mut usize, name: &str) -> Option<usize> {
+    let found = match by_name.get(*hint) {
+        Some((n, _)) if n == name => Some(*hint),
+        _ => by_name.binary_search_by(|(n, _)| n.as_str().cmp(name)).ok(),
+    };
+    found.map(|at| {
+        *hint = at + 1;
+        by_name[at].1
+    })
 }
 
 /// Parses a row's object, noting where each column's value is (the last of a repeated key).
@@ -188,35 +233,53 @@ impl<'de> serde::de::Visitor<'de> for ColumnOf<'_> {
         f.write_str("a field name")
     }
     fn visit_str<E>(self, name: &str) -> Result<Option<usize>, E> {
-        let found = match self.by_name.get(*self.hint) {
-            Some((n, _)) if n == name => Some(*self.hint),
-            _ => self
-                .by_name
-                .binary_search_by(|(n, _)| n.as_str().cmp(name))
-                .ok(),
-        };
-        Ok(found.map(|at| {
-            *self.hint = at + 1;
-            self.by_name[at].1
-        }))
+        Ok(column_of(self.by_name, self.hint, name))
     }
+}
+
+/// What [`encode_value`] reuses and knows of the row.
+struct Scratch<'a> {
+    bytes: &'a mut Vec<u8>,
+    text: &'a mut String,
+    /// Whether the row has a byte COPY may need to escape; without one, values are copied.
+    escapes: bool,
+    /// Whether nested values were parsed (serde_json) rather than only bracket-matched.
+    checked: bool,
 }
 
 /// Appends one non-null value (its JSON text) as the text input of a column of `kind`.
 fn encode_value(
     v: &str,
     kind: Kind,
-    bytes: &mut Vec<u8>,
-    text: &mut String,
+    scratch: Scratch<'_>,
     out: &mut Vec<u8>,
 ) -> anyhow::Result<()> {
+    let Scratch {
+        bytes,
+        text,
+        escapes,
+        checked,
+    } = scratch;
+    let escape = |value: &[u8], out: &mut Vec<u8>| {
+        if escapes {
+            copy_escape(value, out)
+        } else {
+            out.extend_from_slice(value)
+        }
+    };
+    if !checked && matches!(kind, Kind::Scalar | Kind::Bytea) && v.starts_with(['{', '[']) {
+        serde_json::from_str::<serde::de::IgnoredAny>(v).context("not JSON")?;
+    }
     match kind {
-        Kind::Json => copy_escape(v.as_bytes(), out),
-        Kind::Scalar => copy_escape(scalar_text(v)?.as_bytes(), out),
+        // PostgreSQL's json input checks the text.
+        Kind::Json => escape(v.as_bytes(), out),
+        Kind::Scalar => escape(scalar_text(v)?.as_bytes(), out),
         Kind::Bytea => {
             text.clear();
             bytea_hex(&scalar_text(v)?, bytes, text)?;
-            copy_escape(text.as_bytes(), out);
+            // `\x` and hex digits: only the backslash is escaped.
+            out.push(b'\\');
+            out.extend_from_slice(text.as_bytes());
         }
         Kind::Array(element) => {
             text.clear();
@@ -226,7 +289,13 @@ fn encode_value(
                 // A literal already in PostgreSQL's array syntax (laredo's diffs carry strings).
                 text.push_str(&scalar_text(v)?);
             }
-            copy_escape(text.as_bytes(), out);
+            if element == Element::Scalar {
+                // Quoted scalars carry a backslash only where the row has one.
+                escape(text.as_bytes(), out);
+            } else {
+                // Quoted JSON and bytea elements carry backslashes of their own.
+                copy_escape(text.as_bytes(), out);
+            }
         }
     }
     Ok(())
@@ -270,6 +339,29 @@ fn array_literal(
     bytes: &mut Vec<u8>,
     out: &mut String,
 ) -> anyhow::Result<()> {
+    if element == Element::Scalar {
+        let start = out.len();
+        let flat = compact_row::flat_array(v, |item| {
+            out.push(if out.len() == start { '{' } else { ',' });
+            match item {
+                // Neither needs escaping inside the quotes: no `"` or `\` without an escape.
+                compact_row::Item::Text(text) | compact_row::Item::Bare(text) => {
+                    out.push('"');
+                    out.push_str(text);
+                    out.push('"');
+                }
+                compact_row::Item::Null => out.push_str("NULL"),
+            }
+        });
+        if flat.is_some() {
+            if out.len() == start {
+                out.push('{');
+            }
+            out.push('}');
+            return Ok(());
+        }
+        out.truncate(start);
+    }
     let mut de = serde_json::Deserializer::from_str(v);
     let items: Vec<&RawValue> =
         serde::Deserialize::deserialize(&mut de).context("not a JSON array")?;

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{PostgresTarget, qualified, quote_ident};
-use crate::engine::targets::postgres_copy::CopyColumn;
+use crate::engine::targets::postgres_copy::{ChunkPool, CopyColumn};
 use larch_archive::model::TableId;
 
 /// Bytes of encoded rows gathered before they go to the next stream.
@@ -26,6 +26,7 @@ pub(super) struct SplitCopy {
     tasks: Vec<JoinHandle<anyhow::Result<u64>>>,
     next: usize,
     gathered: Vec<u8>,
+    pool: ChunkPool,
 }
 
 impl SplitCopy {
@@ -42,11 +43,14 @@ impl SplitCopy {
             qualified(staging),
             names.join(", ")
         );
+        // Per stream: one chunk being sent and the ones queued; one being gathered.
+        let pool = ChunkPool::new(CHUNK + CHUNK / 4, n * (CHUNKS_IN_FLIGHT + 1) + 1);
         let mut split = SplitCopy {
             streams: Vec::with_capacity(n),
             tasks: Vec::with_capacity(n),
             next: 0,
-            gathered: Vec::with_capacity(CHUNK + CHUNK / 4),
+            gathered: pool.take(),
+            pool,
         };
         for stream in 0..n {
             let client = target.connect().await?;
@@ -87,10 +91,9 @@ impl SplitCopy {
         if self.gathered.is_empty() {
             return Ok(());
         }
-        let chunk = Bytes::from(std::mem::replace(
-            &mut self.gathered,
-            Vec::with_capacity(CHUNK + CHUNK / 4),
-        ));
+        let chunk = self
+            .pool
+            .freeze(std::mem::replace(&mut self.gathered, self.pool.take()));
         let stream = self.next % self.streams.len();
         self.next += 1;
         if self.streams[stream].send(chunk).await.is_err() {
