@@ -426,6 +426,32 @@ fn clear_unfinished_in(dir: &Path) {
 mod tests {
     use super::*;
 
+    /// The file a reader opens holds the object's bytes; an absent key is `None`, a bad key an
+    /// error; a store without files says so.
+    #[tokio::test]
+    async fn objects_open_as_files() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LocalStore::new(tmp.path()).unwrap();
+        store.put("t/a.jsonl", b"{\"id\":1}\n").await.unwrap();
+        let mut text = String::new();
+        let file = store.open_file("t/a.jsonl").unwrap().unwrap().unwrap();
+        std::io::BufReader::new(file)
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "{\"id\":1}\n");
+        assert!(
+            store
+                .open_file("t/absent.jsonl")
+                .unwrap()
+                .unwrap()
+                .is_none()
+        );
+        assert!(store.open_file("../outside").is_err());
+        let memory = crate::store::memory::MemoryStore::new();
+        assert!(memory.open_file("t/a.jsonl").unwrap().is_err());
+    }
+
     #[tokio::test]
     async fn a_store_for_reading_creates_nothing() {
         let tmp = tempfile::tempdir().unwrap();
