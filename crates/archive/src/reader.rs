@@ -130,9 +130,9 @@ impl ArchiveReader {
         let (format, expected) = self.choose_format(artifact)?;
         let key = self.artifact_key(artifact, format);
         let not_found = || ArchiveError::ObjectNotFound { key: key.clone() };
-        let reader = match self.store.open_file(&key)? {
-            Ok(file) => ObjectSource::File(file.ok_or_else(not_found)?),
-            Err(()) => ObjectSource::Async(self.store.open(&key).await?.ok_or_else(not_found)?),
+        let reader = match self.store.open_file(&key) {
+            Some(file) => ObjectSource::File(file?.ok_or_else(not_found)?),
+            None => ObjectSource::Async(self.store.open(&key).await?.ok_or_else(not_found)?),
         };
         Ok(OpenArtifact {
             key,

@@ -95,11 +95,10 @@ pub trait Store: Send + Sync + Debug {
     /// Opens an object for streaming reads. `None` when absent.
     async fn open(&self, key: &str) -> Result<Option<ObjectReader>>;
     /// Opens an object kept as a file, for a reader on a blocking thread (no async reader's
-    /// copies and hand-offs between threads): `Ok(Err(()))` when the store keeps no files
-    /// (use [`Store::open`]), `Ok(Ok(None))` when absent.
-    fn open_file(&self, key: &str) -> Result<std::result::Result<Option<std::fs::File>, ()>> {
-        check_key(key)?;
-        Ok(Err(()))
+    /// copies and hand-offs between threads); `None` when the store keeps no files (use
+    /// [`Store::open`]), `Some(Ok(None))` when the object is absent.
+    fn open_file(&self, _key: &str) -> Option<Result<Option<std::fs::File>>> {
+        None
     }
     /// Starts a streaming upload that replaces `key` when finished.
     async fn create(&self, key: &str) -> Result<Box<dyn ObjectWriter>>;

@@ -15,8 +15,6 @@ use anyhow::{Context, bail};
 use base64::Engine as _;
 use serde_json::value::RawValue;
 
-use larch_archive::value::Row;
-
 mod chunk_pool;
 mod compact_row;
 
@@ -64,15 +62,10 @@ pub struct CopyColumn {
     pub kind: Kind,
 }
 
-/// Appends `row` as one line of COPY text over `columns` (in their order). A loop over many
-/// rows keeps one [`CopyEncoder`] instead (its lookup and buffers are reused).
-pub fn encode_row(row: &Row, columns: &[CopyColumn], out: &mut Vec<u8>) -> anyhow::Result<()> {
-    CopyEncoder::new(columns).encode(row.as_str(), out)
-}
-
 /// Encodes rows (JSON objects as text) into COPY lines in one pass over each row's text: the
-/// fields are matched to their columns as the object is parsed (and so validated), with no
-/// map, no value copied and the scratch buffers reused from row to row.
+/// fields are matched to their columns as the object is scanned (`compact_row`, or
+/// serde_json for a row not in the archives' compact form), with no map, no value copied and
+/// the scratch buffers reused from row to row.
 pub struct CopyEncoder {
     columns: Vec<CopyColumn>,
     /// Column names sorted, with their column's index: rows' keys come sorted, so the next
@@ -472,6 +465,11 @@ pub async fn copy_columns(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use larch_archive::value::Row;
+
+    fn encode_row(row: &Row, columns: &[CopyColumn], out: &mut Vec<u8>) -> anyhow::Result<()> {
+        CopyEncoder::new(columns).encode(row.as_str(), out)
+    }
 
     fn line(row: &str, cols: &[(&str, Kind)]) -> String {
         let cols: Vec<CopyColumn> = cols

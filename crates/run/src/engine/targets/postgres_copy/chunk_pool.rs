@@ -53,7 +53,8 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         let mut buf = std::mem::take(&mut self.buf);
-        if buf.capacity() < self.pool.capacity {
+        // A chunk grown far past the pool's size by a long row gives its memory back.
+        if !(self.pool.capacity..=self.pool.capacity * 4).contains(&buf.capacity()) {
             return;
         }
         buf.clear();
@@ -92,8 +93,10 @@ mod tests {
         let chunks: Vec<Bytes> = (0..3).map(|_| pool.freeze(pool.take())).collect();
         drop(chunks);
         assert_eq!(pool.free.lock().unwrap().len(), 1);
-        // A buffer smaller than the pool's capacity is not kept.
+        // Buffers smaller than the pool's capacity, or far bigger, are not kept.
+        drop(pool.take());
         drop(pool.freeze(Vec::with_capacity(4)));
-        assert_eq!(pool.free.lock().unwrap().len(), 1);
+        drop(pool.freeze(Vec::with_capacity(16 * 5)));
+        assert_eq!(pool.free.lock().unwrap().len(), 0);
     }
 }

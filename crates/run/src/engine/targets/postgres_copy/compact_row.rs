@@ -21,15 +21,8 @@ pub(super) fn specials(row: &[u8]) -> (bool, bool) {
 /// the form this path reads, or not valid where it looked; the caller then parses it fully.
 pub(super) fn fields(row: &str, mut field: impl FnMut(&str, usize, usize) -> bool) -> Option<()> {
     let bytes = row.as_bytes();
-    let mut at = skip_spaces(bytes, 0);
-    if bytes.get(at) != Some(&b'{') {
-        return None;
-    }
-    at = skip_spaces(bytes, at + 1);
-    if bytes.get(at) == Some(&b'}') {
-        return end(bytes, at + 1);
-    }
-    loop {
+    let mut entry = first_entry(bytes, b'{', b'}')?;
+    while let Entry::At(at) = entry {
         if bytes.get(at) != Some(&b'"') {
             return None;
         }
@@ -38,22 +31,48 @@ pub(super) fn fields(row: &str, mut field: impl FnMut(&str, usize, usize) -> boo
             return None; // an escaped key
         }
         let key = row.get(at + 1..key_end)?;
-        at = skip_spaces(bytes, key_end + 1);
-        if bytes.get(at) != Some(&b':') {
+        let colon = skip_spaces(bytes, key_end + 1);
+        if bytes.get(colon) != Some(&b':') {
             return None;
         }
-        let start = skip_spaces(bytes, at + 1);
+        let start = skip_spaces(bytes, colon + 1);
         let stop = value_end(bytes, start)?;
         if !field(key, start, stop) && matches!(bytes[start], b'{' | b'[') {
             // Not a column, so nothing else reads it: checked here.
             serde_json::from_str::<serde::de::IgnoredAny>(&row[start..stop]).ok()?;
         }
-        at = skip_spaces(bytes, stop);
-        match bytes.get(at) {
-            Some(b',') => at = skip_spaces(bytes, at + 1),
-            Some(b'}') => return end(bytes, at + 1),
-            _ => return None,
-        }
+        entry = next_entry(bytes, stop, b'}')?;
+    }
+    Some(())
+}
+
+/// Where a container's walk stands: at the start of an entry, or past its closing bracket
+/// (with nothing but spaces after it).
+enum Entry {
+    At(usize),
+    Closed,
+}
+
+/// The first entry of the container `bytes` holds, opened by `open` and closed by `close`.
+fn first_entry(bytes: &[u8], open: u8, close: u8) -> Option<Entry> {
+    let at = skip_spaces(bytes, 0);
+    if bytes.get(at) != Some(&open) {
+        return None;
+    }
+    let at = skip_spaces(bytes, at + 1);
+    if bytes.get(at) == Some(&close) {
+        return end(bytes, at + 1).map(|()| Entry::Closed);
+    }
+    Some(Entry::At(at))
+}
+
+/// The entry after the value ending at `stop`: past a comma, or the container closed.
+fn next_entry(bytes: &[u8], stop: usize, close: u8) -> Option<Entry> {
+    let at = skip_spaces(bytes, stop);
+    match *bytes.get(at)? {
+        b',' => Some(Entry::At(skip_spaces(bytes, at + 1))),
+        c if c == close => end(bytes, at + 1).map(|()| Entry::Closed),
+        _ => None,
     }
 }
 
@@ -173,15 +192,8 @@ pub(super) enum Item<'a> {
 /// escapes, a number, a boolean or null; `None` (after any number of calls) otherwise.
 pub(super) fn flat_array(v: &str, mut item: impl FnMut(Item<'_>)) -> Option<()> {
     let bytes = v.as_bytes();
-    let mut at = skip_spaces(bytes, 0);
-    if bytes.get(at) != Some(&b'[') {
-        return None;
-    }
-    at = skip_spaces(bytes, at + 1);
-    if bytes.get(at) == Some(&b']') {
-        return end(bytes, at + 1);
-    }
-    loop {
+    let mut entry = first_entry(bytes, b'[', b']')?;
+    while let Entry::At(at) = entry {
         let stop = match *bytes.get(at)? {
             b'"' => {
                 let stop = string_end(bytes, at)?;
@@ -204,13 +216,9 @@ pub(super) fn flat_array(v: &str, mut item: impl FnMut(Item<'_>)) -> Option<()> 
                 stop
             }
         };
-        at = skip_spaces(bytes, stop);
-        match bytes.get(at) {
-            Some(b',') => at = skip_spaces(bytes, at + 1),
-            Some(b']') => return end(bytes, at + 1),
-            _ => return None,
-        }
+        entry = next_entry(bytes, stop, b']')?;
     }
+    Some(())
 }
 
 /// JSON's number: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
