@@ -59,6 +59,13 @@ impl Format {
         }
     }
 
+    /// Whether each chunk of whole encoded records stands alone (no stream state, such as a
+    /// compressed frame, spans chunks): chunks encoded apart may then follow each other in any
+    /// order.
+    pub fn chunks_stand_alone(self) -> bool {
+        !matches!(self, Format::JsonlZstd)
+    }
+
     pub fn extension(self) -> &'static str {
         match self {
             Format::Jsonl => ".jsonl",

@@ -1,16 +1,22 @@
-//! One object written as consecutive parts by concurrent writers (a split export: one part per
-//! range of the table, each encoded by its own worker), joined in part order when the upload
-//! finishes. Nothing is visible under the key before [`PartedUpload::finish`]; an abort (or a
-//! drop) leaves nothing behind.
+//! One object written as parts by concurrent writers (a split export: one part per range of
+//! the table, each encoded by its own worker), joined when the upload finishes. Nothing is
+//! visible under the key before [`PartedUpload::finish`]; an abort (or a drop) leaves nothing
+//! behind.
 //!
 //! A store joins parts natively when it can ([`Store::create_parted_native`]: S3's multipart
-//! upload, each part writer its own range of part numbers); otherwise each part is spilled to
-//! a file in [`Store::part_dir`] and the files are streamed in order into one `create` when
-//! the upload finishes. The local store adopts the first part file as the object
-//! ([`Store::adopt_part_file`]: part files sit next to the object) and appends the others to it,
-//! so the first part is neither copied nor read again. Either way the SHA-256 of the whole
-//! object is computed in one streaming pass over its bytes in order (the first spilled part's
-//! as it is written): a digest cannot be combined from the parts' digests.
+//! upload, each part writer its own range of part numbers, parts in order). Otherwise the parts
+//! are spilled to files in [`Store::part_dir`], in one of two [`Layout`]s:
+//! - [`Layout::AsWritten`] (chunks of records that stand alone): every part writes straight into
+//!   ONE spill file, each chunk where the file ends, hashed as it lands. The local store adopts
+//!   that file as the object ([`Store::adopt_part_file`]): no byte is copied or read again.
+//!   A part written again drops its first attempt's chunks, and only then are the kept bytes
+//!   copied into a `create`.
+//! - [`Layout::PartsInOrder`] (a compressed stream, whose chunks stand alone only as a whole
+//!   part): each part has a file of its own; the first is adopted (hashed as it is written) and
+//!   the others are appended to it in order.
+//!
+//! Either way the SHA-256 of the whole object is taken in one pass over its bytes in order: a
+//! digest cannot be combined from the parts' digests.
 
 use std::any::Any;
 use std::fs::{File, OpenOptions};
@@ -23,6 +29,18 @@ use sha2::{Digest, Sha256};
 
 use super::{ObjectWriter, PutResult, Store};
 use crate::error::{ArchiveError, Result};
+
+mod shared_spill;
+
+/// How the spilled parts of an upload make up its object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Each part whole, the parts in order.
+    PartsInOrder,
+    /// The parts' writes in the order they came: every write is whole records that stand alone
+    /// (see [`crate::format::Format::chunks_stand_alone`]).
+    AsWritten,
+}
 
 /// Writes one part of a [`PartedUpload`].
 #[async_trait]
@@ -59,6 +77,7 @@ pub async fn create(
     store: Arc<dyn Store>,
     key: &str,
     parts: usize,
+    layout: Layout,
 ) -> Result<Box<dyn PartedUpload>> {
     if parts == 0 {
         return Err(ArchiveError::Invalid(
@@ -72,6 +91,9 @@ pub async fn create(
     std::fs::create_dir_all(&dir)
         .map_err(|e| ArchiveError::io(format!("creating {}", dir.display()), e))?;
     let name = key.rsplit('/').next().unwrap_or(key).to_string();
+    if layout == Layout::AsWritten {
+        return shared_spill::create(store, key, &dir, &name, parts);
+    }
     let mut writers: Vec<Box<dyn PartWriter>> = Vec::with_capacity(parts);
     for index in 0..parts {
         writers.push(Box::new(SpilledPart::create(&dir, &name, index)?));
@@ -88,6 +110,23 @@ pub async fn create(
 struct PartFile(PathBuf);
 
 impl PartFile {
+    /// A new file named after `label` in `dir`, open for writing.
+    fn create(dir: &Path, label: &str) -> Result<(File, PartFile)> {
+        let suffix: u64 = rand::random();
+        // The temp prefix: the local store's listing skips it, like any write in flight.
+        let path = dir.join(format!(
+            "{}{label}-{suffix:016x}",
+            super::atomic_file::TEMP_PREFIX
+        ));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| ArchiveError::io(format!("creating part file {}", path.display()), e))?;
+        Ok((file, PartFile(path)))
+    }
+
     /// Leaves the file to its new owner: no longer removed on drop.
     fn hand_over(mut self) {
         self.0 = PathBuf::new();
@@ -118,20 +157,10 @@ struct SpilledFile {
 
 impl SpilledPart {
     fn create(dir: &Path, name: &str, index: usize) -> Result<SpilledPart> {
-        let suffix: u64 = rand::random();
-        // The temp prefix: the local store's listing skips it, like any write in flight.
-        let path = dir.join(format!(
-            "{}{name}-part{index}-{suffix:016x}",
-            super::atomic_file::TEMP_PREFIX
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| ArchiveError::io(format!("creating part file {}", path.display()), e))?;
+        let (file, path) = PartFile::create(dir, &format!("{name}-part{index}"))?;
         Ok(SpilledPart {
             file: BufWriter::with_capacity(1 << 20, file),
-            path: PartFile(path),
+            path,
             size: 0,
             hasher: (index == 0).then(Sha256::new),
         })
@@ -317,7 +346,9 @@ mod tests {
     /// Writes `parts` through an upload of `key` (part 0 written, emptied and written again:
     /// a range copied again), returns what the store reports.
     async fn upload(store: Arc<dyn Store>, key: &str, parts: &[&[u8]]) -> PutResult {
-        let mut up = create(store, key, parts.len()).await.unwrap();
+        let mut up = create(store, key, parts.len(), Layout::PartsInOrder)
+            .await
+            .unwrap();
         let writers = up.take_writers();
         let mut finished = Vec::new();
         for (i, (mut w, bytes)) in writers.into_iter().zip(parts).enumerate() {
@@ -376,9 +407,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_aborted_upload_leaves_no_file() {
+        for layout in [Layout::PartsInOrder, Layout::AsWritten] {
+            an_aborted_upload_leaves_no_file_in(layout).await;
+        }
+    }
+
+    async fn an_aborted_upload_leaves_no_file_in(layout: Layout) {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
-        let mut up = create(store.clone(), "public.t/snapshot.jsonl", 2)
+        let mut up = create(store.clone(), "public.t/snapshot.jsonl", 2, layout)
             .await
             .unwrap();
         let mut writers = up.take_writers();
@@ -390,7 +427,116 @@ mod tests {
         let left: Vec<_> = std::fs::read_dir(dir.path().join("public.t"))
             .unwrap()
             .collect();
-        assert!(left.is_empty(), "{left:?}");
+        assert!(left.is_empty(), "{layout:?}: {left:?}");
+        assert!(
+            store
+                .open("public.t/snapshot.jsonl")
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn written_as_they_come_the_chunks_land_in_one_file_that_becomes_the_object() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
+        let key = "public.t/snapshot.jsonl";
+        let mut up = create(store.clone(), key, 2, Layout::AsWritten)
+            .await
+            .unwrap();
+        let mut w = up.take_writers();
+        // The later part writes first: the object is the chunks in the order they came.
+        w[1].write(b"{\"a\":3}\n").await.unwrap();
+        w[0].write(b"{\"a\":1}\n").await.unwrap();
+        w[1].write(b"{\"a\":4}\n").await.unwrap();
+        let folder = dir.path().join("public.t");
+        let spilled = names_in(&folder);
+        assert_eq!(
+            spilled.len(),
+            1,
+            "one spill file for every part: {spilled:?}"
+        );
+        let spill_inode = std::fs::metadata(folder.join(&spilled[0])).unwrap().ino();
+        let second = w.pop().unwrap().finish().await.unwrap();
+        let first = w.pop().unwrap().finish().await.unwrap();
+        assert_eq!((first.size, second.size), (8, 16));
+        let put = up.finish(vec![first, second]).await.unwrap();
+        let whole = b"{\"a\":3}\n{\"a\":1}\n{\"a\":4}\n";
+        assert_eq!(read(store.as_ref(), key).await, whole);
+        assert_eq!(put.size, whole.len() as u64);
+        assert_eq!(put.sha256, hex::encode(Sha256::digest(whole)));
+        assert_eq!(names_in(&folder), ["snapshot.jsonl"]);
+        let object_inode = std::fs::metadata(folder.join("snapshot.jsonl"))
+            .unwrap()
+            .ino();
+        assert_eq!(
+            object_inode, spill_inode,
+            "the spill file itself became the object"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_part_written_again_leaves_none_of_its_first_attempt() {
+        for local in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let store: Arc<dyn Store> = if local {
+                Arc::new(LocalStore::new(dir.path()).unwrap())
+            } else {
+                Arc::new(MemoryStore::new())
+            };
+            let key = "public.t/snapshot.jsonl";
+            let mut up = create(store.clone(), key, 2, Layout::AsWritten)
+                .await
+                .unwrap();
+            let mut w = up.take_writers();
+            w[0].write(b"{\"a\":1}\n").await.unwrap();
+            w[1].write(b"{\"a\":3}\n").await.unwrap();
+            w[0].write(b"{\"a\":2}\n").await.unwrap();
+            w[1].write(b"{\"a\":4}\n").await.unwrap();
+            // Part 1's connection was lost: its range is copied again from its start.
+            w[1].restart().await.unwrap();
+            w[1].write(b"{\"a\":3}\n{\"a\":4}\n").await.unwrap();
+            w[0].write(b"{\"a\":5}\n").await.unwrap();
+            let second = w.pop().unwrap().finish().await.unwrap();
+            let first = w.pop().unwrap().finish().await.unwrap();
+            assert_eq!((first.size, second.size), (24, 16));
+            let put = up.finish(vec![first, second]).await.unwrap();
+            let whole = b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n{\"a\":4}\n{\"a\":5}\n";
+            assert_eq!(read(store.as_ref(), key).await, whole, "local: {local}");
+            assert_eq!(put.sha256, hex::encode(Sha256::digest(whole)));
+            if local {
+                assert_eq!(names_in(&dir.path().join("public.t")), ["snapshot.jsonl"]);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn parts_handed_back_out_of_order_are_refused() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut up = create(
+            store.clone(),
+            "public.t/snapshot.jsonl",
+            2,
+            Layout::AsWritten,
+        )
+        .await
+        .unwrap();
+        let mut w = up.take_writers();
+        let second = w.pop().unwrap().finish().await.unwrap();
+        let first = w.pop().unwrap().finish().await.unwrap();
+        let e = up.finish(vec![second, first]).await.unwrap_err();
+        assert!(e.to_string().contains("out of order"), "{e}");
         assert!(
             store
                 .open("public.t/snapshot.jsonl")

@@ -1,6 +1,7 @@
 //! A base snapshot written from several row streams at once (a split export's ranges, in
 //! order): each stream is encoded by a task of its own into its own part of ONE object per
-//! format and store ([`crate::store::parted`]), and the parts are joined in stream order. The
+//! format and store ([`crate::store::parted`]): in stream order, or (an uncompressed format
+//! spilled to files) chunk by chunk as they are written. The
 //! epoch still has one snapshot artifact; the manifest commit stays the single commit point,
 //! and a failure anywhere aborts every part (nothing is left under the artifact's keys).
 
@@ -125,7 +126,12 @@ impl ArchiveWriter {
         for format in &self.config.snapshot_formats {
             let key = artifact_key(&self.config.key_prefix, artifact, format.extension());
             for store in &self.stores {
-                match parted::create(store.clone(), &key, parts).await {
+                let layout = if format.chunks_stand_alone() {
+                    parted::Layout::AsWritten
+                } else {
+                    parted::Layout::PartsInOrder
+                };
+                match parted::create(store.clone(), &key, parts, layout).await {
                     Ok(upload) => joined.push(Joined {
                         format: *format,
                         store: store.clone(),
