@@ -1,12 +1,13 @@
 //! A table whose archive is a JSONL snapshot, its diffs' net effect (the overlay) held in
 //! memory, loads without rows in between: one thread reads the snapshot and cuts it into
-//! blocks of whole lines, and each COPY stream's own thread parses its blocks' lines straight
-//! into COPY text ([`CopyEncoder`]), skipping a row the overlay replaces or deletes; the
+//! blocks of whole lines into one queue, and each COPY stream's own thread takes the next block
+//! whenever its stream has room (a stream whose backend is slower takes fewer) and parses its
+//! lines straight into COPY text ([`CopyEncoder`]), skipping a row the overlay replaces or deletes; the
 //! overlay's rows follow. Parsing runs on as many threads as there are streams; memory stays
 //! bounded (the overlay's budget, a few blocks and chunks per stream).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -23,11 +24,14 @@ use larch_archive::manifest::Artifact;
 use larch_archive::spill::ChangeBuffer;
 use larch_core::progress::Progress;
 
-/// Bytes of archive text per block dealt to a stream's thread.
+/// Bytes of archive text per block taken by a stream's thread.
 const BLOCK: usize = 128 << 10;
 
-/// Blocks queued per stream's thread.
+/// Blocks queued per stream.
 const BLOCKS_IN_FLIGHT: usize = 2;
+
+/// The queue of blocks every stream's thread takes from.
+type BlockQueue = Arc<Mutex<std::sync::mpsc::Receiver<LineBlock>>>;
 
 /// The snapshot `planned` loads from, when it is JSONL (the format read as blocks).
 pub(super) fn jsonl_snapshot(planned: &Planned) -> Option<&Artifact> {
@@ -45,6 +49,9 @@ struct Shared {
     rows: AtomicU64,
     overlay: ChangeBuffer,
     key_fields: Vec<String>,
+    /// A stream's thread failed: the others stop taking blocks, so the reader sees the queue
+    /// close.
+    failed: AtomicBool,
 }
 
 /// Loads `snapshot` past `overlay` (held in memory) into `streams`, then the overlay's rows;
@@ -66,6 +73,7 @@ pub(super) async fn produce(
         rows: AtomicU64::new(0),
         overlay,
         key_fields: planned.key_fields.clone(),
+        failed: AtomicBool::new(false),
     });
     let mut rows = 0u64;
     if !shared.overlay.truncated() {
@@ -85,24 +93,28 @@ async fn read_snapshot(
 ) -> anyhow::Result<u64> {
     let runtime = tokio::runtime::Handle::current();
     let pool = super::streams::chunk_pool(streams.len());
-    let mut blocks = Vec::with_capacity(streams.len());
+    let (blocks, queue) =
+        std::sync::mpsc::sync_channel::<LineBlock>(BLOCKS_IN_FLIGHT * streams.len());
+    let queue: BlockQueue = Arc::new(Mutex::new(queue));
     let mut threads = Vec::with_capacity(streams.len());
     for stream in streams {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<LineBlock>(BLOCKS_IN_FLIGHT);
-        blocks.push(tx);
         let encoder = CopyEncoder::new(columns);
         let (shared, runtime, stream) = (shared.clone(), runtime.clone(), stream.clone());
-        let pool = pool.clone();
+        let (pool, queue) = (pool.clone(), queue.clone());
         threads.push(tokio::task::spawn_blocking(move || {
-            encode_blocks(rx, (&stream, &pool), encoder, &shared, &runtime)
+            let encoded = encode_blocks(&queue, (&stream, &pool), encoder, &shared, &runtime);
+            if encoded.is_err() {
+                shared.failed.store(true, Ordering::Relaxed);
+            }
+            encoded
         }));
     }
+    drop(queue);
     let read = planned
         .reader
-        .fold_line_blocks(snapshot, BLOCK, 0usize, move |next, block| {
-            let to = &blocks[*next % blocks.len()];
-            *next += 1;
-            to.send(block)
+        .fold_line_blocks(snapshot, BLOCK, (), move |(), block| {
+            blocks
+                .send(block)
                 .map_err(|_| ArchiveError::Invalid("a COPY stream's encoder stopped".into()))
         })
         .await;
@@ -176,7 +188,7 @@ fn shadowed(shared: &Shared, text: &str) -> anyhow::Result<bool> {
 /// One stream's thread: encodes the lines of the blocks it receives into COPY chunks (buffers
 /// from `pool`) sent to `stream`; returns the rows sent.
 fn encode_blocks(
-    blocks: std::sync::mpsc::Receiver<LineBlock>,
+    queue: &BlockQueue,
     (stream, pool): (&mpsc::Sender<Bytes>, &ChunkPool),
     mut encoder: CopyEncoder,
     shared: &Shared,
@@ -190,7 +202,16 @@ fn encode_blocks(
             .blocking_send(pool.freeze(chunk))
             .map_err(|_| anyhow::anyhow!("restore: a COPY stream into {table} stopped"))
     };
-    for block in blocks {
+    loop {
+        if shared.failed.load(Ordering::Relaxed) {
+            break;
+        }
+        // The lock is held only while waiting for the next block.
+        let next = queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .recv();
+        let Ok(block) = next else { break };
         let (mut block_rows, mut bytes) = (0u64, 0usize);
         // Progress is counted per block; the pause point (tests) still comes at its exact row.
         let base = shared.rows.load(Ordering::Relaxed);
