@@ -170,9 +170,10 @@ pub struct ExportArgs {
     /// no wait.
     #[arg(long, value_parser = duration_text)]
     pub slot_loss_report_wait: Option<String>,
-    /// Hold this coordination.k8s.io Lease while writing (--follow on Kubernetes): wait for it
-    /// before opening the archive, renew it, and exit with status 3 as soon as it cannot be
-    /// renewed. Without it the manifest compare-and-swap alone decides who writes.
+    /// Hold this coordination.k8s.io Lease while writing (--follow, or a split run's
+    /// coordinator, on Kubernetes): wait for it before writing, renew it, and exit with status
+    /// 3 as soon as it cannot be renewed. Without it the manifest compare-and-swap alone decides
+    /// who writes.
     #[arg(long, env = "LARCH_EXPORT_LEASE")]
     pub lease: Option<String>,
     /// Namespace of the Lease.

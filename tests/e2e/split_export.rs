@@ -170,6 +170,53 @@ fn s37_a_split_export_copies_its_ranges_in_an_indexed_job_of_workers() {
         .filter(|k| k.contains("/snapshot-"))
         .collect();
     assert_eq!(snapshots.len(), 1, "one snapshot object: {snapshots:?}");
+    // One coordinator wrote: it took the export's Lease (the operator made it, and the rights
+    // on it), and released it once committed.
+    let lease = e
+        .get(&["lease", "big", "-n", NS])
+        .expect("the export's Lease");
+    assert!(
+        lease["spec"]["acquireTime"].is_string() && lease["spec"]["holderIdentity"].is_null(),
+        "{lease}"
+    );
+    // Someone else holds the Lease: the next run's coordinator waits for it to expire (20 s
+    // without renewal) before it exports and commits.
+    let taken = chrono::Utc::now();
+    e.kubectl(&[
+        "patch",
+        "lease",
+        "big",
+        "-n",
+        NS,
+        "--type",
+        "merge",
+        "-p",
+        &format!(
+            r#"{{"spec":{{"holderIdentity":"e2e-other","leaseDurationSeconds":20,"renewTime":"{}"}}}}"#,
+            taken.format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        ),
+    ]);
+    e.kubectl(&[
+        "annotate",
+        "archiveexport",
+        "big",
+        "-n",
+        NS,
+        "--overwrite",
+        "larch.dev/run-requested=second",
+    ]);
+    wait_export_succeeded(e, NS, "big", Some(&run));
+    let lease = e
+        .get(&["lease", "big", "-n", NS])
+        .expect("the export's Lease");
+    let acquired = lease["spec"]["acquireTime"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .expect("acquireTime");
+    assert!(
+        acquired.timestamp() >= taken.timestamp() + 19,
+        "the coordinator took the Lease only once the other holder's expired: {lease}"
+    );
 
     // A coordinator that fails (its table is gone) fails the run, and the operator stops the
     // workers still waiting for its plan: their Job ends past its deadline.

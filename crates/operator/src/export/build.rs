@@ -107,7 +107,8 @@ pub fn lease_name(export: &ArchiveExport, table: &TableRef) -> String {
     child_base_name(export, table)
 }
 
-/// The service account of continuous export pods: the spec's, else `<name>-exporter`.
+/// The service account of the pods that hold a Lease ([`holds_lease`]): the spec's, else
+/// `<name>-exporter`.
 pub fn exporter_service_account(export: &ArchiveExport) -> String {
     export
         .spec
@@ -217,9 +218,22 @@ fn request_for(export: &ArchiveExport, table: Option<&TableRef>) -> ExportReques
     if spec.mode == ExportMode::Continuous {
         let table = table.expect("a continuous export is one table per process");
         continuous_request(export, table, request)
+    } else if let (Some(table), Some(_)) = (table, crate::export::split::split_workers(export)) {
+        // A split run's coordinator: one at a time commits (its workers hold no Lease).
+        ExportRequest {
+            lease: Some(lease_name(export, table)),
+            ..request
+        }
     } else {
         request
     }
+}
+
+/// Whether the export's pods hold a Lease while writing: a Continuous export's writers, and
+/// the coordinator of a split run across pods.
+pub fn holds_lease(export: &ArchiveExport) -> bool {
+    export.spec.mode == ExportMode::Continuous
+        || crate::export::split::split_workers(export).is_some()
 }
 
 /// Retention in every mode; continuous.keepEpochs is the deprecated spelling.
@@ -402,7 +416,7 @@ fn template_for(
     // POD_IP first: the request's `listen: $(POD_IP):8080` refers to it. POD_NAME and
     // POD_NAMESPACE: the Lease's holder identity and namespace.
     let mut env = vec![pod::pod_ip_env()];
-    if continuous {
+    if holds_lease(export) {
         env.push(pod::field_env("POD_NAME", "metadata.name"));
         env.push(pod::field_env("POD_NAMESPACE", "metadata.namespace"));
     }
@@ -444,7 +458,8 @@ fn template_for(
 }
 
 /// The exporter's pod around its container: a Deployment's serves HTTP with probes and renews
-/// its Lease through the API; a Job's serves `/status` and never restarts.
+/// its Lease through the API; a Job's serves `/status` and never restarts (a split run's
+/// coordinator renews its Lease too).
 fn exporter_pod_spec(
     export: &ArchiveExport,
     container: Container,
@@ -468,12 +483,16 @@ fn exporter_pod_spec(
         ports: Some(vec![pod::http_port()]),
         ..container
     };
+    let leased = holds_lease(export).then(|| exporter_service_account(export));
     let mut p = pod::base_pod_spec(
         container,
         volumes,
-        spec.service_account_name.as_ref(),
+        leased.as_ref().or(spec.service_account_name.as_ref()),
         ctx.pod_user,
     );
+    if leased.is_some() {
+        p.automount_service_account_token = Some(true);
+    }
     p.restart_policy = Some("Never".into());
     p
 }
@@ -613,7 +632,8 @@ pub fn deployment(export: &ArchiveExport, table: &TableRef, ctx: &BuildContext) 
     }
 }
 
-/// The Leases, service account and Role of a continuous export (see [`LeaseAccess`]).
+/// The Leases, service account and Role of an export whose pods hold a Lease (see
+/// [`LeaseAccess`]).
 pub fn lease_access(export: &ArchiveExport) -> LeaseAccess {
     let l = selector_labels(export, None);
     let names: Vec<String> = export

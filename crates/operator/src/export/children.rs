@@ -27,8 +27,8 @@ pub struct ExportChildren {
     pub deployments: Vec<Deployment>,
     /// A suspended Continuous export: the monitor reporting its kept slots' WAL.
     pub slot_monitor: Option<Deployment>,
-    /// Continuous only: the single-writer Leases (one per table, W9) and the rights of the
-    /// exporter's service account on exactly those Leases.
+    /// Continuous, or a split run across pods: the single-writer Leases (one per table, W9) and
+    /// the rights of the exporter's service account on exactly those Leases.
     pub lease_access: Option<LeaseAccess>,
 }
 
@@ -59,6 +59,9 @@ pub fn children(export: &ArchiveExport, run: Option<&str>, ctx: &BuildContext) -
                     .iter()
                     .filter_map(|t| cron_job(export, Some(t), ctx))
                     .collect();
+            }
+            if crate::export::split::split_workers(export).is_some() {
+                out.lease_access = Some(lease_access(export));
             }
             if let Some(run) = run {
                 out.jobs = tables.iter().map(|t| job(export, t, run, ctx)).collect();
@@ -117,8 +120,10 @@ pub async fn prune_children(
     set.prune::<CronJob>(ns).await?;
     let deployments_pruned = set.prune::<Deployment>(ns).await?;
     // After the Deployments, so no exporter outlives its Lease rights. Only where some can be
-    // stale: a continuous export (its tables changed) or one that just left that mode.
-    if children.lease_access.is_some() || deployments_pruned > 0 {
+    // stale: an export holding Leases (its tables changed), one that just left Continuous
+    // mode, or one whose runs were split across pods.
+    let was_split = export.status.as_ref().is_some_and(|s| s.split.is_some());
+    if children.lease_access.is_some() || deployments_pruned > 0 || was_split {
         if children.lease_access.is_none() {
             lease_rights::ensure(ctx, ns, export).await?;
         }

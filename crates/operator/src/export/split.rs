@@ -1,8 +1,10 @@
 //! A split export across pods (`spec.split.workers`): the run's export Job is the coordinator
 //! (it holds the exported snapshot, writes the plan into the archive's store and commits), and
 //! an Indexed Job `<name>-<run>-workers` of `workers` pods copies the ranges: worker `i`
-//! (`JOB_COMPLETION_INDEX`) those `r` with `r % workers == i`, from the plan. Workers hold no
-//! Lease; they need what the export pod needs (the DSN, the store, the masking key).
+//! (`JOB_COMPLETION_INDEX`) those `r` with `r % workers == i`, from the plan. The coordinator
+//! holds the export's Lease from before it exports the snapshot until it commits; workers hold
+//! none and mount no token; they need what the export pod needs (the DSN, the store, the
+//! masking key).
 //!
 //! The run's outcome is the coordinator's, except that a workers Job that fails (an index's
 //! retries exhausted, or a must-act exit) fails the run at once and stops the coordinator.
@@ -72,6 +74,9 @@ pub fn workers_job(export: &ArchiveExport, run: &str, ctx: &BuildContext) -> Opt
     let table = export.spec.source.table.as_ref()?;
     let mut template = build::pod_template(export, table, ctx, Some(run));
     let spec = template.spec.as_mut()?;
+    // Only the coordinator talks to the API (its Lease): a worker mounts no token.
+    spec.service_account_name = export.spec.service_account_name.clone();
+    spec.automount_service_account_token = Some(false);
     let container = spec.containers.first_mut()?;
     container.name = WORKER_CONTAINER.into();
     container.args = Some(worker_args(export, table));

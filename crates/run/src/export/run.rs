@@ -207,9 +207,21 @@ async fn one_shot(
         eprintln!("larch export: exporting {table} (status on http://{addr})");
         shared.ready.send_replace(true);
     }
+    // A split run's coordinator on Kubernetes holds its Lease from before it exports the
+    // snapshot until it has committed (or given up): one coordinator writes.
+    let lease = match &request.lease {
+        Some(name) => Some(lease_elector(request, name).await?),
+        None => None,
+    };
+    if let Some(e) = &lease {
+        shared.status.locked().state = "WAITING_FOR_LEASE".into();
+        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
+        follow::acquire_logging_holder(e).await;
+        tracing::info!(lease = %e.name, identity = %e.identity, "holding the export lease");
+    }
     shared.status.locked().state = "BASELINE".into();
     let progress = shared.start_progress(BASELINE, &table);
-    let result = export(
+    let exporting = export(
         source.clone(),
         &table,
         store,
@@ -224,8 +236,19 @@ async fn one_shot(
             formats: formats(request),
             key_fields: request.key_fields.clone(),
         },
-    )
-    .await;
+    );
+    let result = match &lease {
+        Some(e) => tokio::select! {
+            r = exporting => r,
+            () = e.keep() => lease_lost(request.summary_file.as_deref()),
+        },
+        None => exporting.await,
+    };
+    if let Some(e) = &lease
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!(lease = %e.name, error = %err, "releasing the export lease");
+    }
     stop_tx.send_replace(true);
     source.close().await;
     // Nothing of ours may stay: a publication an earlier, killed export made for this slot.

@@ -555,11 +555,11 @@ fn a_slot_recorded_in_status_under_the_old_name_is_kept() {
     assert_eq!(slot_and_publication(&e, &table).0, new);
 }
 
-/// `split.workers`: the run's export Job is the coordinator (its request with `split` and
-/// `splitWorkers`), and an Indexed Job of that many workers runs `larch export split-worker`
-/// with the same request, in the same pod as the export's (account, Secrets, resources), with
-/// no Lease; a killed worker is retried per index, a must-act exit fails its index (and the
-/// Job) at once.
+/// `split.workers`: the run's export Job is the coordinator (its request with `split`,
+/// `splitWorkers` and the export's Lease), and an Indexed Job of that many workers runs `larch
+/// export split-worker` with the same request, in the same pod as the export's (Secrets,
+/// resources) but with no API token; a killed worker is retried per index, a must-act exit
+/// fails its index (and the Job) at once.
 #[test]
 fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
     use crate::export::split::{WORKER_CONTAINER, workers_job_name};
@@ -583,8 +583,27 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
     let (cp, wp) = (pod_of(coordinator), pod_of(workers));
     let request = request_of(cp.containers[0].args.as_ref().unwrap());
     assert_eq!((request.split, request.split_workers), (Some(4), Some(2)));
-    assert_eq!(request.lease, None, "a OneShot export holds no Lease");
-    // Its one-writer guard instead: the Job starts no second coordinator while one runs.
+    // One coordinator writes: it holds the export's Lease (the operator makes it, and a Role on
+    // it for the exporter's account), and the Job starts no second one while one runs.
+    assert_eq!(request.lease.as_deref(), Some("events"));
+    let access = c
+        .lease_access
+        .as_ref()
+        .expect("the Lease and the rights on it");
+    let leases: Vec<_> = access
+        .leases
+        .iter()
+        .map(|l| l.metadata.name.clone())
+        .collect();
+    assert_eq!(leases, [Some("events".to_string())]);
+    let rule = &access.role.rules.as_ref().unwrap()[0];
+    assert_eq!(
+        rule.resource_names.as_deref(),
+        Some(&["events".to_string()][..])
+    );
+    assert_eq!(rule.verbs, ["get", "update"]);
+    assert_eq!(cp.service_account_name.as_deref(), Some("events-exporter"));
+    assert_eq!(cp.automount_service_account_token, Some(true));
     let coordinator_spec = coordinator.spec.as_ref().unwrap();
     assert_eq!(coordinator_spec.parallelism, None, "one pod (the default)");
     assert_eq!(
@@ -616,8 +635,10 @@ fn a_split_across_pods_runs_a_coordinator_and_an_indexed_job_of_workers() {
         field.map(|f| f.field_path.as_str()),
         Some("metadata.annotations['batch.kubernetes.io/job-completion-index']")
     );
-    // The same pod as the export's: account, volumes, mounts, resources, security.
-    assert_eq!(wp.service_account_name, cp.service_account_name);
+    // The same pod as the export's (volumes, mounts, resources, security), but no API access:
+    // the spec's account, no token.
+    assert_eq!(wp.service_account_name, e.spec.service_account_name);
+    assert_eq!(wp.automount_service_account_token, Some(false));
     assert_eq!(wp.volumes, cp.volumes);
     assert_eq!(worker.volume_mounts, cp.containers[0].volume_mounts);
     assert_eq!(worker.resources, cp.containers[0].resources);

@@ -826,7 +826,20 @@ async fn a_failed_split_worker_fails_the_run_and_stops_the_coordinator() {
             "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
         "status": {"containerStatuses": [{"name": "worker", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"terminated": {"exitCode": 1, "message": failure, "finishedAt": "2027-01-15T08:04:00Z"}}}]}});
-    let script = with_users_references(vec![
+    // The coordinator's Lease access first (its account, Role, RoleBinding, Lease), each read
+    // then applied; the prune lists then keep them.
+    let mut script = Vec::new();
+    for path in [
+        "/api/v1/namespaces/data/serviceaccounts/users-exporter",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles/users-export-lease",
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings/users-export-lease",
+        "/apis/coordination.k8s.io/v1/namespaces/data/leases/users",
+    ] {
+        let path = format!("{path}?{MANAGER_EXPORT_Q}");
+        script.push(expect_read(&path, None));
+        script.push(expect(Method::PATCH, &path, None));
+    }
+    script.extend([
         expect(
             Method::GET,
             &format!("/apis/batch/v1/namespaces/data/cronjobs?&{EXPORT_SEL}"),
@@ -836,6 +849,30 @@ async fn a_failed_split_worker_fails_the_run_and_stops_the_coordinator() {
             Method::GET,
             &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
             list("DeploymentList", "apps/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{EXPORT_SEL}"),
+            list(
+                "LeaseList",
+                "coordination.k8s.io/v1",
+                vec![json!({"metadata": {"name": "users", "namespace": "data"}})],
+            ),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{EXPORT_SEL}"),
+            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{EXPORT_SEL}"),
+            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/serviceaccounts?&{EXPORT_SEL}"),
+            list("ServiceAccountList", "v1", vec![]),
         ),
         expect(
             Method::GET,
@@ -866,9 +903,15 @@ async fn a_failed_split_worker_fails_the_run_and_stops_the_coordinator() {
             None,
         ),
     ]);
+    let script = with_users_references(script);
     let server = tokio::spawn(serve(handle, script));
     export::reconcile(Arc::new(e), ctx).await.unwrap();
     let bodies = server.await.unwrap();
+    let role = &bodies[3];
+    assert_eq!(role["rules"][0]["resourceNames"], json!(["users"]));
+    assert_eq!(bodies[5]["subjects"][0]["name"], "users-exporter");
+    // Past the Lease access and its prune lists.
+    let bodies = &bodies[12..];
     assert_eq!(bodies[3], json!({"spec": {"activeDeadlineSeconds": 1}}));
     let st = &bodies[5]["status"];
     assert_eq!(st["run"]["succeeded"], false, "{st}");

@@ -255,7 +255,8 @@ async fn foreign_publication(source: &PostgresSource) -> Option<String> {
     .err()
 }
 
-async fn acquire_logging_holder(e: &LeaderElector) {
+/// Waits until `e` is held, logging each holder met on the way.
+pub(super) async fn acquire_logging_holder(e: &LeaderElector) {
     let mut logged: Option<String> = None;
     loop {
         match e.try_acquire_or_renew().await {
