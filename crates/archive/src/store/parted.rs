@@ -446,16 +446,37 @@ mod tests {
         names
     }
 
+    /// An upload of `key` in two parts laid out as written, and its part writers.
+    async fn as_written(
+        store: &Arc<dyn Store>,
+        key: &str,
+    ) -> (Box<dyn PartedUpload>, Vec<Box<dyn PartWriter>>) {
+        let mut up = create(store.clone(), key, 2, Layout::AsWritten)
+            .await
+            .unwrap();
+        let writers = up.take_writers();
+        (up, writers)
+    }
+
+    /// Finishes both parts (the second first), then the upload: the parts' sizes and what
+    /// the store reports.
+    async fn finish_both(
+        up: Box<dyn PartedUpload>,
+        mut w: Vec<Box<dyn PartWriter>>,
+    ) -> ((u64, u64), PutResult) {
+        let second = w.pop().unwrap().finish().await.unwrap();
+        let first = w.pop().unwrap().finish().await.unwrap();
+        let sizes = (first.size, second.size);
+        (sizes, up.finish(vec![first, second]).await.unwrap())
+    }
+
     #[tokio::test]
     async fn written_as_they_come_the_chunks_land_in_one_file_that_becomes_the_object() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(LocalStore::new(dir.path()).unwrap());
         let key = "public.t/snapshot.jsonl";
-        let mut up = create(store.clone(), key, 2, Layout::AsWritten)
-            .await
-            .unwrap();
-        let mut w = up.take_writers();
+        let (up, mut w) = as_written(&store, key).await;
         // The later part writes first: the object is the chunks in the order they came.
         w[1].write(b"{\"a\":3}\n").await.unwrap();
         w[0].write(b"{\"a\":1}\n").await.unwrap();
@@ -468,10 +489,8 @@ mod tests {
             "one spill file for every part: {spilled:?}"
         );
         let spill_inode = std::fs::metadata(folder.join(&spilled[0])).unwrap().ino();
-        let second = w.pop().unwrap().finish().await.unwrap();
-        let first = w.pop().unwrap().finish().await.unwrap();
-        assert_eq!((first.size, second.size), (8, 16));
-        let put = up.finish(vec![first, second]).await.unwrap();
+        let (sizes, put) = finish_both(up, w).await;
+        assert_eq!(sizes, (8, 16));
         let whole = b"{\"a\":3}\n{\"a\":1}\n{\"a\":4}\n";
         assert_eq!(read(store.as_ref(), key).await, whole);
         assert_eq!(put.size, whole.len() as u64);
@@ -496,10 +515,7 @@ mod tests {
                 Arc::new(MemoryStore::new())
             };
             let key = "public.t/snapshot.jsonl";
-            let mut up = create(store.clone(), key, 2, Layout::AsWritten)
-                .await
-                .unwrap();
-            let mut w = up.take_writers();
+            let (up, mut w) = as_written(&store, key).await;
             w[0].write(b"{\"a\":1}\n").await.unwrap();
             w[1].write(b"{\"a\":3}\n").await.unwrap();
             w[0].write(b"{\"a\":2}\n").await.unwrap();
@@ -508,10 +524,8 @@ mod tests {
             w[1].restart().await.unwrap();
             w[1].write(b"{\"a\":3}\n{\"a\":4}\n").await.unwrap();
             w[0].write(b"{\"a\":5}\n").await.unwrap();
-            let second = w.pop().unwrap().finish().await.unwrap();
-            let first = w.pop().unwrap().finish().await.unwrap();
-            assert_eq!((first.size, second.size), (24, 16));
-            let put = up.finish(vec![first, second]).await.unwrap();
+            let (sizes, put) = finish_both(up, w).await;
+            assert_eq!(sizes, (24, 16));
             let whole = b"{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n{\"a\":4}\n{\"a\":5}\n";
             assert_eq!(read(store.as_ref(), key).await, whole, "local: {local}");
             assert_eq!(put.sha256, hex::encode(Sha256::digest(whole)));
@@ -524,15 +538,7 @@ mod tests {
     #[tokio::test]
     async fn parts_handed_back_out_of_order_are_refused() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let mut up = create(
-            store.clone(),
-            "public.t/snapshot.jsonl",
-            2,
-            Layout::AsWritten,
-        )
-        .await
-        .unwrap();
-        let mut w = up.take_writers();
+        let (up, mut w) = as_written(&store, "public.t/snapshot.jsonl").await;
         let second = w.pop().unwrap().finish().await.unwrap();
         let first = w.pop().unwrap().finish().await.unwrap();
         let e = up.finish(vec![second, first]).await.unwrap_err();

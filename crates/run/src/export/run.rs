@@ -215,9 +215,7 @@ async fn one_shot(
     };
     if let Some(e) = &lease {
         shared.status.locked().state = "WAITING_FOR_LEASE".into();
-        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
         follow::acquire_logging_holder(e).await;
-        tracing::info!(lease = %e.name, identity = %e.identity, "holding the export lease");
     }
     shared.status.locked().state = "BASELINE".into();
     let progress = shared.start_progress(BASELINE, &table);

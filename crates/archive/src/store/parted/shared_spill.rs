@@ -24,8 +24,9 @@ struct Spill {
     path: PartFile,
     size: u64,
     hasher: Sha256,
-    /// Per part, where its current attempt's chunks are (adjacent chunks merged); emptied when
-    /// the part finishes, as a finished part is never written again.
+    /// Per part, where its current attempt's chunks are (adjacent chunks merged): their sum is
+    /// the part's size. Emptied when the part finishes, as a finished part is never written
+    /// again.
     attempts: Vec<Vec<Range<u64>>>,
     /// Chunks of attempts given up: not part of the object.
     dropped: Vec<Range<u64>>,
@@ -73,7 +74,6 @@ pub(super) fn create(
             Box::new(SharedPart {
                 shared: shared.clone(),
                 index,
-                size: 0,
             }) as Box<dyn PartWriter>
         })
         .collect();
@@ -89,7 +89,6 @@ pub(super) fn create(
 struct SharedPart {
     shared: Shared,
     index: usize,
-    size: u64,
 }
 
 /// A finished part of a shared spill: which part it was.
@@ -122,7 +121,6 @@ impl PartWriter for SharedPart {
             Some(last) if last.end == start => last.end = end,
             _ => chunks.push(start..end),
         }
-        self.size += data.len() as u64;
         Ok(())
     }
 
@@ -131,16 +129,15 @@ impl PartWriter for SharedPart {
         let spill = guard.as_mut().ok_or_else(ended)?;
         let given_up = std::mem::take(&mut spill.attempts[self.index]);
         spill.dropped.extend(given_up);
-        self.size = 0;
         Ok(())
     }
 
     async fn finish(self: Box<Self>) -> Result<FinishedPart> {
         let mut guard = lock(&self.shared);
         let spill = guard.as_mut().ok_or_else(ended)?;
-        spill.attempts[self.index] = Vec::new();
+        let chunks = std::mem::take(&mut spill.attempts[self.index]);
         Ok(FinishedPart {
-            size: self.size,
+            size: chunks.iter().map(|r| r.end - r.start).sum(),
             state: Box::new(FinishedIndex(self.index)),
         })
     }
@@ -152,39 +149,6 @@ struct SharedSpillUpload {
     parts: usize,
     shared: Shared,
     writers: Vec<Box<dyn PartWriter>>,
-}
-
-impl SharedSpillUpload {
-    /// Copies the spill's bytes but the dropped ones, in file order, into `out`.
-    async fn copy_kept(spill: &Spill, out: &mut Box<dyn ObjectWriter>) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        let mut dropped = spill.dropped.clone();
-        dropped.sort_by_key(|r| r.start);
-        let mut kept = Vec::with_capacity(dropped.len() + 1);
-        let mut at = 0;
-        for r in dropped {
-            if r.start > at {
-                kept.push(at..r.start);
-            }
-            at = at.max(r.end);
-        }
-        kept.push(at..spill.size);
-        let path = spill.path.0.display();
-        let mut buf = vec![0u8; COPY_CHUNK];
-        for range in kept {
-            let mut offset = range.start;
-            while offset < range.end {
-                let n = (range.end - offset).min(COPY_CHUNK as u64) as usize;
-                spill
-                    .file
-                    .read_exact_at(&mut buf[..n], offset)
-                    .map_err(|e| ArchiveError::io(format!("reading {path}"), e))?;
-                out.write(&buf[..n]).await?;
-                offset += n as u64;
-            }
-        }
-        Ok(())
-    }
 }
 
 #[async_trait]
@@ -233,13 +197,43 @@ impl PartedUpload for SharedSpillUpload {
     }
 }
 
-/// The object made by a streaming `create` of the spill's kept bytes (the store's writer
-/// hashes them as they go).
+/// The object made by a streaming `create` of the spill's bytes but the dropped ones, in file
+/// order (the store's writer hashes them as they go).
 async fn copy_into_store(store: &Arc<dyn Store>, key: &str, spill: &Spill) -> Result<PutResult> {
     let mut out = store.create(key).await?;
-    if let Err(e) = SharedSpillUpload::copy_kept(spill, &mut out).await {
+    if let Err(e) = copy_kept(spill, &mut out).await {
         out.abort().await;
         return Err(e);
     }
     out.finish().await
+}
+
+async fn copy_kept(spill: &Spill, out: &mut Box<dyn ObjectWriter>) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut dropped = spill.dropped.clone();
+    dropped.sort_by_key(|r| r.start);
+    let mut kept = Vec::with_capacity(dropped.len() + 1);
+    let mut at = 0;
+    for r in dropped {
+        if r.start > at {
+            kept.push(at..r.start);
+        }
+        at = at.max(r.end);
+    }
+    kept.push(at..spill.size);
+    let path = spill.path.0.display();
+    let mut buf = vec![0u8; COPY_CHUNK];
+    for range in kept {
+        let mut offset = range.start;
+        while offset < range.end {
+            let n = (range.end - offset).min(COPY_CHUNK as u64) as usize;
+            spill
+                .file
+                .read_exact_at(&mut buf[..n], offset)
+                .map_err(|e| ArchiveError::io(format!("reading {path}"), e))?;
+            out.write(&buf[..n]).await?;
+            offset += n as u64;
+        }
+    }
+    Ok(())
 }

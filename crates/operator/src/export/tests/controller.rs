@@ -69,30 +69,11 @@ async fn oneshot_export_creates_its_job_once_and_records_the_run() {
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
             ),
         ),
-        // Leaving Continuous mode: the Lease, its Role and binding and the exporter's
-        // service account are pruned too (none left here).
-        expect(
-            Method::GET,
-            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{EXPORT_SEL}"),
-            list("LeaseList", "coordination.k8s.io/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!(
-                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{EXPORT_SEL}"
-            ),
-            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{EXPORT_SEL}"),
-            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/api/v1/namespaces/data/serviceaccounts?&{EXPORT_SEL}"),
-            list("ServiceAccountList", "v1", vec![]),
-        ),
+    ]);
+    // Leaving Continuous mode: the Lease, its Role and binding and the exporter's service
+    // account are pruned too (none left here).
+    script.extend(lease_prune_lists(vec![]));
+    script.extend([
         expect(
             Method::GET,
             &format!("/api/v1/namespaces/data/pods?&{EXPORT_SEL}"),
@@ -663,6 +644,35 @@ async fn a_crash_looping_writer_reports_its_reason_on_the_export() {
 }
 
 /// The prune lists of a OneShot export's later rounds: its CronJobs and Deployments (none).
+/// The prune lists of the `users` export's Lease access: its Leases (`leases` kept), then
+/// the RoleBindings, Roles and ServiceAccounts (none).
+fn lease_prune_lists(leases: Vec<Value>) -> Vec<Expect> {
+    vec![
+        expect(
+            Method::GET,
+            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{EXPORT_SEL}"),
+            list("LeaseList", "coordination.k8s.io/v1", leases),
+        ),
+        expect(
+            Method::GET,
+            &format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{EXPORT_SEL}"
+            ),
+            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{EXPORT_SEL}"),
+            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
+        ),
+        expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/data/serviceaccounts?&{EXPORT_SEL}"),
+            list("ServiceAccountList", "v1", vec![]),
+        ),
+    ]
+}
+
 fn oneshot_prune_lists() -> Vec<Expect> {
     vec![
         expect(
@@ -850,30 +860,11 @@ async fn a_failed_split_worker_fails_the_run_and_stops_the_coordinator() {
             &format!("/apis/apps/v1/namespaces/data/deployments?&{EXPORT_SEL}"),
             list("DeploymentList", "apps/v1", vec![]),
         ),
-        expect(
-            Method::GET,
-            &format!("/apis/coordination.k8s.io/v1/namespaces/data/leases?&{EXPORT_SEL}"),
-            list(
-                "LeaseList",
-                "coordination.k8s.io/v1",
-                vec![json!({"metadata": {"name": "users", "namespace": "data"}})],
-            ),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/rolebindings?&{EXPORT_SEL}"),
-            list("RoleBindingList", "rbac.authorization.k8s.io/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/data/roles?&{EXPORT_SEL}"),
-            list("RoleList", "rbac.authorization.k8s.io/v1", vec![]),
-        ),
-        expect(
-            Method::GET,
-            &format!("/api/v1/namespaces/data/serviceaccounts?&{EXPORT_SEL}"),
-            list("ServiceAccountList", "v1", vec![]),
-        ),
+    ]);
+    script.extend(lease_prune_lists(vec![
+        json!({"metadata": {"name": "users", "namespace": "data"}}),
+    ]));
+    script.extend([
         expect(
             Method::GET,
             &format!("/apis/batch/v1/namespaces/data/jobs?&{EXPORT_SEL}%2Clarch.dev%2Frun%3D{run}"),

@@ -115,12 +115,10 @@ pub(super) async fn follow(
     );
     if let Some(e) = &lease {
         shared.status.locked().state = "WAITING_FOR_LEASE".into();
-        tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
         tokio::select! {
             () = acquire_logging_holder(e) => {}
             () = crate::engine::wait_for_signal() => return Ok(()),
         }
-        tracing::info!(lease = %e.name, identity = %e.identity, "holding the export lease");
     }
     // Opened only now: the writer sweeps orphans (W10), which only the lease holder may do.
     let writer = ArchiveWriter::open(vec![store], wc).await?;
@@ -255,12 +253,16 @@ async fn foreign_publication(source: &PostgresSource) -> Option<String> {
     .err()
 }
 
-/// Waits until `e` is held, logging each holder met on the way.
+/// Waits until `e` is held, logging the wait, each holder met on the way, and the hold.
 pub(super) async fn acquire_logging_holder(e: &LeaderElector) {
+    tracing::info!(lease = %e.name, identity = %e.identity, "waiting for the export lease before writing");
     let mut logged: Option<String> = None;
     loop {
         match e.try_acquire_or_renew().await {
-            Ok(true) => return,
+            Ok(true) => {
+                tracing::info!(lease = %e.name, identity = %e.identity, "holding the export lease");
+                return;
+            }
             Ok(false) => {
                 let holder = e.holder().await;
                 if holder != logged {
